@@ -1,0 +1,79 @@
+"""Frozen, validated settings. Invalid values raise ConfigError with a message a user can act on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgespec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a distribution is warped before sampling; applied identically to p (target) and q (draft).
+
+    temperature == 0 means greedy (argmax); the other warps are then irrelevant.
+    top_k == 0 and min_p == 0 and top_p == 1 disable those warps.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0 < self.top_p <= 1):
+            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not (0 <= self.min_p < 1):
+            raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+# Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", or "none" (plain target).
+METHODS = ("draft", "ngram", "hybrid", "none")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How speculation runs. k is the (maximum) number of drafted tokens per round."""
+
+    k: int = 4
+    method: str = "draft"
+    adaptive: bool = False
+    ngram_max: int = 4
+    ngram_min: int = 1
+    k_max: int = 8
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ConfigError(f"K (draft tokens per round) must be >= 1, got {self.k}")
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not (1 <= self.ngram_min <= self.ngram_max):
+            raise ConfigError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
+        if self.k_max < self.k:
+            object.__setattr__(self, "k_max", self.k)
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request: sampling + speculation + length."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max-tokens must be >= 1, got {self.max_tokens}")

@@ -1,0 +1,35 @@
+"""Typed errors. Every message is one line a user can act on; the CLI prints it and exits 2."""
+
+from __future__ import annotations
+
+
+class EdgeSpecError(Exception):
+    """Base class: a user-facing, one-line error (no traceback is ever shown for these)."""
+
+
+class ConfigError(EdgeSpecError, ValueError):
+    """Bad settings: K < 1, temperature < 0, top-p outside (0, 1], ..."""
+
+
+class ModelNotFoundError(EdgeSpecError):
+    """A model path / repo id / pair name that cannot be resolved."""
+
+
+class ModelLoadError(EdgeSpecError):
+    """Weights or config that exist but cannot be read (corrupt, truncated, unsupported)."""
+
+
+class TokenizerMismatchError(EdgeSpecError):
+    """Target and draft do not share a tokenizer; speculative decoding would be meaningless."""
+
+
+class CacheNotTrimmableError(EdgeSpecError):
+    """A model whose KV cache cannot be rewound, so rejected draft tokens cannot be undone."""
+
+
+class PromptError(EdgeSpecError):
+    """Empty prompt, or a prompt longer than the model's context window."""
+
+
+class DownloadError(EdgeSpecError):
+    """Fetching a model failed (no network, bad checksum, disk full, interrupted)."""

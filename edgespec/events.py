@@ -1,0 +1,87 @@
+"""The one event stream every consumer (CLI, TUI, bench, scripts) reads.
+
+Records are frozen dataclasses of plain Python values, so they cross threads and serialise to JSON
+with `to_json` without special cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+# accepted: a draft token that passed the ratio test; corrected: the target's resample at the first
+# rejection; bonus: the target's extra token after all K drafts passed; target: plain decoding.
+TokenKind = Literal["accepted", "corrected", "bonus", "target"]
+TOKEN_KINDS: tuple[str, ...] = ("accepted", "corrected", "bonus", "target")
+
+
+@dataclass(frozen=True)
+class Token:
+    """One committed token. `text` is the detokenizer's new text piece (may be '' mid-character)."""
+
+    id: int
+    text: str
+    kind: TokenKind
+    round: int
+    type: str = field(default="token", init=False)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One draft-verify round. `accepted` <= `drafted`; the round commits accepted + 1 tokens
+    (the +1 is a correction or a bonus). `k` is the K chosen for this round (adaptive K may vary)."""
+
+    index: int
+    drafted: int
+    accepted: int
+    k: int
+    t_draft: float  # seconds spent drafting
+    t_verify: float  # seconds in the target's verify forward (and acceptance)
+    method: str = "draft"
+    type: str = field(default="round", init=False)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of one generation. tau = mean tokens committed per round (correction/bonus included);
+    acceptance = accepted / drafted over all rounds; tokens_per_s counts decode time only (after TTFT)."""
+
+    tokens: int
+    rounds: int
+    drafted: int
+    accepted: int
+    acceptance: float
+    tau: float
+    ttft: float  # seconds from request to first committed token (includes prefill)
+    decode_time: float  # seconds from the first token to the last
+    tokens_per_s: float
+    prompt_tokens: int
+    prefilled_tokens: int  # prompt tokens actually run (the rest came from the prefix cache)
+    accepted_hist: tuple[int, ...] = ()  # accepted_hist[i] = rounds that accepted exactly i drafts
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Last event. reason: 'length' (max tokens), 'stop' (EOS / stop token), 'cancelled' (user stop)."""
+
+    reason: Literal["length", "stop", "cancelled"]
+    stats: Stats
+    text: str
+    type: str = field(default="summary", init=False)
+
+
+Event = Token | Round | Finished
+
+
+def to_json(event: Event) -> dict:
+    """Flatten an event to the JSON-lines schema of `edgespec generate --json`.
+
+    Token -> {"type": "token", "id", "text", "kind", "round"}; Round -> {"type": "round", ...};
+    Finished -> {"type": "summary", "reason", "text", **stats}.
+    """
+    d = asdict(event)
+    if isinstance(event, Finished):
+        stats = d.pop("stats")
+        stats["accepted_hist"] = list(stats["accepted_hist"])
+        d.update(stats)
+    return d
