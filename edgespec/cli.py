@@ -1,0 +1,70 @@
+"""`edgespec` command line: a thin dispatcher.
+
+Each subcommand lives in its own module exposing HELP, add_arguments(parser) and run(args) -> int.
+Modules are imported lazily (only the chosen command's), which keeps `edgespec --help` instant and
+keeps `edgespec` free of static imports of `tui` (the chat command's module lives there).
+Errors: EdgeSpecError -> one line on stderr, exit 2; Ctrl-C -> clean stop, exit 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from edgespec.errors import EdgeSpecError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("edgespec.commands.generate", "answer one prompt, streaming tokens"),
+    "chat": ("tui.command", "chat in the terminal app, tokens coloured by provenance"),
+    "bench": ("edgespec.commands.bench", "measure plain vs speculative decoding on this machine"),
+    "verify": ("edgespec.commands.verify", "check empirically that speculation is unbiased"),
+    "pull": ("edgespec.commands.pull", "download and convert a model into the cache"),
+    "models": ("edgespec.commands.models", "list model pairs and what is cached"),
+    "distill": ("edgespec.commands.distill", "train a draft model for a target"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as a single line (exit 2), not usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"edgespec: error: {message}\n")
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="edgespec", description="Exact speculative decoding on MLX.")
+    parser.add_argument("--version", action="version", version="edgespec 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (_, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `edgespec` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        args, _ = _top_parser().parse_known_args(argv or ["--help"])
+        return 2
+    name, rest = argv[0], argv[1:]
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        parser = _Parser(prog=f"edgespec {name}", description=module.HELP)
+        module.add_arguments(parser)
+        args = parser.parse_args(rest)
+        return int(module.run(args) or 0)
+    except EdgeSpecError as exc:
+        print(f"edgespec {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"edgespec {name}: stopped", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
