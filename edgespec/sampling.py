@@ -1,0 +1,80 @@
+"""Pure warps and seeded sampling. Arrays and keys in, arrays out; no global random state.
+
+`warp` turns logits into the distribution that is actually sampled, and the SAME function is applied
+to the target's logits (p) and the draft's (q), so the ratio test compares like with like.
+Sampling is inverse-CDF on an explicit uniform, so a slow reference (tests/reference_loop.py) fed the
+same uniforms picks the same tokens.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from edgespec.config import SamplingConfig
+
+
+def warp(logits: mx.array, cfg: SamplingConfig) -> mx.array:
+    """Logits [..., V] -> probabilities [..., V] (float32, rows sum to 1).
+
+    Order: temperature, top-k, top-p, min-p, renormalise. Temperature 0 gives a one-hot row at the
+    argmax (the greedy special case of the same maths). Ties at a cut-off are all kept, so the result
+    does not depend on sort order. Example (temperature 1, top_p 0.6): probs [0.5, 0.3, 0.2] keep
+    [0.5, 0.3] (mass before 0.3 is 0.5 < 0.6, mass before 0.2 is 0.8) -> [0.625, 0.375, 0].
+    """
+    logits = logits.astype(mx.float32)
+    vocab = logits.shape[-1]
+    if cfg.greedy:
+        return (mx.arange(vocab) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
+    z = logits / cfg.temperature
+    if 0 < cfg.top_k < vocab:
+        kth = mx.sort(z, axis=-1)[..., vocab - cfg.top_k : vocab - cfg.top_k + 1]
+        z = mx.where(z >= kth, z, -mx.inf)
+    probs = mx.softmax(z, axis=-1)
+    if cfg.top_p < 1.0:
+        desc = -mx.sort(-probs, axis=-1)
+        before = mx.cumsum(desc, axis=-1) - desc  # mass strictly above each sorted entry
+        cut = mx.min(mx.where(before < cfg.top_p, desc, mx.inf), axis=-1, keepdims=True)
+        probs = mx.where(probs >= cut, probs, 0.0)
+    if cfg.min_p > 0.0:
+        top = mx.max(probs, axis=-1, keepdims=True)
+        probs = mx.where(probs >= cfg.min_p * top, probs, 0.0)
+    return probs / mx.sum(probs, axis=-1, keepdims=True)
+
+
+def sample(weights: mx.array, u: mx.array) -> mx.array:
+    """Inverse-CDF sample: weights [..., V] (>= 0, need not be normalised), u [...] in [0, 1).
+
+    Returns int32 [...]: the first index whose cumulative weight exceeds u * total. Zero-weight
+    entries are never chosen. Example: weights [0, 2, 0, 2], u 0.49 -> 1; u 0.5 -> 3.
+    """
+    cdf = mx.cumsum(weights.astype(mx.float32), axis=-1)
+    threshold = mx.expand_dims(u, -1) * cdf[..., -1:]
+    index = mx.sum(cdf <= threshold, axis=-1)
+    return mx.minimum(index, weights.shape[-1] - 1).astype(mx.int32)
+
+
+def make_key(seed: int) -> mx.array:
+    """The root PRNG key of one request."""
+    return mx.random.key(seed)
+
+
+def split(key: mx.array, num: int) -> list[mx.array]:
+    """`num` independent child keys of `key` (the parent must not be used again)."""
+    keys = mx.random.split(key, num)
+    return [keys[i] for i in range(num)]
+
+
+def uniforms(key: mx.array, n: int) -> mx.array:
+    """n uniforms in [0, 1) drawn from `key` (float32 [n])."""
+    return mx.random.uniform(shape=(n,), key=key)
+
+
+def round_keys(key: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """The key schedule of one speculative round: (next round's key, drafting key, verify key).
+
+    Drafting draws `uniforms(draft_key, K)` (one per drafted token); verification draws
+    `uniforms(verify_key, K + 1)` (K ratio tests + one for the correction or bonus). The numpy
+    reference follows the same schedule, so both consume identical uniforms.
+    """
+    nxt, draft_key, verify_key = split(key, 3)
+    return nxt, draft_key, verify_key
