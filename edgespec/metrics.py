@@ -335,8 +335,8 @@ class VariantSummary:
 
     @property
     def label(self) -> str:
-        """Short name for tables and plots, e.g. 'spec K=4 T=0' or 'plain T=0.7'."""
-        k = "" if self.method == PLAIN else f" K={self.k}"
+        """Short name for tables and plots, e.g. 'spec K=4 T=0' or 'plain T=0.7' (no K: K=0)."""
+        k = f" K={self.k}" if self.k else ""
         return f"{self.method}{k} T={self.temp:g}"
 
 

@@ -1,0 +1,142 @@
+"""`edgespec bench`: measure plain vs speculative decoding (and mlx-lm) on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from edgespec.bench import (
+    DEFAULT_METHODS,
+    METHODS,
+    BenchPlan,
+    BenchResult,
+    check_methods,
+    compare_greedy,
+    encode_prompts,
+    environment,
+    iter_bench,
+    load_prompts,
+    pair_info,
+    warm_up,
+)
+from edgespec.commands.common import add_model_args
+from edgespec.errors import ConfigError, PromptError
+from edgespec.metrics import RunRecord, aggregate
+from edgespec.report import format_table, write_report
+
+HELP = (
+    "Measure decode throughput of plain decoding, EdgeSpec's speculative decoding and mlx-lm's, "
+    "on the same prompts and settings, interleaved; write results.json, results.md and plots. "
+    "Ctrl-C stops and still writes what was measured."
+)
+T = TypeVar("T")
+
+
+def _list_of(kind: Callable[[str], T]) -> Callable[[str], tuple[T, ...]]:
+    """argparse type for comma-separated values: '2,4' -> (2, 4)."""
+
+    def parse(text: str) -> tuple[T, ...]:
+        try:
+            items = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a comma-separated list: {text!r}") from None
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        return items
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    g = parser.add_argument_group("bench")
+    g.add_argument("--prompts", help="Spec-Bench style question.jsonl (default: built-in set)")
+    g.add_argument("--categories", type=_list_of(str), help="e.g. writing,coding or mt-bench")
+    g.add_argument("--limit", type=int, help="at most N prompts per category")
+    g.add_argument("--max-tokens", type=int, default=128, help="new tokens per run (default 128)")
+    g.add_argument("-k", "--k", type=_list_of(int), default=(4,), help="K list (default 4)")
+    g.add_argument("--temp", type=_list_of(float), default=(0.0,), help="temperatures (0)")
+    g.add_argument(
+        "--methods",
+        type=_list_of(str),
+        default=DEFAULT_METHODS,
+        help=f"from {', '.join(METHODS)} (default {','.join(DEFAULT_METHODS)})",
+    )
+    g.add_argument("--repeats", type=int, default=1, help="runs of each prompt (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("--out", help="output folder (default ./bench-out/<timestamp>)")
+    g.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _plan(args: argparse.Namespace) -> BenchPlan:
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    return BenchPlan(
+        methods=tuple(dict.fromkeys(args.methods)),
+        ks=tuple(dict.fromkeys(args.k)),
+        temps=tuple(dict.fromkeys(args.temp)),
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        seed=args.seed,
+        warmup_tokens=0 if args.no_warmup else 16,
+    )
+
+
+def _measure(engine: Any, prompts: list, encoded: dict, plan: BenchPlan, quiet: bool) -> tuple:
+    """Run the bench under a progress bar; Ctrl-C ends it early. Returns (records, complete)."""
+    from tqdm import tqdm
+
+    records: list[RunRecord] = []
+    total = plan.total_runs(len(encoded))
+    bar = tqdm(total=total, file=sys.stderr, unit="run", disable=quiet, dynamic_ncols=True)
+    try:
+        for rec in iter_bench(engine, prompts, encoded, plan):
+            records.append(rec)
+            bar.set_postfix_str(f"{rec.method} {rec.tokens_per_s:.1f} tok/s", refresh=False)
+            bar.update()
+    except KeyboardInterrupt:
+        bar.write("edgespec bench: stopped; writing what was measured", file=sys.stderr)
+        return records, False
+    finally:
+        bar.close()
+    return records, True
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgespec.runtime import Engine
+
+    plan = _plan(args)
+    prompts = load_prompts(args.prompts, args.categories, args.limit)
+    out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
+    engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits)
+    check_methods(engine, plan)
+    encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
+    if not encoded:
+        raise PromptError(f"no prompt fits the context window: {skipped[0]['reason']}")
+    if plan.warmup_tokens:
+        if not args.quiet:
+            print("edgespec bench: warming up", file=sys.stderr)
+        warm_up(engine, next(iter(encoded.values())), plan)
+    records, complete = _measure(engine, prompts, encoded, plan, args.quiet)
+    records, notes = compare_greedy(engine, records, encoded)
+    settings = {
+        "methods": list(plan.methods), "k": list(plan.ks), "temp": list(plan.temps),
+        "max_tokens": plan.max_tokens, "repeats": plan.repeats, "seed": plan.seed,
+        "prompts": str(args.prompts or "built-in"), "categories": list(args.categories or []),
+        "limit": args.limit, "n_prompts": len(encoded), "warmup": bool(plan.warmup_tokens),
+    }  # fmt: skip
+    result = BenchResult(
+        records, notes, skipped, settings, pair_info(engine), environment(), complete
+    )
+    variants = aggregate(records)
+    files = write_report(result, variants, out)
+    print(format_table(variants))
+    print(f"\nwrote {files.json}, {files.markdown}" + "".join(f", {p}" for p in files.plots))
+    if files.plot_error:
+        print(files.plot_error, file=sys.stderr)
+    return 0 if complete else 130

@@ -1,0 +1,264 @@
+"""Reports of a bench run: terminal table, results.json, results.md and PNG plots.
+
+results.json (schema_version 1) -- see README "Bench results":
+    {"schema_version": 1, "complete": bool, "created": ISO-8601 UTC,
+     "environment": {...}, "pair": {...}, "settings": {...},
+     "methods": [{"method", "k", "temp", "label", "overall": SUMMARY, "categories": {name: SUMMARY}}],
+     "mismatches": [{"method", "k", "prompt_id", "category", "repeat", "position",
+                     "plain_token", "other_token", "logit_gap", "near_tie"}],
+     "skipped": [{"prompt_id", "reason"}], "runs": [RUN, ...]}
+SUMMARY holds the fields of metrics.Summary; RUN those of metrics.RunRecord plus tokens_per_s.
+Plots need matplotlib (the `plot` extra); without it the other files are still written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from edgespec.bench import BenchResult
+from edgespec.metrics import (
+    PLAIN,
+    Summary,
+    VariantSummary,
+    predicted_speedup,
+    verify_cost_line,
+)
+
+SCHEMA_VERSION = 1
+
+
+def _summary_json(s: Summary) -> dict[str, Any]:
+    d = asdict(s)
+    d["accepted_hist"] = list(s.accepted_hist)
+    d["mismatched_prompts"] = list(s.mismatched_prompts)
+    return d
+
+
+def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dict[str, Any]:
+    """The results.json document (see the module docstring for the schema)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "complete": result.complete,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "environment": result.environment,
+        "pair": result.pair,
+        "settings": result.settings,
+        "methods": [
+            {
+                "method": v.method,
+                "k": v.k,
+                "temp": v.temp,
+                "label": v.label,
+                "overall": _summary_json(v.overall),
+                "categories": {c: _summary_json(s) for c, s in v.by_category.items()},
+            }
+            for v in variants
+        ],
+        "mismatches": [asdict(n) for n in result.notes],
+        "skipped": result.skipped,
+        "runs": [r.to_json() for r in result.records],
+    }
+
+
+def _fmt(x: float | int | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _speedup(s: Summary) -> str:
+    if s.speedup_vs_plain is None:
+        return "-"
+    text = f"{s.speedup_vs_plain:.2f}x"
+    if s.speedup_min is not None and s.speedup_max is not None and s.speedup_min != s.speedup_max:
+        text += f" [{s.speedup_min:.2f}-{s.speedup_max:.2f}]"
+    return text
+
+
+COLUMNS = (
+    "method", "category", "runs", "tok/s", "speedup", "pred", "TTFT ms", "TPOT ms",
+    "tau", "alpha", "c", "v", "mism", "peak MB",
+)  # fmt: skip
+
+
+def _row(label: str, category: str, s: Summary) -> list[str]:
+    ms = 1000.0
+    return [
+        label, category, str(s.runs), _fmt(s.tokens_per_s, ".1f"), _speedup(s),
+        _fmt(s.predicted_speedup, ".2f"), _fmt(s.ttft and s.ttft * ms, ".0f"),
+        _fmt(s.tpot and s.tpot * ms, ".1f"), _fmt(s.tau, ".2f"), _fmt(s.alpha, ".2f"),
+        _fmt(s.c, ".2f"), _fmt(s.v, ".2f"), _fmt(s.mismatches, "d"), f"{s.peak_memory_mb:.0f}",
+    ]  # fmt: skip
+
+
+def table_rows(variants: Sequence[VariantSummary], categories: bool = True) -> list[list[str]]:
+    """One row per variant ('all'), each followed by its per-category rows."""
+    rows = []
+    for v in variants:
+        rows.append(_row(v.label, "all", v.overall))
+        if categories and len(v.by_category) > 1:
+            rows += [_row("", c, s) for c, s in v.by_category.items()]
+    return rows
+
+
+def format_table(variants: Sequence[VariantSummary], categories: bool = True) -> str:
+    """A plain-text, column-aligned table for the terminal."""
+    rows = [list(COLUMNS)] + table_rows(variants, categories)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]  # fmt: skip
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> str:
+    """results.md: settings, the table, greedy mismatches and the definitions."""
+    st, env = result.settings, result.environment
+    out = [
+        "# EdgeSpec bench" + ("" if result.complete else " (stopped early: partial results)"),
+        "",
+        f"- pair: {result.pair.get('name')} (target {result.pair.get('target')}, "
+        f"draft {result.pair.get('draft')})",
+        f"- machine: {env.get('platform')}, {env.get('device')}, mlx {env.get('mlx')}, "
+        f"mlx-lm {env.get('mlx_lm')}" + (", LD_PRELOAD set" if env.get("ld_preload") else ""),
+        f"- prompts: {st.get('n_prompts')} from {st.get('prompts')}; max new tokens "
+        f"{st.get('max_tokens')}; repeats {st.get('repeats')}; seed {st.get('seed')}",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    out += ["| " + " | ".join(r) + " |" for r in table_rows(variants)]
+    out += ["", "## Greedy output vs plain", ""]
+    if not result.notes:
+        compared = any(v.overall.mismatches is not None for v in variants)
+        out.append("All compared runs match plain decoding." if compared else "Nothing compared.")
+    for n in result.notes:
+        why = "near-tie" if n.near_tie else "NOT a near-tie"
+        out.append(
+            f"- {n.method} K={n.k} prompt {n.prompt_id} ({n.category}, repeat {n.repeat}): first "
+            f"difference at token {n.position} ({n.plain_token} vs {n.other_token}), target "
+            f"logit gap {_fmt(n.logit_gap, '.2e')}: {why}"
+        )
+    out += ["", DEFINITIONS]
+    return "\n".join(out) + "\n"
+
+
+DEFINITIONS = """## Definitions
+- tok/s: decode throughput, (tokens - 1) / (last token time - first token time), median of runs.
+- speedup: median tok/s / median plain tok/s on the same prompts and temperature; [min-max] of
+  the same ratio per repeat. pred: closed form E[tokens/round] / (K*c + v) with
+  E = (1 - alpha^(K+1)) / (1 - alpha).
+- tau: tokens committed per round (correction or bonus included). alpha: per-token acceptance
+  probability (accepted / (accepted + rounds ending in a rejection)).
+- c: draft time per drafted token / plain TPOT. v: verify time per round / plain TPOT.
+- mism: prompts whose greedy output differs from plain decoding (must be 0)."""
+
+
+@dataclass
+class ReportFiles:
+    """Paths written; plot_error says why plots are missing, if they are."""
+
+    json: Path
+    markdown: Path
+    plots: list[Path] = field(default_factory=list)
+    plot_error: str | None = None
+
+
+def write_report(
+    result: BenchResult, variants: Sequence[VariantSummary], out_dir: str | Path
+) -> ReportFiles:
+    """Write results.json, results.md and (if matplotlib is importable) the PNG plots."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(out / "results.json", out / "results.md")
+    files.json.write_text(json.dumps(results_json(result, variants), indent=2) + "\n")
+    files.markdown.write_text(format_markdown(result, variants))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, never a window
+    except ImportError as exc:  # the optional `plot` extra is not installed
+        files.plot_error = f"plots skipped ({exc}); pip install 'edgespec[plot]'"
+        return files
+    files.plots = [p for p in (plot_speedups(variants, out), plot_landscape(variants, out)) if p]
+    return files
+
+
+def landscape(
+    variants: Sequence[VariantSummary], alphas: Sequence[float], ks: Sequence[int]
+) -> tuple[list[list[float]], float, float] | None:
+    """Predicted speedup grid [K][alpha] at the measured c and v(K) = 1 + b*K, or None if no cost
+    was measured. c and b come from the 'spec' variants when present (else any with costs)."""
+    timed = [v for v in variants if v.overall.c is not None and v.method != PLAIN]
+    timed = [v for v in timed if v.method == "spec"] or timed
+    if not timed:
+        return None
+    c = sum(v.overall.c or 0.0 for v in timed) / len(timed)
+    b = verify_cost_line([(v.overall.k_mean or v.k, v.overall.v or 1.0) for v in timed])
+    grid = [[predicted_speedup(a, k, c, 1.0 + b * k) for a in alphas] for k in ks]
+    return grid, c, b
+
+
+def plot_speedups(variants: Sequence[VariantSummary], out: Path) -> Path | None:
+    """speedup_by_category.png: grouped bars, one group per category, one bar per variant."""
+    import matplotlib.pyplot as plt
+
+    shown = [v for v in variants if v.method != PLAIN and v.overall.speedup_vs_plain is not None]
+    if not shown:
+        return None
+    cats = list(dict.fromkeys(c for v in shown for c in v.by_category)) + ["all"]
+    width = 0.8 / len(shown)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(cats) + 2), 4))
+    for i, v in enumerate(shown):
+        sums = [v.by_category.get(c, v.overall) if c != "all" else v.overall for c in cats]
+        ys = [s.speedup_vs_plain or 0.0 for s in sums]
+        xs = [j + (i - (len(shown) - 1) / 2) * width for j in range(len(cats))]
+        ax.bar(xs, ys, width, label=v.label)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(cats)), cats, rotation=30, ha="right")
+    ax.set_ylabel("speedup over plain (ratio of medians)")
+    ax.set_title("Decode speedup by category")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = out / "speedup_by_category.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_landscape(variants: Sequence[VariantSummary], out: Path) -> Path | None:
+    """speedup_landscape.png: predicted speedup over alpha x K at the measured c and v(K), with
+    each measured variant drawn at (alpha, mean K) and labelled with its measured speedup."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    max_k = max([8] + [v.k + 2 for v in variants])
+    alphas = [i / 100 for i in range(100)]
+    ks = list(range(1, max_k + 1))
+    land = landscape(variants, alphas, ks)
+    if land is None:
+        return None
+    grid, c, b = land
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    hi = max(max(row) for row in grid)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(0.5, min(min(r) for r in grid)), vmax=max(1.5, hi))
+    mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", norm=norm, shading="nearest")
+    ax.contour(alphas, ks, grid, levels=[1.0], colors="black", linewidths=1.0)
+    fig.colorbar(mesh, ax=ax, label="predicted speedup")
+    for v in variants:
+        s = v.overall
+        if s.alpha is None:
+            continue
+        ax.plot(s.alpha, s.k_mean or v.k, "o", color="gold", markeredgecolor="black")
+        note = f"{v.label}: {_fmt(s.speedup_vs_plain, '.2f')}x"
+        ax.annotate(note, (s.alpha, s.k_mean or v.k), textcoords="offset points", xytext=(6, 6))
+    ax.set_xlabel("alpha (per-token acceptance)")
+    ax.set_ylabel("K (drafts per round)")
+    ax.set_title(f"Speedup landscape at c = {c:.3f}, v(K) = 1 {b:+.3f} K")
+    fig.tight_layout()
+    path = out / "speedup_landscape.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
