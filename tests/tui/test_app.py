@@ -1,0 +1,263 @@
+"""Pilot tests of the chat app on the scripted fake engine: what a user types, sees and keeps."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input, OptionList, Static
+
+from edgespec.errors import ModelNotFoundError, PromptError
+from tests.tui.helpers import ask, make_app, run, wait_for
+from tui.fake import FakeEngine, FakeScript
+from tui.screens import LoadingScreen, PastChatsScreen
+from tui.widgets import AnswerView, StatsPanel, UserMessage
+
+
+def expected_answer(prompt: str, spec: bool = True, k: int = 4) -> tuple[str, list[str]]:
+    """What the fake says to a one-message chat, and the kinds of its tokens (reference run)."""
+    from edgespec.config import GenerationConfig, SpecConfig
+
+    cfg = GenerationConfig(spec=SpecConfig(k=k, method="draft" if spec else "none"))
+    events = list(FakeEngine().chat([{"role": "user", "content": prompt}], cfg))
+    return events[-1].text, [e.kind for e in events if e.type == "token"]
+
+
+def table_text(app) -> str:
+    return str(app.query_one(StatsPanel).query_one("#table", Static).render())
+
+
+def test_prompt_streams_a_coloured_answer_and_saves_it(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path, FakeScript(round_delay=0.01))
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ask(pilot, app, "hello there")
+            answers = app.query(AnswerView).exclude("Legend").results()
+            (answer,) = [a for a in answers if type(a) is AnswerView]
+            text, kinds = expected_answer("hello there")
+            assert answer.plain == text
+            assert {k for k, _ in answer.runs} == {"accepted", "corrected", "bonus"}
+            assert [u.render().plain for u in app.query(UserMessage)] == ["hello there"]
+            assert app.query_one("#prompt", Input).value == ""
+            table = table_text(app)
+            assert "55.8 %" in table and "Rounds       13" in table
+            saved = json.loads(next((tmp_path / "chats").glob("*.json")).read_text())
+            assert [m["role"] for m in saved["messages"]] == ["user", "assistant"]
+            assert saved["messages"][1]["content"] == text
+            assert saved["messages"][1]["reason"] == "stop"
+            kinds_saved = [k for k, _ in saved["messages"][1]["runs"]]
+            assert set(kinds_saved) == set(kinds)
+
+    run(scenario)
+
+
+def test_engine_loads_and_generates_on_one_worker_thread(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "hi")
+            threads = loader.engine.threads - {threading.main_thread().ident}
+            assert len(threads) == 1  # load and chat ran on the same non-UI thread
+
+    run(scenario)
+
+
+def test_stop_mid_answer_keeps_the_partial_answer(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path, FakeScript(hold_after=3))
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            await pilot.press(*"tell me", "enter")
+            await wait_for(pilot, lambda: app._reply is not None and app._reply.content)
+            await pilot.pause(0.1)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+            reply = app.conv.messages[-1]
+            full, _ = expected_answer("tell me")
+            assert reply.reason == "cancelled"
+            assert reply.content and full.startswith(reply.content) and reply.content != full
+            answer = [a for a in app.query(AnswerView) if type(a) is AnswerView][-1]
+            assert answer.note == "[stopped]"
+            # The next turn works and sends the partial answer as history.
+            await pilot.press(*"go on", "enter")
+            await wait_for(pilot, lambda: len(loader.engine.calls) == 2)
+            sent = loader.engine.calls[1][0]
+            assert sent[1] == {"role": "assistant", "content": reply.content}
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+
+    run(scenario)
+
+
+def test_answer_in_progress_is_saved_periodically(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path, FakeScript(hold_after=2))
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            await pilot.press(*"q", "enter")
+            path = tmp_path / "chats" / f"{app.conv.id}.json"
+
+            def partial_saved() -> bool:
+                msgs = json.loads(path.read_text())["messages"]
+                return len(msgs) == 2 and msgs[1]["reason"] == "partial" and msgs[1]["content"]
+
+            await wait_for(pilot, partial_saved, timeout=5)
+            assert app.waiting is not None  # still generating: this was a mid-answer save
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+
+    run(scenario)
+
+
+def test_new_chat_clears_view_and_resets_engine(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "first")
+            old_id = app.conv.id
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: loader.engine.resets == 1)
+            assert app.conv.id != old_id and app.conv.messages == []
+            assert not app.query(UserMessage)
+            await ask(pilot, app, "second")
+            assert loader.engine.calls[-1][0] == [{"role": "user", "content": "second"}]
+            assert len(list((tmp_path / "chats").glob("*.json"))) == 2
+
+    run(scenario)
+
+
+def test_toggle_speculation_measures_speedup(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ask(pilot, app, "one")
+            assert "Speedup      —" in table_text(app)
+            await pilot.press("ctrl+t")
+            assert "off (plain)" in table_text(app)
+            await ask(pilot, app, "two")
+            assert loader.engine.calls[-1][1].spec.method == "none"
+            plain = [a for a in app.query(AnswerView) if type(a) is AnswerView][-1]
+            assert {k for k, _ in plain.runs} == {"target"}
+            assert app.plain_tps == pytest.approx(40.0) and app.spec_tps is not None
+            assert f"{app.spec_tps / app.plain_tps:.2f}×" in table_text(app)
+            await pilot.press("ctrl+t")
+            await ask(pilot, app, "three")
+            assert loader.engine.calls[-1][1].spec.method == "draft"
+
+    run(scenario)
+
+
+def test_k_and_temperature_keys_change_the_next_request(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path, k=2, temperature=0.0)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            await pilot.press("f3", "f3", "f3", "f2")  # K 2 -> 4
+            await pilot.press("f5", "f5", "f5", "f4")  # T 0 -> 0.2
+            await pilot.press("f4", "f4", "f4")  # clamped at 0 ... then back up
+            await pilot.press("f5", "f5")
+            table = table_text(app)
+            assert "K            4" in table and "Temperature  0.2" in table
+            await ask(pilot, app, "x")
+            cfg = loader.engine.calls[-1][1]
+            assert cfg.spec.k == 4 and cfg.sampling.temperature == 0.2
+            for _ in range(3):
+                await pilot.press("f2")
+            await pilot.press("f2")
+            assert app.config.spec.k == 1  # never below 1
+
+    run(scenario)
+
+
+def test_reopen_a_saved_chat(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ask(pilot, app, "remember me")
+            first_id, first_answer = app.conv.id, app.last_answer()
+            first_runs = app.conv.messages[1].runs
+            await pilot.press("ctrl+n")
+            await ask(pilot, app, "other chat")
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: isinstance(app.screen, PastChatsScreen))
+            options = app.screen.query_one(OptionList)
+            ids = [options.get_option_at_index(i).id for i in range(options.option_count)]
+            assert set(ids) == {first_id, app.conv.id}
+            options.highlighted = ids.index(first_id)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.conv.id == first_id)
+            assert [u.render().plain for u in app.query(UserMessage)] == ["remember me"]
+            answer = [a for a in app.query(AnswerView) if type(a) is AnswerView][-1]
+            assert answer.plain == first_answer and answer.runs == first_runs
+            await ask(pilot, app, "and again")
+            sent = loader.engine.calls[-1][0]
+            assert [m["content"] for m in sent] == ["remember me", first_answer, "and again"]
+
+    run(scenario)
+
+
+def test_copy_last_answer(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "copy this")
+            await pilot.press("ctrl+y")
+            assert app.clipboard == app.last_answer() != ""
+
+    run(scenario)
+
+
+def test_load_error_is_one_readable_line(tmp_path: Path) -> None:
+    err = ModelNotFoundError("no model named 'nope'; run `edgespec models` to list them")
+    app, _ = make_app(tmp_path, FakeScript(load_error=err))
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.load_error is not None)
+            await pilot.pause(0.05)
+            assert isinstance(app.screen, LoadingScreen)
+            shown = str(app.screen.query_one("#error", Static).render())
+            assert shown == str(err) and "Traceback" not in shown
+            await pilot.press("q")
+        assert app.return_code == 0
+
+    run(scenario)
+
+
+def test_generation_error_is_shown_not_raised(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path, FakeScript(chat_error=PromptError("prompt is longer than 512")))
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "too long")
+            assert any("prompt is longer than 512" in n.message for n in app._notifications)
+            assert [m.role for m in app.conv.messages] == ["user"]
+            await ask(pilot, app, "next")  # the app keeps working
+
+    run(scenario)
+
+
+def test_command_palette_lists_every_action(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            titles = [c.title for c in app.get_system_commands(app.screen)]
+            for name in ("Stop", "New chat", "K+", "K−", "Temp+", "Temp−", "Spec on/off"):
+                assert any(t.startswith(name) for t in titles), name
+            assert any(t.startswith("Copy answer") for t in titles)
+            assert any(t.startswith("Past chats") for t in titles)
+
+    run(scenario)

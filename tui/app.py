@@ -1,0 +1,369 @@
+"""`edgespec chat`: watch speculative decoding work, every token coloured by where it came from.
+
+The app never touches the engine directly: an `EngineThread` owns it (load and generate on one
+thread, as MLX requires) and posts typed messages (`tui.messages`) back. Each turn has a number;
+messages of a turn the app no longer waits for are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+
+from textual import on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input
+
+from edgespec.config import GenerationConfig
+from edgespec.events import Token
+from tui.engine_thread import EngineThread, Loader
+from tui.messages import (
+    EngineFailed,
+    EngineReady,
+    LoadProgress,
+    StreamBatch,
+    TurnFailed,
+    TurnFinished,
+)
+from tui.screens import LoadingScreen, PastChatsScreen
+from tui.store import ChatMessage, ChatStore, Conversation, stats_to_json
+from tui.widgets import AnswerView, StatsPanel, StatsView, TurnMeter, UserMessage
+
+K_RANGE = (1, 16)
+TEMP_RANGE, TEMP_STEP = (0.0, 2.0), 0.1
+SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
+
+
+class ChatApp(App[int]):
+    """The chat app. `loader(on_progress)` builds the engine on the engine thread."""
+
+    TITLE = "EdgeSpec chat"
+    CSS = """
+    #main { height: 1fr; }
+    #conversation { width: 1fr; padding: 0 1; }
+    #prompt { dock: bottom; margin: 0 1; }
+    """
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", tooltip="Stop generating; the partial answer is kept"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("f2", "k_down", "K−"),
+        Binding("f3", "k_up", "K+"),
+        Binding("f4", "temp_down", "Temp−"),
+        Binding("f5", "temp_up", "Temp+"),
+        Binding("ctrl+t", "toggle_spec", "Spec on/off"),
+        Binding("ctrl+y", "copy_answer", "Copy answer"),
+        Binding("ctrl+o", "open_chats", "Past chats"),
+    ]
+
+    def __init__(
+        self,
+        loader: Loader,
+        config: GenerationConfig,
+        store: ChatStore | None = None,
+        what: str = "models",
+        flush_interval: float = 0.04,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.store = store or ChatStore()
+        self.what = what
+        self.engine_thread = EngineThread(loader, self.post_message, flush_interval)
+        self.engine_name = ""
+        self.has_draft = True
+        self.ready = False
+        self.load_error: str | None = None
+        self.conv = Conversation()
+        self._spec_method = config.spec.method if config.spec.enabled else "draft"
+        self._turn = 0
+        self.waiting: int | None = None  # the turn whose messages we accept
+        self._answer: AnswerView | None = None
+        self._reply: ChatMessage | None = None
+        self._meter: TurnMeter | None = None
+        self._dirty = False  # the streaming answer changed since the last save
+        self.plain_tps: float | None = None
+        self.spec_tps: float | None = None
+        self._last_view: StatsView | None = None
+
+    # ----------------------------------------------------------------- layout and lifecycle
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            yield VerticalScroll(id="conversation")
+            yield StatsPanel(id="stats")
+        yield Input(placeholder="Ask something and press Enter", id="prompt")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.push_screen(LoadingScreen(self.what))
+        self.engine_thread.start()
+        self.set_interval(SAVE_EVERY, self._autosave)
+        self._show_stats()
+
+    def on_unmount(self) -> None:
+        self.engine_thread.shutdown()
+
+    @property
+    def generating(self) -> bool:
+        return self.waiting is not None
+
+    def _loading(self) -> LoadingScreen | None:
+        screen: Screen[object] = self.screen
+        return screen if isinstance(screen, LoadingScreen) else None
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        if screen := self._loading():
+            screen.progress(message.text, message.fraction)
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        self.engine_name, self.has_draft, self.ready = message.name, message.has_draft, True
+        self.conv.model = message.name
+        self.sub_title = message.name
+        if not message.has_draft and self.config.spec.enabled:
+            self._set_spec(False)
+        if self._loading():
+            self.pop_screen()
+        self.query_one("#prompt", Input).focus()
+        self._show_stats()
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.load_error = message.error
+        if screen := self._loading():
+            screen.fail(message.error)
+        else:
+            self.notify(message.error, title="Engine failed", severity="error", timeout=30)
+
+    # ----------------------------------------------------------------- one turn
+    @on(Input.Submitted, "#prompt")
+    def send(self, event: Input.Submitted) -> None:
+        """Send the prompt: show it, save the chat, queue the turn on the engine thread."""
+        prompt = event.value.strip()
+        if not prompt:
+            return
+        if not self.ready or self.generating:
+            self.notify("Wait for the answer to finish (Esc stops it).", severity="warning")
+            return
+        event.input.value = ""
+        self.conv.messages.append(ChatMessage("user", prompt))
+        history = self.conv.history()
+        self._reply = ChatMessage("assistant", "", reason="partial")
+        self.conv.messages.append(self._reply)
+        self._save()
+        view = self.query_one("#conversation", VerticalScroll)
+        self._answer = AnswerView()
+        view.mount(UserMessage(prompt), self._answer)
+        view.scroll_end(animate=False)
+        self._turn += 1
+        self.waiting = self._turn
+        self._meter = TurnMeter(started=time.monotonic())
+        self.engine_thread.submit(self._turn, history, self.config)
+        self._show_stats()
+
+    def on_stream_batch(self, message: StreamBatch) -> None:
+        if message.turn != self.waiting or self._answer is None or self._reply is None:
+            return
+        view = self.query_one("#conversation", VerticalScroll)
+        follow = view.is_vertical_scroll_end or view.max_scroll_y == 0
+        self._answer.append(message.tokens)
+        self._reply.runs = self._answer.runs
+        self._reply.content = self._answer.plain
+        if self._meter is not None:
+            self._meter.add(message.tokens, message.rounds, time.monotonic())
+        if follow:
+            view.scroll_end(animate=False)
+        self._dirty = True
+        self._show_stats()
+
+    def on_turn_finished(self, message: TurnFinished) -> None:
+        if message.turn != self.waiting or self._answer is None or self._reply is None:
+            return
+        fin, answer, reply = message.finished, self._answer, self._reply
+        shown = answer.plain
+        if fin.text != shown and fin.text.startswith(shown):  # a detokenizer tail not yet shown
+            kind = answer.runs[-1][0] if answer.runs else "target"
+            answer.append([Token(id=-1, text=fin.text[len(shown) :], kind=kind, round=-1)])
+        reply.runs, reply.content = answer.runs, fin.text
+        reply.reason, reply.stats = fin.reason, stats_to_json(fin.stats)
+        if fin.reason == "cancelled":
+            answer.set_note("[stopped]")
+        elif fin.reason == "length":
+            answer.set_note("[max tokens]")
+        if fin.stats.tokens > 0 and fin.stats.tokens_per_s > 0:
+            if self.config.spec.enabled and fin.stats.drafted > 0:
+                self.spec_tps = fin.stats.tokens_per_s
+            elif not self.config.spec.enabled:
+                self.plain_tps = fin.stats.tokens_per_s
+        per_round = self._meter_rounds()
+        self.waiting, self._meter = None, None
+        self._save()
+        self._show_stats(final=(fin, per_round))
+
+    def on_turn_failed(self, message: TurnFailed) -> None:
+        if message.turn != self.waiting:
+            return
+        if self._answer is not None:
+            self._answer.set_note(f"[error: {message.error}]")
+        if self._reply is not None:
+            if self._reply.content:
+                self._reply.reason = "error"
+            else:
+                self.conv.messages.remove(self._reply)
+        self.waiting, self._meter = None, None
+        self._save()
+        self.notify(message.error, title="Generation failed", severity="error", timeout=15)
+        self._show_stats()
+
+    def _meter_rounds(self) -> list[int]:
+        m = self._meter
+        return [] if m is None else [m.per_round[i] for i in sorted(m.per_round)]
+
+    def _save(self) -> None:
+        if self.conv.messages:
+            self.conv.model = self.conv.model or self.engine_name
+            self.store.save(self.conv)
+        self._dirty = False
+
+    def _autosave(self) -> None:
+        """Timer: save the answer in progress, so a crash loses at most SAVE_EVERY seconds of it."""
+        if self._dirty:
+            self._save()
+
+    def _show_stats(self, final: tuple | None = None) -> None:
+        view = StatsView(
+            k=self.config.spec.k,
+            temperature=self.config.sampling.temperature,
+            spec_on=self.config.spec.enabled,
+            plain_tps=self.plain_tps,
+            spec_tps=self.spec_tps,
+        )
+        if final is not None:
+            view.with_stats(final[0].stats, final[1])
+        elif self._meter is not None:
+            view.with_meter(self._meter)
+        elif self._last_view is not None:  # keep the last turn's numbers, new settings
+            keep = dataclasses.replace(self._last_view, k=view.k, temperature=view.temperature)
+            view = dataclasses.replace(keep, spec_on=view.spec_on, plain_tps=view.plain_tps)
+            view.spec_tps = self.spec_tps
+        self._last_view = view
+        self.query_one(StatsPanel).show(view)
+
+    # ----------------------------------------------------------------- actions
+    def action_stop(self) -> None:
+        """Stop generating: the engine finishes the turn as 'cancelled', the partial answer stays."""
+        if self.generating:
+            self.engine_thread.cancel()
+
+    def action_new_chat(self) -> None:
+        """Start an empty conversation (the old one is already saved)."""
+        self._start_conversation(Conversation(model=self.engine_name))
+        self.notify("New chat")
+
+    def _start_conversation(self, conv: Conversation) -> None:
+        if self.generating:
+            self.engine_thread.cancel()
+        self.waiting, self._meter, self._answer, self._reply = None, None, None, None
+        self.engine_thread.reset()
+        self.conv = conv
+        view = self.query_one("#conversation", VerticalScroll)
+        view.remove_children()
+        for m in conv.messages:
+            if m.role == "user":
+                view.mount(UserMessage(m.content))
+            else:
+                runs = m.runs or [("target", m.content)]
+                note = {"cancelled": "[stopped]", "partial": "[interrupted]"}.get(
+                    m.reason or "", ""
+                )
+                view.mount(AnswerView(runs, note=note))
+        view.scroll_end(animate=False)
+        self._last_view = None
+        self._show_stats()
+
+    def _set_spec(self, on: bool) -> None:
+        method = self._spec_method if on else "none"
+        spec = dataclasses.replace(self.config.spec, method=method)
+        self.config = dataclasses.replace(self.config, spec=spec)
+
+    def action_toggle_spec(self) -> None:
+        """Speculation off/on (applies from the next turn); plain turns measure the baseline."""
+        if not self.has_draft and not self.config.spec.enabled:
+            self.notify("This engine has no draft model: speculation is unavailable.")
+            return
+        self._set_spec(not self.config.spec.enabled)
+        state = "on" if self.config.spec.enabled else "off (plain decoding)"
+        self.notify(f"Speculation {state} from the next answer")
+        self._show_stats()
+
+    def _set_k(self, k: int) -> None:
+        k = max(K_RANGE[0], min(K_RANGE[1], k))
+        spec = dataclasses.replace(self.config.spec, k=k, k_max=max(k, self.config.spec.k_max))
+        self.config = dataclasses.replace(self.config, spec=spec)
+        self._show_stats()
+
+    def action_k_up(self) -> None:
+        """Draft one more token per round (from the next turn)."""
+        self._set_k(self.config.spec.k + 1)
+
+    def action_k_down(self) -> None:
+        """Draft one token fewer per round (from the next turn)."""
+        self._set_k(self.config.spec.k - 1)
+
+    def _set_temp(self, t: float) -> None:
+        t = round(max(TEMP_RANGE[0], min(TEMP_RANGE[1], t)), 2)
+        sampling = dataclasses.replace(self.config.sampling, temperature=t)
+        self.config = dataclasses.replace(self.config, sampling=sampling)
+        self._show_stats()
+
+    def action_temp_up(self) -> None:
+        """Raise the temperature by 0.1 (0 = greedy)."""
+        self._set_temp(self.config.sampling.temperature + TEMP_STEP)
+
+    def action_temp_down(self) -> None:
+        """Lower the temperature by 0.1 (0 = greedy)."""
+        self._set_temp(self.config.sampling.temperature - TEMP_STEP)
+
+    def last_answer(self) -> str:
+        """The text of the newest assistant message ('' if none)."""
+        for m in reversed(self.conv.messages):
+            if m.role == "assistant":
+                return m.content
+        return ""
+
+    def action_copy_answer(self) -> None:
+        """Copy the last answer to the clipboard (OSC 52)."""
+        text = self.last_answer()
+        if not text:
+            self.notify("No answer to copy yet.", severity="warning")
+            return
+        self.copy_to_clipboard(text)
+        self.notify(f"Copied {len(text)} characters")
+
+    def action_open_chats(self) -> None:
+        """List saved chats; choosing one reopens it."""
+        self.push_screen(PastChatsScreen(self.store.list()), self._reopen)
+
+    def _reopen(self, chat_id: str | None) -> None:
+        if not chat_id:
+            return
+        try:
+            conv = self.store.load(chat_id)
+        except (OSError, ValueError, KeyError) as exc:
+            self.notify(f"Cannot open chat {chat_id}: {exc}", severity="error")
+            return
+        for m in conv.messages:  # an answer interrupted by a crash is shown, not re-sent
+            if m.reason == "partial":
+                m.reason = "cancelled"
+        self._start_conversation(conv)
+        self.notify(f"Reopened: {conv.title}")
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            method = getattr(self, f"action_{binding.action}")
+            yield SystemCommand(
+                f"{binding.description} ({binding.key})", method.__doc__ or "", method
+            )

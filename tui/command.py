@@ -1,0 +1,65 @@
+"""`edgespec chat`: the subcommand module the CLI dispatcher loads (HELP, add_arguments, run)."""
+
+from __future__ import annotations
+
+import argparse
+
+from edgespec.commands.common import (
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    generation_from_args,
+)
+
+HELP = (
+    "Chat in the terminal app and watch speculative decoding: every token is coloured by where "
+    "it came from (accepted draft, corrected, bonus, plain target), with live stats."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, sampling and speculation options, plus the answer length."""
+    add_model_args(parser)
+    add_sampling_args(parser)
+    add_spec_args(parser)
+    parser.add_argument(
+        "--max-tokens", type=int, default=512, help="longest answer in tokens (default 512)"
+    )
+    # Hidden: run the UI on the scripted fake engine (demos, UI work without models).
+    parser.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
+
+
+def describe(args: argparse.Namespace) -> str:
+    """What the loading screen says it loads, e.g. 'T + draft D'."""
+    if args.pair:
+        return f"pair {args.pair}"
+    if args.target:
+        return f"{args.target} + draft {args.draft}" if args.draft else args.target
+    return "the embedded default pair"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Open the app; returns 0, or 2 when the models could not be loaded."""
+    from tui.app import ChatApp
+    from tui.engine_thread import ChatEngine, ProgressFn
+
+    config = generation_from_args(args)  # invalid settings raise ConfigError before the UI starts
+
+    def load(on_progress: ProgressFn) -> ChatEngine:
+        if args.fake:
+            from tui.fake import FakeEngine, FakeScript
+
+            return FakeEngine.load(FakeScript(round_delay=0.05, load_delay=0.2), on_progress)
+        from edgespec.runtime import Engine  # imported on the engine thread: it owns MLX
+
+        return Engine.load(  # type: ignore[no-any-return]
+            target=args.target,
+            draft=args.draft,
+            pair=args.pair,
+            draft_bits=args.draft_bits,
+            on_progress=on_progress,
+        )
+
+    app = ChatApp(load, config, what="fake engine" if args.fake else describe(args))
+    app.run()
+    return 2 if app.load_error else 0

@@ -1,0 +1,221 @@
+"""The one long-lived thread that owns the engine (and so all MLX state), plus a batcher.
+
+MLX streams belong to the thread that created them (FACTS.md), so the engine is loaded *and* run on
+the same thread, which serves requests from a queue for the app's whole life. The UI thread only
+enqueues requests and sets cancel events; it never waits on the engine.
+
+Events do not go to the UI one by one: the engine thread hands them to a small batcher thread that
+posts one `StreamBatch` per `flush_interval` at most (default 40 ms, i.e. <= 25 UI updates/s however
+fast the model is) and at most `flush_interval` late. The batcher knows nothing about MLX.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from textual.message import Message
+
+from edgespec.config import GenerationConfig
+from edgespec.errors import EdgeSpecError
+from edgespec.events import Finished, Round, Token
+from tui.messages import (
+    EngineFailed,
+    EngineReady,
+    LoadProgress,
+    StreamBatch,
+    TurnFailed,
+    TurnFinished,
+)
+
+ProgressFn = Callable[[str, "float | None"], None]
+Post = Callable[[Message], object]
+
+
+class ChatEngine(Protocol):
+    """What the app needs from `edgespec.runtime.Engine` (the fake implements it too)."""
+
+    name: str
+    has_draft: bool
+    context_window: int
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        config: GenerationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Token | Round | Finished]: ...
+
+    def reset(self) -> None: ...
+
+
+Loader = Callable[[ProgressFn], ChatEngine]
+
+
+def error_line(exc: BaseException) -> str:
+    """A one-line message for the user: EdgeSpecError messages verbatim, others summarised.
+
+    >>> error_line(MemoryError())
+    'out of memory: try a smaller model pair or a lower --draft-bits'
+    """
+    if isinstance(exc, EdgeSpecError):
+        text = str(exc)
+    elif isinstance(exc, MemoryError):
+        return "out of memory: try a smaller model pair or a lower --draft-bits"
+    else:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+@dataclass
+class _Chat:
+    turn: int
+    messages: list[dict[str, str]]
+    config: GenerationConfig
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Reset:
+    pass
+
+
+@dataclass
+class _Failed:
+    turn: int
+    error: str
+
+
+class Batcher:
+    """Merges a turn's events into `StreamBatch` messages, one per `interval` at most.
+
+    Feed it with `put(turn, event)` from any thread; `TurnFinished` / `TurnFailed` are posted after
+    the turn's last batch, so the app sees every token before the end of the turn.
+    """
+
+    def __init__(self, post: Post, interval: float = 0.04) -> None:
+        self._post = post
+        self._interval = interval
+        self._q: queue.Queue[tuple[int, Token | Round | Finished | _Failed] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="edgespec-batcher", daemon=True)
+        self._turn = -1
+        self._tokens: list[Token] = []
+        self._rounds: list[Round] = []
+        self._last_flush = 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, turn: int, event: Token | Round | Finished | _Failed) -> None:
+        self._q.put((turn, event))
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    def _flush(self) -> None:
+        if self._tokens or self._rounds:
+            self._post(StreamBatch(self._turn, self._tokens, self._rounds))
+            self._tokens, self._rounds = [], []
+        self._last_flush = time.monotonic()
+
+    def _run(self) -> None:
+        deadline = 0.0
+        while True:
+            pending = bool(self._tokens or self._rounds)
+            timeout = max(0.0, deadline - time.monotonic()) if pending else None
+            try:
+                item = self._q.get(timeout=timeout)
+            except queue.Empty:
+                self._flush()
+                continue
+            if item is None:
+                self._flush()
+                return
+            turn, event = item
+            if turn != self._turn:
+                self._flush()
+                self._turn = turn
+            if isinstance(event, (Token, Round)):
+                if not pending:
+                    deadline = max(time.monotonic(), self._last_flush + self._interval)
+                (self._tokens if isinstance(event, Token) else self._rounds).append(event)  # type: ignore[arg-type]
+            else:
+                self._flush()
+                if isinstance(event, Finished):
+                    self._post(TurnFinished(turn, event))
+                else:
+                    self._post(TurnFailed(turn, event.error))
+            if (self._tokens or self._rounds) and time.monotonic() >= deadline:
+                self._flush()
+
+
+class EngineThread:
+    """Loads the engine with `loader` and then serves chat / reset requests, all on one thread."""
+
+    def __init__(self, loader: Loader, post: Post, flush_interval: float = 0.04) -> None:
+        self._loader = loader
+        self._post = post
+        self._requests: queue.Queue[_Chat | _Reset | None] = queue.Queue()
+        self._batcher = Batcher(post, flush_interval)
+        self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
+        self._latest: _Chat | None = None
+        self._last_progress = 0.0
+
+    def start(self) -> None:
+        """Start loading in the background; `EngineReady` or `EngineFailed` follows."""
+        self._batcher.start()
+        self._thread.start()
+
+    def submit(self, turn: int, messages: list[dict[str, str]], config: GenerationConfig) -> None:
+        """Queue one chat turn; its events arrive as `StreamBatch` ... `TurnFinished`."""
+        request = _Chat(turn, list(messages), config)
+        self._latest = request
+        self._requests.put(request)
+
+    def cancel(self) -> None:
+        """Ask the last submitted turn to stop (the engine ends it with Finished('cancelled')).
+        A turn still waiting in the queue starts already cancelled."""
+        latest = self._latest
+        if latest is not None:
+            latest.cancel.set()
+
+    def reset(self) -> None:
+        """Queue an engine reset (forget cached prefixes) after any running turn."""
+        self._requests.put(_Reset())
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Cancel the running turn, stop both threads, wait up to `timeout` seconds."""
+        self.cancel()
+        self._requests.put(None)
+        self._batcher.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _progress(self, text: str, fraction: float | None) -> None:
+        now = time.monotonic()
+        if fraction is None or fraction < 1.0:
+            if now - self._last_progress < 0.05:
+                return  # a download can report thousands of steps; the UI needs ~20/s
+        self._last_progress = now
+        self._post(LoadProgress(text, fraction))
+
+    def _run(self) -> None:
+        try:
+            engine = self._loader(self._progress)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a readable line
+            self._post(EngineFailed(error_line(exc)))
+            return
+        self._post(EngineReady(engine.name, engine.has_draft, engine.context_window))
+        while (request := self._requests.get()) is not None:
+            if isinstance(request, _Reset):
+                engine.reset()
+                continue
+            try:
+                for event in engine.chat(request.messages, request.config, request.cancel):
+                    self._batcher.put(request.turn, event)
+            except Exception as exc:  # noqa: BLE001
+                self._batcher.put(request.turn, _Failed(request.turn, error_line(exc)))

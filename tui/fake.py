@@ -1,0 +1,177 @@
+"""A scripted fake engine with the real `Engine`'s interface, for Pilot and snapshot tests and demos.
+
+It imports nothing from Textual or MLX. Every number it reports comes from a simulated clock, so the
+same prompt and settings always give the same tokens, kinds and stats (snapshots stay stable).
+
+Script: the answer is a fixed cycle of words (one token each); round i accepts
+`accept_pattern[i % len]` of its K drafts, the round then commits those accepted tokens plus one
+corrected token (a rejection) or one bonus token (all K accepted). With speculation off
+(`spec.method == "none"`) every token is a plain `target` token, one per round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from edgespec.config import GenerationConfig
+from edgespec.errors import EdgeSpecError
+from edgespec.events import Finished, Round, Stats, Token
+
+WORDS = (
+    "Speculative decoding lets a small draft model propose tokens and the target model verify "
+    "them all in one forward pass so the answer is exactly what the target alone would write "
+    "only faster when the draft guesses well."
+).split()
+
+# Simulated costs (seconds): drafting one token, one verify forward, one plain decode step,
+# and prefill per prompt token. Chosen so speculation at K=4 looks ~1.9x faster than plain.
+T_DRAFT, T_VERIFY, T_PLAIN, T_PREFILL = 0.002, 0.030, 0.025, 0.0004
+
+
+@dataclass
+class FakeScript:
+    """What the fake says and how fast. `round_delay` is real sleep per round (0 = instant);
+    `hold_after` blocks after that many rounds until cancelled or `release` is set (tests use it
+    to stop mid-answer deterministically)."""
+
+    answer_tokens: int = 40
+    accept_pattern: Sequence[int] = (3, 1, 4, 0, 2, 4, 1)
+    round_delay: float = 0.0
+    hold_after: int | None = None
+    load_steps: int = 3
+    load_delay: float = 0.0
+    load_error: EdgeSpecError | None = None
+    chat_error: EdgeSpecError | None = None
+
+
+class FakeEngine:
+    """Stand-in for `edgespec.runtime.Engine`: `load`, `chat`, `reset`, `name`, `has_draft`,
+    `context_window`. Like the real engine it reuses a prompt prefix across turns, so a later turn
+    reports fewer prefilled tokens and a lower TTFT."""
+
+    name = "fake-target + fake-draft"
+    has_draft = True
+    context_window = 4096
+
+    def __init__(self, script: FakeScript | None = None) -> None:
+        self.script = script or FakeScript()
+        self.release = threading.Event()
+        self.calls: list[tuple[list[dict[str, str]], GenerationConfig]] = []
+        self.resets = 0
+        self.threads: set[int] = {threading.get_ident()}  # threads that loaded or ran the engine
+        self._cached: list[
+            int
+        ] = []  # "token ids" (chars) of the last conversation, for prefix reuse
+
+    @classmethod
+    def load(
+        cls,
+        script: FakeScript | None = None,
+        on_progress: Callable[[str, float | None], None] | None = None,
+    ) -> FakeEngine:
+        """Report `load_steps` progress steps, then return an engine (or raise `load_error`)."""
+        script = script or FakeScript()
+        for i in range(script.load_steps):
+            if on_progress:
+                on_progress(
+                    f"loading fake weights {i + 1}/{script.load_steps}", i / script.load_steps
+                )
+            time.sleep(script.load_delay)
+        if script.load_error is not None:
+            raise script.load_error
+        if on_progress:
+            on_progress("ready", 1.0)
+        return cls(script)
+
+    def reset(self) -> None:
+        """Forget the cached prefix (a new conversation)."""
+        self._cached = []
+        self.resets += 1
+
+    def _prefill(self, messages: list[dict[str, str]]) -> tuple[int, int]:
+        ids = [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"]
+        common = 0
+        for a, b in zip(ids, self._cached, strict=False):
+            if a != b:
+                break
+            common += 1
+        self._cached = ids
+        return len(ids), len(ids) - common
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        config: GenerationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Token | Round | Finished]:
+        """Yield the scripted tokens and rounds, then one `Finished` with simulated stats."""
+        self.calls.append((list(messages), config))
+        self.threads.add(threading.get_ident())
+        if self.script.chat_error is not None:
+            raise self.script.chat_error
+        prompt_tokens, prefilled = self._prefill(messages)
+        spec = config.spec.enabled and self.has_draft
+        k = config.spec.k
+        limit = min(self.script.answer_tokens, config.max_tokens)
+        start = sum(len(m["content"]) for m in messages)  # vary the words between turns
+        texts: list[str] = []
+        hist = [0] * (k + 1)
+        drafted = accepted_total = rounds = 0
+        decode = 0.0
+        reason = "stop" if limit == self.script.answer_tokens else "length"
+        while len(texts) < limit:
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
+            if self.script.hold_after is not None and rounds >= self.script.hold_after:
+                while not self.release.wait(0.01):
+                    if cancel is not None and cancel.is_set():
+                        break
+                continue
+            if spec:
+                acc = min(self.script.accept_pattern[rounds % len(self.script.accept_pattern)], k)
+                kinds = ["accepted"] * acc + ["bonus" if acc == k else "corrected"]
+                t_draft, t_verify = T_DRAFT * k, T_VERIFY
+                drafted += k
+                accepted_total += acc
+                hist[acc] += 1
+            else:
+                acc, kinds, t_draft, t_verify = 0, ["target"], 0.0, T_PLAIN
+            kinds = kinds[: limit - len(texts)]
+            for kind in kinds:
+                word = WORDS[(start + len(texts)) % len(WORDS)]
+                text = word if not texts else " " + word
+                texts.append(text)
+                yield Token(id=len(texts), text=text, kind=kind, round=rounds)  # type: ignore[arg-type]
+            yield Round(
+                index=rounds,
+                drafted=k if spec else 0,
+                accepted=acc,
+                k=k if spec else 0,
+                t_draft=t_draft,
+                t_verify=t_verify,
+                method=config.spec.method if spec else "none",
+            )
+            decode += t_draft + t_verify
+            rounds += 1
+            if self.script.round_delay:
+                time.sleep(self.script.round_delay)
+        tokens = len(texts)
+        stats = Stats(
+            tokens=tokens,
+            rounds=rounds,
+            drafted=drafted,
+            accepted=accepted_total,
+            acceptance=accepted_total / drafted if drafted else 0.0,
+            tau=tokens / rounds if rounds else 0.0,
+            ttft=0.010 + T_PREFILL * prefilled,
+            decode_time=decode,
+            tokens_per_s=tokens / decode if decode > 0 else 0.0,
+            prompt_tokens=prompt_tokens,
+            prefilled_tokens=prefilled,
+            accepted_hist=tuple(hist) if spec else (),
+        )
+        yield Finished(reason=reason, stats=stats, text="".join(texts))  # type: ignore[arg-type]

@@ -1,0 +1,62 @@
+"""Typed messages the engine thread posts to the app. Each carries plain values only.
+
+`turn` identifies one request; the app ignores messages of a turn it no longer waits for
+(e.g. after "new chat"), so a late batch can never land in the wrong conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from edgespec.events import Finished, Round, Token
+
+
+@dataclass
+class LoadProgress(Message):
+    """A loading step: `text` to show and a fraction in [0, 1] (None = indeterminate)."""
+
+    text: str
+    fraction: float | None
+
+
+@dataclass
+class EngineReady(Message):
+    """The engine loaded. `name` is the pair's display name."""
+
+    name: str
+    has_draft: bool
+    context_window: int
+
+
+@dataclass
+class EngineFailed(Message):
+    """Loading failed; `error` is a one-line message for the user."""
+
+    error: str
+
+
+@dataclass
+class StreamBatch(Message):
+    """Tokens and rounds committed since the previous batch of the same turn (in order)."""
+
+    turn: int
+    tokens: list[Token]
+    rounds: list[Round]
+
+
+@dataclass
+class TurnFinished(Message):
+    """The turn ended (stop, length or cancelled); all its batches were posted before this."""
+
+    turn: int
+    finished: Finished
+
+
+@dataclass
+class TurnFailed(Message):
+    """The turn raised; `error` is a one-line message for the user."""
+
+    turn: int
+    error: str
