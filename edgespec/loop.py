@@ -1,0 +1,227 @@
+"""The draft-verify loop: it orchestrates (draft, one target forward, acceptance, rewind) and holds
+no maths itself (that lives in sampling.py and acceptance.py).
+
+Cache invariant after every round: the target's cache holds context[:-1] (the newest committed token
+is the next forward's input); a drafter's state holds some prefix of the context (see ModelDrafter).
+Both loops yield `Step`s; the Engine (runtime.py) turns them into Token / Round / Finished events.
+Speed: drafted tokens stay lazy MLX arrays (async_eval, no .item() per token); the acceptance runs
+on the device and the round costs one host transfer of K + 2 integers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import mlx.core as mx
+
+from edgespec.acceptance import verify, verify_greedy
+from edgespec.cache import KVState
+from edgespec.config import SamplingConfig
+from edgespec.events import Round
+from edgespec.sampling import make_key, round_keys, sample, split, uniforms, warp
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafter's guess for the next k tokens. tokens [k] int32 (may be lazy); q [k, V] the warped
+    draft distributions they were drawn from, or None for point masses (a deterministic proposal,
+    e.g. n-gram lookup, or any drafter at temperature 0)."""
+
+    tokens: mx.array
+    q: mx.array | None
+
+
+class Drafter(Protocol):
+    """Who proposes tokens. `method` is reported in Round events ("draft", "ngram", ...)."""
+
+    method: str
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        """Propose k tokens to follow `context` (all committed tokens). `key` seeds any sampling:
+        draw `uniforms(key, k)` to stay in step with the numpy reference."""
+        ...
+
+    def commit(self, context: list[int]) -> None:
+        """Called after every round with the committed context: roll back anything past it."""
+        ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When generation stops: max_tokens emitted, an EOS id, or the context window full."""
+
+    max_tokens: int
+    eos: frozenset[int]
+    context_window: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens committed by one round (or one plain decoding step), EOS excluded. `stop` is set on the
+    last step: "stop" (EOS), "length" (max tokens / context window) or "cancelled"."""
+
+    tokens: list[int]
+    kinds: list[str]
+    round: Round | None = None
+    stop: str | None = None
+
+
+def fit_vocab(logits: mx.array, vocab: int) -> mx.array:
+    """Cut or -inf-pad draft logits [..., Vd] to the target's width V (padded embedding tables)."""
+    width = logits.shape[-1]
+    if width == vocab:
+        return logits
+    if width > vocab:
+        return logits[..., :vocab]
+    pad = mx.full((*logits.shape[:-1], vocab - width), -mx.inf, dtype=logits.dtype)
+    return mx.concatenate([logits, pad], axis=-1)
+
+
+class ModelDrafter:
+    """Drafts with a small model and its own KV cache.
+
+    Its cache holds a prefix of the context; the tokens after it (`pending`) are fed at the start of
+    the next proposal. Usually one token, two after a bonus round: the draft never ran its K-th
+    drafted token, which the target then accepted.
+    """
+
+    method = "draft"
+
+    def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int):
+        self.state, self.sampling, self.vocab = state, sampling, vocab
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        inputs = mx.array(context[self.state.offset :], dtype=mx.int32)
+        u = None if self.sampling.greedy else uniforms(key, k)
+        tokens, rows = [], []
+        for i in range(k):
+            logits = fit_vocab(self.state.forward(inputs)[-1], self.vocab)
+            if u is None:
+                tok = mx.argmax(logits).astype(mx.int32)
+            else:
+                rows.append(warp(logits, self.sampling))
+                tok = sample(rows[-1], u[i])
+            tokens.append(tok)
+            inputs = tok.reshape(1)
+            mx.async_eval(tok)
+        return Proposal(mx.stack(tokens), mx.stack(rows) if rows else None)
+
+    def commit(self, context: list[int]) -> None:
+        self.state.rewind(context, min(self.state.offset, len(context) - 1))
+
+
+def _truncate(new: list[int], kinds: list[str], emitted: int, limits: Limits, context: list[int]):
+    """Cut a round's commits at EOS / max_tokens. Returns (tokens to emit, their kinds, committed
+    tokens incl. EOS, stop reason or None)."""
+    out: list[int] = []
+    for i, tok in enumerate(new):
+        if tok in limits.eos:
+            return out, kinds[: len(out)], new[: i + 1], "stop"
+        out.append(tok)
+        if emitted + len(out) >= limits.max_tokens:
+            return out, kinds[: len(out)], new[: i + 1], "length"
+    if len(context) + len(new) + 1 > limits.context_window:
+        return out, kinds, new, "length"
+    return out, kinds, new, None
+
+
+def _verify_round(
+    target: KVState, context: list[int], prop: Proposal, k: int, cfg: SamplingConfig, key
+) -> list[int]:
+    """One target forward over [pending..., x_1..x_K] and the acceptance step, on the device.
+    Returns the host list [x_1..x_K, n_accepted, next_token] (the round's only transfer)."""
+    inputs = mx.concatenate([mx.array(context[target.offset :], dtype=mx.int32), prop.tokens])
+    logits = target.forward(inputs)[-(k + 1) :]
+    if cfg.greedy:
+        n, nxt = verify_greedy(prop.tokens, logits)
+    else:
+        n, nxt = verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, k + 1))
+    return mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)]).tolist()
+
+
+def speculate(
+    target: KVState,
+    drafter: Drafter,
+    prompt: list[int],
+    cfg: SamplingConfig,
+    choose_k: Callable[[Round | None], int],
+    limits: Limits,
+    cancel: threading.Event | None = None,
+) -> Iterator[Step]:
+    """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill)."""
+    context, key, emitted, last = list(prompt), make_key(cfg.seed), 0, None
+    try:
+        for index in range(limits.max_tokens):
+            if cancel is not None and cancel.is_set():
+                yield Step([], [], stop="cancelled")
+                return
+            k = max(1, min(choose_k(last), limits.context_window - len(context)))
+            key, draft_key, verify_key = round_keys(key)
+            t0 = time.perf_counter()
+            prop = drafter.propose(context, k, draft_key)
+            mx.eval([a for a in (prop.tokens, prop.q) if a is not None])
+            t1 = time.perf_counter()
+            out = _verify_round(target, context, prop, k, cfg, verify_key)
+            n, nxt = out[k], out[k + 1]
+            last = Round(index, k, n, k, t1 - t0, time.perf_counter() - t1, drafter.method)
+            kinds = ["accepted"] * n + ["bonus" if n == k else "corrected"]
+            toks, kinds, committed, stop = _truncate(
+                out[:n] + [nxt], kinds, emitted, limits, context
+            )
+            context += committed
+            emitted += len(toks)
+            target.rewind(context, len(context) - 1)
+            drafter.commit(context)
+            yield Step(toks, kinds, last, stop)
+            if stop:
+                return
+    finally:
+        target.rewind(context, min(target.offset, len(context) - 1))
+        drafter.commit(context)
+
+
+def decode_plain(
+    target: KVState,
+    prompt: list[int],
+    cfg: SamplingConfig,
+    limits: Limits,
+    cancel: threading.Event | None = None,
+) -> Iterator[Step]:
+    """Plain target decoding through the same caches, pipelined like mlx-lm: the next token's
+    forward is queued (async_eval) before the current token is read back."""
+    context, key = list(prompt), make_key(cfg.seed)
+
+    def step(inputs: mx.array) -> mx.array:
+        nonlocal key
+        key, sample_key = split(key, 2)
+        logits = target.forward(inputs)[-1]
+        if cfg.greedy:
+            return mx.argmax(logits).astype(mx.int32)
+        return sample(warp(logits, cfg), uniforms(sample_key, 1)[0])
+
+    try:
+        tok = step(mx.array(context[target.offset :], dtype=mx.int32))
+        mx.async_eval(tok)
+        for emitted in range(1, limits.max_tokens + 1):
+            if cancel is not None and cancel.is_set():
+                yield Step([], [], stop="cancelled")
+                return
+            upcoming = None
+            if emitted < limits.max_tokens and len(context) + 2 <= limits.context_window:
+                upcoming = step(tok.reshape(1))
+                mx.async_eval(upcoming)
+            value = tok.item()
+            toks, kinds, committed, stop = _truncate(
+                [value], ["target"], emitted - 1, limits, context
+            )
+            context += committed
+            yield Step(toks, kinds, None, stop or (None if upcoming is not None else "length"))
+            if stop or upcoming is None:
+                return
+            tok = upcoming
+    finally:
+        target.rewind(context, min(target.offset, len(context) - 1))

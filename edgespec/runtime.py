@@ -1,0 +1,213 @@
+"""The Engine: a target (and optional draft) with their tokenizer, chat template, detokenizer and
+shared-prefix KV caches. The CLI, the TUI and the bench all drive generation through it.
+
+    engine = Engine.load(target="path/or/repo", draft="path/or/repo")
+    for event in engine.chat([{"role": "user", "content": "Hi"}], GenerationConfig()):
+        ...  # Token* Round (per round) ... Finished
+
+Threading: MLX streams belong to one thread; load and generate on the same thread (FACTS.md).
+`cancel` (a threading.Event) may be set from any thread; it is checked between rounds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from edgespec.cache import KVState, vocab_size
+from edgespec.config import GenerationConfig
+from edgespec.errors import ConfigError, PromptError
+from edgespec.events import Event, Finished, Round, Token
+from edgespec.loop import Drafter, Limits, ModelDrafter, Step, decode_plain, speculate
+from edgespec.stats import summarize
+
+ProgressFn = Callable[[str, float | None], None]
+KPolicy = Callable[[Round | None], int]
+
+
+class Engine:
+    """Owns both models and their prefix caches. Not thread-safe: one generation at a time."""
+
+    def __init__(self, target: Any, draft: Any | None):
+        self.target, self.draft = target, draft
+        self.tokenizer = target.tokenizer
+        self.has_draft = draft is not None
+        self.name = f"{target.name} + {draft.name}" if draft is not None else str(target.name)
+        self.context_window = int(target.context_window)
+        if draft is not None:
+            self.context_window = min(self.context_window, int(draft.context_window))
+        self._target = KVState(target.model, f"target {target.name}")
+        self._draft = KVState(draft.model, f"draft {draft.name}") if draft is not None else None
+        self._vocab = vocab_size(target.model)
+        self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
+
+    @classmethod
+    def load(
+        cls,
+        target: str | None = None,
+        draft: str | None = None,
+        pair: str | None = None,
+        *,
+        draft_bits: int | None = 4,
+        on_progress: ProgressFn | None = None,
+        with_draft: bool = True,
+    ) -> Engine:
+        """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
+        (plain decoding only). Raises ModelNotFoundError / ModelLoadError /
+        TokenizerMismatchError / CacheNotTrimmableError with one-line messages."""
+        from edgespec.loading import load_pair
+
+        t, d = load_pair(
+            target,
+            draft,
+            pair,
+            draft_bits=draft_bits,
+            on_progress=on_progress,
+            with_draft=with_draft,
+        )
+        return cls(t, d)
+
+    # ------------------------------------------------------------------ prompts
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation through the chat template, ready for the assistant's turn."""
+        if not any(str(m.get("content", "")).strip() for m in messages):
+            raise PromptError("the prompt is empty")
+        if not getattr(self.tokenizer, "has_chat_template", False):
+            return self.encode_raw("\n".join(m["content"] for m in messages))
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return [int(i) for i in ids]
+
+    def encode_raw(self, text: str) -> list[int]:
+        """Token ids of `text` as is (the tokenizer's BOS, if it has one, is added)."""
+        if not text.strip():
+            raise PromptError("the prompt is empty")
+        return [int(i) for i in self.tokenizer.encode(text)]
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise PromptError("the prompt is empty")
+        if len(prompt_ids) + 1 > self.context_window:
+            raise PromptError(
+                f"the prompt is {len(prompt_ids)} tokens; {self.name} fits "
+                f"{self.context_window} (prompt + answer); shorten it"
+            )
+
+    # ------------------------------------------------------------------ generation
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        config: GenerationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """generate(encode_chat(messages), config, cancel)."""
+        return self.generate(self.encode_chat(messages), config, cancel)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        cancel: threading.Event | None = None,
+        *,
+        drafter: Drafter | None = None,
+        k_policy: KPolicy | None = None,
+    ) -> Iterator[Event]:
+        """Stream Token events as they are committed, one Round after each round's tokens
+        (speculative methods only), then exactly one Finished.
+
+        config.spec.method "none" decodes plainly with the target (kind "target"). `drafter`
+        replaces the draft model (e.g. an n-gram drafter); `k_policy(last_round)` picks K per
+        round (default: config.spec.k). Errors surface on the first next()."""
+        self._check_prompt(list(prompt_ids))
+        return self._run(list(prompt_ids), config, cancel, drafter, k_policy)
+
+    def _steps(
+        self,
+        prompt: list[int],
+        config: GenerationConfig,
+        cancel: threading.Event | None,
+        drafter: Drafter | None,
+        k_policy: KPolicy | None,
+    ) -> Iterator[Step]:
+        limits = Limits(config.max_tokens, self._eos, self.context_window)
+        if not config.spec.enabled:
+            return decode_plain(self._target, prompt, config.sampling, limits, cancel)
+        if drafter is None:
+            drafter = self._model_drafter(config)
+        k = config.spec.k
+        policy = k_policy or (lambda _last: k)
+        return speculate(self._target, drafter, prompt, config.sampling, policy, limits, cancel)
+
+    def _model_drafter(self, config: GenerationConfig) -> ModelDrafter:
+        if config.spec.method != "draft":
+            raise ConfigError(
+                f"method {config.spec.method!r} needs its drafter (pass drafter=...); "
+                "this engine drafts with a model (method 'draft') or decodes plainly ('none')"
+            )
+        if self._draft is None:
+            raise ConfigError(f"{self.name} has no draft model; pass a draft or use --no-spec")
+        return ModelDrafter(self._draft, config.sampling, self._vocab)
+
+    def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
+        prefilled = self._target.prefill(prompt)
+        uses_draft = config.spec.enabled and drafter is None
+        if uses_draft and self._draft is not None:
+            self._draft.prefill(prompt)
+        return prefilled
+
+    def _run(self, prompt, config, cancel, drafter, k_policy) -> Iterator[Event]:
+        t_request = time.perf_counter()
+        try:
+            steps = self._steps(prompt, config, cancel, drafter, k_policy)
+            prefilled = self._prefill(prompt, config, drafter)
+            yield from self._events(prompt, steps, t_request, prefilled)
+        except GeneratorExit:
+            raise  # the consumer stopped early; the loops' `finally` left the caches consistent
+        except Exception:
+            self.reset()  # unknown state after a failure mid-round: start cold next time
+            raise
+
+    def _events(self, prompt, steps: Iterator[Step], t_request: float, prefilled: int):
+        detok = self.tokenizer.detokenizer
+        rounds: list[Round] = []
+        count, t_first, t_last, reason = 0, None, None, "length"
+        for step in steps:
+            for tok, kind in zip(step.tokens, step.kinds, strict=True):
+                detok.add_token(tok)
+                t_last = time.perf_counter()
+                t_first = t_first if t_first is not None else t_last
+                yield Token(
+                    tok, detok.last_segment, kind, step.round.index if step.round else count
+                )  # type: ignore[arg-type]
+                count += 1
+            if step.round is not None:
+                rounds.append(step.round)
+                yield step.round
+            if step.stop:
+                reason = step.stop
+                break
+        detok.finalize()
+        stats = summarize(
+            rounds,
+            count,
+            t_request=t_request,
+            t_first=t_first,
+            t_last=t_last,
+            prompt_tokens=len(prompt),
+            prefilled_tokens=prefilled,
+        )
+        yield Finished(reason, stats, detok.text)  # type: ignore[arg-type]
+
+    def reset(self) -> None:
+        """Forget both caches (the next request prefills from scratch)."""
+        self._target.reset()
+        if self._draft is not None:
+            self._draft.reset()
+
+    def cached_tokens(self) -> tuple[list[int], list[int] | None]:
+        """The token ids each KV cache holds (target, draft); for tests and the TUI's status."""
+        draft = list(self._draft.tokens) if self._draft is not None else None
+        return list(self._target.tokens), draft

@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny seeded model pairs written once per test session (milliseconds to make).
+
+tiny_pair      -> (target_path, draft_path): 4-layer target, draft = its embedding + first layer
+tiny_self_pair -> (target_path, draft_path): the draft is an exact copy of the target
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from edgespec.tiny import make_tiny_pair
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny_pair"), seed=0, draft="subset")
+
+
+@pytest.fixture(scope="session")
+def tiny_self_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny_self_pair"), seed=0, draft="self")
+
+
+def _loaded(path: Path, context_window: int = 512) -> SimpleNamespace:
+    """A LoadedModel-like record (model, tokenizer, name, context_window) via mlx_lm.load."""
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    return SimpleNamespace(
+        model=model, tokenizer=tokenizer, name=path.name, path=path, context_window=context_window
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_pair) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """(target, draft) loaded once per session; build Engines from them (they hold no state)."""
+    return _loaded(tiny_pair[0]), _loaded(tiny_pair[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_self_models(tiny_self_pair) -> tuple[SimpleNamespace, SimpleNamespace]:
+    return _loaded(tiny_self_pair[0]), _loaded(tiny_self_pair[1])

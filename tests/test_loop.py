@@ -1,0 +1,86 @@
+"""The draft-verify loop against plain decoding and against the slow numpy reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.events import Round, Token
+from edgespec.runtime import Engine
+from tests.reference_loop import reference_plain, reference_speculative
+
+PROMPT = "the cat and the dog in the house"
+
+
+def _run(engine: Engine, ids: list[int], sampling: SamplingConfig, k: int, n: int, method="draft"):
+    cfg = GenerationConfig(sampling, SpecConfig(k=k, method=method), max_tokens=n)
+    return list(engine.generate(ids, cfg))
+
+
+def _ids(events) -> list[int]:
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_speculative_equals_plain_decoding(tiny_models, k):
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    greedy = SamplingConfig(temperature=0)
+    plain = _ids(_run(engine, ids, greedy, k, 48, method="none"))
+    engine.reset()
+    spec = _run(engine, ids, greedy, k, 48)
+    assert _ids(spec) == plain
+    assert len(plain) == 48
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_self_draft_accepts_every_token_and_ends_rounds_with_a_bonus(tiny_self_models, k):
+    engine = Engine(*tiny_self_models)
+    events = _run(engine, engine.encode_raw(PROMPT), SamplingConfig(temperature=0), k, 5 * (k + 1))
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert rounds and all(r.accepted == r.drafted == k for r in rounds)
+    kinds = [e.kind for e in events if isinstance(e, Token)]
+    assert kinds == (["accepted"] * k + ["bonus"]) * 5
+    assert events[-1].stats.acceptance == 1.0 and events[-1].stats.tau == k + 1
+
+
+@pytest.mark.parametrize(
+    "sampling,k",
+    [
+        (SamplingConfig(temperature=0), 4),
+        (SamplingConfig(temperature=1.0, seed=1), 3),
+        (SamplingConfig(temperature=0.8, seed=2), 5),
+        (SamplingConfig(temperature=1.5, top_p=0.9, seed=3), 2),
+        (SamplingConfig(temperature=1.0, top_k=20, min_p=0.05, seed=4), 4),
+    ],
+)
+def test_matches_numpy_reference_token_for_token(tiny_models, sampling, k):
+    target, draft = tiny_models
+    engine = Engine(target, draft)
+    ids = engine.encode_raw(PROMPT)
+    eos = engine.tokenizer.eos_token_ids
+    want = reference_speculative(target.model, draft.model, ids, sampling, k, 24, eos)
+    assert _ids(_run(engine, ids, sampling, k, 24)) == want
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(1.0, seed=9)])
+def test_plain_decoding_matches_numpy_reference(tiny_models, sampling):
+    target, draft = tiny_models
+    engine = Engine(target, draft)
+    ids = engine.encode_raw(PROMPT)
+    want = reference_plain(target.model, ids, sampling, 24, engine.tokenizer.eos_token_ids)
+    assert _ids(_run(engine, ids, sampling, 4, 24, method="none")) == want
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(tiny_models):
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    a, b, c = (_ids(_run(engine, ids, SamplingConfig(1.0, seed=s), 4, 32)) for s in (5, 5, 6))
+    assert a == b and a != c
+
+
+def test_sampled_self_draft_accepts_almost_everything(tiny_self_models):
+    """p == q at temperature > 0: the ratio test passes (float noise aside)."""
+    engine = Engine(*tiny_self_models)
+    events = _run(engine, engine.encode_raw(PROMPT), SamplingConfig(1.0, seed=3), 4, 60)
+    assert events[-1].stats.acceptance > 0.97
