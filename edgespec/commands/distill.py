@@ -1,0 +1,92 @@
+"""`edgespec distill`: generate data with the target -> train a draft -> export it (4-bit + card).
+
+Every stage resumes: data generation skips instructions already answered, training continues
+from OUT/train/latest with --resume, export rewrites OUT/draft from the final checkpoint.
+`--evaluate --target T --draft D` measures an existing pair instead (see distill/evaluate.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from edgespec.errors import ConfigError
+
+HELP = "train a small draft for a target on the target's own answers (generate, train, export)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="target model: catalogue name, folder or .gguf")
+    parser.add_argument("--out", help="output folder (data/, train/, draft/)")
+    parser.add_argument("--data", help="data folder (default OUT/data); shared across runs")
+    parser.add_argument("--resume", action="store_true", help="continue training from OUT/train")
+    parser.add_argument("--evaluate", action="store_true", help="measure --draft against --target")
+    parser.add_argument("--draft", help="with --evaluate: the draft folder to measure")
+    g = parser.add_argument_group("data")
+    g.add_argument("--tokens", type=int, default=200_000, help="completion tokens of data")
+    g.add_argument("--instructions", type=int, default=50_000, help="instruction pool size")
+    g.add_argument("--instruction-seed", type=int, default=0)
+    g.add_argument("--gen-batch", type=int, default=32, help="sequences decoded together")
+    g.add_argument("--shard-size", type=int, default=64, help="answers per shard (checkpoint)")
+    g.add_argument("--max-new-tokens", type=int, default=192)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--greedy-fraction", type=float, default=0.25)
+    g = parser.add_argument_group("training")
+    g.add_argument(
+        "--layers", default="0,1,-2,-1", help="target layers to keep (default 0,1,-2,-1)"
+    )
+    g.add_argument("--head-size", type=int, default=8192, help="output head tokens (default 8192)")
+    g.add_argument("--steps", type=int, default=2000)
+    g.add_argument("--batch", type=int, default=4096, help="tokens per micro-batch (padded)")
+    g.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=float, default=5e-4)
+    g.add_argument("--eval-every", type=int, default=100)
+    g.add_argument("--ckpt-every", type=int, default=100)
+    g = parser.add_argument_group("evaluation")
+    g.add_argument("--prompts", help="path to mt_bench_question.jsonl (default ../shared/prompts)")
+    g.add_argument("--n-prompts", type=int, default=20)
+    g.add_argument("--eval-tokens", type=int, default=128, help="tokens per evaluated answer")
+
+
+def command_line(a: argparse.Namespace) -> str:
+    """The canonical command that reproduces this run (goes into the model card)."""
+    return (
+        f"edgespec distill --target {a.target} --out {a.out} --tokens {a.tokens} "
+        f"--instructions {a.instructions} --instruction-seed {a.instruction_seed} "
+        f"--max-new-tokens {a.max_new_tokens} --temperature {a.temperature} "
+        f"--greedy-fraction {a.greedy_fraction} --layers {a.layers} --head-size {a.head_size} "
+        f"--steps {a.steps} --batch {a.batch} --accum {a.accum} --lr {a.lr}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.evaluate:
+        return _evaluate(args)
+    if not args.target or not args.out:
+        raise ConfigError("--target and --out are required (or --evaluate with --draft)")
+    from edgespec.distill.pipeline import run_pipeline
+
+    summary = run_pipeline(args, command_line(args), progress=True)
+    for line in summary:
+        print(line)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    if not args.target or not args.draft:
+        raise ConfigError("--evaluate needs --target and --draft")
+    from edgespec.distill.evaluate import evaluate
+
+    r = evaluate(
+        args.target,
+        args.draft,
+        prompts_path=args.prompts,
+        n=args.n_prompts,
+        max_tokens=args.eval_tokens,
+    )
+    print(r.to_json())
+    return 0
+
+
+def default_data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data) if args.data else Path(args.out) / "data"

@@ -1,0 +1,102 @@
+"""Export a trained draft: 4-bit (group 64) safetensors + config.json (draft_model format) + a
+model card (README.md) that says exactly how it was made and how good it measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.nn as nn
+
+from edgespec.draft_model import DraftModel, save_draft
+
+QUANT = {"group_size": 64, "bits": 4}
+
+
+@dataclass(frozen=True)
+class Card:
+    """What the model card reports. `quality` maps a metric name to its value (e.g. held-out
+    agreement fp32 / 4-bit); `curve` rows are {step, tokens_seen, agreement, ...}."""
+
+    target: str
+    command: str
+    data_sequences: int
+    data_tokens: int
+    tokens_seen: int
+    steps: int
+    layers: list[int]
+    head_size: int
+    quality: dict[str, float] = field(default_factory=dict)
+    curve: list[dict[str, float]] = field(default_factory=list)
+    licence: str = (
+        "Derived from SmolLM2-135M-Instruct (Apache-2.0, HuggingFaceTB): its embedding and "
+        "layers initialise this draft and its answers are the training data. Apache-2.0."
+    )
+
+
+def quantize(model: DraftModel, config: dict[str, Any]) -> dict[str, Any]:
+    """Quantize every Linear/Embedding whose input dim divides by 64, in place; return the
+    config with `quantization` set (what load_draft needs to rebuild the layers)."""
+    g = QUANT["group_size"]
+    nn.quantize(
+        model,
+        group_size=g,
+        bits=QUANT["bits"],
+        class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % g == 0,
+    )
+    return config | {"quantization": dict(QUANT)}
+
+
+def export_draft(model: DraftModel, config: dict[str, Any], out: Path, card: Card) -> Path:
+    """Quantize `model` (in place) and write OUT/{config.json, model.safetensors, README.md}."""
+    config = quantize(model, config)
+    out = Path(out)
+    save_draft(model, config, out)
+    (out / "README.md").write_text(model_card(card))
+    return out
+
+
+def model_card(card: Card) -> str:
+    """The README.md text (markdown)."""
+    q = "\n".join(f"| {k} | {v:.4f} |" for k, v in card.quality.items()) or "| - | - |"
+    rows = "\n".join(
+        f"| {r['step']} | {r['tokens_seen']} | {r['agreement']:.4f} |" for r in card.curve
+    )
+    return f"""# EdgeSpec draft for {card.target}
+
+A small draft model for exact speculative decoding with EdgeSpec: {len(card.layers)} of the
+target's layers (target layers {", ".join(map(str, card.layers))}, renumbered from 0), the
+target's own (frozen) token embedding and final norm, and a {card.head_size}-token output head
+over the tokens the target emits most. Tokens off the head get q = 0; the verification
+residual max(0, p - q) covers them, so output is unchanged. Weights: 4-bit, group size 64.
+
+## How it was made
+
+    {card.command}
+
+- Data: the target's own answers to EdgeSpec's generated instruction set (no benchmark
+  prompts): {card.data_sequences} answers, {card.data_tokens} completion tokens.
+- Loss: KL(p_target || q_draft) over the head, at completion positions only (soft labels from
+  the target's top-k log-probabilities).
+- Training: {card.steps} steps, {card.tokens_seen} labelled tokens seen.
+
+## Measured quality
+
+Greedy agreement = draft argmax == target argmax on the target's greedy answers to held-out
+instructions (teacher-forced).
+
+| metric | value |
+|---|---|
+{q}
+
+Curve (held-out agreement versus training tokens seen):
+
+| step | tokens seen | agreement |
+|---|---|---|
+{rows}
+
+## Licence
+
+{card.licence}
+"""
