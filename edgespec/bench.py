@@ -124,6 +124,7 @@ class Measured:
     finish_reason: str
     rounds: RoundTotals
     timed_rounds: bool  # whether rounds carry draft/verify timings
+    t_model_decode: float | None = None  # draft + verify seconds of the rounds after the first
 
 
 class _Timer:
@@ -140,12 +141,14 @@ class _Timer:
         self.first = self.last if self.first is None else self.first
         self.ids.append(token_id)
 
-    def done(self, reason: str, rounds: RoundTotals, timed: bool) -> Measured:
+    def done(
+        self, reason: str, rounds: RoundTotals, timed: bool, t_model: float | None = None
+    ) -> Measured:
         first = self.last if self.first is None else self.first
         end = time.perf_counter()
         return Measured(
             tuple(self.ids), first - self.start, self.last - first, end - self.start, reason,
-            rounds, timed,
+            rounds, timed, t_model,
         )  # fmt: skip
 
 
@@ -153,23 +156,30 @@ def _sampling(point: Point) -> SamplingConfig:
     return SamplingConfig(temperature=point.temp, seed=point.seed)
 
 
+Extras = Callable[[Any, Point], dict[str, Any]]
+
+
 def _engine_runner(
-    spec: Callable[[Point], SpecConfig],
+    spec: Callable[[Point], SpecConfig], extras: Extras | None = None
 ) -> Callable[[Any, list[int], Point], Measured]:
-    """A runner that drives Engine.generate with the SpecConfig that `spec` builds."""
+    """A runner that drives Engine.generate with the SpecConfig that `spec` builds, plus the
+    keyword arguments `extras(engine, point)` returns (e.g. drafter=..., k_policy=...)."""
 
     def run(engine: Any, prompt_ids: list[int], point: Point) -> Measured:
         config = GenerationConfig(_sampling(point), spec(point), max_tokens=point.max_tokens)
+        kwargs = extras(engine, point) if extras else {}
         engine.reset()
         timer, rounds, reason = _Timer(), [], "length"
-        for event in engine.generate(prompt_ids, config):
+        for event in engine.generate(prompt_ids, config, **kwargs):
             if isinstance(event, Token):
                 timer.token(event.id)
             elif isinstance(event, Round):
                 rounds.append(event)
             elif isinstance(event, Finished):
                 reason = event.reason
-        return timer.done(reason, fold_rounds(rounds), timed=True)
+        # Round events follow their tokens: the first round made the first token (TTFT side).
+        t_model = sum(r.t_draft + r.t_verify for r in rounds[1:])
+        return timer.done(reason, fold_rounds(rounds), timed=True, t_model=t_model)
 
     return run
 
@@ -214,17 +224,16 @@ class Method:
 
 
 def _registry() -> dict[str, Method]:
-    def spec(method: str, adaptive: bool = False) -> Callable[[Point], SpecConfig]:
-        return lambda p: SpecConfig(k=p.k, method=method, adaptive=adaptive)
-
+    """The methods `--methods` can name. A new EdgeSpec method is one line here, e.g.
+    Method("ngram", "n-gram prompt lookup", False, True, _engine_runner(
+        lambda p: SpecConfig(k=p.k, method="ngram"),
+        lambda engine, p: {"drafter": NgramDrafter(...)}))
+    (k_policy=... in the extras gives adaptive K)."""
     methods = [
         Method(PLAIN, "target alone through EdgeSpec's loop", False, False,
                _engine_runner(lambda p: SpecConfig(method="none"))),
-        Method("spec", "EdgeSpec, draft model", True, True, _engine_runner(spec("draft"))),
-        Method("ngram", "EdgeSpec, n-gram prompt lookup", False, True, _engine_runner(spec("ngram"))),
-        Method("hybrid", "EdgeSpec, draft + n-gram", True, True, _engine_runner(spec("hybrid"))),
-        Method("adaptive", "EdgeSpec, draft model, adaptive K", True, True,
-               _engine_runner(spec("draft", adaptive=True))),
+        Method("spec", "EdgeSpec, draft model", True, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="draft"))),
         Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
         Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
                _mlx_lm_runner(False)),
@@ -339,7 +348,8 @@ def _measure(
         wall_time=m.wall_time, finish_reason=m.finish_reason, peak_memory=mx.get_peak_memory(),
         rounds=r.rounds, drafted=r.drafted, accepted=r.accepted, rejections=r.rejections,
         accepted_hist=r.hist, t_draft=r.t_draft if m.timed_rounds else None,
-        t_verify=r.t_verify if m.timed_rounds else None, token_ids=m.token_ids,
+        t_verify=r.t_verify if m.timed_rounds else None, t_model_decode=m.t_model_decode,
+        token_ids=m.token_ids,
     )  # fmt: skip
 
 

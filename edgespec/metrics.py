@@ -189,6 +189,7 @@ class RunRecord:
     accepted_hist: tuple[int, ...] = ()
     t_draft: float | None = None
     t_verify: float | None = None
+    t_model_decode: float | None = None  # draft + verify seconds within decode_time
     token_ids: tuple[int, ...] = ()
     mismatch: bool | None = None
     first_diff: int | None = None  # first position where token_ids differ from plain's
@@ -225,7 +226,8 @@ class Summary:
     per repeat. tau = tokens committed per round; alpha = per-token acceptance (alpha_mle);
     acceptance = accepted / drafted; c, v = measured draft step / verify forward cost in plain
     decode steps; predicted_speedup = the closed form at (alpha, K, c, v); overhead = share of
-    decode time spent outside the draft and verify calls. None where it does not apply.
+    decode time (first -> last token) spent outside the draft and verify calls (Python, events,
+    detokenizing; the first round's calls fall in TTFT and are left out). None where it does not apply.
     """
 
     runs: int
@@ -293,12 +295,14 @@ def _speculation(runs: Sequence[RunRecord], plain_tpot: float | None) -> dict:
         t_verify = sum(r.t_verify or 0.0 for r in timed)
         c = t_draft / max(1, sum(r.drafted for r in timed)) / plain_tpot
         v = t_verify / max(1, sum(r.rounds for r in timed)) / plain_tpot
-        decode = sum(r.decode_time for r in timed)
+        in_decode = [r for r in timed if r.t_model_decode is not None]
+        decode = sum(r.decode_time for r in in_decode)
+        t_model = sum(r.t_model_decode or 0.0 for r in in_decode)
         out |= {
             "c": c,
             "v": v,
             "predicted_speedup": predicted_speedup(alpha, out["k_mean"], c, v),
-            "overhead": max(0.0, 1.0 - (t_draft + t_verify) / decode) if decode else None,
+            "overhead": max(0.0, 1.0 - t_model / decode) if decode else None,
         }
     return out
 

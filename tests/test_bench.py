@@ -147,3 +147,103 @@ def check_schema(doc: dict) -> None:
             assert s["tokens_per_s"] is None or s["tokens_per_s"] > 0
     run_keys = {f.name for f in fields(RunRecord)} | {"tokens_per_s"}
     assert all(set(r) == run_keys for r in doc["runs"])
+
+
+def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgespec.commands import bench as command
+
+    done = _synthetic().records[0]
+
+    def interrupted(*_: object):
+        yield done
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "iter_bench", interrupted)
+    records, complete = command._measure(None, [], {"1": [1]}, BenchPlan(), quiet=True)
+    assert (records, complete) == ([done], False)
+
+
+@pytest.fixture(scope="module")
+def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    from edgespec.tiny import make_tiny_pair
+
+    root = tmp_path_factory.mktemp("pairs")
+    return {kind: make_tiny_pair(root / kind, seed=0, draft=kind) for kind in ("subset", "self")}
+
+
+def _bench(engine, plan: BenchPlan, categories: list[str]) -> BenchResult:
+    from edgespec.bench import compare_greedy, encode_prompts, iter_bench, warm_up
+
+    prompts = load_prompts(None, categories=categories, limit=1)
+    encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
+    warm_up(engine, next(iter(encoded.values())), plan)
+    records, notes = compare_greedy(
+        engine, list(iter_bench(engine, prompts, encoded, plan)), encoded
+    )
+    return BenchResult(records, notes, skipped, {"n_prompts": len(encoded)})
+
+
+def test_bench_end_to_end_on_tiny_models(tiny_pairs, tmp_path: Path) -> None:
+    runtime = pytest.importorskip("edgespec.runtime")
+    target, draft = tiny_pairs["subset"]
+    engine = runtime.Engine.load(str(target), str(draft), draft_bits=0)
+    plan = BenchPlan(methods=("plain", "spec", "mlx-lm"), ks=(2,), max_tokens=12, warmup_tokens=3)
+    result = _bench(engine, plan, ["qa", "math"])
+    assert [r.method for r in result.records[:3]] == ["plain", "spec", "mlx-lm"]
+    assert [r.method for r in result.records[3:]] == ["spec", "mlx-lm", "plain"]  # rotated
+    plain = {r.prompt_id: r.token_ids for r in result.records if r.method == "plain"}
+    for r in result.records:
+        assert 0 < r.tokens <= 12 and r.tokens == len(r.token_ids)
+        if r.method == "spec":  # exact: greedy speculative output is plain's, token for token
+            assert r.mismatch is False and r.token_ids == plain[r.prompt_id]
+            assert r.rounds > 0 and r.t_draft is not None and r.t_draft > 0
+    assert all(n.near_tie for n in result.notes)  # mlx-lm may differ only at a near-tie
+    variants = aggregate(result.records)
+    files = write_report(result, variants, tmp_path)
+    check_schema(json.loads(files.json.read_text()))
+    assert len(files.plots) == 2 and all(p.read_bytes()[:8] == PNG_MAGIC for p in files.plots)
+
+
+def test_self_draft_accepts_every_token(tiny_pairs) -> None:
+    runtime = pytest.importorskip("edgespec.runtime")
+    target, draft = tiny_pairs["self"]
+    engine = runtime.Engine.load(str(target), str(draft), draft_bits=0)
+    plan = BenchPlan(methods=("plain", "spec", "mlx-lm"), ks=(3,), max_tokens=10, warmup_tokens=2)
+    by_method = {v.method: v.overall for v in aggregate(_bench(engine, plan, ["coding"]).records)}
+    assert by_method["spec"].alpha == 1.0 and by_method["mlx-lm"].alpha == 1.0
+    assert by_method["spec"].mismatches == 0
+    assert by_method["plain"].tau is None
+
+
+def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
+    pytest.importorskip("edgespec.runtime")
+    target, draft = tiny_pairs["subset"]
+    prompts = SPEC_BENCH if SPEC_BENCH.is_file() else DEFAULT_PROMPTS
+    cats = "writing,coding" if SPEC_BENCH.is_file() else "qa,coding"
+    cmd = [sys.executable, "-m", "edgespec", "bench", "--target", str(target), "--draft",
+           str(draft), "--draft-bits", "0", "--prompts", str(prompts), "--categories", cats,
+           "--limit", "1", "--max-tokens", "6", "-k", "2", "--out", str(tmp_path), "--quiet"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "spec K=2 T=0" in proc.stdout and "results.json" in proc.stdout
+    doc = json.loads((tmp_path / "results.json").read_text())
+    check_schema(doc)
+    assert doc["complete"] and doc["settings"]["n_prompts"] == 2
+    assert {m["label"] for m in doc["methods"]} == {"plain T=0", "spec K=2 T=0", "mlx-lm K=2 T=0"}
+    assert (tmp_path / "results.md").is_file() and (tmp_path / "speedup_landscape.png").is_file()
+
+
+def test_cli_unknown_method_is_one_line_error(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgespec",
+        "bench",
+        "--methods",
+        "plain,turbo",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("edgespec bench: error: unknown methods ['turbo']")
