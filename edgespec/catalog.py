@@ -155,3 +155,47 @@ def is_repo_id(spec: str) -> bool:
         and not spec.startswith((".", "~"))
         and not spec.endswith((".gguf", ".json"))
     )
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """What is on this machine for one model spec (no network is touched)."""
+
+    spec: str
+    kind: str  # "catalogue" (pulled into EdgeSpec's cache), "local" (in-repo folder) or "hub"
+    present: bool
+    path: Path | None
+    size_bytes: int
+
+
+def _snapshot_size(folder: Path) -> int:
+    """Bytes of a hub snapshot (its files are symlinks into blobs/)."""
+    return sum(f.resolve().stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def hub_snapshot(repo: str) -> Path | None:
+    """The cached snapshot folder of `repo` in the Hugging Face hub cache, or None (offline check)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    hit = try_to_load_from_cache(repo, "config.json")
+    return Path(hit).parent if isinstance(hit, str) else None
+
+
+def model_status(spec: str, cat: Catalog) -> ModelStatus:
+    """Whether `spec` (a catalogue name or a hub repo id) is available locally, where, how big."""
+    from edgespec import paths
+    from edgespec.pull import cached
+
+    if spec in cat.models:
+        entry = cat.model(spec)
+        if entry.local is not None:
+            ok = entry.available
+            return ModelStatus(
+                spec, "local", ok, entry.local, paths.dir_size(entry.local) if ok else 0
+            )
+        folder = cached(spec)
+        return ModelStatus(
+            spec, "catalogue", folder is not None, folder, paths.dir_size(folder) if folder else 0
+        )
+    snap = hub_snapshot(spec) if is_repo_id(spec) else None
+    return ModelStatus(spec, "hub", snap is not None, snap, _snapshot_size(snap) if snap else 0)

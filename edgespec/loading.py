@@ -13,7 +13,6 @@ is dequantized and every float weight cast to fp32 at load time.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,10 +125,11 @@ def _resolve_catalogue(name: str, cat: Catalog, on_progress: ProgressFn | None) 
 def _resolve_hf(repo: str, on_progress: ProgressFn | None) -> Path:
     """snapshot_download from the hub cache or the network; errors become one-line typed errors."""
     from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import is_offline_mode
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
     _report(on_progress, f"fetching {repo} from Hugging Face")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    offline = is_offline_mode()
     try:
         return Path(snapshot_download(repo, allow_patterns=_HF_PATTERNS))
     except RepositoryNotFoundError:

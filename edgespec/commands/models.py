@@ -1,0 +1,81 @@
+"""`edgespec models`: the catalogue's named pairs and what of them is on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+HELP = (
+    "List the named model pairs (target + draft), which of their models are already on this "
+    "machine and their size on disk. Nothing is downloaded."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def pair_rows() -> list[dict[str, Any]]:
+    """One record per pair: names, platform, and for target and draft presence/path/size."""
+    from edgespec.catalog import load_catalog, model_status
+
+    cat = load_catalog()
+    rows = []
+    for pair in cat.pairs.values():
+        row: dict[str, Any] = {
+            "pair": pair.name,
+            "default": pair.name == cat.default_pair,
+            "platform": pair.platform,
+            "description": pair.description,
+        }
+        for role in ("target", "draft"):
+            st = model_status(getattr(pair, role), cat)
+            row[role] = {
+                "model": st.spec,
+                "present": st.present,
+                "path": str(st.path) if st.path else None,
+                "size_bytes": st.size_bytes,
+            }
+        rows.append(row)
+    return rows
+
+
+def _cell(m: dict[str, Any], role: str) -> str:
+    if m["present"]:
+        return f"yes, {_size(m['size_bytes'])}"
+    if role == "draft" and not m["model"].count("/"):
+        return "not yet available"
+    return "not downloaded"
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = pair_rows()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+        return 0
+    header = ("PAIR", "TARGET", "CACHED", "DRAFT", "CACHED", "WHERE")
+    table = [header]
+    for r in rows:
+        name = r["pair"] + (" *" if r["default"] else "")
+        t, d = r["target"], r["draft"]
+        table.append(
+            (name, t["model"], _cell(t, "target"), d["model"], _cell(d, "draft"), r["platform"])
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(
+        "\n* default pair. `edgespec pull NAME` fetches a model or a pair; WHERE=mac: 4-bit, fast on Metal."
+    )
+    return 0
