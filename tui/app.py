@@ -38,6 +38,19 @@ TEMP_RANGE, TEMP_STEP = (0.0, 2.0), 0.1
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
 
 
+_CHAT_ACTIONS = {
+    "stop",
+    "new_chat",
+    "k_down",
+    "k_up",
+    "temp_down",
+    "temp_up",
+    "toggle_spec",
+    "copy_answer",
+    "open_chats",
+}
+
+
 class ChatApp(App[int]):
     """The chat app. `loader(on_progress)` builds the engine on the engine thread."""
 
@@ -79,7 +92,7 @@ class ChatApp(App[int]):
         self.conv = Conversation()
         self._spec_method = config.spec.method if config.spec.enabled else "draft"
         self._turn = 0
-        self.waiting: int | None = None  # the turn whose messages we accept
+        self._waiting: int | None = None  # the turn whose messages we accept
         self._answer: AnswerView | None = None
         self._reply: ChatMessage | None = None
         self._meter: TurnMeter | None = None
@@ -107,6 +120,16 @@ class ChatApp(App[int]):
         self.engine_thread.shutdown()
 
     @property
+    def waiting(self) -> int | None:
+        """The turn whose messages the app accepts (None = idle)."""
+        return self._waiting
+
+    @waiting.setter
+    def waiting(self, turn: int | None) -> None:
+        self._waiting = turn
+        self.refresh_bindings()  # Stop is enabled only while an answer streams
+
+    @property
     def generating(self) -> bool:
         return self.waiting is not None
 
@@ -126,6 +149,7 @@ class ChatApp(App[int]):
             self._set_spec(False)
         if self._loading():
             self.pop_screen()
+        self.refresh_bindings()
         self.query_one("#prompt", Input).focus()
         self._show_stats()
 
@@ -251,6 +275,16 @@ class ChatApp(App[int]):
         self.query_one(StatsPanel).show(view)
 
     # ----------------------------------------------------------------- actions
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide chat actions until the engine is ready; grey out Stop when nothing runs."""
+        if action not in _CHAT_ACTIONS:
+            return True
+        if not self.ready:
+            return False
+        if action == "stop" and not self.generating:
+            return None
+        return True
+
     def action_stop(self) -> None:
         """Stop generating: the engine finishes the turn as 'cancelled', the partial answer stays."""
         if self.generating:
@@ -363,6 +397,8 @@ class ChatApp(App[int]):
         yield from super().get_system_commands(screen)
         for binding in self.BINDINGS:
             assert isinstance(binding, Binding)
+            if not self.check_action(binding.action, ()):
+                continue
             method = getattr(self, f"action_{binding.action}")
             yield SystemCommand(
                 f"{binding.description} ({binding.key})", method.__doc__ or "", method

@@ -42,8 +42,8 @@ class LoadingScreen(Screen[None]):
             yield Label(f"Loading {self.what}", id="title")
             with Center():
                 yield ProgressBar(total=1.0, show_eta=False, id="bar")
-            yield Label("starting…", id="step")
             yield Static(id="error")
+            yield Label("starting…", id="step")
         yield Footer()
 
     def progress(self, text: str, fraction: float | None) -> None:

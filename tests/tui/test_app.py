@@ -249,15 +249,22 @@ def test_generation_error_is_shown_not_raised(tmp_path: Path) -> None:
 
 
 def test_command_palette_lists_every_action(tmp_path: Path) -> None:
-    app, _ = make_app(tmp_path)
+    app, _ = make_app(tmp_path, FakeScript(hold_after=1, load_delay=0.3))
+
+    def titles() -> list[str]:
+        return [c.title for c in app.get_system_commands(app.screen)]
 
     async def scenario() -> None:
         async with app.run_test() as pilot:
+            assert not any(t.startswith("New chat") for t in titles())  # still loading
             await wait_for(pilot, lambda: app.ready)
-            titles = [c.title for c in app.get_system_commands(app.screen)]
-            for name in ("Stop", "New chat", "K+", "K−", "Temp+", "Temp−", "Spec on/off"):
-                assert any(t.startswith(name) for t in titles), name
-            assert any(t.startswith("Copy answer") for t in titles)
-            assert any(t.startswith("Past chats") for t in titles)
+            names = ("New chat", "K+", "K−", "Temp+", "Temp−", "Spec on/off", "Copy answer")
+            for name in (*names, "Past chats"):
+                assert any(t.startswith(name) for t in titles()), name
+            assert not any(t.startswith("Stop") for t in titles())  # nothing to stop
+            await pilot.press("a", "enter")
+            assert any(t.startswith("Stop") for t in titles())
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
 
     run(scenario)

@@ -1,0 +1,99 @@
+"""The engine thread and batcher: bounded UI message rate, order, cancel, readable errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from edgespec.config import GenerationConfig
+from edgespec.errors import ModelLoadError
+from edgespec.events import Finished, Stats, Token
+from tui.engine_thread import Batcher, EngineThread, error_line
+from tui.fake import FakeEngine, FakeScript
+from tui.messages import EngineFailed, EngineReady, StreamBatch, TurnFinished
+
+
+class Inbox:
+    """Collects posted messages from any thread."""
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+        self.done = threading.Event()
+
+    def __call__(self, message: object) -> None:
+        self.items.append(message)
+        if isinstance(message, (TurnFinished, EngineFailed)):
+            self.done.set()
+
+
+def _stats() -> Stats:
+    return Stats(0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
+
+
+def test_batcher_bounds_the_message_rate_and_keeps_order() -> None:
+    inbox = Inbox()
+    batcher = Batcher(inbox, interval=0.05)
+    batcher.start()
+    t0 = time.monotonic()
+    n = 0
+    while time.monotonic() - t0 < 0.5:  # a "model" committing a token every ~0.1 ms
+        batcher.put(1, Token(n, f"t{n} ", "accepted", n))
+        n += 1
+        time.sleep(0.0001)
+    batcher.put(1, Finished("stop", _stats(), ""))
+    assert inbox.done.wait(5)
+    elapsed = time.monotonic() - t0
+    batches = [m for m in inbox.items if isinstance(m, StreamBatch)]
+    assert isinstance(inbox.items[-1], TurnFinished)
+    assert [t.id for b in batches for t in b.tokens] == list(range(n))
+    assert n > 500 and len(batches) <= elapsed / 0.05 + 2
+    batcher.close()
+
+
+def test_batcher_flushes_a_lone_token_without_waiting_for_more() -> None:
+    inbox = Inbox()
+    batcher = Batcher(inbox, interval=0.05)
+    batcher.start()
+    batcher.put(7, Token(0, "x", "bonus", 0))
+    time.sleep(0.2)  # no further event: the token must still reach the UI
+    assert [type(m) for m in inbox.items] == [StreamBatch]
+    batcher.close()
+
+
+def test_engine_thread_runs_turns_and_cancels() -> None:
+    inbox = Inbox()
+    holder: dict[str, FakeEngine] = {}
+
+    def load(progress):  # noqa: ANN001
+        holder["e"] = FakeEngine.load(FakeScript(hold_after=2), progress)
+        return holder["e"]
+
+    worker = EngineThread(load, inbox, flush_interval=0.01)
+    worker.start()
+    worker.submit(1, [{"role": "user", "content": "hi"}], GenerationConfig())
+    time.sleep(0.2)
+    worker.cancel()
+    assert inbox.done.wait(5)
+    assert any(isinstance(m, EngineReady) for m in inbox.items)
+    fin = inbox.items[-1]
+    assert isinstance(fin, TurnFinished) and fin.finished.reason == "cancelled"
+    streamed = "".join(t.text for m in inbox.items if isinstance(m, StreamBatch) for t in m.tokens)
+    assert streamed == fin.finished.text != ""
+    assert len(holder["e"].threads - {threading.main_thread().ident}) == 1
+    worker.shutdown()
+
+
+def test_load_failure_becomes_one_line() -> None:
+    inbox = Inbox()
+    worker = EngineThread(
+        lambda p: FakeEngine.load(FakeScript(load_error=ModelLoadError("bad weights")), p), inbox
+    )
+    worker.start()
+    assert inbox.done.wait(5)
+    assert inbox.items[-1] == EngineFailed("bad weights")
+
+
+def test_error_line_is_one_line() -> None:
+    assert error_line(ValueError("a\nb")) == "ValueError: a"
+    assert error_line(KeyError()) == "KeyError"
+    assert error_line(MemoryError()).startswith("out of memory")
