@@ -1,0 +1,85 @@
+"""`edgespec generate`: answer one prompt, streaming the answer as it is committed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from edgespec.commands.common import (
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    generation_from_args,
+)
+from edgespec.events import Finished, Stats, Token, to_json
+
+HELP = (
+    "Answer PROMPT with speculative decoding (the draft proposes, the target verifies; the output "
+    "is distributed exactly as the target's). The chat template is applied unless --raw."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="the prompt (a user message unless --raw)")
+    add_model_args(parser)
+    add_sampling_args(parser)
+    add_spec_args(parser)
+    parser.add_argument("--max-tokens", type=int, default=256, help="answer length limit")
+    parser.add_argument("--raw", action="store_true", help="feed the prompt as is, no template")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON lines: token and round records, then a summary",
+    )
+
+
+def summary_line(reason: str, s: Stats) -> str:
+    """One human line: '64 tokens (length) | 23 rounds, tau 2.78, acceptance 0.45 | ...'."""
+    spec = (
+        f"{s.rounds} rounds, tau {s.tau:.2f}, acceptance {s.acceptance:.2f}"
+        if s.drafted
+        else "plain decoding"
+    )
+    return (
+        f"{s.tokens} tokens ({reason}) | {spec} | TTFT {s.ttft * 1000:.0f} ms | "
+        f"{s.tokens_per_s:.1f} tokens/s | prompt {s.prompt_tokens} (prefilled {s.prefilled_tokens})"
+    )
+
+
+def _progress(stage: str, fraction: float | None) -> None:
+    if sys.stderr.isatty():
+        print(f"\r{stage}".ljust(60), end="", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgespec.runtime import Engine
+
+    config = generation_from_args(args)  # validate before loading anything
+    engine = Engine.load(
+        args.target,
+        args.draft,
+        args.pair,
+        draft_bits=args.draft_bits,
+        on_progress=_progress,
+        with_draft=config.spec.method in ("draft", "hybrid"),
+    )
+    if sys.stderr.isatty():
+        print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)
+    if args.raw:
+        ids = engine.encode_raw(args.prompt)
+    else:
+        ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
+    if args.json:
+        for event in engine.generate(ids, config):
+            print(json.dumps(to_json(event), ensure_ascii=False), flush=True)
+        return 0
+    shown = 0
+    for event in engine.generate(ids, config):
+        if isinstance(event, Token):
+            print(event.text, end="", flush=True)
+            shown += len(event.text)
+        elif isinstance(event, Finished):
+            print(event.text[shown:])  # what the detokenizer held back (a split character)
+            print(summary_line(event.reason, event.stats), file=sys.stderr)
+    return 0
