@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 import regex
@@ -137,6 +139,92 @@ def write_tiny_gguf(path: Path, *, tied: bool = True, dtype: mx.Dtype = mx.float
     mx.eval(model.parameters())
     mx.save_gguf(str(path), to_gguf_tensors(model, dtype), tiny_metadata())
     return model
+
+
+# ---------------------------------------------------------------- a minimal GGUF v3 writer with
+# llama.cpp's Q8_0 / Q4_0 / Q4_1 block layouts (mx.save_gguf writes only dense tensors)
+
+
+def _gg_str(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def _gg_kv(key: str, v) -> bytes:
+    out = _gg_str(key)
+    if isinstance(v, str):
+        return out + struct.pack("<I", 8) + _gg_str(v)
+    if isinstance(v, float):
+        return out + struct.pack("<If", 6, v)
+    if isinstance(v, int):
+        return out + struct.pack("<II", 4, v)
+    if all(isinstance(x, str) for x in v):
+        return out + struct.pack("<IIQ", 9, 8, len(v)) + b"".join(_gg_str(x) for x in v)
+    return out + struct.pack("<IIQ", 9, 5, len(v)) + np.asarray(v, "<i4").tobytes()
+
+
+def _q8_0(b: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Blocks of 32: fp16 d, 32 x int8 q; x = q * d."""
+    d = (np.abs(b).max(1) / 127).astype("<f2")
+    d[d == 0] = 1
+    q = np.round(b / d.astype(np.float32)[:, None]).astype(np.int8)
+    return [x.tobytes() + y.tobytes() for x, y in zip(d, q, strict=True)], q * d.astype(np.float32)[
+        :, None
+    ]
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)  # element j low nibble, j+16 high
+
+
+def _q4_0(b: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Blocks of 32: fp16 d, 16 bytes of nibbles; x = (q - 8) * d."""
+    d = (b[np.arange(len(b)), np.abs(b).argmax(1)] / -8).astype("<f2")
+    d[d == 0] = 1
+    df = d.astype(np.float32)[:, None]
+    q = np.clip(np.round(b / df + 8), 0, 15).astype(np.uint8)
+    return [x.tobytes() + y.tobytes() for x, y in zip(d, _nibbles(q), strict=True)], (q - 8.0) * df
+
+
+def _q4_1(b: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Blocks of 32: fp16 d, fp16 m, 16 bytes of nibbles; x = q * d + m."""
+    m = b.min(1).astype("<f2")
+    d = ((b.max(1) - b.min(1)) / 15).astype("<f2")
+    d[d == 0] = 1
+    df, mf = d.astype(np.float32)[:, None], m.astype(np.float32)[:, None]
+    q = np.clip(np.round((b - mf) / df), 0, 15).astype(np.uint8)
+    blocks = [
+        x.tobytes() + y.tobytes() + z.tobytes() for x, y, z in zip(d, m, _nibbles(q), strict=True)
+    ]
+    return blocks, q * df + mf
+
+
+GGML_TYPES = {"Q8_0": (8, _q8_0), "Q4_0": (2, _q4_0), "Q4_1": (3, _q4_1)}
+
+
+def write_quant_gguf(path: Path, tensors: dict[str, np.ndarray], meta: dict, qtype: str) -> dict:
+    """Write GGUF v3: 2-D tensors as `qtype`, the rest F32. Returns what each tensor decodes to."""
+    infos, blobs, decoded, offset = [], [], {}, 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a, np.float32)
+        if a.ndim == 2:
+            kind, quant = GGML_TYPES[qtype]
+            blocks, deq = quant(a.reshape(-1, 32))
+            raw, decoded[name] = b"".join(blocks), deq.reshape(a.shape)
+        else:
+            kind, raw, decoded[name] = 0, a.astype("<f4").tobytes(), a
+        dims = a.shape[::-1]  # GGUF lists the innermost (column) dimension first
+        info = _gg_str(name) + struct.pack("<I", len(dims))
+        infos.append(
+            info + b"".join(struct.pack("<Q", n) for n in dims) + struct.pack("<IQ", kind, offset)
+        )
+        raw += b"\0" * (-len(raw) % 32)
+        blobs.append(raw)
+        offset += len(raw)
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
+    head += b"".join(_gg_kv(k, v) for k, v in meta.items()) + b"".join(infos)
+    path.write_bytes(head + b"\0" * (-len(head) % 32) + b"".join(blobs))
+    return decoded
 
 
 # ---------------------------------------------------------------- reference BPE (minbpe style)
@@ -346,3 +434,41 @@ def test_real_model_answers_paris(real_converted):
     assert prompt[:3] == [1, 9690, 198]
     answer = generate(lm.model, lm.tokenizer, prompt=prompt, max_tokens=24)
     assert "Paris" in answer, answer
+
+
+def _plain_meta() -> dict:
+    """tiny_metadata() as plain Python values for write_quant_gguf."""
+    out = {}
+    for k, v in tiny_metadata().items():
+        out[k] = v.tolist() if isinstance(v, mx.array) else v
+    return out
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_quantized_gguf_round_trip(tmp_path, qtype):
+    """Quantized q/k rows are un-permuted exactly: the converted model (kept quantized) matches a
+    dense model built from the decoded GGUF values, un-permuted per head."""
+    from mlx_lm import load
+
+    mx.random.seed(3)
+    src = llama.Model(tiny_args())
+    tensors = {k: np.array(v) for k, v in to_gguf_tensors(src, mx.float32).items()}
+    decoded = write_quant_gguf(tmp_path / "q.gguf", tensors, _plain_meta(), qtype)
+    out = gguf.convert_gguf(tmp_path / "q.gguf", tmp_path / "conv")
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 32, "bits": 8 if qtype == "Q8_0" else 4}
+    model, _ = load(str(out))
+    assert isinstance(model.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
+    ref = llama.Model(tiny_args())
+    heads = {"attn_q": TINY["num_attention_heads"], "attn_k": TINY_KV}
+    weights = []
+    for name, a in decoded.items():
+        kind = name.split(".")[2] if name.startswith("blk.") else ""
+        if kind in heads:  # inverse of llamacpp_permute, written out independently
+            n = heads[kind]
+            a = a.reshape(n, a.shape[0] // n // 2, 2, -1).swapaxes(1, 2).reshape(a.shape)
+        weights.append((gguf._mlx_name(name), mx.array(a)))
+    ref.load_weights(weights)
+    ids = [5, 70, 200, 12, 3, 99, 260]
+    want, got = _logits(ref, ids), _logits(model, ids)
+    assert mx.abs(want - got).max().item() < 2e-2 * mx.abs(want).max().item()

