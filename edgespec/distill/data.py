@@ -322,22 +322,27 @@ def generate_data(
     )
     while meta.n_completion_tokens < tokens and todo:
         chunk, todo = todo[:shard_size], todo[shard_size:]
-        index = len(shard_paths(data_dir))
+        index = _next_index(data_dir)
         mx.random.seed(meta.instruction_seed * 100_003 + index)
         items = [(i, texts[i], is_greedy(i, meta, held)) for i in chunk]
         seqs = answer(model, tokenizer, items, meta.sampling, batch_size, bar.update)
         write_shard(data_dir, index, seqs)
-        meta = _count(meta, seqs, index + 1)
+        meta = _count(meta, seqs)
         meta.write(data_dir)
     bar.close()
     return meta
 
 
-def _count(meta: Meta, seqs: list[Sequence], shards: int) -> Meta:
+def _next_index(data_dir: Path) -> int:
+    paths = shard_paths(data_dir)
+    return int(paths[-1].stem.split("-")[1]) + 1 if paths else 0
+
+
+def _count(meta: Meta, seqs: list[Sequence]) -> Meta:
     meta.n_sequences += len(seqs)
     meta.n_tokens += sum(len(s.ids) for s in seqs)
     meta.n_completion_tokens += sum(s.n_completion for s in seqs)
-    meta.shards = shards
+    meta.shards += 1
     return meta
 
 
@@ -346,6 +351,7 @@ def _reconcile_meta(data_dir: Path, meta: Meta) -> Meta:
     from edgespec.errors import ConfigError
 
     if not (data_dir / "meta.json").exists():
+        meta = recount(data_dir, meta)
         meta.write(data_dir)
         return meta
     old = Meta.read(data_dir)
@@ -355,4 +361,18 @@ def _reconcile_meta(data_dir: Path, meta: Meta) -> Meta:
                 f"{data_dir} holds data with {key}={getattr(old, key)!r}, not "
                 f"{getattr(meta, key)!r}; use another --data folder"
             )
-    return old
+    return recount(data_dir, old)
+
+
+def recount(data_dir: Path, meta: Meta) -> Meta:
+    """Counts from the shards themselves (the source of truth: a run killed between writing a
+    shard and meta.json, or a deleted shard, leaves meta.json's counts stale)."""
+    meta.n_sequences = meta.n_tokens = meta.n_completion_tokens = meta.shards = 0
+    for p in shard_paths(data_dir):
+        with np.load(p) as z:
+            lens = np.diff(z["starts"])
+            meta.n_sequences += len(lens)
+            meta.n_tokens += int(lens.sum())
+            meta.n_completion_tokens += int((lens - z["prompt_lens"]).sum())
+            meta.shards += 1
+    return meta

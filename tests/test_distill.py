@@ -1,0 +1,220 @@
+"""`edgespec distill` end to end on a tiny seeded target: instructions, resumable data shards,
+KL training that lowers the loss, bit-exact resume from a checkpoint, 4-bit export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec.distill import data as D
+from edgespec.distill.instructions import instructions, split
+from edgespec.distill.target import Target, load_target, load_with_topk
+from edgespec.distill.train import (
+    TrainConfig,
+    head_index,
+    kl_loss,
+    latest_checkpoint,
+    make_batch,
+    new_draft,
+    split_data,
+    train,
+)
+from edgespec.draft_model import load_draft
+from edgespec.tiny import make_tiny_pair
+
+N_INSTR = 120
+PLAN = D.SamplingPlan(max_new_tokens=16, top_k_saved=8)
+CFG = TrainConfig(
+    layers="0,-1", head_size=96, steps=6, batch_tokens=384, lr=3e-3, warmup=1, eval_every=3,
+    ckpt_every=3,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Target, Path]:
+    """A tiny target and a data folder with two shards (~20 answers)."""
+    root = tmp_path_factory.mktemp("distill")
+    target_dir, _ = make_tiny_pair(root / "pair", seed=3)
+    target = load_target(str(target_dir))
+    meta = D.Meta(target=str(target_dir), n_instructions=N_INSTR, sampling=PLAN)
+    D.generate_data(
+        target.model, target.tokenizer, root / "data", meta, tokens=250, batch_size=8,
+        shard_size=10, progress=False,
+    )  # fmt: skip
+    return target, root / "data"
+
+
+# ----------------------------------------------------------------------------- instructions
+
+
+def test_instructions_distinct_prefix_stable_and_seeded() -> None:
+    xs = instructions(3000, seed=0)
+    assert len(set(xs)) == 3000
+    assert instructions(500, seed=0) == xs[:500]
+    assert instructions(500, seed=1) != xs[:500]
+    assert all(x.strip() == x and len(x) > 10 for x in xs)
+
+
+def test_split_is_disjoint_and_covers_every_id() -> None:
+    train_ids, held = split(5000, seed=0, eval_fraction=0.02)
+    assert not set(train_ids) & set(held)
+    assert sorted(train_ids + held) == list(range(5000))
+    assert 50 <= len(held) <= 150
+
+
+def test_instructions_never_contain_benchmark_prompts() -> None:
+    shared = Path(__file__).resolve().parents[2] / "shared" / "prompts"
+    if not shared.is_dir():
+        pytest.skip("../shared/prompts not present")
+    bench = set()
+    for f in shared.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                bench.update(t.strip() for t in json.loads(line)["turns"])
+    assert not bench & set(instructions(20_000))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_shards_round_trip_and_match_the_format(tiny: tuple[Target, Path]) -> None:
+    _, data_dir = tiny
+    meta = D.Meta.read(data_dir)
+    shards = D.shard_paths(data_dir)
+    assert [p.name for p in shards] == ["shard-00000.npz", "shard-00001.npz"]
+    with np.load(shards[0]) as z:
+        assert z["tokens"].dtype == np.uint16 and z["starts"].dtype == np.int64
+        assert z["prompt_lens"].dtype == np.int32 and z["instr_ids"].dtype == np.int32
+        assert len(z["starts"]) == len(z["prompt_lens"]) + 1 == len(z["instr_ids"]) + 1
+        assert z["topk_ids"].shape == (int(sum(np.diff(z["starts"]) - z["prompt_lens"])), 8)
+    seqs = list(D.iter_sequences(data_dir))
+    assert meta.n_sequences == len(seqs) == 20
+    assert meta.n_completion_tokens == sum(s.n_completion for s in seqs) >= 250
+    # Held-out instructions are answered first and greedily: top-1 == the emitted token.
+    _, held = split_data(seqs, meta)
+    assert held and all((s.topk_ids[:, 0] == s.ids[s.prompt_len :]).all() for s in held)
+
+
+def test_generation_resumes_without_regenerating(tiny: tuple[Target, Path]) -> None:
+    target, data_dir = tiny
+    before = {p: p.stat().st_mtime_ns for p in D.shard_paths(data_dir)}
+    meta = D.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
+    again = D.generate_data(
+        target.model, target.tokenizer, data_dir, meta, tokens=250, batch_size=8, shard_size=10,
+        progress=False,
+    )  # fmt: skip
+    assert {p: p.stat().st_mtime_ns for p in D.shard_paths(data_dir)} == before
+    assert again.n_sequences == 20
+
+
+def test_generation_continues_with_new_ids_only(tmp_path: Path, tiny: tuple[Target, Path]) -> None:
+    target, data_dir = tiny
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    D.shard_paths(copy)[-1].unlink()  # as if killed before the second shard was written
+    meta = D.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
+    meta = D.generate_data(
+        target.model, target.tokenizer, copy, meta, tokens=400, batch_size=8, shard_size=10,
+        progress=False,
+    )  # fmt: skip
+    ids = [s.instr_id for s in D.iter_sequences(copy)]
+    assert len(ids) == len(set(ids)) > 20
+
+
+def test_mismatched_data_folder_is_refused(tiny: tuple[Target, Path]) -> None:
+    from edgespec.errors import ConfigError
+
+    target, data_dir = tiny
+    other = D.Meta(target=target.name, instruction_seed=7, n_instructions=N_INSTR)
+    with pytest.raises(ConfigError, match="instruction_seed"):
+        D.generate_data(target.model, target.tokenizer, data_dir, other, tokens=10)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _mean_kl(model, seqs, hidx) -> float:  # type: ignore[no-untyped-def]
+    b = make_batch(seqs, hidx, 512)
+    return float(kl_loss(model, b)[0].item())
+
+
+def test_kl_of_the_target_itself_is_only_the_topk_truncation(tiny: tuple[Target, Path]) -> None:
+    target, data_dir = tiny
+    seqs = load_with_topk(data_dir, None)
+    model, config = new_draft(target, seqs, TrainConfig(layers="0,1,2,3", head_size=384))
+    # All 4 layers and the full vocabulary as the head: the draft *is* the target, so the only
+    # divergence left is the top-k truncation of p: KL(p_topk / Z || p) = -log Z per position.
+    hidx = head_index(np.array(model.head_ids), config["vocab_size"])
+    part = seqs[:4]
+    lp = np.concatenate([s.topk_logprobs.astype(np.float64) for s in part])
+    expected = float(np.mean(-np.log(np.exp(lp).sum(-1))))
+    assert _mean_kl(model, part, hidx) == pytest.approx(expected, abs=2e-3)
+
+
+def test_training_lowers_the_loss(tmp_path: Path, tiny: tuple[Target, Path]) -> None:
+    target, data_dir = tiny
+    meta = D.Meta.read(data_dir)
+    seqs, _ = split_data(load_with_topk(data_dir, None), meta)
+    before_model, config = new_draft(target, seqs, CFG)
+    hidx = head_index(np.array(before_model.head_ids), config["vocab_size"])
+    before = _mean_kl(before_model, seqs, hidx)
+    cfg = TrainConfig(**{**CFG.__dict__, "steps": 25})
+    result = train(target, data_dir, tmp_path / "out", cfg, progress=False)
+    after = _mean_kl(result.model, seqs, hidx)
+    assert after < 0.7 * before
+    curve = json.loads((tmp_path / "out" / "train" / "curve.json").read_text())
+    assert [r["step"] for r in curve][:2] == [0, 3] and curve[-1]["tokens_seen"] > 0
+
+
+def test_checkpoint_resume_reaches_the_same_state(
+    tmp_path: Path, tiny: tuple[Target, Path]
+) -> None:
+    target, data_dir = tiny
+    full = train(target, data_dir, tmp_path / "a", CFG, progress=False)
+    # Simulate a kill after step 3: keep only ckpt-000003 and point `latest` at it.
+    part = tmp_path / "b" / "train"
+    part.mkdir(parents=True)
+    shutil.copytree(tmp_path / "a" / "train" / "ckpt-000003", part / "ckpt-000003")
+    (part / "latest").write_text("ckpt-000003")
+    resumed = train(None, data_dir, tmp_path / "b", CFG, resume=True, progress=False)
+    assert resumed.state.step == full.state.step == 6
+    assert (resumed.state.epoch, resumed.state.pos) == (full.state.epoch, full.state.pos)
+    a = mx.load(str(latest_checkpoint(tmp_path / "a" / "train") / "draft.safetensors"))
+    b = mx.load(str(latest_checkpoint(part) / "draft.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(np.array(a[k]), np.array(b[k]), atol=1e-6, err_msg=k)
+
+
+# ----------------------------------------------------------------------------- CLI + export
+
+
+def test_cli_end_to_end_exports_a_loadable_4bit_draft(
+    tmp_path: Path, tiny: tuple[Target, Path]
+) -> None:
+    from edgespec.cli import main
+
+    target, data_dir = tiny
+    out = tmp_path / "run"
+    argv = [
+        "distill", "--target", str(target.name), "--out", str(out), "--data", str(data_dir),
+        "--tokens", "250", "--instructions", str(N_INSTR), "--max-new-tokens", "16",
+        "--layers", "0,-1", "--head-size", "96", "--steps", "4", "--batch", "384",
+        "--eval-every", "2", "--ckpt-every", "2",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert main(argv) == 2  # a second run without --resume refuses to clobber the first
+    model, config = load_draft(out / "draft")
+    assert config["quantization"] == {"group_size": 64, "bits": 4}
+    assert config["num_hidden_layers"] == 2 and config["head_size"] == 96
+    logits = np.array(model(mx.array([[5, 6, 7]])))[0, -1]
+    on = np.zeros(config["vocab_size"], bool)
+    on[np.array(model.head_ids)] = True
+    assert np.isneginf(logits[~on]).all() and np.isfinite(logits[on]).all()
+    card = (out / "draft" / "README.md").read_text()
+    assert "edgespec distill --target" in card and "Apache-2.0" in card
