@@ -31,7 +31,7 @@ from tui.messages import (
 )
 from tui.screens import LoadingScreen, PastChatsScreen
 from tui.store import ChatMessage, ChatStore, Conversation, stats_to_json
-from tui.widgets import AnswerView, StatsPanel, StatsView, TurnMeter, UserMessage
+from tui.widgets import AnswerView, StatsPanel, StatsView, TurnMeter, UserMessage, clean_text
 
 K_RANGE = (1, 16)
 TEMP_RANGE, TEMP_STEP = (0.0, 2.0), 0.1
@@ -205,10 +205,10 @@ class ChatApp(App[int]):
         if message.turn != self.waiting or self._answer is None or self._reply is None:
             return
         fin, answer, reply = message.finished, self._answer, self._reply
-        shown = answer.plain
-        if fin.text != shown and fin.text.startswith(shown):  # a detokenizer tail not yet shown
+        shown, final = answer.plain, clean_text(fin.text)
+        if final != shown and final.startswith(shown):  # a detokenizer tail not yet shown
             kind = answer.runs[-1][0] if answer.runs else "target"
-            answer.append([Token(id=-1, text=fin.text[len(shown) :], kind=kind, round=-1)])
+            answer.append([Token(id=-1, text=final[len(shown) :], kind=kind, round=-1)])
         reply.runs, reply.content = answer.runs, fin.text
         reply.reason, reply.stats = fin.reason, stats_to_json(fin.stats)
         if fin.reason == "cancelled":

@@ -22,6 +22,19 @@ from edgespec.events import TOKEN_KINDS, Round, Stats, Token
 
 Run = tuple[str, str]  # (kind, text)
 
+# C0 controls and DEL (except newline and tab) would move the terminal's cursor: show their
+# Unicode "control pictures" instead (one cell each). Random tiny models emit them.
+_CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
+
+
+def clean_text(text: str) -> str:
+    """Text safe to draw: control characters become visible symbols.
+
+    >>> clean_text("a\x0bb\n")
+    'a␋b\n'
+    """
+    return text.translate(_CONTROLS)
+
 
 def merge_runs(runs: list[Run], tokens: Iterable[Token]) -> list[Run]:
     """Append tokens to run-length `(kind, text)` runs in place and return `runs`.
@@ -30,10 +43,11 @@ def merge_runs(runs: list[Run], tokens: Iterable[Token]) -> list[Run]:
     [('accepted', 'ab'), ('bonus', 'c')]
     """
     for tok in tokens:
+        text = clean_text(tok.text)
         if runs and runs[-1][0] == tok.kind:
-            runs[-1] = (tok.kind, runs[-1][1] + tok.text)
-        else:
-            runs.append((tok.kind, tok.text))
+            runs[-1] = (tok.kind, runs[-1][1] + text)
+        elif text:
+            runs.append((tok.kind, text))
     return runs
 
 
@@ -93,7 +107,7 @@ class AnswerView(Widget):
         merge_runs(self._runs, tokens)
         if self._text is not None:
             for tok in tokens:
-                self._text.append(tok.text, self._style(tok.kind))
+                self._text.append(clean_text(tok.text), self._style(tok.kind))
         self.refresh(layout=True)
 
     def set_note(self, note: str) -> None:

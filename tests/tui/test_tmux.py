@@ -1,0 +1,149 @@
+"""A real terminal: `edgespec chat` on tiny models under tmux, driven with send-keys.
+
+Reads the screen back with `capture-pane -e -p` (escape codes kept) and checks that the answer is
+on screen drawn in at least two different token styles (SGR attribute sets). Skipped only when
+tmux is not installed (CI installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+REPO = Path(__file__).resolve().parents[2]
+WIDTH, HEIGHT = 120, 36
+CONVERSATION_COLS = 80  # the stats panel starts to the right of this column
+SGR = re.compile(r"\x1b\[([0-9;:]*)m")
+
+
+def _apply(state: dict[str, object], params: str) -> None:
+    """Fold one SGR parameter list into `state` (bold, italic, underline, reverse, fg, bg)."""
+    codes = [int(c) if c else 0 for c in re.split("[;:]", params)] if params else [0]
+    i = 0
+    flags = {1: "bold", 3: "italic", 4: "underline", 7: "reverse", 9: "strike", 2: "dim"}
+    unflags = {22: ("bold", "dim"), 23: ("italic",), 24: ("underline",), 27: ("reverse",)}
+    while i < len(codes):
+        c = codes[i]
+        if c == 0:
+            state.clear()
+        elif c in flags:
+            state[flags[c]] = True
+        elif c in unflags:
+            for name in unflags[c]:
+                state.pop(name, None)
+        elif c in (38, 48):
+            key = "fg" if c == 38 else "bg"
+            if i + 1 < len(codes) and codes[i + 1] == 2:
+                state[key], i = tuple(codes[i + 2 : i + 5]), i + 4
+            elif i + 1 < len(codes) and codes[i + 1] == 5:
+                state[key], i = codes[i + 2], i + 2
+        elif c in (39, 49):
+            state.pop("fg" if c == 39 else "bg", None)
+        elif 30 <= c <= 37 or 90 <= c <= 97:
+            state["fg"] = c
+        elif 40 <= c <= 47 or 100 <= c <= 107:
+            state["bg"] = c
+        i += 1
+
+
+def styled_chars(line: str) -> list[tuple[str, tuple]]:
+    """Each printed character of an escaped line with its SGR style (a hashable tuple)."""
+    state: dict[str, object] = {}
+    out: list[tuple[str, tuple]] = []
+    pos = 0
+    for m in SGR.finditer(line):
+        style = tuple(sorted(state.items()))
+        out.extend((ch, style) for ch in line[pos : m.start()])
+        _apply(state, m.group(1))
+        pos = m.end()
+    style = tuple(sorted(state.items()))
+    out.extend((ch, style) for ch in line[pos:])
+    return out
+
+
+SOCKET = f"edgespec-chat-test-{os.getpid()}"  # a private tmux server: no shared sizes or options
+
+
+def _tmux(*args: str) -> str:
+    cmd = ["tmux", "-L", SOCKET, *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def _wait(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
+    from edgespec.tiny import make_tiny_pair
+
+    target, draft = make_tiny_pair(tmp_path / "pair", seed=0, draft="self")
+    chats = tmp_path / "chats"
+    session = "chat"
+    cmd = (
+        f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} EDGESPEC_DATA_DIR={chats} COLORTERM=truecolor "
+        f"{sys.executable} -m edgespec chat --target {target} --draft {draft} "
+        f"--max-tokens 40 -k 3 --seed 0; sleep 60"
+    )
+    _tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
+    try:
+        screen = lambda: _tmux("capture-pane", "-t", session, "-p")  # noqa: E731
+        _wait(lambda: "Ask something" in screen(), 240, "the app to load the models")
+        _tmux("send-keys", "-t", session, "hello model", "Enter")
+
+        def finished_answer() -> dict | None:
+            for path in chats.glob("*.json"):
+                msgs = json.loads(path.read_text())["messages"]
+                if len(msgs) == 2 and msgs[1].get("reason") in ("stop", "length"):
+                    return msgs[1]
+            return None
+
+        answer = _wait(finished_answer, 120, "the answer to be saved")
+        prefix = answer["content"].strip()[:6]
+        _wait(lambda: "[max tokens]" in screen() or answer["reason"] == "stop", 10, "the redraw")
+        time.sleep(0.5)
+        escaped = _tmux("capture-pane", "-t", session, "-e", "-p").splitlines()
+        rows = [styled_chars(line) for line in escaped]
+        plain = ["".join(ch for ch, _ in row) for row in rows]
+        start = next(i for i, line in enumerate(plain) if "hello model" in line) + 1
+        while not plain[start][:CONVERSATION_COLS].strip():
+            start += 1
+        end = start
+        while end < len(plain) and plain[end][:CONVERSATION_COLS].strip():
+            end += 1
+        answer_rows = []
+        for row, line in zip(rows[start:end], plain[start:end], strict=True):
+            cut = line.find("[max tokens]")  # the dim note after the answer is not a token
+            answer_rows.append(row[: cut if cut >= 0 else CONVERSATION_COLS])
+        shown = "\n".join("".join(ch for ch, _ in row).rstrip() for row in answer_rows)
+        # A token style is fg + attributes; the background varies with the cell's container.
+        styles = {
+            tuple(kv for kv in style if kv[0] != "bg")
+            for row in answer_rows
+            for ch, style in row
+            if not ch.isspace()
+        }
+        print(f"\nanswer on screen:\n{shown}\nkinds saved: {[k for k, _ in answer['runs']]}")
+        print(f"distinct SGR styles in the answer rows: {len(styles)}")
+        for style in sorted(styles, key=str):
+            print("  ", dict(style))
+        assert prefix and prefix in shown
+        assert len({k for k, _ in answer["runs"]}) >= 2
+        assert len(styles) >= 2, "the answer shows fewer than two token styles"
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
