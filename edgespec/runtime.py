@@ -91,8 +91,8 @@ class Engine:
             raise PromptError("the prompt is empty")
         if len(prompt_ids) + 1 > self.context_window:
             raise PromptError(
-                f"the prompt is {len(prompt_ids)} tokens; {self.name} fits "
-                f"{self.context_window} (prompt + answer); shorten it"
+                f"the prompt is {len(prompt_ids)} tokens but the context window of {self.name} is "
+                f"{self.context_window} (prompt + at least one answer token); shorten the prompt"
             )
 
     # ------------------------------------------------------------------ generation

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from edgespec.commands.common import (
@@ -53,6 +54,7 @@ def _progress(stage: str, fraction: float | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # our errors say it in one line
     from edgespec.runtime import Engine
 
     config = generation_from_args(args)  # validate before loading anything

@@ -1,0 +1,120 @@
+"""`edgespec generate` as a user runs it: a subprocess, good runs and every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgespec.tiny import make_tiny_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def edgespec(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "edgespec", "generate", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+def models(pair: tuple[Path, Path]) -> list[str]:
+    return ["--target", str(pair[0]), "--draft", str(pair[1])]
+
+
+def test_json_stream_schema(tiny_pair):
+    r = edgespec("the cat", *models(tiny_pair), "--json", "--max-tokens", "12", "-k", "3")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    tokens = [x for x in lines if x["type"] == "token"]
+    rounds = [x for x in lines if x["type"] == "round"]
+    assert len(tokens) == 12 and rounds and lines[-1]["type"] == "summary"
+    assert set(tokens[0]) >= {"id", "text", "kind", "round"}
+    assert {t["kind"] for t in tokens} <= {"accepted", "corrected", "bonus"}
+    assert set(rounds[0]) >= {"drafted", "accepted", "k", "t_draft", "t_verify"}
+    summary = lines[-1]
+    for key in ("tokens", "rounds", "acceptance", "tau", "ttft", "tokens_per_s", "reason", "text"):
+        assert key in summary
+    assert summary["tokens"] == 12 and summary["rounds"] == len(rounds)
+
+
+def test_no_spec_raw_matches_speculative_greedy(tiny_pair):
+    args = ["the cat and the dog", *models(tiny_pair), "--raw", "--json", "--max-tokens", "16"]
+    plain = edgespec(*args, "--no-spec")
+    spec = edgespec(*args, "-k", "5")
+    assert plain.returncode == spec.returncode == 0, plain.stderr + spec.stderr
+
+    def ids(r):
+        return [x["id"] for x in map(json.loads, r.stdout.splitlines()) if x["type"] == "token"]
+
+    assert ids(plain) == ids(spec)
+    kinds = {x.get("kind") for x in map(json.loads, plain.stdout.splitlines())}
+    assert kinds == {"target", None}
+
+
+def test_text_output_and_summary_line(tiny_pair):
+    r = edgespec("hello", *models(tiny_pair), "--max-tokens", "8", "--temp", "0.7", "--seed", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "8 tokens (length)" in r.stderr and "tokens/s" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory, tiny_pair) -> dict[str, Path]:
+    """A truncated-weights target and a draft with a different tokenizer."""
+    root = tmp_path_factory.mktemp("broken")
+    trunc = root / "truncated"
+    shutil.copytree(tiny_pair[0], trunc)
+    weights = trunc / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    garbage = root / "garbage"
+    shutil.copytree(tiny_pair[0], garbage)
+    (garbage / "model.safetensors").write_bytes(b"not a safetensors file" * 10)
+    _, other_draft = make_tiny_pair(root / "other", seed=1)
+    return {"truncated": trunc, "garbage": garbage, "other_draft": other_draft}
+
+
+BAD = {
+    "unknown-model": (["x", "--target", "/nonexistent/model", "--no-spec"], "nonexistent"),
+    "k-zero": (["x", "-k", "0"], "K"),
+    "negative-temp": (["x", "--temp", "-1"], "temperature"),
+    "top-p-zero": (["x", "--top-p", "0"], "top-p"),
+    "top-p-above-one": (["x", "--top-p", "1.5"], "top-p"),
+    "empty-prompt": ([""], "empty"),
+    "blank-raw-prompt": (["  ", "--raw"], "empty"),
+    "too-long": (["the cat " * 400, "--raw"], "context"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_input_is_one_line_exit_2(tiny_pair, case):
+    args, needle = BAD[case]
+    extra = [] if "--target" in args else models(tiny_pair)
+    _assert_one_line_error(edgespec(*args, *extra), needle)
+
+
+@pytest.mark.parametrize("case", ["truncated", "garbage", "mismatch"])
+def test_bad_models_are_one_line_exit_2(tiny_pair, broken, case):
+    if case == "mismatch":
+        r = edgespec("x", "--target", str(tiny_pair[0]), "--draft", str(broken["other_draft"]))
+        _assert_one_line_error(r, "tokeniz")
+    else:
+        r = edgespec("x", "--target", str(broken[case]), "--draft", str(tiny_pair[1]))
+        _assert_one_line_error(r, case if case == "truncated" else "")
+
+
+def _assert_one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert needle.lower() in lines[0].lower(), lines[0]
