@@ -80,7 +80,7 @@ def _speedup(s: Summary) -> str:
 
 COLUMNS = (
     "method", "category", "runs", "tok/s", "speedup", "pred", "TTFT ms", "TPOT ms",
-    "tau", "alpha", "c", "v", "mism", "peak MB",
+    "tau", "alpha", "c", "v", "ovh %", "mism", "peak MB",
 )  # fmt: skip
 
 
@@ -90,7 +90,8 @@ def _row(label: str, category: str, s: Summary) -> list[str]:
         label, category, str(s.runs), _fmt(s.tokens_per_s, ".1f"), _speedup(s),
         _fmt(s.predicted_speedup, ".2f"), _fmt(s.ttft and s.ttft * ms, ".0f"),
         _fmt(s.tpot and s.tpot * ms, ".1f"), _fmt(s.tau, ".2f"), _fmt(s.alpha, ".2f"),
-        _fmt(s.c, ".2f"), _fmt(s.v, ".2f"), _fmt(s.mismatches, "d"), f"{s.peak_memory_mb:.0f}",
+        _fmt(s.c, ".2f"), _fmt(s.v, ".2f"), _fmt(s.overhead and 100 * s.overhead, ".1f"),
+        _fmt(s.mismatches, "d"), f"{s.peak_memory_mb:.0f}",
     ]  # fmt: skip
 
 
@@ -153,6 +154,7 @@ DEFINITIONS = """## Definitions
 - tau: tokens committed per round (correction or bonus included). alpha: per-token acceptance
   probability (accepted / (accepted + rounds ending in a rejection)).
 - c: draft time per drafted token / plain TPOT. v: verify time per round / plain TPOT.
+- ovh %: share of decode time spent outside the draft and verify calls (Python, events, detok).
 - mism: prompts whose greedy output differs from plain decoding (must be 0)."""
 
 
