@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from edgespec.blas import reexec_with_openblas
 from edgespec.errors import EdgeSpecError
 
 # name -> (module, one-line help)
@@ -50,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, _ = _top_parser().parse_known_args(argv or ["--help"])
         return 2
     name, rest = argv[0], argv[1:]
+    reexec_with_openblas(argv)
     try:
         module = importlib.import_module(COMMANDS[name][0])
         parser = _Parser(prog=f"edgespec {name}", description=module.HELP)
