@@ -28,8 +28,8 @@ def openblas_path() -> str | None:
     return next((p for p in CANDIDATES if Path(p).exists()), None)
 
 
-def reexec_with_openblas(argv: list[str]) -> None:
-    """On Linux, replace this process with one that preloads OpenBLAS (at most once).
+def reexec_with_openblas(argv: list[str], module: str = "edgespec") -> None:
+    """On Linux, replace this process with `python -m MODULE *argv` preloading OpenBLAS (once).
 
     No-op on macOS (MLX uses Accelerate/Metal), when opted out, when already preloaded, when
     OpenBLAS is missing, or when MLX is already imported (too late to swap).
@@ -44,6 +44,6 @@ def reexec_with_openblas(argv: list[str]) -> None:
         return
     env = dict(os.environ, LD_PRELOAD=":".join(filter(None, [lib, preload])), **{_MARK: "1"})
     try:
-        os.execve(sys.executable, [sys.executable, "-m", "edgespec", *argv], env)
+        os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
     except OSError:
         return  # keep going on the reference BLAS rather than fail
