@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widget import Widget
@@ -34,6 +34,23 @@ def clean_text(text: str) -> str:
     'a␋b\n'
     """
     return text.translate(_CONTROLS)
+
+
+def append_styled(text: Text, piece: str, style: Style) -> None:
+    """Append `piece` to `text`, extending the last span when it has the same style.
+
+    Building an answer token by token or run by run then gives identical spans (and identical
+    screen output), whatever the batching was.
+    """
+    start = len(text)
+    text.append(piece)
+    if not style or not piece:
+        return
+    spans = text.spans
+    if spans and spans[-1].end == start and spans[-1].style == style:
+        spans[-1] = Span(spans[-1].start, len(text), style)
+    else:
+        spans.append(Span(start, len(text), style))
 
 
 def merge_runs(runs: list[Run], tokens: Iterable[Token]) -> list[Run]:
@@ -97,7 +114,7 @@ class AnswerView(Widget):
     def _build(self) -> Text:
         text = Text()
         for kind, piece in self._runs:
-            text.append(piece, self._style(kind))
+            append_styled(text, piece, self._style(kind))
         return text
 
     def append(self, tokens: Sequence[Token]) -> None:
@@ -107,7 +124,7 @@ class AnswerView(Widget):
         merge_runs(self._runs, tokens)
         if self._text is not None:
             for tok in tokens:
-                self._text.append(clean_text(tok.text), self._style(tok.kind))
+                append_styled(self._text, clean_text(tok.text), self._style(tok.kind))
         self.refresh(layout=True)
 
     def set_note(self, note: str) -> None:
@@ -337,4 +354,7 @@ class StatsPanel(Vertical):
         """Redraw all numbers from `view`."""
         self.query_one("#table", Static).update(stats_table(view))
         self.query_one("#sparkline", Sparkline).data = [float(n) for n in view.per_round[-64:]]
-        self.query_one("#histogram", Static).update(histogram(view.hist))
+        hist = histogram(view.hist)
+        if not any(view.hist) and not view.spec_on:
+            hist = Text("speculation off: plain decoding", "dim")
+        self.query_one("#histogram", Static).update(hist)

@@ -268,3 +268,31 @@ def test_command_palette_lists_every_action(tmp_path: Path) -> None:
             await wait_for(pilot, lambda: app.waiting is None)
 
     run(scenario)
+
+
+def test_answer_appends_spans_and_restyles_on_theme_change(tmp_path: Path) -> None:
+    from edgespec.events import Token
+
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            view = AnswerView()
+            await app.query_one("#conversation").mount(view)
+            view.append([Token(1, "Hi", "accepted", 0), Token(2, " there", "corrected", 0)])
+            await pilot.pause()
+            text = view.render()
+            view.append([Token(3, "!", "bonus", 1), Token(4, "\x1b[2J", "bonus", 1)])
+            await pilot.pause()
+            assert view.render() is text  # appended in place, earlier spans untouched
+            assert text.plain == "Hi there!␛[2J"  # a control char cannot reach the terminal
+            styles = [str(span.style) for span in text.spans]
+            assert len(styles) == 3 and styles[1] != styles[0] and "underline" in styles[1]
+            accepted_dark = text.spans[0].style.color
+            app.theme = "textual-light"
+            await pilot.pause()
+            assert view.render().spans[0].style.color != accepted_dark
+            assert view.runs == [("accepted", "Hi"), ("corrected", " there"), ("bonus", "!␛[2J")]
+
+    run(scenario)
