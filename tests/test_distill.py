@@ -218,3 +218,23 @@ def test_cli_end_to_end_exports_a_loadable_4bit_draft(
     assert np.isneginf(logits[~on]).all() and np.isfinite(logits[on]).all()
     card = (out / "draft" / "README.md").read_text()
     assert "edgespec distill --target" in card and "Apache-2.0" in card
+
+
+def test_evaluate_reports_agreement_cost_and_identical_greedy_output(
+    tmp_path: Path, tiny: tuple[Target, Path]
+) -> None:
+    from edgespec.distill.evaluate import evaluate
+    from edgespec.distill.export import Card, export_draft
+
+    target, data_dir = tiny
+    result = train(target, data_dir, tmp_path / "out", CFG, progress=False)
+    card = Card("tiny", "test", 0, 0, 0, 0, [0, 3], 96)
+    export_draft(result.model, result.config, tmp_path / "draft", card)
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"question_id": i, "turns": [t]} for i, t in enumerate(["Hello there", "Why not"])]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    r = evaluate(target.name, str(tmp_path / "draft"), prompts_path=str(prompts), n=2, max_tokens=8)
+    assert r.prompts == 2 and 0.0 <= r.agreement <= 1.0 and r.agreement_tokens > 0
+    assert r.draft_ms > 0 and r.target_ms > 0 and r.c == pytest.approx(r.draft_ms / r.target_ms)
+    assert r.identical == 2  # temperature 0: speculation never changes the output
+    assert 0.0 <= r.acceptance <= 1.0 and r.tau >= 1.0

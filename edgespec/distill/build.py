@@ -61,7 +61,11 @@ def draft_config(
     target_config: dict[str, Any], layers: list[int], head_size: int, target_name: str
 ) -> dict[str, Any]:
     """The draft's config.json: the target's llama settings with fewer layers and a head size."""
-    cfg = {k: v for k, v in target_config.items() if k not in ("quantization", "architectures")}
+    cfg = {
+        k: v
+        for k, v in target_config.items()
+        if k not in ("quantization", "quantization_config", "architectures")
+    }
     cfg |= {
         "model_type": MODEL_TYPE,
         "num_hidden_layers": len(layers),
