@@ -208,7 +208,8 @@ class ChatApp(App[int]):
         shown, final = answer.plain, clean_text(fin.text)
         if final != shown and final.startswith(shown):  # a detokenizer tail not yet shown
             kind = answer.runs[-1][0] if answer.runs else "target"
-            answer.append([Token(id=-1, text=final[len(shown) :], kind=kind, round=-1)])
+            tail = Token(id=-1, text=final[len(shown) :], kind=kind, round=-1)  # type: ignore[arg-type]
+            answer.append([tail])
         reply.runs, reply.content = answer.runs, fin.text
         reply.reason, reply.stats = fin.reason, stats_to_json(fin.stats)
         if fin.reason == "cancelled":

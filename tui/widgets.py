@@ -85,8 +85,15 @@ class AnswerView(Widget):
     AnswerView > .token--target { }
     """
 
-    def __init__(self, runs: Sequence[Run] = (), note: str = "", **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        runs: Sequence[Run] = (),
+        note: str = "",
+        *,
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        super().__init__(id=id, classes=classes)
         self._runs: list[Run] = list(runs)
         self._text: Text | None = None  # built lazily: component styles need a mounted widget
         self.note = note
@@ -162,7 +169,7 @@ class Legend(AnswerView):
     Legend { margin: 0; padding: 0 1; }
     """
 
-    def __init__(self, **kwargs: object) -> None:
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         runs: list[Run] = [
             ("accepted", "accepted"),
             ("target", " "),
@@ -171,7 +178,7 @@ class Legend(AnswerView):
             ("bonus", "bonus"),
             ("target", " target"),
         ]
-        super().__init__(runs, **kwargs)
+        super().__init__(runs, id=id, classes=classes)
 
 
 @dataclass
