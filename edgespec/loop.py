@@ -41,8 +41,9 @@ class Drafter(Protocol):
     method: str
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
-        """Propose k tokens to follow `context` (all committed tokens). `key` seeds any sampling:
-        draw `uniforms(key, k)` to stay in step with the numpy reference."""
+        """Propose up to k tokens to follow `context` (all committed tokens); fewer (even none:
+        the round is then a plain target step) when the drafter has no good guess. `key` seeds any
+        sampling: draw `uniforms(key, k)` to stay in step with the numpy reference."""
         ...
 
     def commit(self, context: list[int]) -> None:
@@ -129,6 +130,12 @@ def _truncate(new: list[int], kinds: list[str], emitted: int, limits: Limits, co
     return out, kinds, new, None
 
 
+def _last_kind(n: int, drafted: int) -> str:
+    """Kind of a round's final token: the target's own step when nothing was drafted, a bonus
+    after all drafts passed, else the correction at the first rejection."""
+    return "target" if drafted == 0 else "bonus" if n == drafted else "corrected"
+
+
 def _verify_round(
     target: KVState, context: list[int], prop: Proposal, k: int, cfg: SamplingConfig, key
 ) -> list[int]:
@@ -164,11 +171,12 @@ def speculate(
             t0 = time.perf_counter()
             prop = drafter.propose(context, k, draft_key)
             mx.eval([a for a in (prop.tokens, prop.q) if a is not None])
+            d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop)
             t1 = time.perf_counter()
-            out = _verify_round(target, context, prop, k, cfg, verify_key)
-            n, nxt = out[k], out[k + 1]
-            last = Round(index, k, n, k, t1 - t0, time.perf_counter() - t1, drafter.method)
-            kinds = ["accepted"] * n + ["bonus" if n == k else "corrected"]
+            out = _verify_round(target, context, prop, d, cfg, verify_key)
+            n, nxt = out[d], out[d + 1]
+            last = Round(index, d, n, k, t1 - t0, time.perf_counter() - t1, drafter.method)
+            kinds = ["accepted"] * n + [_last_kind(n, d)]
             toks, kinds, committed, stop = _truncate(
                 out[:n] + [nxt], kinds, emitted, limits, context
             )
