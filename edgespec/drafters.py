@@ -1,0 +1,116 @@
+"""Drafters beyond the plain draft model, and the choice of drafter from SpecConfig.method.
+
+- ConfidentDrafter: the draft model, stopping a round early when its top probability falls below a
+  threshold. Still exact: how many tokens are drafted depends only on the draft's own information,
+  and the acceptance test does not depend on how K was chosen.
+- HybridDrafter: n-gram prompt lookup when the context has a match, the draft model otherwise.
+
+Draft-cache invariant (hybrid): the draft model's cache always holds a prefix of the committed
+context. Rounds drafted by the n-gram do not touch it; the next model round feeds every token past
+its offset first (ModelDrafter.propose feeds context[offset:]), so it catches up lazily, in one
+forward, and only when it is actually used.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from edgespec.cache import KVState
+from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.errors import ConfigError
+from edgespec.loop import Drafter, ModelDrafter, Proposal, fit_vocab
+from edgespec.ngram import NgramDrafter
+from edgespec.sampling import sample, uniforms, warp
+
+# A one-token suffix match is a weak guess next to a trained draft: hybrid wants >= 2 tokens.
+HYBRID_MIN_MATCH = 2
+
+
+class ConfidentDrafter(ModelDrafter):
+    """ModelDrafter that stops drafting at the first token whose top draft probability is below
+    `stop_below` (that token is not proposed; a round may then draft nothing). At temperature 0
+    the confidence is the softmax of the raw logits (the warped q is one-hot there).
+
+    Costs one host read per drafted token (the stop decision), which the plain ModelDrafter avoids.
+    """
+
+    def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int, stop_below: float):
+        super().__init__(state, sampling, vocab)
+        if not 0.0 <= stop_below < 1.0:
+            raise ConfigError(f"the early-stop threshold must be in [0, 1), got {stop_below}")
+        self.stop_below = stop_below
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        inputs = mx.array(context[self.state.offset :], dtype=mx.int32)
+        u = None if self.sampling.greedy else uniforms(key, k)
+        tokens: list[mx.array] = []
+        rows: list[mx.array] = []
+        for i in range(k):
+            logits = fit_vocab(self.state.forward(inputs)[-1], self.vocab)
+            q = mx.softmax(logits.astype(mx.float32)) if u is None else warp(logits, self.sampling)
+            if mx.max(q).item() < self.stop_below:
+                break
+            tok = mx.argmax(logits).astype(mx.int32) if u is None else sample(q, u[i])
+            if u is not None:
+                rows.append(q)
+            tokens.append(tok)
+            inputs = tok.reshape(1)
+        if not tokens:
+            return Proposal(mx.array([], dtype=mx.int32), None)
+        return Proposal(mx.stack(tokens), mx.stack(rows) if rows else None)
+
+
+class HybridDrafter:
+    """Drafter: n-gram lookup when the last >= min_match tokens occurred before, else the model.
+
+    `method` names the drafter of the latest proposal ("ngram" or "draft"), so Round events say
+    who drafted each round.
+    """
+
+    def __init__(self, ngram: NgramDrafter, model: Drafter, min_match: int = HYBRID_MIN_MATCH):
+        self.ngram, self.model, self.min_match = ngram, model, min_match
+        self.method = "draft"
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        prop = self.ngram.propose_min(context, k, self.min_match)
+        if prop.tokens.shape[0] > 0:
+            self.method = "ngram"
+            return prop
+        self.method = "draft"
+        return self.model.propose(context, k, key)
+
+    def commit(self, context: list[int]) -> None:
+        self.ngram.commit(context)
+        self.model.commit(context)  # keeps its cache a prefix of context (it may lag behind)
+
+
+def build_drafter(
+    spec: SpecConfig,
+    sampling: SamplingConfig,
+    draft: KVState | None,
+    vocab: int,
+    engine_name: str,
+    stop_below: float = 0.0,
+) -> Drafter:
+    """The drafter for spec.method ("draft", "ngram" or "hybrid"), fresh for one generation.
+
+    stop_below > 0 makes the draft model stop early below that top probability (ConfidentDrafter).
+    Raises ConfigError when the method needs a draft model the engine does not have.
+    """
+    if spec.method == "ngram":
+        return NgramDrafter(spec.ngram_min, spec.ngram_max)
+    if spec.method not in ("draft", "hybrid"):
+        raise ConfigError(f"method {spec.method!r} has no drafter; use draft, ngram or hybrid")
+    if draft is None:
+        raise ConfigError(
+            f"{engine_name} has no draft model; pass a draft, use --method ngram, or --no-spec"
+        )
+    model: ModelDrafter = (
+        ConfidentDrafter(draft, sampling, vocab, stop_below)
+        if stop_below > 0
+        else ModelDrafter(draft, sampling, vocab)
+    )
+    if spec.method == "draft":
+        return model
+    min_match = max(spec.ngram_min, min(HYBRID_MIN_MATCH, spec.ngram_max))
+    return HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), model, min_match)

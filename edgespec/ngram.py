@@ -1,0 +1,85 @@
+"""N-gram prompt lookup: draft the continuation that followed the most recent earlier occurrence of
+the context's last n tokens (n from n_max down to n_min). No draft model.
+
+The proposal is deterministic, so q is a point mass and the loop verifies it with the point-mass
+path of `acceptance.verify` (accept x with probability p(x), else resample from p without x): the
+output is still distributed exactly as the target's. At temperature 0 it is a plain argmax match.
+
+Cost: the index is incremental. Each committed token adds one entry per n (a dict write), and a
+lookup is at most n_max - n_min + 1 dict reads, so a round costs O(new tokens * n_max), not O(L^2).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from edgespec.loop import Proposal
+
+
+class NgramIndex:
+    """For every n in [n_min, n_max]: n-gram -> position of the token that followed its most recent
+    occurrence. Only n-grams whose next token is known are indexed, so the context's own suffix
+    never matches itself.
+
+    Example (n_min = n_max = 2): tokens [5, 6, 7, 5, 6] index (5,6)->2, (6,7)->3, (7,5)->4; the
+    suffix (5, 6) maps to position 2, so `lookup(k=3)` proposes tokens[2:5] = [7, 5, 6].
+    """
+
+    def __init__(self, n_min: int, n_max: int):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> index of the token after it
+
+    def extend(self, context: list[int]) -> None:
+        """Catch up with `context`, which must extend the tokens already indexed (a shorter context
+        means a new conversation: the index is rebuilt)."""
+        if len(context) < len(self.tokens):
+            self.tokens, self._next = [], {}
+        start = len(self.tokens)
+        self.tokens.extend(context[start:])
+        toks = self.tokens
+        for i in range(max(start, 1), len(toks)):  # token i is known: index n-grams before it
+            for n in range(self.n_min, min(self.n_max, i) + 1):
+                self._next[tuple(toks[i - n : i])] = i
+
+    def lookup(self, k: int, n_min: int | None = None) -> tuple[list[int], int]:
+        """Up to k tokens that followed the longest matching suffix, and that n (0: no match).
+
+        The continuation stops at the end of the indexed tokens, so it may be shorter than k.
+        n_min (default the index's) raises the shortest suffix accepted as a match.
+        """
+        toks, lo = self.tokens, max(self.n_min, n_min or self.n_min)
+        for n in range(min(self.n_max, len(toks)), lo - 1, -1):
+            pos = self._next.get(tuple(toks[len(toks) - n :]))
+            if pos is not None:
+                return toks[pos : pos + k], n
+        return [], 0
+
+
+class NgramDrafter:
+    """Drafter (loop.Drafter protocol) proposing by prompt lookup over prompt + generated text.
+
+    A fresh drafter per generation (the Engine builds one per request). Proposes fewer than k
+    tokens when the matched continuation is short, and none when nothing matches: that round is a
+    plain target step.
+    """
+
+    method = "ngram"
+
+    def __init__(self, n_min: int = 1, n_max: int = 4):
+        self.index = NgramIndex(n_min, n_max)
+        self.last_match = 0  # n of the last lookup (0: none); for hybrid drafting and tests
+
+    def propose(self, context: list[int], k: int, key: mx.array | None = None) -> Proposal:
+        return self.propose_min(context, k, None)
+
+    def propose_min(self, context: list[int], k: int, n_min: int | None) -> Proposal:
+        """propose(), accepting only suffix matches of length >= n_min."""
+        self.index.extend(context)
+        tokens, self.last_match = self.index.lookup(k, n_min)
+        return Proposal(mx.array(tokens, dtype=mx.int32), None)
+
+    def commit(self, context: list[int]) -> None:
+        """Nothing to roll back: the index only ever holds committed tokens."""
