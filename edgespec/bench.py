@@ -224,16 +224,23 @@ class Method:
 
 
 def _registry() -> dict[str, Method]:
-    """The methods `--methods` can name. A new EdgeSpec method is one line here, e.g.
-    Method("ngram", "n-gram prompt lookup", False, True, _engine_runner(
-        lambda p: SpecConfig(k=p.k, method="ngram"),
-        lambda engine, p: {"drafter": NgramDrafter(...)}))
-    (k_policy=... in the extras gives adaptive K)."""
+    """The methods `--methods` can name. A new EdgeSpec method is one line here: a SpecConfig
+    (the Engine builds its drafter and K policy), or extras(engine, point) returning drafter=... /
+    k_policy=... keyword arguments for Engine.generate. Adaptive methods take no K list (K is
+    chosen per round, starting from SpecConfig's default and capped by its k_max)."""
     methods = [
         Method(PLAIN, "target alone through EdgeSpec's loop", False, False,
                _engine_runner(lambda p: SpecConfig(method="none"))),
         Method("spec", "EdgeSpec, draft model", True, True,
                _engine_runner(lambda p: SpecConfig(k=p.k, method="draft"))),
+        Method("ngram", "EdgeSpec, n-gram prompt lookup (no draft)", False, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="ngram"))),
+        Method("hybrid", "EdgeSpec, n-gram when it matches, else the draft", True, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="hybrid"))),
+        Method("adaptive", "EdgeSpec, draft model, K chosen per round", True, False,
+               _engine_runner(lambda p: SpecConfig(method="draft", adaptive=True))),
+        Method("adaptive-ngram", "EdgeSpec, n-gram lookup, K chosen per round", False, False,
+               _engine_runner(lambda p: SpecConfig(method="ngram", adaptive=True))),
         Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
         Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
                _mlx_lm_runner(False)),

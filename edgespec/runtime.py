@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from edgespec.adaptive import make_k_policy
 from edgespec.cache import KVState, vocab_size
 from edgespec.config import GenerationConfig
-from edgespec.errors import ConfigError, PromptError
+from edgespec.drafters import build_drafter
+from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
-from edgespec.loop import Drafter, Limits, ModelDrafter, Step, decode_plain, speculate
+from edgespec.loop import Drafter, Limits, Step, decode_plain, speculate
 from edgespec.stats import summarize
 
 ProgressFn = Callable[[str, float | None], None]
@@ -118,9 +120,10 @@ class Engine:
         """Stream Token events as they are committed, one Round after each round's tokens
         (speculative methods only), then exactly one Finished.
 
-        config.spec.method "none" decodes plainly with the target (kind "target"). `drafter`
-        replaces the draft model (e.g. an n-gram drafter); `k_policy(last_round)` picks K per
-        round (default: config.spec.k). Errors surface on the first next()."""
+        config.spec.method "none" decodes plainly with the target (kind "target"); "draft",
+        "ngram" and "hybrid" pick the drafter (edgespec.drafters). `drafter` replaces it;
+        `k_policy(last_round)` picks K per round (default: config.spec.k, or AdaptiveK when
+        config.spec.adaptive). Errors surface on the first next()."""
         self._check_prompt(list(prompt_ids))
         return self._run(list(prompt_ids), config, cancel, drafter, k_policy)
 
@@ -135,25 +138,15 @@ class Engine:
         limits = Limits(config.max_tokens, self._eos, self.context_window)
         if not config.spec.enabled:
             return decode_plain(self._target, prompt, config.sampling, limits, cancel)
+        spec = config.spec
         if drafter is None:
-            drafter = self._model_drafter(config)
-        k = config.spec.k
-        policy = k_policy or (lambda _last: k)
+            drafter = build_drafter(spec, config.sampling, self._draft, self._vocab, self.name)
+        policy = k_policy or make_k_policy(spec.k, spec.adaptive, spec.k_max)
         return speculate(self._target, drafter, prompt, config.sampling, policy, limits, cancel)
-
-    def _model_drafter(self, config: GenerationConfig) -> ModelDrafter:
-        if config.spec.method != "draft":
-            raise ConfigError(
-                f"method {config.spec.method!r} needs its drafter (pass drafter=...); "
-                "this engine drafts with a model (method 'draft') or decodes plainly ('none')"
-            )
-        if self._draft is None:
-            raise ConfigError(f"{self.name} has no draft model; pass a draft or use --no-spec")
-        return ModelDrafter(self._draft, config.sampling, self._vocab)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
         prefilled = self._target.prefill(prompt)
-        uses_draft = config.spec.enabled and drafter is None
+        uses_draft = config.spec.method in ("draft", "hybrid") and drafter is None
         if uses_draft and self._draft is not None:
             self._draft.prefill(prompt)
         return prefilled

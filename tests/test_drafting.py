@@ -1,0 +1,365 @@
+"""Drafting beyond a fixed K: n-gram prompt lookup, hybrid, early stop, adaptive K.
+
+Unit tests of the pure parts (index, closed-form K choice), then exactness on tiny seeded models:
+identical greedy output to plain decoding, consistent caches after hybrid rounds, and a chi-square
+test that the n-gram's point-mass proposals leave the emitted tokens distributed as p.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from edgespec.adaptive import AdaptiveK, best_k, fit_verify_line
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.drafters import ConfidentDrafter, HybridDrafter, build_drafter
+from edgespec.errors import ConfigError
+from edgespec.events import Round, Token
+from edgespec.metrics import expected_tokens_per_round
+from edgespec.ngram import NgramDrafter, NgramIndex
+from edgespec.runtime import Engine
+from edgespec.sampling import warp
+
+PROMPT = "the cat and the dog in the house"
+GREEDY = SamplingConfig(temperature=0)
+
+
+def _ids(events) -> list[int]:
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+def _rounds(events) -> list[Round]:
+    return [e for e in events if isinstance(e, Round)]
+
+
+def _gen(engine, ids, spec: SpecConfig, n: int, sampling=GREEDY, **kw):
+    return list(engine.generate(ids, GenerationConfig(sampling, spec, max_tokens=n), **kw))
+
+
+# ---------------------------------------------------------------------------- n-gram index
+
+
+def test_index_golden_case():
+    index = NgramIndex(2, 2)
+    index.extend([5, 6, 7, 5, 6])
+    assert index.lookup(3) == ([7, 5, 6], 2)
+    assert index.lookup(10) == ([7, 5, 6], 2)  # stops at the end of the known tokens
+
+
+def test_longest_suffix_wins_and_most_recent_occurrence_is_used():
+    index = NgramIndex(1, 3)
+    # "1 2 3" occurs once (-> 4); "3" alone occurred last before 9 (-> 9); n = 3 beats n = 1.
+    index.extend([1, 2, 3, 4, 0, 3, 9, 1, 2, 3])
+    assert index.lookup(2) == ([4, 0], 3)
+    index.extend([1, 2, 3, 4, 0, 3, 9, 1, 2, 3, 8, 3])  # incremental: suffix "3" -> after it: 8
+    assert index.lookup(2) == ([8, 3], 1)
+    assert index.lookup(2, n_min=2) == ([], 0)  # "8 3" never occurred before
+
+
+def test_no_match_and_self_match_excluded():
+    index = NgramIndex(1, 4)
+    index.extend([1, 2, 3])
+    assert index.lookup(4) == ([], 0)  # the suffix itself is not an earlier occurrence
+
+
+def test_incremental_index_equals_one_shot_index():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 6, size=300).tolist()
+    step, one = NgramIndex(1, 4), NgramIndex(1, 4)
+    for end in range(1, 301, 7):
+        step.extend(tokens[:end])
+    step.extend(tokens)
+    one.extend(tokens)
+    assert step._next == one._next
+    for k in (1, 5):
+        assert step.lookup(k) == one.lookup(k)
+
+
+def test_shorter_context_rebuilds_the_index():
+    index = NgramIndex(1, 2)
+    index.extend([1, 2, 1])
+    assert index.lookup(1) == ([2], 1)
+    index.extend([3, 4])
+    assert index.tokens == [3, 4] and index.lookup(1) == ([], 0)
+
+
+def test_ngram_drafter_proposes_a_point_mass():
+    d = NgramDrafter(1, 3)
+    prop = d.propose([7, 8, 9, 7, 8], 4, mx.random.key(0))
+    assert prop.q is None and prop.tokens.dtype == mx.int32
+    assert prop.tokens.tolist() == [9, 7, 8] and d.last_match == 2
+
+
+# ---------------------------------------------------------------------------- adaptive K maths
+
+
+def _line(a: float, b: float):
+    return lambda L: a + b * (L - 1)
+
+
+@pytest.mark.parametrize(
+    "alpha,c,a,b,k_max,want",
+    [
+        # tokens/time for K = 1..6: 1.565, 1.877, 2.036, 2.101, 2.108, 2.080 (hand-worked).
+        (0.8, 0.1, 1.0, 0.05, 8, 5),
+        (0.8, 0.1, 1.0, 0.05, 4, 4),  # capped by k_max
+        # K=1: 1.5 / 1.5 = 1.0; K=2: 1.75 / 2.0 = 0.875 -> 1.
+        (0.5, 0.5, 1.0, 0.0, 8, 1),
+        (1.0, 0.1, 1.0, 0.05, 8, 8),  # every draft accepted: E = K + 1 grows faster than time
+        (0.0, 0.1, 1.0, 0.05, 8, 1),  # nothing accepted: the cheapest round
+        # Free drafting and free verifying of extra tokens: more K is never worse.
+        (0.3, 0.0, 1.0, 0.0, 6, 6),
+    ],
+)
+def test_best_k_closed_form(alpha, c, a, b, k_max, want):
+    assert best_k(alpha, c, _line(a, b), k_max) == want
+
+
+def test_best_k_is_the_argmax_of_the_closed_form():
+    for alpha in np.linspace(0.05, 0.95, 10):
+        for c in (0.02, 0.1, 0.3):
+            rates = [
+                expected_tokens_per_round(alpha, k) / (k * c + 1 + 0.1 * k) for k in range(1, 9)
+            ]
+            assert best_k(alpha, c, _line(1.0, 0.1), 8) == 1 + int(np.argmax(rates))
+
+
+def test_fit_verify_line():
+    assert fit_verify_line({1: 0.10, 5: 0.14}) == pytest.approx((0.10, 0.01))
+    assert fit_verify_line({3: 0.12}, prior_slope=0.1) == pytest.approx((0.1, 0.01))
+    a, b = fit_verify_line({1: 0.2, 3: 0.1})  # a cheaper longer forward is noise: slope 0
+    assert b == 0.0 and a == pytest.approx(0.15)
+
+
+def _round(i, drafted, accepted, k, t_draft, t_verify, method="draft") -> Round:
+    return Round(i, drafted, accepted, k, t_draft, t_verify, method)
+
+
+def test_adaptive_k_learns_alpha_and_costs_and_picks_the_closed_form_optimum():
+    policy = AdaptiveK(k_init=3, k_max=8)
+    assert policy(None) == 3  # nothing measured yet
+    # One round: 4 drafted, 2 accepted (one rejection); draft 0.04 s -> c = 0.01 s per token;
+    # verify of 5 tokens 0.14 s.
+    k = policy(_round(0, 4, 2, 3, 0.04, 0.14))
+    # alpha = (0.9 * 1 + 2) / (0.9 * 2 + 3) = 2.9 / 4.8; one L measured: v(L) = a (1 + 0.1 (L-1))
+    # with a = 0.14 / 1.4 = 0.1.
+    alpha = 2.9 / 4.8
+    assert policy.estimates["draft"].alpha == pytest.approx(alpha)
+    assert k == best_k(alpha, 0.01, _line(0.1, 0.01), 8)
+    rates = [expected_tokens_per_round(alpha, j) / (0.01 * j + 0.1 + 0.01 * j) for j in range(1, 9)]
+    assert k == 1 + int(np.argmax(rates))
+
+
+def test_adaptive_k_moves_with_acceptance():
+    high, low = AdaptiveK(4, 8), AdaptiveK(4, 8)
+    for i in range(30):
+        kh = high(_round(i, 4, 4, 4, 0.004, 0.1 + 0.004 * 4))  # everything accepted, cheap draft
+        kl = low(_round(i, 4, 0, 4, 0.04, 0.1 + 0.01 * 4))  # nothing accepted, costly draft
+    assert kh == 8 and kl == 1
+
+
+def test_adaptive_k_keeps_estimates_per_method():
+    policy = AdaptiveK(4, 8)
+    for i in range(20):
+        policy(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    k_ngram = policy(_round(20, 3, 3, 4, 1e-5, 0.13, method="ngram"))
+    k_draft = policy(_round(21, 4, 0, 4, 0.04, 0.14, method="draft"))
+    assert policy.estimates["ngram"].alpha > 0.7 > 0.2 > policy.estimates["draft"].alpha
+    assert k_ngram > k_draft == 1
+
+
+# ---------------------------------------------------------------------------- engine: greedy
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpecConfig(k=4, method="ngram"),
+        SpecConfig(k=2, method="ngram", ngram_min=2, ngram_max=3),
+        SpecConfig(k=4, method="hybrid", ngram_max=1),  # unigram matches
+        SpecConfig(k=4, method="hybrid"),
+        SpecConfig(k=3, method="draft", adaptive=True),
+        SpecConfig(k=4, method="ngram", adaptive=True),
+        SpecConfig(k=4, method="hybrid", adaptive=True, k_max=6),
+    ],
+    ids=[
+        "ngram",
+        "ngram-2-3",
+        "hybrid-1",
+        "hybrid",
+        "adaptive",
+        "adaptive-ngram",
+        "adaptive-hybrid",
+    ],
+)
+def test_greedy_output_equals_plain_decoding(tiny_models, spec):
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 48))
+    events = _gen(engine, ids, spec, 48)
+    assert _ids(events) == plain and len(plain) == 48
+    rounds = _rounds(events)
+    assert all(r.drafted <= r.k <= spec.k_max for r in rounds)
+    if spec.method != "draft":
+        assert any(r.method == "ngram" and r.drafted > 0 for r in rounds)  # lookup really drafted
+    if spec.method == "ngram":
+        assert any(r.method == "ngram" and r.accepted > 0 for r in rounds)  # ... and was accepted
+
+
+def test_confident_drafter_greedy_equals_plain_and_stops_early(tiny_models):
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 40))
+    drafter = ConfidentDrafter(engine._draft, GREEDY, engine._vocab, stop_below=0.5)
+    events = _gen(engine, ids, SpecConfig(k=6), 40, drafter=drafter)
+    assert _ids(events) == plain
+    drafted = [r.drafted for r in _rounds(events)]
+    assert min(drafted) < 6  # some rounds stopped early ...
+    assert max(drafted) > 0  # ... and some drafted
+    assert engine._draft.offset == len(engine._draft.tokens)
+
+
+def test_round_events_carry_the_policy_k(tiny_models):
+    engine = Engine(*tiny_models)
+    script = [1, 3, 2, 5, 4, 1, 6]
+    calls: list[Round | None] = []
+
+    def policy(last: Round | None) -> int:
+        calls.append(last)
+        return script[(len(calls) - 1) % len(script)]
+
+    events = _gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 30, k_policy=policy)
+    rounds = _rounds(events)
+    assert [r.k for r in rounds] == [script[i % len(script)] for i in range(len(rounds))]
+    assert calls[0] is None and calls[1:] == rounds[: len(calls) - 1]
+
+
+def test_adaptive_round_events_record_the_chosen_k(tiny_models):
+    engine = Engine(*tiny_models)
+    policy = AdaptiveK(k_init=2, k_max=7)
+    events = _gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 40, k_policy=policy)
+    rounds = _rounds(events)
+    assert [r.k for r in rounds] == policy.chosen[: len(rounds)]
+    assert rounds[0].k == 2 and all(1 <= r.k <= 7 for r in rounds)
+
+
+# ---------------------------------------------------------------------------- hybrid caches
+
+
+def test_hybrid_caches_stay_consistent_and_the_draft_catches_up(tiny_self_models):
+    """Self-draft (draft == target): every draft-model round must accept all K at greedy, which
+    holds only if the draft's cache caught up exactly with the tokens the n-gram rounds committed."""
+    engine = Engine(*tiny_self_models)
+    ids = engine.encode_raw(PROMPT) * 2  # the suffix occurred before: round 0 is an n-gram round
+    cfg = GenerationConfig(GREEDY, SpecConfig(k=3, method="hybrid", ngram_max=1), max_tokens=60)
+    committed, methods = list(ids), []
+    for event in engine.generate(ids, cfg):
+        if isinstance(event, Token):
+            committed.append(event.id)
+        elif isinstance(event, Round):
+            methods.append(event.method)
+            target, draft = engine.cached_tokens()
+            assert target == committed[:-1] and len(target) == engine._target.offset
+            assert draft == committed[: len(draft)] and len(draft) == engine._draft.offset
+            if event.method == "draft":
+                assert event.accepted == event.drafted == 3
+    assert "ngram" in methods and "draft" in methods
+    i = methods.index("ngram")
+    assert "draft" in methods[i:]  # a model round after an n-gram round (the catch-up case)
+
+
+def test_hybrid_switches_method_per_round():
+    class Fixed:
+        method = "draft"
+
+        def __init__(self):
+            self.commits: list[list[int]] = []
+
+        def propose(self, context, k, key):
+            return NgramDrafter().propose([1, 1], k)  # [1] from a trivial lookup
+
+        def commit(self, context):
+            self.commits.append(list(context))
+
+    model = Fixed()
+    hybrid = HybridDrafter(NgramDrafter(1, 3), model, min_match=2)
+    hybrid.propose([4, 5, 6, 4, 5], 2, mx.random.key(0))
+    assert hybrid.method == "ngram"
+    hybrid.propose([4, 5, 6, 7], 2, mx.random.key(0))
+    assert hybrid.method == "draft"
+    hybrid.commit([4, 5, 6, 7, 1])
+    assert model.commits == [[4, 5, 6, 7, 1]]
+
+
+def test_build_drafter_errors_and_choices(tiny_models):
+    engine = Engine(tiny_models[0], None)
+    assert isinstance(
+        build_drafter(SpecConfig(method="ngram"), GREEDY, None, 10, "x"), NgramDrafter
+    )
+    for method in ("draft", "hybrid"):
+        with pytest.raises(ConfigError, match="no draft model"):
+            list(engine.generate([1, 2, 3], GenerationConfig(GREEDY, SpecConfig(method=method))))
+    events = _gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=3, method="ngram"), 8)
+    assert len(_ids(events)) == 8  # n-gram needs no draft model
+
+
+# ---------------------------------------------------------------------------- T > 0: exactness
+
+N_SEEDS = 600  # ~15 ms per 2-token generation on a tiny model
+
+
+def _target_probs(engine: Engine, ids: list[int], sampling: SamplingConfig) -> np.ndarray:
+    logits = engine.target.model(mx.array(ids)[None])[0, -1]
+    return np.array(warp(logits, sampling))
+
+
+def _chi2(samples: list[int], p: np.ndarray) -> float:
+    """p-value of a chi-square test of samples against p, small-expectation bins pooled."""
+    p = p.astype(np.float64)
+    counts = np.bincount(samples, minlength=p.size).astype(np.float64)
+    expected = p * len(samples)
+    big = expected >= 5
+    assert counts[p == 0].sum() == 0  # never a token the target excludes
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+
+
+def _context_the_target_likes(engine: Engine, base: list[int]) -> list[int]:
+    """base + [y] + base with y = argmax_y p(y | base + [y] + base): the n-gram then proposes y,
+    a token the target gives real probability, so both accept and reject paths get exercised."""
+    vocab = engine._vocab
+    batch = mx.array([base + [y] + base for y in range(vocab)])
+    probs = mx.softmax(engine.target.model(batch)[:, -1].astype(mx.float32), axis=-1)
+    y = int(mx.argmax(probs[mx.arange(vocab), mx.arange(vocab)]).item())
+    return base + [y] + base
+
+
+def test_ngram_point_mass_rounds_emit_the_target_distribution(tiny_models):
+    """Round 0 is always an n-gram proposal (x_1, x_2) (the suffix occurred before). Token 1 must
+    follow p(. | context) and, when x_1 was accepted, token 2 must follow p(. | context, x_1)."""
+    engine = Engine(tiny_models[0], None)
+    ids = _context_the_target_likes(engine, engine.encode_raw(PROMPT))
+    sampling = SamplingConfig(temperature=1.0)
+    spec = SpecConfig(k=2, method="ngram", ngram_min=2)
+    x = NgramDrafter(2, 4).propose(ids, 2).tokens.tolist()
+    assert len(x) == 2
+    first, second = [], []
+    for seed in range(N_SEEDS):
+        cfg = GenerationConfig(SamplingConfig(temperature=1.0, seed=seed), spec, max_tokens=2)
+        events = list(engine.generate(ids, cfg))
+        toks, r = _ids(events), _rounds(events)[0]
+        assert r.method == "ngram" and r.drafted == 2
+        first.append(toks[0])
+        if toks[0] == x[0]:
+            second.append(toks[1])
+    p1 = _target_probs(engine, ids, sampling)
+    p2 = _target_probs(engine, ids + [x[0]], sampling)
+    assert _chi2(first, p1) > 1e-3
+    assert len(second) > 50 and _chi2(second, p2) > 1e-3
+    # x_1 is accepted with probability p(x_1): a binomial check, 4 sigma.
+    rate, px = len(second) / N_SEEDS, p1[x[0]]
+    assert abs(rate - px) < 4 * np.sqrt(px * (1 - px) / N_SEEDS)
