@@ -6,12 +6,15 @@ tiny_self_pair -> (target_path, draft_path): the draft is an exact copy of the t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from edgespec.tiny import make_tiny_pair
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 
 
 @pytest.fixture(scope="session")

@@ -154,3 +154,23 @@ def test_untrimmable_cache_is_refused(tiny_models):
     bad = SimpleNamespace(model=_Recurrent(), tokenizer=None, name="ssm", context_window=512)
     with pytest.raises(CacheNotTrimmableError, match="ssm"):
         Engine(target, bad)
+
+
+@pytest.mark.slow
+def test_real_model_speculative_greedy_equals_plain():
+    """SmolLM2-135M-Instruct as its own draft (separate caches): output unchanged, all accepted."""
+    from edgespec.catalog import load_catalog, model_status
+    from edgespec.loading import load_model
+
+    name = load_catalog().pair().target
+    if not model_status(name, load_catalog()).present:
+        pytest.skip(f"{name} is not on this machine (edgespec pull)")
+    target = load_model(name)
+    engine = Engine(target, target)
+    ids = engine.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    plain = list(
+        engine.generate(ids, GenerationConfig(GREEDY.sampling, SpecConfig(method="none"), 24))
+    )
+    spec = list(engine.generate(ids, GenerationConfig(GREEDY.sampling, SpecConfig(k=4), 24)))
+    assert _ids(plain) == _ids(spec) and "Paris" in plain[-1].text
+    assert spec[-1].stats.acceptance > 0.9
