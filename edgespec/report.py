@@ -249,13 +249,18 @@ def plot_landscape(variants: Sequence[VariantSummary], out: Path) -> Path | None
     mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", norm=norm, shading="nearest")
     ax.contour(alphas, ks, grid, levels=[1.0], colors="black", linewidths=1.0)
     fig.colorbar(mesh, ax=ax, label="predicted speedup")
+    markers, stacked = dict.fromkeys(v.method for v in variants), {}
     for v in variants:
         s = v.overall
         if s.alpha is None:
             continue
-        ax.plot(s.alpha, s.k_mean or v.k, "o", color="gold", markeredgecolor="black")
+        xy = (s.alpha, s.k_mean or v.k)
+        marker = "osD^vP*X"[list(markers).index(v.method) % 8]
+        ax.plot(*xy, marker, color="gold", markeredgecolor="black")
+        near = stacked.setdefault((round(xy[0], 1), round(xy[1])), 0)  # stack close labels
+        stacked[(round(xy[0], 1), round(xy[1]))] += 1
         note = f"{v.label}: {_fmt(s.speedup_vs_plain, '.2f')}x"
-        ax.annotate(note, (s.alpha, s.k_mean or v.k), textcoords="offset points", xytext=(6, 6))
+        ax.annotate(note, xy, textcoords="offset points", xytext=(6, 4 + 11 * near), fontsize=8)
     ax.set_xlabel("alpha (per-token acceptance)")
     ax.set_ylabel("K (drafts per round)")
     ax.set_title(f"Speedup landscape at c = {c:.3f}, v(K) = 1 {b:+.3f} K")
