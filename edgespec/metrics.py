@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from edgespec.events import Round
 
@@ -282,11 +283,12 @@ def _speculation(runs: Sequence[RunRecord], plain_tpot: float | None) -> dict:
         return {}
     accepted = sum(r.accepted for r in runs)
     alpha = alpha_mle(accepted, sum(r.rejections for r in runs))
-    out = {
+    k_mean = drafted / rounds
+    out: dict[str, Any] = {
         "tau": 1.0 + accepted / rounds,
         "alpha": alpha,
         "acceptance": accepted / drafted,
-        "k_mean": drafted / rounds,
+        "k_mean": k_mean,
         "accepted_hist": add_hists(r.accepted_hist for r in runs),
     }
     timed = [r for r in runs if r.t_draft is not None and r.t_verify is not None]
@@ -301,7 +303,7 @@ def _speculation(runs: Sequence[RunRecord], plain_tpot: float | None) -> dict:
         out |= {
             "c": c,
             "v": v,
-            "predicted_speedup": predicted_speedup(alpha, out["k_mean"], c, v),
+            "predicted_speedup": predicted_speedup(alpha, k_mean, c, v),
             "overhead": max(0.0, 1.0 - t_model / decode) if decode else None,
         }
     return out

@@ -249,7 +249,8 @@ def plot_landscape(variants: Sequence[VariantSummary], out: Path) -> Path | None
     mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", norm=norm, shading="nearest")
     ax.contour(alphas, ks, grid, levels=[1.0], colors="black", linewidths=1.0)
     fig.colorbar(mesh, ax=ax, label="predicted speedup")
-    markers, stacked = dict.fromkeys(v.method for v in variants), {}
+    markers = dict.fromkeys(v.method for v in variants)
+    stacked: dict[tuple[float, int], int] = {}
     for v in variants:
         s = v.overall
         if s.alpha is None:
