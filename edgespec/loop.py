@@ -147,7 +147,8 @@ def _verify_round(
         n, nxt = verify_greedy(prop.tokens, logits)
     else:
         n, nxt = verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, k + 1))
-    return mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)]).tolist()
+    out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)]).tolist()
+    return [int(v) for v in out]  # type: ignore[union-attr,arg-type]
 
 
 def speculate(
@@ -222,7 +223,7 @@ def decode_plain(
             if emitted < limits.max_tokens and len(context) + 2 <= limits.context_window:
                 upcoming = step(tok.reshape(1))
                 mx.async_eval(upcoming)
-            value = tok.item()
+            value = int(tok.item())  # type: ignore[arg-type]
             toks, kinds, committed, stop = _truncate(
                 [value], ["target"], emitted - 1, limits, context
             )

@@ -172,9 +172,8 @@ class Engine:
                 detok.add_token(tok)
                 t_last = time.perf_counter()
                 t_first = t_first if t_first is not None else t_last
-                yield Token(
-                    tok, detok.last_segment, kind, step.round.index if step.round else count
-                )  # type: ignore[arg-type]
+                index = step.round.index if step.round else count
+                yield Token(tok, detok.last_segment, kind, index)  # type: ignore[arg-type]
                 count += 1
             if step.round is not None:
                 rounds.append(step.round)

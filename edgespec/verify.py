@@ -65,7 +65,7 @@ def simulate(p: mx.array, q: mx.array, k: int, rounds: int, seed: int) -> tuple[
         n, nxt = verify(x, qb, mx.broadcast_to(p, (b, k + 1, vocab)), u)
         first = mx.where(n > 0, x[:, 0], nxt)
         counts += np.bincount(np.array(first), minlength=vocab)
-        accepted += int(mx.sum(n > 0).item())
+        accepted += int(np.array(mx.sum(n > 0)))
         done += b
     return counts, accepted
 
@@ -135,7 +135,7 @@ def verify_pair(
         l1=float(np.abs(counts / rounds - p_np).sum()),
         l1_noise=float(np.sqrt(2 * p_np * (1 - p_np) / (math.pi * rounds)).sum()),
         acceptance=accepted / rounds,
-        expected_acceptance=float(expected_acceptance(p, q).item()),
+        expected_acceptance=float(np.array(expected_acceptance(p, q))),
         p_value=p_value,
         chi_square=stat,
         dof=dof,
