@@ -12,6 +12,7 @@ from edgespec.events import Finished, Round, Stats, Token
 
 __all__ = [
     "EdgeSpecError",
+    "Engine",
     "Finished",
     "GenerationConfig",
     "Round",
@@ -21,3 +22,13 @@ __all__ = [
     "Token",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`edgespec.Engine` without importing MLX at `import edgespec` (the CLI must be able to
+    re-execute itself with OpenBLAS before MLX loads; see edgespec/blas.py)."""
+    if name == "Engine":
+        from edgespec.runtime import Engine
+
+        return Engine
+    raise AttributeError(f"module 'edgespec' has no attribute {name!r}")

@@ -57,7 +57,9 @@ class SpecConfig:
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if not (1 <= self.ngram_min <= self.ngram_max):
-            raise ConfigError(f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}")
+            raise ConfigError(
+                f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}"
+            )
         if self.k_max < self.k:
             object.__setattr__(self, "k_max", self.k)
 
