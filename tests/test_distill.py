@@ -238,3 +238,31 @@ def test_evaluate_reports_agreement_cost_and_identical_greedy_output(
     assert r.draft_ms > 0 and r.target_ms > 0 and r.c == pytest.approx(r.draft_ms / r.target_ms)
     assert r.identical == 2  # temperature 0: speculation never changes the output
     assert 0.0 <= r.acceptance <= 1.0 and r.tau >= 1.0
+
+
+def test_export_tokens_keeps_ids_and_drops_topk(tmp_path):
+    from edgespec.distill.data import (
+        Meta,
+        Sequence,
+        export_tokens,
+        iter_sequences,
+        write_shard,
+    )
+
+    src = tmp_path / "src"
+    src.mkdir()
+    seqs = [
+        Sequence(
+            4, 2, np.array([1, 2, 3, 4]), np.ones((2, 3), np.int32), np.zeros((2, 3), np.float16)
+        ),
+        Sequence(7, 1, np.array([5, 6]), np.ones((1, 3), np.int32), np.zeros((1, 3), np.float16)),
+    ]
+    write_shard(src, 3, seqs)
+    Meta(target="t").write(src)
+    meta = export_tokens(src, tmp_path / "dst")
+    out = list(iter_sequences(tmp_path / "dst"))
+    assert [s.ids.tolist() for s in out] == [[1, 2, 3, 4], [5, 6]]
+    assert [(s.instr_id, s.prompt_len) for s in out] == [(4, 2), (7, 1)]
+    assert all(s.topk_ids is None for s in out)
+    assert (tmp_path / "dst" / "shard-00003.npz").exists()
+    assert meta.n_sequences == 2 and meta.n_completion_tokens == 3 and meta.target == "t"

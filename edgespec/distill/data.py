@@ -376,3 +376,22 @@ def recount(data_dir: Path, meta: Meta) -> Meta:
             meta.n_completion_tokens += int((lens - z["prompt_lens"]).sum())
             meta.shards += 1
     return meta
+
+
+def export_tokens(data_dir: Path, dest: Path) -> Meta:
+    """Copy the data as token ids only (no teacher top-k: ~2 bytes a token instead of ~100).
+
+    This is the compact form committed with a draft, so generated text accumulates across
+    sessions; the trainer recomputes the top-k (as sidecar files) when it reads such shards.
+    Shards already in `dest` are replaced; `dest/meta.json` gets the source's meta.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in shard_paths(dest):
+        old.unlink()
+    for src in shard_paths(data_dir):
+        seqs = [Sequence(s.instr_id, s.prompt_len, s.ids) for s in read_shard(src)]
+        write_shard(dest, int(src.stem.split("-")[1]), seqs)
+    meta = recount(dest, Meta.read(data_dir))
+    meta.write(dest)
+    return meta
