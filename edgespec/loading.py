@@ -346,7 +346,11 @@ def check_trimmable(model: nn.Module, name: str = "model") -> None:
 def _pair_specs(
     target: str | None, draft: str | None, pair: str | None, cat: Catalog
 ) -> tuple[str, str | None, str | None]:
-    """(target spec, draft spec or None, pair name or None): explicit models override the pair."""
+    """(target spec, draft spec or None, pair name or None): explicit models override the pair.
+
+    A pair name given as the target (`--target smollm2-135m`) means that pair."""
+    if pair is None and target in cat.pairs and target not in cat.models:
+        pair, target = target, None
     base = cat.pair(pair) if (pair is not None or target is None) else None
     target_spec = target or base.target  # type: ignore[union-attr]
     draft_spec = draft or (base.draft if base is not None else None)

@@ -263,3 +263,18 @@ def test_load_pair_rejects_mismatched_tokenizers(pair_dir, tmp_path):
     other, _ = make_tiny_pair(tmp_path / "other", seed=5)
     with pytest.raises(TokenizerMismatchError, match=str(other)):
         loading.load_pair(str(pair_dir[0]), str(other))
+
+
+def test_pair_name_given_as_target_means_that_pair():
+    from edgespec.catalog import load_catalog
+    from edgespec.loading import _pair_specs
+
+    cat = load_catalog()
+    assert _pair_specs("smollm2-135m", None, None, cat) == (
+        "smollm2-135m-instruct",
+        "smollm2-135m-draft",
+        "smollm2-135m",
+    )
+    # a model name stays a model; an explicit draft still overrides the pair's
+    assert _pair_specs("smollm2-135m-instruct", None, None, cat)[1] is None
+    assert _pair_specs("smollm2-135m", "/some/draft", None, cat)[1] == "/some/draft"
