@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, default=4096, help="tokens per micro-batch (padded)")
     g.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     g.add_argument("--lr", type=float, default=5e-4)
+    g.add_argument("--warmup", type=int, default=50, help="linear warm-up steps (default 50)")
     g.add_argument("--eval-every", type=int, default=100)
     g.add_argument("--ckpt-every", type=int, default=100)
     g = parser.add_argument_group("evaluation")
@@ -55,7 +56,7 @@ def command_line(a: argparse.Namespace) -> str:
         f"--instructions {a.instructions} --instruction-seed {a.instruction_seed} "
         f"--max-new-tokens {a.max_new_tokens} --temperature {a.temperature} "
         f"--greedy-fraction {a.greedy_fraction} --layers {a.layers} --head-size {a.head_size} "
-        f"--steps {a.steps} --batch {a.batch} --accum {a.accum} --lr {a.lr}"
+        f"--steps {a.steps} --batch {a.batch} --accum {a.accum} --lr {a.lr} --warmup {a.warmup}"
     )
 
 

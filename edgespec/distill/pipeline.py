@@ -35,6 +35,7 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
         batch_tokens=a.batch,
         accum=a.accum,
         lr=a.lr,
+        warmup=a.warmup,
         eval_every=a.eval_every,
         ckpt_every=a.ckpt_every,
     )
