@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from edgespec.tiny import make_tiny_pair
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.cli import run_edgespec
 
 
 def edgespec(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "edgespec", "generate", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return run_edgespec("generate", *args)
 
 
 def models(pair: tuple[Path, Path]) -> list[str]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Finished, Token
+from tests.cli import run_edgespec
 
 pytestmark = pytest.mark.slow
 SHARED = Path(os.environ.get("EDGESPEC_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -72,23 +71,8 @@ def test_trained_draft_gets_tokens_accepted(engine):
 
 
 def test_generate_cli_streams_all_token_kinds_on_default_pair():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edgespec",
-            "generate",
-            mt_bench_prompts(1)[0],
-            "--json",
-            "--max-tokens",
-            "48",
-            "-k",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    prompt = mt_bench_prompts(1)[0]
+    out = run_edgespec("generate", prompt, "--json", "--max-tokens", "48", "-k", "4", timeout=600)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     kinds = {r["kind"] for r in rows if r["type"] == "token"}
@@ -98,22 +82,7 @@ def test_generate_cli_streams_all_token_kinds_on_default_pair():
 
 
 def test_verify_cli_finds_no_bias_on_default_pair():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edgespec",
-            "verify",
-            "--temp",
-            "1.0",
-            "--rounds",
-            "20000",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = run_edgespec("verify", "--temp", "1.0", "--rounds", "20000", "--json", timeout=600)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["p_value"] > 1e-4

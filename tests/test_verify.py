@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -15,8 +12,8 @@ from scipy.stats import chi2
 
 from edgespec.config import SamplingConfig
 from edgespec.verify import chi2_sf, chi_square, last_distributions, simulate, verify_pair
+from tests.cli import run_edgespec
 
-ROOT = Path(__file__).resolve().parents[1]
 HOT = SamplingConfig(temperature=2.5, seed=0)
 
 
@@ -56,15 +53,7 @@ def test_chi2_survival_function_matches_scipy(x, dof):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "edgespec", "verify", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    return run_edgespec("verify", *args)
 
 
 def test_cli_json(tiny_pair):
