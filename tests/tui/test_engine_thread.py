@@ -36,17 +36,20 @@ def test_batcher_bounds_the_message_rate_and_keeps_order() -> None:
     batcher.start()
     t0 = time.monotonic()
     n = 0
-    while time.monotonic() - t0 < 0.5:  # a "model" committing a token every ~0.1 ms
-        batcher.put(1, Token(n, f"t{n} ", "accepted", n))
-        n += 1
-        time.sleep(0.0001)
+    for _ in range(40):  # a "model" committing tokens in bursts, far faster than the UI rate
+        for _ in range(25):
+            batcher.put(1, Token(n, f"t{n} ", "accepted", n))
+            n += 1
+        time.sleep(0.002)  # the sleep may last much longer on a loaded machine: nothing below assumes it
     batcher.put(1, Finished("stop", _stats(), ""))
-    assert inbox.done.wait(5)
+    assert inbox.done.wait(10)
     elapsed = time.monotonic() - t0
     batches = [m for m in inbox.items if isinstance(m, StreamBatch)]
     assert isinstance(inbox.items[-1], TurnFinished)
     assert [t.id for b in batches for t in b.tokens] == list(range(n))
-    assert n > 500 and len(batches) <= elapsed / 0.05 + 2
+    # at most one message per interval (plus the first and the final flush), whatever the timing
+    assert len(batches) <= elapsed / 0.05 + 2
+    assert len(batches) < n // 10  # tokens really were merged
     batcher.close()
 
 
