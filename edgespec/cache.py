@@ -57,9 +57,12 @@ class KVState:
         """Positions held by the cache (a Python int: reading it never syncs the device)."""
         return int(self.cache[0].offset)
 
-    def forward(self, inputs: mx.array) -> mx.array:
+    def forward(self, inputs: mx.array, head_only: bool = False) -> mx.array:
         """inputs [L] int32 -> logits [L, V] (lazy). Appends L positions to the cache; the caller
-        must `rewind` afterwards so that `tokens` matches again."""
+        must `rewind` afterwards so that `tokens` matches again. `head_only`: a reduced-head draft's
+        logits over its head columns, [L, H] (see draft_model.DraftModel.head_logits)."""
+        if head_only:
+            return self.model.head_logits(inputs[None], cache=self.cache)[0]
         return self.model(inputs[None], cache=self.cache)[0]
 
     def rewind(self, context: list[int], keep: int) -> None:

@@ -18,7 +18,7 @@ import mlx.core as mx
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
-from edgespec.loop import Drafter, ModelDrafter, Proposal, fit_vocab
+from edgespec.loop import Drafter, ModelDrafter, Proposal
 from edgespec.ngram import NgramDrafter
 from edgespec.sampling import sample, uniforms, warp
 
@@ -46,18 +46,20 @@ class ConfidentDrafter(ModelDrafter):
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
         for i in range(k):
-            logits = fit_vocab(self.state.forward(inputs)[-1], self.vocab)
+            logits = self._logits(inputs)
             q = mx.softmax(logits.astype(mx.float32)) if u is None else warp(logits, self.sampling)
             if mx.max(q).item() < self.stop_below:
                 break
             tok = mx.argmax(logits).astype(mx.int32) if u is None else sample(q, u[i])
+            if self.head_ids is not None:
+                tok = self.head_ids[tok]
             if u is not None:
                 rows.append(q)
             tokens.append(tok)
             inputs = tok.reshape(1)
         if not tokens:
             return Proposal(mx.array([], dtype=mx.int32), None)
-        return Proposal(mx.stack(tokens), mx.stack(rows) if rows else None)
+        return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
 
 
 class HybridDrafter:

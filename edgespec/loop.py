@@ -88,28 +88,52 @@ class ModelDrafter:
     Its cache holds a prefix of the context; the tokens after it (`pending`) are fed at the start of
     the next proposal. Usually one token, two after a bonus round: the draft never ran its K-th
     drafted token, which the target then accepted.
+
+    A draft with a reduced output head (EdgeSpec's own drafts: `head_logits` + `head_ids`) is run
+    head-only: argmax, warp and sampling over its H head columns instead of the full vocabulary,
+    and q is scattered to the vocabulary once per round. Same tokens and same q as the full-width
+    path (off-head tokens have q = 0 either way; head ids are sorted, so the inverse-CDF sample and
+    the argmax tie-break pick the same token), for a fraction of the per-token work.
     """
 
     method = "draft"
 
     def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int):
         self.state, self.sampling, self.vocab = state, sampling, vocab
+        head_ids = getattr(state.model, "head_ids", None)
+        self.head_ids = head_ids if hasattr(state.model, "head_logits") else None
+
+    def _logits(self, inputs: mx.array) -> mx.array:
+        if self.head_ids is not None:
+            return self.state.forward(inputs, head_only=True)[-1]
+        return fit_vocab(self.state.forward(inputs)[-1], self.vocab)
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         inputs = mx.array(context[self.state.offset :], dtype=mx.int32)
         u = None if self.sampling.greedy else uniforms(key, k)
+        ids = self.head_ids
         tokens, rows = [], []
         for i in range(k):
-            logits = fit_vocab(self.state.forward(inputs)[-1], self.vocab)
+            logits = self._logits(inputs)
             if u is None:
                 tok = mx.argmax(logits).astype(mx.int32)
             else:
                 rows.append(warp(logits, self.sampling))
                 tok = sample(rows[-1], u[i])
+            if ids is not None:
+                tok = ids[tok]
             tokens.append(tok)
             inputs = tok.reshape(1)
             mx.async_eval(tok)
-        return Proposal(mx.stack(tokens), mx.stack(rows) if rows else None)
+        return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
+
+    def _full_q(self, rows: list[mx.array]) -> mx.array:
+        q = mx.stack(rows)
+        if self.head_ids is None:
+            return q
+        full = mx.zeros((q.shape[0], self.vocab), dtype=q.dtype)
+        full[:, self.head_ids] = q
+        return full
 
     def commit(self, context: list[int]) -> None:
         self.state.rewind(context, min(self.state.offset, len(context) - 1))

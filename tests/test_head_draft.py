@@ -1,0 +1,96 @@
+"""Reduced-head drafts (EdgeSpec's own DraftModel) are drafted head-only: argmax, warp and sampling
+over the H head columns. The proposal (tokens and the full-vocabulary q) must equal the full-width
+path through `DraftModel.__call__` (-inf off the head), and greedy output must equal plain decoding."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from edgespec.cache import KVState
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.distill.build import build_draft
+from edgespec.drafters import ConfidentDrafter
+from edgespec.events import Token
+from edgespec.loop import ModelDrafter
+from edgespec.runtime import Engine
+from edgespec.sampling import make_key, round_keys
+
+PROMPT = "the quick brown fox jumps over the lazy dog and then"
+
+
+@pytest.fixture(scope="module")
+def head_pair(tiny_models):
+    """(target record, draft record): the draft is target layers 0 and 3 + a 1/3-vocabulary head."""
+    target, _ = tiny_models
+    cfg = json.loads((target.path / "config.json").read_text())
+    vocab = int(cfg["vocab_size"])
+    head = np.sort(np.random.default_rng(1).choice(vocab, size=vocab // 3, replace=False))
+    draft, _ = build_draft(target.model, cfg, [0, 3], head.astype(np.int32), "tiny")
+    record = SimpleNamespace(
+        model=draft, tokenizer=target.tokenizer, name="head-draft", path=target.path,
+        context_window=target.context_window,
+    )  # fmt: skip
+    return target, record
+
+
+def _drafters(draft_model, vocab: int, sampling: SamplingConfig, prompt: list[int], cls, **kw):
+    """The same draft twice: head-only (default) and forced through the full-width logits."""
+    out = []
+    for head_only in (True, False):
+        state = KVState(draft_model, "draft")
+        state.prefill(prompt)
+        d = cls(state, sampling, vocab, **kw)
+        assert (d.head_ids is not None) is True
+        if not head_only:
+            d.head_ids = None
+        out.append(d)
+    return out
+
+
+SAMPLINGS = [
+    SamplingConfig(temperature=0.0),
+    SamplingConfig(temperature=1.0, seed=3),
+    SamplingConfig(temperature=0.7, top_p=0.9, seed=4),
+    SamplingConfig(temperature=1.2, top_k=20, min_p=0.05, seed=5),
+]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "t1", "top-p", "top-k-min-p"])
+@pytest.mark.parametrize("cls", [ModelDrafter, ConfidentDrafter])
+def test_head_only_proposals_equal_the_full_width_path(head_pair, sampling, cls):
+    target, draft = head_pair
+    vocab = int(target.model.args.vocab_size)
+    prompt = target.tokenizer.encode(PROMPT)
+    kw = {"stop_below": 0.0} if cls is ConfidentDrafter else {}
+    fast, full = _drafters(draft.model, vocab, sampling, prompt, cls, **kw)
+    context, key = list(prompt), make_key(sampling.seed)
+    for _ in range(6):
+        key, draft_key, _ = round_keys(key)
+        a, b = fast.propose(context, 4, draft_key), full.propose(context, 4, draft_key)
+        assert a.tokens.tolist() == b.tokens.tolist()
+        assert set(a.tokens.tolist()) <= set(np.array(draft.model.head_ids).tolist())
+        if sampling.greedy:
+            assert a.q is None and b.q is None
+        else:
+            assert a.q.shape == b.q.shape == (4, vocab)
+            assert mx.allclose(a.q, b.q, atol=1e-6).item()
+        context += a.tokens.tolist()[:2]  # commit two drafted tokens, as a partial acceptance
+        for d in (fast, full):
+            d.commit(context)
+
+
+def test_head_draft_greedy_output_equals_plain_decoding(head_pair):
+    engine = Engine(*head_pair)
+    ids = engine.encode_raw(PROMPT)
+
+    def run(spec: SpecConfig) -> list[int]:
+        cfg = GenerationConfig(sampling=SamplingConfig(temperature=0.0), spec=spec, max_tokens=40)
+        return [e.id for e in engine.generate(ids, cfg) if isinstance(e, Token)]
+
+    plain = run(SpecConfig(method="none"))
+    assert run(SpecConfig(k=3)) == plain and len(plain) == 40
