@@ -1,9 +1,9 @@
 """EdgeSpec: exact speculative decoding on MLX.
 
-    from edgespec import Engine, GenerationConfig, SamplingConfig, SpecConfig
-    engine = Engine.load()                      # the embedded default pair
-    for event in engine.chat([{"role": "user", "content": "Hi"}], GenerationConfig()):
-        ...                                     # Token / Round / Finished records (edgespec.events)
+from edgespec import Engine, GenerationConfig, SamplingConfig, SpecConfig
+engine = Engine.load()                      # the embedded default pair
+for event in engine.chat([{"role": "user", "content": "Hi"}], GenerationConfig()):
+    ...                                     # Token / Round / Finished records (edgespec.events)
 """
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig

@@ -3,7 +3,10 @@
 Closed form (Leviathan et al.): with per-token acceptance alpha, a round drafting K tokens commits
 E[tokens](K) = (1 - alpha^(K+1)) / (1 - alpha) on average, and takes T(K) = K * c + v(K + 1)
 seconds, where c is one draft step and v(L) a target forward verifying L tokens (the pending token
-plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 1..k_max.
+plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is a plain target step
+(1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
+to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
+while drafting keeps losing) so the estimates can notice the draft becoming useful again.
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
@@ -26,17 +29,26 @@ COST_WEIGHT = 0.3  # weight of the newest timing in the cost EMAs
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L
 # have been measured. FACTS.md: an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
 PRIOR_VERIFY_SLOPE = 0.1
+PROBE_EVERY = 8  # plain rounds before the first probe round
+PROBE_MAX = 64  # longest gap between probes
 
 
-def best_k(alpha: float, draft_cost: float, verify_time: Callable[[int], float], k_max: int) -> int:
-    """argmax over K in 1..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1));
-    the smallest K wins ties.
+def best_k(
+    alpha: float,
+    draft_cost: float,
+    verify_time: Callable[[int], float],
+    k_max: int,
+    k_min: int = 1,
+) -> int:
+    """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1));
+    the smallest K wins ties. K = 0 (k_min=0) is a plain step: 1 / verify_time(1).
 
     Example: alpha 0.8, c 0.1, v(L) = 1 + 0.05 (L - 1): tokens/time for K = 1..6 is 1.565, 1.877,
-    2.036, 2.101, 2.108, 2.080 -> K = 5.
+    2.036, 2.101, 2.108, 2.080 -> K = 5. With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0,
+    K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
     """
-    best, best_rate = 1, -1.0
-    for k in range(1, k_max + 1):
+    best, best_rate = k_min, -1.0
+    for k in range(k_min, k_max + 1):
         rate = expected_tokens_per_round(alpha, k) / (k * draft_cost + verify_time(k + 1))
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = k, rate
@@ -98,16 +110,20 @@ class AdaptiveK:
     model differ in both cost and acceptance; the verify cost belongs to the target and is shared.
     The choice for the next round uses the estimates of the method that drafted the last one (a
     hybrid drafter tends to stay with one method for a while). Until both costs of that method
-    have been measured it returns k_init.
+    have been measured it returns k_init. allow_plain: K = 0 (no drafting) may be chosen, with
+    probe rounds (the best K >= 1) after PROBE_EVERY.. PROBE_MAX plain rounds.
     """
 
-    def __init__(self, k_init: int = 4, k_max: int = 8):
+    def __init__(self, k_init: int = 4, k_max: int = 8, allow_plain: bool = True):
         if not 1 <= k_init <= k_max:
             raise ValueError(f"need 1 <= k_init <= k_max, got {k_init}, {k_max}")
-        self.k_init, self.k_max = k_init, k_max
+        self.k_init, self.k_max, self.allow_plain = k_init, k_max, allow_plain
         self.estimates: dict[str, DrafterEstimate] = {}
         self.verify_means: dict[int, float] = {}  # verified tokens L -> EMA seconds
         self.chosen: list[int] = []
+        self._method: str | None = None  # who drafted the latest round that drafted
+        self._plain_run = 0  # K = 0 rounds since the last round that drafted
+        self._probe_gap = PROBE_EVERY
 
     def observe(self, r: Round) -> None:
         est = self.estimates.setdefault(r.method, DrafterEstimate())
@@ -121,12 +137,23 @@ class AdaptiveK:
         if est is None or est.draft_cost is None or not self.verify_means:
             return self.k_init
         a, b = fit_verify_line(self.verify_means)
-        return best_k(est.alpha, est.draft_cost, lambda L: a + b * (L - 1), self.k_max)
+        args = (est.alpha, est.draft_cost, lambda L: a + b * (L - 1), self.k_max)
+        k = best_k(*args, k_min=0 if self.allow_plain else 1)
+        if k > 0:
+            self._plain_run, self._probe_gap = 0, PROBE_EVERY
+            return k
+        self._plain_run += 1
+        if self._plain_run <= self._probe_gap:
+            return 0
+        self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
+        return best_k(*args, k_min=1)  # probe: draft once to refresh alpha and c
 
     def __call__(self, last: Round | None) -> int:
         if last is not None:
             self.observe(last)
-        k = self.choose(last.method if last is not None else None)
+            if last.drafted > 0:
+                self._method = last.method
+        k = self.choose(self._method if last is not None else None)
         self.chosen.append(k)
         return k
 

@@ -18,7 +18,7 @@ import mlx.core as mx
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
-from edgespec.loop import Drafter, ModelDrafter, Proposal
+from edgespec.loop import Drafter, ModelDrafter, Proposal, no_proposal
 from edgespec.ngram import NgramDrafter
 from edgespec.sampling import sample, uniforms, warp
 
@@ -58,7 +58,7 @@ class ConfidentDrafter(ModelDrafter):
             tokens.append(tok)
             inputs = tok.reshape(1)
         if not tokens:
-            return Proposal(mx.array([], dtype=mx.int32), None)
+            return no_proposal()
         return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
 
 
@@ -66,12 +66,24 @@ class HybridDrafter:
     """Drafter: n-gram lookup when the last >= min_match tokens occurred before, else the model.
 
     `method` names the drafter of the latest proposal ("ngram" or "draft"), so Round events say
-    who drafted each round.
+    who drafted each round. `propose_free` is the lookup alone (up to `free_k` tokens): the loop
+    uses it in rounds where an adaptive K policy switched drafting off (K = 0), because a lookup
+    costs next to nothing and a match is often accepted.
     """
 
-    def __init__(self, ngram: NgramDrafter, model: Drafter, min_match: int = HYBRID_MIN_MATCH):
-        self.ngram, self.model, self.min_match = ngram, model, min_match
+    def __init__(
+        self,
+        ngram: NgramDrafter,
+        model: Drafter,
+        min_match: int = HYBRID_MIN_MATCH,
+        free_k: int = 4,
+    ):
+        self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.method = "draft"
+
+    def propose_free(self, context: list[int], key: mx.array) -> Proposal:
+        self.method = "ngram"
+        return self.ngram.propose_min(context, self.free_k, self.min_match)
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         prop = self.ngram.propose_min(context, k, self.min_match)
@@ -115,4 +127,4 @@ def build_drafter(
     if spec.method == "draft":
         return model
     min_match = max(spec.ngram_min, min(HYBRID_MIN_MATCH, spec.ngram_max))
-    return HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), model, min_match)
+    return HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), model, min_match, spec.k)

@@ -50,6 +50,14 @@ class Drafter(Protocol):
         """Called after every round with the committed context: roll back anything past it."""
         ...
 
+    # Optional: `propose_free(context, key) -> Proposal`, a proposal that costs next to nothing
+    # (an n-gram lookup), made in rounds where the K policy chose K = 0 (HybridDrafter has one).
+
+
+def no_proposal() -> Proposal:
+    """K = 0: nothing drafted, the round is a plain target step."""
+    return Proposal(mx.array([], dtype=mx.int32), None)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -191,12 +199,17 @@ def speculate(
             if cancel is not None and cancel.is_set():
                 yield Step([], [], stop="cancelled")
                 return
-            k = max(1, min(choose_k(last), limits.context_window - len(context)))
+            k = max(0, min(choose_k(last), limits.context_window - len(context)))
             key, draft_key, verify_key = round_keys(key)
             t0 = time.perf_counter()
-            prop = drafter.propose(context, k, draft_key)
+            if k > 0:
+                prop = drafter.propose(context, k, draft_key)
+            else:  # drafting is off this round; a drafter may still offer a free lookup
+                free = getattr(drafter, "propose_free", None)
+                prop = free(context, draft_key) if free is not None else no_proposal()
             mx.eval([a for a in (prop.tokens, prop.q) if a is not None])
             d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop)
+            k = max(k, d)  # a free lookup at K = 0 reports the K it used
             t1 = time.perf_counter()
             out = _verify_round(target, context, prop, d, cfg, verify_key)
             n, nxt = out[d], out[d + 1]

@@ -117,6 +117,20 @@ def test_best_k_closed_form(alpha, c, a, b, k_max, want):
     assert best_k(alpha, c, _line(a, b), k_max) == want
 
 
+@pytest.mark.parametrize(
+    "alpha,c,a,b,want",
+    [
+        (0.1, 0.3, 1.0, 0.05, 0),  # K=0: 1.0; K=1: 1.1 / 1.35 = 0.815 -> plain
+        (0.0, 0.0, 1.0, 0.0, 0),  # free but useless drafts tie with plain: the smaller K wins
+        (0.8, 0.1, 1.0, 0.05, 5),  # a good draft: as without K = 0
+        # K=1: 1.5 / (0.2 + 1.05) = 1.2 beats plain's 1.0
+        (0.5, 0.2, 1.0, 0.05, 1),
+    ],
+)
+def test_best_k_may_choose_a_plain_step(alpha, c, a, b, want):
+    assert best_k(alpha, c, _line(a, b), 8, k_min=0) == want
+
+
 def test_best_k_is_the_argmax_of_the_closed_form():
     for alpha in np.linspace(0.05, 0.95, 10):
         for c in (0.02, 0.1, 0.3):
@@ -153,15 +167,39 @@ def test_adaptive_k_learns_alpha_and_costs_and_picks_the_closed_form_optimum():
 
 
 def test_adaptive_k_moves_with_acceptance():
-    high, low = AdaptiveK(4, 8), AdaptiveK(4, 8)
+    high, low = AdaptiveK(4, 8), AdaptiveK(4, 8, allow_plain=False)
     for i in range(30):
         kh = high(_round(i, 4, 4, 4, 0.004, 0.1 + 0.004 * 4))  # everything accepted, cheap draft
         kl = low(_round(i, 4, 0, 4, 0.04, 0.1 + 0.01 * 4))  # nothing accepted, costly draft
     assert kh == 8 and kl == 1
 
 
-def test_adaptive_k_keeps_estimates_per_method():
+def test_adaptive_k_switches_a_useless_draft_off_and_probes_with_doubling_gaps():
     policy = AdaptiveK(4, 8)
+    chosen = [policy(None)]
+    for i in range(200):  # a draft that is never accepted and costs 40% of a target step
+        k = chosen[-1]
+        chosen.append(policy(_round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k)))
+    drafted = [i for i, k in enumerate(chosen) if k > 0]
+    assert chosen[0] == 4 and chosen[1] == 0  # one measured round is enough to turn it off
+    gaps = np.diff(drafted).tolist()  # between drafting rounds: 8, 16, 32, 64, 64 plain rounds
+    assert gaps[:5] == [9, 17, 33, 65, 65], gaps
+    assert all(chosen[i] == 1 for i in drafted[1:])  # probes draft the best K >= 1
+
+
+def test_adaptive_k_turns_drafting_back_on_when_probes_succeed():
+    policy = AdaptiveK(4, 8)
+    k = policy(None)
+    for i in range(20):  # useless draft first ...
+        k = policy(_round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k))
+    assert k == 0 or policy.chosen[-2] == 0
+    for i in range(20, 120):  # ... then every drafted token is accepted and drafting is cheap
+        k = policy(_round(i, k, k, k, 0.002 * k, 0.1 + 0.005 * k))
+    assert policy.chosen[-10:] == [8] * 10
+
+
+def test_adaptive_k_keeps_estimates_per_method():
+    policy = AdaptiveK(4, 8, allow_plain=False)
     for i in range(20):
         policy(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
     k_ngram = policy(_round(20, 3, 3, 4, 1e-5, 0.13, method="ngram"))
@@ -242,7 +280,44 @@ def test_adaptive_round_events_record_the_chosen_k(tiny_models):
     events = _gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 40, k_policy=policy)
     rounds = _rounds(events)
     assert [r.k for r in rounds] == policy.chosen[: len(rounds)]
-    assert rounds[0].k == 2 and all(1 <= r.k <= 7 for r in rounds)
+    assert rounds[0].k == 2 and all(0 <= r.k <= 7 for r in rounds)
+    assert all(r.drafted == 0 and r.accepted == 0 for r in rounds if r.k == 0)  # plain steps
+
+
+@pytest.mark.parametrize("method", ["draft", "hybrid"])
+def test_k0_rounds_are_plain_steps_and_output_stays_exact(tiny_models, method):
+    """A policy alternating K = 0 and K = 3: greedy output still equals plain decoding, K = 0 rounds
+    of the draft method commit one "target" token without drafting, and the draft cache (which
+    lags behind during K = 0 rounds) catches up."""
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 48))
+    calls = iter(range(1000))
+    events = _gen(engine, ids, SpecConfig(k=3, method=method), 48,
+                  k_policy=lambda last: 0 if next(calls) % 2 else 3)  # fmt: skip
+    assert _ids(events) == plain
+    rounds = _rounds(events)
+    assert {r.k for r in rounds} >= ({0, 3} if method == "draft" else {3})
+    tokens = [e for e in events if isinstance(e, Token)]
+    kinds_of_k0 = {t.kind for t, r in _token_rounds(events) if r.k == 0}
+    if method == "draft":
+        assert kinds_of_k0 == {"target"} and all(r.drafted == 0 for r in rounds if r.k == 0)
+    else:  # hybrid: K = 0 rounds still look up n-grams (k reports the lookup's length)
+        assert any(r.method == "ngram" and r.drafted > 0 for r in rounds)
+    assert len(tokens) == 48
+    assert engine._draft.offset == len(engine._draft.tokens)
+
+
+def _token_rounds(events):
+    """(token, the round that committed it) pairs: a Round follows its round's tokens."""
+    out, pending = [], []
+    for e in events:
+        if isinstance(e, Token):
+            pending.append(e)
+        elif isinstance(e, Round):
+            out += [(t, e) for t in pending]
+            pending = []
+    return out
 
 
 # ---------------------------------------------------------------------------- hybrid caches

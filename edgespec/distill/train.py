@@ -40,7 +40,9 @@ class TrainConfig:
     lr: float = 5e-4
     min_lr_ratio: float = 0.1
     warmup: int = 50
-    weight_decay: float = 0.01
+    weight_decay: float = 0.0
+    beta2: float = 0.95
+    bias_correction: bool = True
     eval_every: int = 100
     ckpt_every: int = 100
     max_len: int = 512
@@ -159,7 +161,14 @@ def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
         ],
         [warm],
     )
-    return optim.AdamW(learning_rate=schedule, weight_decay=cfg.weight_decay)
+    # MLX's AdamW skips bias correction by default; with few steps that inflates early updates
+    # (m/sqrt(v) is ~3x too large at step 1) and made the first drafts' loss spike.
+    return optim.AdamW(
+        learning_rate=schedule,
+        betas=[0.9, cfg.beta2],
+        weight_decay=cfg.weight_decay,
+        bias_correction=cfg.bias_correction,
+    )
 
 
 def split_data(seqs: list[Sequence], meta: Meta) -> tuple[list[Sequence], list[Sequence]]:
