@@ -49,6 +49,12 @@ def test_no_spec_raw_matches_speculative_greedy(tiny_pair):
     assert ids(plain) == ids(spec)
     kinds = {x.get("kind") for x in map(json.loads, plain.stdout.splitlines())}
     assert kinds == {"target", None}
+    flags = ["--method", "ngram", "--ngram-min", "2", "--ngram-max", "3", "--adaptive"]
+    lookup = edgespec(*args, *flags, "--k-max", "6")
+    assert lookup.returncode == 0, lookup.stderr
+    assert ids(lookup) == ids(plain)
+    rounds = [x for x in map(json.loads, lookup.stdout.splitlines()) if x["type"] == "round"]
+    assert rounds and all(0 <= r["k"] <= 6 for r in rounds)
 
 
 def test_text_output_and_summary_line(tiny_pair):
@@ -81,6 +87,7 @@ BAD = {
     "empty-prompt": ([""], "empty"),
     "blank-raw-prompt": (["  ", "--raw"], "empty"),
     "too-long": (["the cat " * 400, "--raw"], "context"),
+    "ngram-min-above-max": (["x", "--ngram-min", "3", "--ngram-max", "2"], "ngram-min"),
 }
 
 

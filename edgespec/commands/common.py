@@ -54,7 +54,18 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         help="who drafts: the draft model, n-gram prompt lookup, or both",
     )
     g.add_argument(
-        "--adaptive", action="store_true", help="choose K each round from the measured costs"
+        "--adaptive",
+        action="store_true",
+        help="choose K (0 = plain step) each round from the measured costs",
+    )
+    g.add_argument(
+        "--k-max", type=int, default=8, help="largest K --adaptive may choose (default 8)"
+    )
+    g.add_argument(
+        "--ngram-min", type=int, default=1, help="shortest n-gram suffix looked up (default 1)"
+    )
+    g.add_argument(
+        "--ngram-max", type=int, default=4, help="longest n-gram suffix looked up (default 4)"
     )
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
 
@@ -67,7 +78,14 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     method = "none" if getattr(args, "no_spec", False) else getattr(args, "method", "draft")
-    return SpecConfig(k=args.k, method=method, adaptive=getattr(args, "adaptive", False))
+    return SpecConfig(
+        k=args.k,
+        method=method,
+        adaptive=getattr(args, "adaptive", False),
+        k_max=max(getattr(args, "k_max", 8), args.k),
+        ngram_min=getattr(args, "ngram_min", 1),
+        ngram_max=getattr(args, "ngram_max", 4),
+    )
 
 
 def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
