@@ -3,7 +3,9 @@
 The draft scores only `head_ids` (the target's most frequent output tokens); every other token gets
 q = 0. Exactness does not need q to cover the vocabulary: the residual max(0, p - q) covers the rest.
 Files on disk (config.json `model_type: "edgespec_draft"`, weights in safetensors):
-  model.embed_tokens.weight  [vocab, hidden]        (the target's own embedding, frozen in training)
+  model.embed_tokens.weight  [vocab, hidden]        (the target's own embedding, frozen in training;
+                                                     absent when config.edgespec.shared_embedding
+                                                     is true: the loader then uses the target's)
   model.layers.{i}.*         llama layers            (initialised from chosen target layers)
   model.norm.weight          [hidden]
   lm_head.weight             [head_size, hidden]
@@ -18,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
 MODEL_TYPE = "edgespec_draft"
@@ -68,9 +71,20 @@ def build(config: dict[str, Any]) -> DraftModel:
     return DraftModel(args, head_size)
 
 
-def load_draft(path: str | Path) -> tuple[DraftModel, dict[str, Any]]:
+def shares_embedding(config: dict[str, Any]) -> bool:
+    """True for drafts saved without an embedding: they use their target's (it was frozen in
+    training, so it is the same matrix; a shared module also saves memory and disk)."""
+    return bool(config.get("edgespec", {}).get("shared_embedding"))
+
+
+def load_draft(
+    path: str | Path, embedding: nn.Module | None = None
+) -> tuple[DraftModel, dict[str, Any]]:
     """Load a draft folder (config.json + *.safetensors). Quantized layers stay quantized here;
-    the loader decides whether to dequantize (CPU backend) or keep 4-bit (Metal/CUDA)."""
+    the loader decides whether to dequantize (CPU backend) or keep 4-bit (Metal/CUDA).
+
+    embedding: the target's input embedding module, required (and used as is, not copied) when
+    the draft shares it. Raises ValueError when it is missing or has the wrong shape."""
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     model = build(config)
@@ -85,17 +99,51 @@ def load_draft(path: str | Path) -> tuple[DraftModel, dict[str, Any]]:
             bits=q["bits"],
             class_predicate=lambda p, m: f"{p}.scales" in weights,
         )
-    model.load_weights(list(weights.items()), strict=True)
+    if shares_embedding(config):
+        _attach_embedding(model, config, embedding)
+        model.load_weights(list(weights.items()), strict=False)
+        own = {k for k, _ in tree_flatten(model.parameters()) if not k.startswith(EMBED)}
+        missing = sorted(own - set(weights))
+        if missing:
+            raise ValueError(f"missing weights: {', '.join(missing[:3])}")
+    else:
+        model.load_weights(list(weights.items()), strict=True)
     mx.eval(model.parameters())
     return model, config
 
 
-def save_draft(model: DraftModel, config: dict[str, Any], path: str | Path) -> None:
-    """Write config.json + model.safetensors (config must already carry `quantization` if quantized)."""
-    from mlx.utils import tree_flatten
+EMBED = "model.embed_tokens."
 
+
+def _attach_embedding(model: DraftModel, config: dict[str, Any], embedding: nn.Module | None):
+    if embedding is None:
+        raise ValueError(
+            "this draft shares its target's embedding; load it together with its target"
+        )
+    vocab = getattr(embedding, "num_embeddings", None) or embedding.weight.shape[0]
+    dims = getattr(embedding, "dims", None) or embedding.weight.shape[1]
+    want = (int(config["vocab_size"]), int(config["hidden_size"]))
+    if (int(vocab), int(dims)) != want:
+        target = config.get("edgespec", {}).get("target", "its target")
+        raise ValueError(
+            f"this draft shares the embedding of {target} ({want[0]} x {want[1]}); "
+            f"the target given has a {vocab} x {dims} embedding"
+        )
+    model.model.embed_tokens = embedding
+
+
+def input_embedding(model: nn.Module) -> nn.Module | None:
+    """A llama-style model's input embedding module (model.model.embed_tokens), if it has one."""
+    return getattr(getattr(model, "model", None), "embed_tokens", None)
+
+
+def save_draft(model: DraftModel, config: dict[str, Any], path: str | Path) -> None:
+    """Write config.json + model.safetensors (config must already carry `quantization` if quantized).
+    A draft that shares its target's embedding is written without it."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
+    if shares_embedding(config):
+        weights = {k: v for k, v in weights.items() if not k.startswith(EMBED)}
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

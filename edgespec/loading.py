@@ -24,6 +24,7 @@ from mlx.utils import tree_map
 
 from edgespec import paths
 from edgespec.catalog import Catalog, is_repo_id, load_catalog
+from edgespec.draft_model import input_embedding
 from edgespec.errors import (
     CacheNotTrimmableError,
     DownloadError,
@@ -231,7 +232,9 @@ def _read_config(path: Path) -> dict:
         raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {_one_line(e)}") from None
 
 
-def _load_weights(path: Path, config: dict) -> tuple[nn.Module, dict]:
+def _load_weights(
+    path: Path, config: dict, embedding: nn.Module | None = None
+) -> tuple[nn.Module, dict]:
     """Build the module from config and load its weights; any failure names the folder."""
     from mlx_lm.utils import load_model as mlx_load_model
 
@@ -241,7 +244,7 @@ def _load_weights(path: Path, config: dict) -> tuple[nn.Module, dict]:
         raise ModelLoadError(f"{path} has no *.safetensors weights")
     try:
         if config.get("model_type") == MODEL_TYPE:
-            return load_draft(path)
+            return load_draft(path, embedding)
         return mlx_load_model(path)
     except Exception as e:  # mlx / safetensors / mlx-lm raise many kinds, often multi-line
         raise ModelLoadError(f"cannot load weights from {path}: {_one_line(e)}") from None
@@ -267,9 +270,11 @@ def load_model(
     dequantize: bool | None = None,
     tokenizer_fallback: Path | None = None,
     catalog: Catalog | None = None,
+    embedding: nn.Module | None = None,
 ) -> LoadedModel:
     """Resolve and load one model for this backend.
 
+    embedding: the target's input embedding, for an EdgeSpec draft that shares it.
     quantize_bits: quantize an unquantized model to this many bits (GPU only; ignored when the
     model is dequantized for the CPU). dequantize: None = on the CPU backend only.
     tokenizer_fallback: folder whose tokenizer to use if `spec` ships none (e.g. a draft).
@@ -277,7 +282,7 @@ def load_model(
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     _report(on_progress, f"loading {spec}")
     config = _read_config(path)
-    model, config = _load_weights(path, config)
+    model, config = _load_weights(path, config, embedding)
     tokenizer = _load_tokenizer(path, config, tokenizer_fallback)
     if on_cpu() if dequantize is None else dequantize:
         dequantize_model(model)
@@ -395,6 +400,7 @@ def load_pair(
         on_progress=on_progress,
         tokenizer_fallback=t.path,
         catalog=cat,
+        embedding=input_embedding(t.model),
     )
     _report(on_progress, "checking the pair")
     check_tokenizers(t, d)

@@ -24,7 +24,7 @@ from edgespec.distill.train import (
     split_data,
     train,
 )
-from edgespec.draft_model import load_draft
+from edgespec.draft_model import input_embedding, load_draft
 from edgespec.tiny import make_tiny_pair
 
 N_INSTR = 120
@@ -209,7 +209,11 @@ def test_cli_end_to_end_exports_a_loadable_4bit_draft(
     ]  # fmt: skip
     assert main(argv) == 0
     assert main(argv) == 2  # a second run without --resume refuses to clobber the first
-    model, config = load_draft(out / "draft")
+    with pytest.raises(ValueError, match="shares its target's embedding"):
+        load_draft(out / "draft")  # the exported draft has no embedding of its own
+    model, config = load_draft(out / "draft", input_embedding(target.model))
+    assert model.model.embed_tokens is input_embedding(target.model)  # shared, not copied
+    assert not any("embed_tokens" in k for k in mx.load(str(out / "draft" / "model.safetensors")))
     assert config["quantization"] == {"group_size": 64, "bits": 4}
     assert config["num_hidden_layers"] == 2 and config["head_size"] == 96
     logits = np.array(model(mx.array([[5, 6, 7]])))[0, -1]

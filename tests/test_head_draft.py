@@ -94,3 +94,28 @@ def test_head_draft_greedy_output_equals_plain_decoding(head_pair):
 
     plain = run(SpecConfig(method="none"))
     assert run(SpecConfig(k=3)) == plain and len(plain) == 40
+
+
+def test_exported_draft_shares_the_target_embedding_through_load_pair(head_pair, tmp_path):
+    from edgespec.distill.export import Card, export_draft
+    from edgespec.errors import ModelLoadError
+    from edgespec.loading import load_pair
+    from edgespec.tiny import llama_config, random_llama_weights, write_model
+
+    target, draft = head_pair
+    cfg = json.loads((target.path / "config.json").read_text())
+    model, config = build_draft(target.model, cfg, [0, 3], np.array(draft.model.head_ids), "tiny")
+    card = Card("tiny", "test", 0, 0, 0, 0, [0, 3], int(config["head_size"]))
+    out = export_draft(model, config, tmp_path / "draft", card)
+    t, d = load_pair(target=str(target.path), draft=str(out))
+    assert d.model.model.embed_tokens is t.model.model.embed_tokens
+    ids = mx.array([[5, 6, 7, 8]])
+    assert mx.allclose(d.model(ids), model(ids), atol=1e-4).item()  # same draft, minus the copy
+
+    other_cfg = llama_config(int(cfg["vocab_size"]), 2, hidden=128)
+    other = write_model(
+        tmp_path / "other", other_cfg, random_llama_weights(other_cfg, 5), target.path
+    )
+    with pytest.raises(ModelLoadError) as e:
+        load_pair(target=str(other), draft=str(out))
+    assert "embedding" in str(e.value) and "\n" not in str(e.value)

@@ -36,21 +36,26 @@ class Card:
 
 
 def quantize(model: DraftModel, config: dict[str, Any]) -> dict[str, Any]:
-    """Quantize every Linear/Embedding whose input dim divides by 64, in place; return the
+    """Quantize every Linear whose input dim divides by 64 (not the embedding), in place; return the
     config with `quantization` set (what load_draft needs to rebuild the layers)."""
     g = QUANT["group_size"]
     nn.quantize(
         model,
         group_size=g,
         bits=QUANT["bits"],
-        class_predicate=lambda _p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % g == 0,
+        class_predicate=lambda p, m: (
+            hasattr(m, "to_quantized") and m.weight.shape[-1] % g == 0 and "embed_tokens" not in p
+        ),
     )
     return config | {"quantization": dict(QUANT)}
 
 
 def export_draft(model: DraftModel, config: dict[str, Any], out: Path, card: Card) -> Path:
-    """Quantize `model` (in place) and write OUT/{config.json, model.safetensors, README.md}."""
+    """Quantize `model` (in place) and write OUT/{config.json, model.safetensors, README.md}.
+    The embedding is the target's own (frozen in training), so it is not written: the loader
+    shares the target's (config.edgespec.shared_embedding)."""
     config = quantize(model, config)
+    config = config | {"edgespec": config.get("edgespec", {}) | {"shared_embedding": True}}
     out = Path(out)
     save_draft(model, config, out)
     (out / "README.md").write_text(model_card(card))
