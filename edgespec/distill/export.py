@@ -75,6 +75,8 @@ target's layers (target layers {", ".join(map(str, card.layers))}, renumbered fr
 target's own (frozen) token embedding and final norm, and a {card.head_size}-token output head
 over the tokens the target emits most. Tokens off the head get q = 0; the verification
 residual max(0, p - q) covers them, so output is unchanged. Weights: 4-bit, group size 64.
+The embedding is not stored here: it stayed frozen in training, so EdgeSpec loads this draft
+with its target and shares the target's embedding (load it through `edgespec` with its target).
 
 ## How it was made
 
