@@ -1,5 +1,5 @@
 """`edgespec distill` end to end on a tiny seeded target: instructions, resumable data shards,
-KL training that lowers the loss, bit-exact resume from a checkpoint, 4-bit export."""
+KL training that lowers the loss, bit-exact resume from a checkpoint, quantized export."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_cli_end_to_end_exports_a_loadable_4bit_draft(
         "distill", "--target", str(target.name), "--out", str(out), "--data", str(data_dir),
         "--tokens", "250", "--instructions", str(N_INSTR), "--max-new-tokens", "16",
         "--layers", "0,-1", "--head-size", "96", "--steps", "4", "--batch", "384",
-        "--eval-every", "2", "--ckpt-every", "2", "--warmup", "1",
+        "--eval-every", "2", "--ckpt-every", "2", "--warmup", "1", "--bits", "4",
     ]  # fmt: skip
     assert main(argv) == 0
     assert main(argv) == 2  # a second run without --resume refuses to clobber the first
@@ -222,7 +222,8 @@ def test_cli_end_to_end_exports_a_loadable_4bit_draft(
     assert np.isneginf(logits[~on]).all() and np.isfinite(logits[on]).all()
     card = (out / "draft" / "README.md").read_text()
     assert "edgespec distill --target" in card and "Apache-2.0" in card
-    assert "--warmup 1" in card  # the card's command reproduces the run
+    assert "--warmup 1" in card and "--bits 4" in card  # the card's command reproduces the run
+    assert "4-bit" in card
 
 
 def test_evaluate_reports_agreement_cost_and_identical_greedy_output(

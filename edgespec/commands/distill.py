@@ -1,4 +1,4 @@
-"""`edgespec distill`: generate data with the target -> train a draft -> export it (4-bit + card).
+"""`edgespec distill`: generate data with the target -> train a draft -> export it (quantized + card).
 
 Every stage resumes: data generation skips instructions already answered, training continues
 from OUT/train/latest with --resume, export rewrites OUT/draft from the final checkpoint.
@@ -43,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=int, default=50, help="linear warm-up steps (default 50)")
     g.add_argument("--eval-every", type=int, default=100)
     g.add_argument("--ckpt-every", type=int, default=100)
+    g.add_argument(
+        "--bits",
+        type=int,
+        default=8,
+        choices=(4, 6, 8),
+        help="weight bits of the exported draft (default 8: 4 bits cost agreement)",
+    )
     g = parser.add_argument_group("evaluation")
     g.add_argument("--prompts", help="path to mt_bench_question.jsonl (default ../shared/prompts)")
     g.add_argument("--n-prompts", type=int, default=20)
@@ -56,7 +63,8 @@ def command_line(a: argparse.Namespace) -> str:
         f"--instructions {a.instructions} --instruction-seed {a.instruction_seed} "
         f"--max-new-tokens {a.max_new_tokens} --temperature {a.temperature} "
         f"--greedy-fraction {a.greedy_fraction} --layers {a.layers} --head-size {a.head_size} "
-        f"--steps {a.steps} --batch {a.batch} --accum {a.accum} --lr {a.lr} --warmup {a.warmup}"
+        f"--steps {a.steps} --batch {a.batch} --accum {a.accum} --lr {a.lr} --warmup {a.warmup} "
+        f"--bits {a.bits}"
     )
 
 

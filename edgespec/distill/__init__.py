@@ -2,5 +2,5 @@
 
 Stages (each resumable): `data` (the target answers the project's own instructions, written as
 token shards), `train` (soft-label KL from the target onto a few of its own layers + a reduced
-head), `export` (4-bit draft folder + model card), `evaluate` (agreement, acceptance, speed).
+head), `export` (quantized draft folder + model card), `evaluate` (agreement, acceptance, speed).
 """

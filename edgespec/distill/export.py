@@ -1,5 +1,7 @@
-"""Export a trained draft: 4-bit (group 64) safetensors + config.json (draft_model format) + a
-model card (README.md) that says exactly how it was made and how good it measured."""
+"""Export a trained draft: quantized (default 8-bit, group 64) safetensors + config.json
+(draft_model format) + a model card (README.md) that says exactly how it was made and how good it
+measured. 8 bits by default because 4 bits measurably cost the embedded draft agreement (held-out
+0.392 fp32, 0.391 8-bit, 0.388 6-bit, 0.342 4-bit); the draft is small either way."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ import mlx.nn as nn
 
 from edgespec.draft_model import DraftModel, save_draft
 
-QUANT = {"group_size": 64, "bits": 4}
+GROUP_SIZE = 64
+DEFAULT_BITS = 8
+BITS = (4, 6, 8)
 
 
 @dataclass(frozen=True)
 class Card:
     """What the model card reports. `quality` maps a metric name to its value (e.g. held-out
-    agreement fp32 / 4-bit); `curve` rows are {step, tokens_seen, agreement, ...}."""
+    agreement fp32 / quantized); `curve` rows are {step, tokens_seen, agreement, ...}."""
 
     target: str
     command: str
@@ -27,6 +31,7 @@ class Card:
     steps: int
     layers: list[int]
     head_size: int
+    bits: int = DEFAULT_BITS
     quality: dict[str, float] = field(default_factory=dict)
     curve: list[dict[str, float]] = field(default_factory=list)
     licence: str = (
@@ -35,26 +40,26 @@ class Card:
     )
 
 
-def quantize(model: DraftModel, config: dict[str, Any]) -> dict[str, Any]:
+def quantize(model: DraftModel, config: dict[str, Any], bits: int = DEFAULT_BITS) -> dict[str, Any]:
     """Quantize every Linear whose input dim divides by 64 (not the embedding), in place; return the
     config with `quantization` set (what load_draft needs to rebuild the layers)."""
-    g = QUANT["group_size"]
+    g = GROUP_SIZE
     nn.quantize(
         model,
         group_size=g,
-        bits=QUANT["bits"],
+        bits=bits,
         class_predicate=lambda p, m: (
             hasattr(m, "to_quantized") and m.weight.shape[-1] % g == 0 and "embed_tokens" not in p
         ),
     )
-    return config | {"quantization": dict(QUANT)}
+    return config | {"quantization": {"group_size": g, "bits": bits}}
 
 
 def export_draft(model: DraftModel, config: dict[str, Any], out: Path, card: Card) -> Path:
     """Quantize `model` (in place) and write OUT/{config.json, model.safetensors, README.md}.
     The embedding is the target's own (frozen in training), so it is not written: the loader
     shares the target's (config.edgespec.shared_embedding)."""
-    config = quantize(model, config)
+    config = quantize(model, config, card.bits)
     config = config | {"edgespec": config.get("edgespec", {}) | {"shared_embedding": True}}
     out = Path(out)
     save_draft(model, config, out)
@@ -74,7 +79,7 @@ A small draft model for exact speculative decoding with EdgeSpec: {len(card.laye
 target's layers (target layers {", ".join(map(str, card.layers))}, renumbered from 0), the
 target's own (frozen) token embedding and final norm, and a {card.head_size}-token output head
 over the tokens the target emits most. Tokens off the head get q = 0; the verification
-residual max(0, p - q) covers them, so output is unchanged. Weights: 4-bit, group size 64.
+residual max(0, p - q) covers them, so output is unchanged. Weights: {card.bits}-bit, group size 64.
 The embedding is not stored here: it stayed frozen in training, so EdgeSpec loads this draft
 with its target and shares the target's embedding (load it through `edgespec` with its target).
 

@@ -73,22 +73,22 @@ def run_pipeline(a: argparse.Namespace, command: str, *, progress: bool = True) 
         progress=progress,
     )
     result = train(target, data_dir, out, train_config(a), resume=a.resume, progress=progress)
-    q4 = export_stage(result, data_dir, meta, out / "draft", command)
+    q4 = export_stage(result, data_dir, meta, out / "draft", command, a.bits)
     return [
         f"data: {meta.n_sequences} answers, {meta.n_completion_tokens} completion tokens "
         f"in {data_dir}",
         f"train: {result.state.step} steps, {result.state.tokens_seen} tokens seen, "
         f"{result.tokens_per_s:.0f} tokens/s, loss {result.loss:.4f}",
-        f"held-out greedy agreement: {result.agreement:.4f} (fp32), {q4:.4f} (4-bit)",
+        f"held-out greedy agreement: {result.agreement:.4f} (fp32), {q4:.4f} ({a.bits}-bit)",
         f"draft: {out / 'draft'} (curve: {out / 'train' / 'curve.csv'})",
     ]
 
 
 def export_stage(
-    result: TrainResult, data_dir: Path, meta: Meta, dest: Path, command: str
+    result: TrainResult, data_dir: Path, meta: Meta, dest: Path, command: str, bits: int = 8
 ) -> float:
     """Export the final checkpoint (loaded afresh, so quantizing never touches the training
-    copy) and measure the 4-bit draft's held-out agreement for the card; returns it."""
+    copy) and measure the quantized draft's held-out agreement for the card; returns it."""
     model, config, _, state, cfg = load_checkpoint(result.checkpoint)
     _, held = split_data(load_with_topk(data_dir, None), meta)
     card = Card(
@@ -100,12 +100,16 @@ def export_stage(
         steps=state.step,
         layers=list(config["edgespec"]["source_layers"]),
         head_size=int(config["head_size"]),
+        bits=bits,
         curve=state.curve,
     )
     export_draft(model, config, dest, card)
     hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
     q4 = agreement(model, held, hidx, cfg.max_len) if held else float("nan")
-    quality = {"held-out agreement (fp32)": result.agreement, "held-out agreement (4-bit)": q4}
+    quality = {
+        "held-out agreement (fp32)": result.agreement,
+        f"held-out agreement ({bits}-bit)": q4,
+    }
     export_draft_card(dest, Card(**{**card.__dict__, "quality": quality}))
     return q4
 
