@@ -66,7 +66,8 @@ class HybridDrafter:
     """Drafter: n-gram lookup when the last >= min_match tokens occurred before, else the model.
 
     `method` names the drafter of the latest proposal ("ngram" or "draft"), so Round events say
-    who drafted each round. `propose_free` is the lookup alone (up to `free_k` tokens): the loop
+    who drafted each round. `propose_free` is the lookup alone (up to `free_k` tokens, fewer
+    where the loop's `max_k` says the context window is nearly full): the loop
     uses it in rounds where an adaptive K policy switched drafting off (K = 0), because a lookup
     costs next to nothing and a match is often accepted.
     """
@@ -81,9 +82,9 @@ class HybridDrafter:
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.method = "draft"
 
-    def propose_free(self, context: list[int], key: mx.array) -> Proposal:
+    def propose_free(self, context: list[int], max_k: int, key: mx.array) -> Proposal:
         self.method = "ngram"
-        return self.ngram.propose_min(context, self.free_k, self.min_match)
+        return self.ngram.propose_min(context, min(self.free_k, max_k), self.min_match)
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         prop = self.ngram.propose_min(context, k, self.min_match)

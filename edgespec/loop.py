@@ -50,8 +50,9 @@ class Drafter(Protocol):
         """Called after every round with the committed context: roll back anything past it."""
         ...
 
-    # Optional: `propose_free(context, key) -> Proposal`, a proposal that costs next to nothing
-    # (an n-gram lookup), made in rounds where the K policy chose K = 0 (HybridDrafter has one).
+    # Optional: `propose_free(context, max_k, key) -> Proposal`, at most max_k tokens that cost
+    # next to nothing (an n-gram lookup), made in rounds where the K policy chose K = 0
+    # (HybridDrafter has one).
 
 
 def no_proposal() -> Proposal:
@@ -199,14 +200,15 @@ def speculate(
             if cancel is not None and cancel.is_set():
                 yield Step([], [], stop="cancelled")
                 return
-            k = max(0, min(choose_k(last), limits.context_window - len(context)))
+            room = limits.context_window - len(context)  # tokens one verify may add
+            k = max(0, min(choose_k(last), room))
             key, draft_key, verify_key = round_keys(key)
             t0 = time.perf_counter()
             if k > 0:
                 prop = drafter.propose(context, k, draft_key)
             else:  # drafting is off this round; a drafter may still offer a free lookup
                 free = getattr(drafter, "propose_free", None)
-                prop = free(context, draft_key) if free is not None else no_proposal()
+                prop = free(context, room, draft_key) if free is not None else no_proposal()
             mx.eval([a for a in (prop.tokens, prop.q) if a is not None])
             d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop)
             k = max(k, d)  # a free lookup at K = 0 reports the K it used

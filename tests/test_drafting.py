@@ -7,6 +7,8 @@ test that the n-gram's point-mass proposals leave the emitted tokens distributed
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -438,3 +440,25 @@ def test_ngram_point_mass_rounds_emit_the_target_distribution(tiny_models):
     # x_1 is accepted with probability p(x_1): a binomial check, 4 sigma.
     rate, px = len(second) / N_SEEDS, p1[x[0]]
     assert abs(rate - px) < 4 * np.sqrt(px * (1 - px) / N_SEEDS)
+
+
+def test_free_lookups_at_k0_stay_inside_the_context_window(tiny_models):
+    """K = 0 rounds of the hybrid drafter still verify n-gram matches; like any K they must fit
+    the context window: a round starting with C committed tokens verifies at most window - C."""
+    near_the_end = 0
+    for window in range(56, 72):
+        records = (SimpleNamespace(**{**vars(m), "context_window": window}) for m in tiny_models)
+        engine = Engine(*records)
+        ids = engine.encode_raw(PROMPT)
+        spec = SpecConfig(k=4, method="hybrid", ngram_max=1)  # unigram lookups: matches abound
+        events = _gen(engine, ids, spec, 500, k_policy=lambda _last: 0)
+        committed = before = len(ids)  # tokens committed, and when the current round began
+        for e in events:
+            if isinstance(e, Token):
+                committed += 1
+            elif isinstance(e, Round):
+                assert e.drafted <= window - before, (window, before, e)
+                near_the_end += e.drafted > 0 and window - before < 4
+                before = committed
+        assert events[-1].reason == "length"
+    assert near_the_end > 0  # some lookups really were cut by the window
