@@ -132,6 +132,11 @@ def _attach_embedding(model: DraftModel, config: dict[str, Any], embedding: nn.M
     model.model.embed_tokens = embedding
 
 
+def reduced_head(model: Any) -> mx.array | None:
+    """A reduced-head draft's id table (it scores these tokens with `head_logits`), else None."""
+    return model.head_ids if hasattr(model, "head_logits") else None
+
+
 def input_embedding(model: nn.Module) -> nn.Module | None:
     """A llama-style model's input embedding module (model.model.embed_tokens), if it has one."""
     return getattr(getattr(model, "model", None), "embed_tokens", None)

@@ -21,6 +21,7 @@ import mlx.core as mx
 from edgespec.acceptance import verify, verify_greedy
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
+from edgespec.draft_model import reduced_head
 from edgespec.events import Round
 from edgespec.sampling import make_key, round_keys, sample, split, uniforms, warp
 
@@ -109,8 +110,7 @@ class ModelDrafter:
 
     def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int):
         self.state, self.sampling, self.vocab = state, sampling, vocab
-        head_ids = getattr(state.model, "head_ids", None)
-        self.head_ids = head_ids if hasattr(state.model, "head_logits") else None
+        self.head_ids = reduced_head(state.model)
 
     def _logits(self, inputs: mx.array) -> mx.array:
         if self.head_ids is not None:

@@ -88,7 +88,9 @@ def decode_ms(model: Any, prompt: list[int], steps: int = 48) -> float:
     reduced-head draft is timed the way the loop runs it: head logits only, argmax mapped to ids."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    head = getattr(model, "head_ids", None) if hasattr(model, "head_logits") else None
+    from edgespec.draft_model import reduced_head
+
+    head = reduced_head(model)
 
     def step(inputs: mx.array, cache: Any) -> mx.array:
         if head is None:

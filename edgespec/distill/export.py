@@ -14,8 +14,7 @@ import mlx.nn as nn
 from edgespec.draft_model import DraftModel, save_draft
 
 GROUP_SIZE = 64
-DEFAULT_BITS = 8
-BITS = (4, 6, 8)
+DEFAULT_BITS = 8  # `edgespec distill --bits` offers 4, 6, 8
 
 
 @dataclass(frozen=True)

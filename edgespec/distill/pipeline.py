@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.distill.data import Meta, SamplingPlan, generate_data
-from edgespec.distill.export import Card, export_draft
+from edgespec.distill.export import DEFAULT_BITS, Card, export_draft
 from edgespec.distill.target import load_target, load_with_topk
 from edgespec.distill.train import (
     TrainConfig,
@@ -73,19 +73,24 @@ def run_pipeline(a: argparse.Namespace, command: str, *, progress: bool = True) 
         progress=progress,
     )
     result = train(target, data_dir, out, train_config(a), resume=a.resume, progress=progress)
-    q4 = export_stage(result, data_dir, meta, out / "draft", command, a.bits)
+    quantized = export_stage(result, data_dir, meta, out / "draft", command, a.bits)
     return [
         f"data: {meta.n_sequences} answers, {meta.n_completion_tokens} completion tokens "
         f"in {data_dir}",
         f"train: {result.state.step} steps, {result.state.tokens_seen} tokens seen, "
         f"{result.tokens_per_s:.0f} tokens/s, loss {result.loss:.4f}",
-        f"held-out greedy agreement: {result.agreement:.4f} (fp32), {q4:.4f} ({a.bits}-bit)",
+        f"held-out greedy agreement: {result.agreement:.4f} (fp32), {quantized:.4f} ({a.bits}-bit)",
         f"draft: {out / 'draft'} (curve: {out / 'train' / 'curve.csv'})",
     ]
 
 
 def export_stage(
-    result: TrainResult, data_dir: Path, meta: Meta, dest: Path, command: str, bits: int = 8
+    result: TrainResult,
+    data_dir: Path,
+    meta: Meta,
+    dest: Path,
+    command: str,
+    bits: int = DEFAULT_BITS,
 ) -> float:
     """Export the final checkpoint (loaded afresh, so quantizing never touches the training
     copy) and measure the quantized draft's held-out agreement for the card; returns it."""
@@ -105,13 +110,13 @@ def export_stage(
     )
     export_draft(model, config, dest, card)
     hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
-    q4 = agreement(model, held, hidx, cfg.max_len) if held else float("nan")
+    quantized = agreement(model, held, hidx, cfg.max_len) if held else float("nan")
     quality = {
         "held-out agreement (fp32)": result.agreement,
-        f"held-out agreement ({bits}-bit)": q4,
+        f"held-out agreement ({bits}-bit)": quantized,
     }
     export_draft_card(dest, Card(**{**card.__dict__, "quality": quality}))
-    return q4
+    return quantized
 
 
 def export_draft_card(dest: Path, card: Card) -> None:
