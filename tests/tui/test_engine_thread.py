@@ -40,9 +40,8 @@ def test_batcher_bounds_the_message_rate_and_keeps_order() -> None:
         for _ in range(25):
             batcher.put(1, Token(n, f"t{n} ", "accepted", n))
             n += 1
-        time.sleep(
-            0.002
-        )  # the sleep may last much longer on a loaded machine: nothing below assumes it
+        # the sleep may last much longer on a loaded machine: nothing below assumes it
+        time.sleep(0.002)
     batcher.put(1, Finished("stop", _stats(), ""))
     assert inbox.done.wait(10)
     elapsed = time.monotonic() - t0
