@@ -32,6 +32,10 @@ class Card:
     head_size: int
     bits: int = DEFAULT_BITS
     quality: dict[str, float] = field(default_factory=dict)
+    loss: str = (
+        "KL(p_target || q_draft) over the head, at completion positions only (soft labels from "
+        "the target's top-k log-probabilities)"
+    )
     curve: list[dict[str, float]] = field(default_factory=list)
     licence: str = (
         "Derived from SmolLM2-135M-Instruct (Apache-2.0, HuggingFaceTB): its embedding and "
@@ -88,8 +92,7 @@ with its target and shares the target's embedding (load it through `edgespec` wi
 
 - Data: the target's own answers to EdgeSpec's generated instruction set (no benchmark
   prompts): {card.data_sequences} answers, {card.data_tokens} completion tokens.
-- Loss: KL(p_target || q_draft) over the head, at completion positions only (soft labels from
-  the target's top-k log-probabilities).
+- Loss: {card.loss}.
 - Training: {card.steps} steps, {card.tokens_seen} labelled tokens seen.
 
 ## Measured quality

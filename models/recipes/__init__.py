@@ -1,0 +1,1 @@
+"""Recipes that made the embedded draft (make_prompts, gpu_distill, import_draft)."""
