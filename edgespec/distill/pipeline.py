@@ -25,6 +25,7 @@ from edgespec.distill.train import (
     train,
 )
 from edgespec.errors import ConfigError
+from edgespec.loading import dequantize_model, on_cpu
 
 
 def train_config(a: argparse.Namespace) -> TrainConfig:
@@ -109,6 +110,8 @@ def export_stage(
         curve=state.curve,
     )
     export_draft(model, config, dest, card)
+    if on_cpu():  # same values in fp32 arithmetic: MLX's quantized matmul is slow on the CPU
+        dequantize_model(model)
     hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
     quantized = agreement(model, held, hidx, cfg.max_len) if held else float("nan")
     quality = {
