@@ -344,7 +344,7 @@ def generate_data(
     )
     while meta.n_completion_tokens < tokens and todo:
         chunk, todo = todo[:shard_size], todo[shard_size:]
-        index = _next_index(data_dir)
+        index = next_index(data_dir)
         mx.random.seed(meta.instruction_seed * 100_003 + index)
         items = [(i, texts[i], is_greedy(i, meta, held)) for i in chunk]
         seqs = answer(model, tokenizer, items, meta.sampling, batch_size, bar.update)
@@ -355,7 +355,8 @@ def generate_data(
     return meta
 
 
-def _next_index(data_dir: Path) -> int:
+def next_index(data_dir: Path) -> int:
+    """The index the next shard written to data_dir gets (one past the highest)."""
     paths = shard_paths(data_dir)
     return int(paths[-1].stem.split("-")[1]) + 1 if paths else 0
 

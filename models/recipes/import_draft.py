@@ -25,7 +25,14 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edgespec.distill.build import draft_config
-from edgespec.distill.data import Meta, Sequence, recount, shard_paths, unpack, write_shard
+from edgespec.distill.data import (
+    Meta,
+    iter_sequences,
+    next_index,
+    read_shard,
+    recount,
+    write_shard,
+)
 from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
 from edgespec.distill.target import load_target, teacher_topk
 from edgespec.distill.train import agreement, head_index, split_data
@@ -55,11 +62,7 @@ def curve_rows(reports: list[dict], column: int) -> list[dict[str, float]]:
 
 def add_gpu_data(npz: Path, data_dir: Path, n_instructions: int) -> Meta:
     """Append the GPU's answers to data_dir as the next shard; refresh meta.json's counts."""
-    with np.load(npz) as z:
-        seqs = unpack({k: z[k] for k in ("tokens", "starts", "prompt_lens", "instr_ids")})
-    paths = shard_paths(data_dir)
-    index = int(paths[-1].stem.split("-")[1]) + 1 if paths else 0
-    write_shard(data_dir, index, [Sequence(s.instr_id, s.prompt_len, s.ids) for s in seqs])
+    write_shard(data_dir, next_index(data_dir), read_shard(npz))
     meta = Meta.read(data_dir)
     meta.n_instructions = max(meta.n_instructions, n_instructions)
     meta = recount(data_dir, meta)
@@ -101,11 +104,7 @@ def main() -> None:
     if args.gpu_data:
         add_gpu_data(args.gpu_data, data_dir, args.n_instructions)
     meta = Meta.read(data_dir)
-    seqs = []
-    for p in shard_paths(data_dir):
-        with np.load(p) as z:
-            seqs += unpack({k: z[k] for k in ("tokens", "starts", "prompt_lens", "instr_ids")})
-    _, held = split_data(seqs, meta)
+    _, held = split_data(list(iter_sequences(data_dir)), meta)
     held = teacher_topk(target.model, held, 1)
     hidx = head_index(head_ids, int(config["vocab_size"]))
     max_len = 512
