@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.eagle import EagleModel
 from edgespec.errors import ConfigError, PromptError
 from edgespec.events import Finished, Round, Token
 from edgespec.metrics import PLAIN, RoundTotals, RunRecord, fold_rounds, rounds_from_flags
@@ -287,6 +288,11 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
     if missing:
         raise ConfigError(
             f"methods {', '.join(missing)} need a draft model; pass --draft or drop them"
+        )
+    if "mlx-lm" in plan.methods and engine.has_draft and isinstance(engine.draft.model, EagleModel):
+        raise ConfigError(
+            "mlx-lm's speculative decoding needs a token draft; this pair's draft is a feature "
+            "draft (EAGLE-style): drop mlx-lm from --methods or pass a token draft"
         )
 
 

@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.eagle import EagleDrafter, EagleState
 from edgespec.errors import ConfigError
 from edgespec.loop import Drafter, ModelDrafter, Proposal, no_proposal
 from edgespec.ngram import NgramDrafter
@@ -94,6 +95,13 @@ class HybridDrafter:
         self.method = "draft"
         return self.model.propose(context, k, key)
 
+    @property
+    def wants_features(self) -> bool:
+        return bool(getattr(self.model, "wants_features", False))
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
+        self.model.take_features(context, start, features)  # type: ignore[attr-defined]
+
     def commit(self, context: list[int]) -> None:
         self.ngram.commit(context)
         self.model.commit(context)  # keeps its cache a prefix of context (it may lag behind)
@@ -102,7 +110,7 @@ class HybridDrafter:
 def build_drafter(
     spec: SpecConfig,
     sampling: SamplingConfig,
-    draft: KVState | None,
+    draft: KVState | EagleState | None,
     vocab: int,
     engine_name: str,
     stop_below: float = 0.0,
@@ -120,11 +128,13 @@ def build_drafter(
         raise ConfigError(
             f"{engine_name} has no draft model; pass a draft, use --method ngram, or --no-spec"
         )
-    model: ModelDrafter = (
-        ConfidentDrafter(draft, sampling, vocab, stop_below)
-        if stop_below > 0
-        else ModelDrafter(draft, sampling, vocab)
-    )
+    model: Drafter
+    if isinstance(draft, EagleState):
+        model = EagleDrafter(draft, sampling, vocab)
+    elif stop_below > 0:
+        model = ConfidentDrafter(draft, sampling, vocab, stop_below)
+    else:
+        model = ModelDrafter(draft, sampling, vocab)
     if spec.method == "draft":
         return model
     min_match = max(spec.ngram_min, min(HYBRID_MIN_MATCH, spec.ngram_max))

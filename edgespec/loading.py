@@ -233,18 +233,21 @@ def _read_config(path: Path) -> dict:
 
 
 def _load_weights(
-    path: Path, config: dict, embedding: nn.Module | None = None
+    path: Path, config: dict, embedding: nn.Module | None = None, target: nn.Module | None = None
 ) -> tuple[nn.Module, dict]:
     """Build the module from config and load its weights; any failure names the folder."""
     from mlx_lm.utils import load_model as mlx_load_model
 
     from edgespec.draft_model import MODEL_TYPE, load_draft
+    from edgespec.eagle import is_eagle, load_eagle
 
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path} has no *.safetensors weights")
     try:
         if config.get("model_type") == MODEL_TYPE:
             return load_draft(path, embedding)
+        if is_eagle(config):
+            return load_eagle(path, target)
         return mlx_load_model(path)
     except Exception as e:  # mlx / safetensors / mlx-lm raise many kinds, often multi-line
         raise ModelLoadError(f"cannot load weights from {path}: {_one_line(e)}") from None
@@ -271,10 +274,13 @@ def load_model(
     tokenizer_fallback: Path | None = None,
     catalog: Catalog | None = None,
     embedding: nn.Module | None = None,
+    target: nn.Module | None = None,
 ) -> LoadedModel:
     """Resolve and load one model for this backend.
 
     embedding: the target's input embedding, for an EdgeSpec draft that shares it.
+    target: the loaded target model, for a feature draft (edgespec.eagle: it uses the target's
+    embedding and output head).
     quantize_bits: quantize an unquantized model to this many bits (GPU only; ignored when the
     model is dequantized for the CPU). dequantize: None = on the CPU backend only.
     tokenizer_fallback: folder whose tokenizer to use if `spec` ships none (e.g. a draft).
@@ -282,7 +288,7 @@ def load_model(
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     _report(on_progress, f"loading {spec}")
     config = _read_config(path)
-    model, config = _load_weights(path, config, embedding)
+    model, config = _load_weights(path, config, embedding, target)
     tokenizer = _load_tokenizer(path, config, tokenizer_fallback)
     if on_cpu() if dequantize is None else dequantize:
         dequantize_model(model)
@@ -401,6 +407,7 @@ def load_pair(
         tokenizer_fallback=t.path,
         catalog=cat,
         embedding=input_embedding(t.model),
+        target=t.model,
     )
     _report(on_progress, "checking the pair")
     check_tokenizers(t, d)

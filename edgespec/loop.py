@@ -54,6 +54,9 @@ class Drafter(Protocol):
     # Optional: `propose_free(context, max_k, key) -> Proposal`, at most max_k tokens that cost
     # next to nothing (an n-gram lookup), made in rounds where the K policy chose K = 0
     # (HybridDrafter has one).
+    # Optional: `wants_features = True` plus `take_features(context, start, features)`: a feature
+    # draft (edgespec.eagle) is handed the target's top hidden states of each round's committed
+    # positions start .. start + len(features) - 1 of `context`, the committed context.
 
 
 def no_proposal() -> Proposal:
@@ -170,18 +173,32 @@ def _last_kind(n: int, drafted: int) -> str:
 
 
 def _verify_round(
-    target: KVState, context: list[int], prop: Proposal, k: int, cfg: SamplingConfig, key
-) -> list[int]:
+    target: KVState,
+    context: list[int],
+    prop: Proposal,
+    k: int,
+    cfg: SamplingConfig,
+    key,
+    features: bool = False,
+) -> tuple[list[int], mx.array | None]:
     """One target forward over [pending..., x_1..x_K] and the acceptance step, on the device.
-    Returns the host list [x_1..x_K, n_accepted, next_token] (the round's only transfer)."""
+    Returns the host list [x_1..x_K, n_accepted, next_token] (the round's only transfer) and, when
+    `features`, the target's top hidden states of the K + 1 verified positions (lazy)."""
     inputs = mx.concatenate([mx.array(context[target.offset :], dtype=mx.int32), prop.tokens])
-    logits = target.forward(inputs)[-(k + 1) :]
+    feats = None
+    if features:
+        from edgespec.eagle import target_features
+
+        feats, logits = target_features(target.model, inputs, target.cache)
+        feats, logits = feats[-(k + 1) :], logits[-(k + 1) :]
+    else:
+        logits = target.forward(inputs)[-(k + 1) :]
     if cfg.greedy:
         n, nxt = verify_greedy(prop.tokens, logits)
     else:
         n, nxt = verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, k + 1))
     out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)]).tolist()
-    return [int(v) for v in out]  # type: ignore[union-attr,arg-type]
+    return [int(v) for v in out], feats  # type: ignore[union-attr,arg-type]
 
 
 def speculate(
@@ -195,6 +212,7 @@ def speculate(
 ) -> Iterator[Step]:
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill)."""
     context, key, emitted, last = list(prompt), make_key(cfg.seed), 0, None
+    wants = bool(getattr(drafter, "wants_features", False))  # a feature draft (edgespec.eagle)
     try:
         for index in range(limits.max_tokens):
             if cancel is not None and cancel.is_set():
@@ -213,13 +231,15 @@ def speculate(
             d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop)
             k = max(k, d)  # a free lookup at K = 0 reports the K it used
             t1 = time.perf_counter()
-            out = _verify_round(target, context, prop, d, cfg, verify_key)
+            out, feats = _verify_round(target, context, prop, d, cfg, verify_key, wants)
             n, nxt = out[d], out[d + 1]
             last = Round(index, d, n, k, t1 - t0, time.perf_counter() - t1, drafter.method)
             kinds = ["accepted"] * n + [_last_kind(n, d)]
             toks, kinds, committed, stop = _truncate(
                 out[:n] + [nxt], kinds, emitted, limits, context
             )
+            if feats is not None:  # features of the verified positions whose input is committed
+                drafter.take_features(context + committed, len(context) - 1, feats[: len(committed)])
             context += committed
             emitted += len(toks)
             target.rewind(context, len(context) - 1)

@@ -17,9 +17,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from edgespec.adaptive import make_k_policy
-from edgespec.cache import KVState, vocab_size
+from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.drafters import build_drafter
+from edgespec.eagle import EagleModel, EagleState
+from edgespec.eagle import prefill as eagle_prefill
 from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
 from edgespec.loop import Drafter, Limits, Step, decode_plain, speculate
@@ -41,7 +43,11 @@ class Engine:
         if draft is not None:
             self.context_window = min(self.context_window, int(draft.context_window))
         self._target = KVState(target.model, f"target {target.name}")
-        self._draft = KVState(draft.model, f"draft {draft.name}") if draft is not None else None
+        self._draft: KVState | EagleState | None = None
+        if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
+            self._draft = EagleState(draft.model, f"draft {draft.name}")
+        elif draft is not None:
+            self._draft = KVState(draft.model, f"draft {draft.name}")
         self._vocab = vocab_size(target.model)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
 
@@ -145,8 +151,10 @@ class Engine:
         return speculate(self._target, drafter, prompt, config.sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
-        prefilled = self._target.prefill(prompt)
         uses_draft = config.spec.method in ("draft", "hybrid") and drafter is None
+        if uses_draft and isinstance(self._draft, EagleState):  # it needs the prompt's features
+            return eagle_prefill(self._target, self._draft, prompt, PREFILL_CHUNK)
+        prefilled = self._target.prefill(prompt)
         if uses_draft and self._draft is not None:
             self._draft.prefill(prompt)
         return prefilled
@@ -201,5 +209,6 @@ class Engine:
 
     def cached_tokens(self) -> tuple[list[int], list[int] | None]:
         """The token ids each KV cache holds (target, draft); for tests and the TUI's status."""
-        draft = list(self._draft.tokens) if self._draft is not None else None
+        d = self._draft.kv if isinstance(self._draft, EagleState) else self._draft
+        draft = list(d.tokens) if d is not None else None
         return list(self._target.tokens), draft

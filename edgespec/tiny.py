@@ -164,3 +164,30 @@ def make_tiny_pair(
             for k, a in dw.items()
         }
     return target, write_model(root / "draft", dcfg, dw, tok_dir)
+
+
+def make_tiny_eagle(target: str | Path, out: str | Path, seed: int = 0, head: int | None = None):
+    """Write a seeded feature draft (edgespec.eagle) for the tiny target at `target`: one llama
+    layer, fc initialised to pass the feature through plus the token's embedding. `head`: score
+    only that many token ids (every other one, from 0), so off-head tokens get q = 0."""
+    from edgespec.eagle import eagle_config
+
+    target, out = Path(target), Path(out)
+    tcfg = json.loads((target / "config.json").read_text())
+    vocab, h = tcfg["vocab_size"], tcfg["hidden_size"]
+    ids = np.arange(vocab) if head is None else np.arange(0, vocab, 2)[:head]
+    cfg = eagle_config(tcfg, 1, len(ids))
+    layer = random_llama_weights({**tcfg, "num_hidden_layers": 1}, seed + 2000, scale=0.5)
+    weights = {
+        k.removeprefix("model."): a for k, a in layer.items() if k.startswith("model.layers.")
+    }
+    weights |= {
+        "fc.weight": np.concatenate([np.eye(h), np.eye(h)], axis=1).astype(np.float32),
+        "fc.bias": np.zeros(h, np.float32),
+        "norm.weight": np.ones(h, np.float32),
+        "head_ids": ids.astype(np.int32),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(a) for k, a in weights.items()})
+    return out

@@ -19,6 +19,8 @@ import numpy as np
 
 from edgespec.acceptance import expected_acceptance, verify
 from edgespec.config import SamplingConfig
+from edgespec.eagle import EagleModel, target_features
+from edgespec.errors import ConfigError
 from edgespec.loop import fit_vocab
 from edgespec.sampling import make_key, sample, split, warp
 
@@ -45,6 +47,15 @@ def last_distributions(
 ) -> tuple[mx.array, mx.array]:
     """Warped next-token distributions (p, q) [V] of both models after `prompt` (cache-free)."""
     inputs = mx.array(prompt, dtype=mx.int32)[None]
+    if isinstance(draft, EagleModel):  # a feature draft reads the target's hidden states
+        if len(prompt) < 2:
+            raise ConfigError("a feature draft needs a prompt of at least two tokens")
+        feats, t_all = target_features(target, inputs[0], None)
+        t_logits = t_all[-1]
+        guess = draft(feats[None, :-1], inputs[:, 1:])[0, -1]
+        head = mx.full(t_logits.shape, -mx.inf, dtype=t_logits.dtype)
+        head[draft.head_ids] = draft.head_logits(guess).astype(t_logits.dtype)
+        return warp(t_logits, sampling), warp(head, sampling)
     t_logits = target(inputs)[0, -1]
     d_logits = fit_vocab(draft(inputs)[0, -1], t_logits.shape[-1])
     return warp(t_logits, sampling), warp(d_logits, sampling)

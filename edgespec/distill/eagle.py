@@ -1,0 +1,229 @@
+"""Training a feature draft (edgespec.eagle) from the target's own answers.
+
+Data: the distill data shards (prompt + target answer token ids). The target runs once over each
+sequence (teacher-forced) to record its top hidden states f_i; they are cached on disk as fp16
+chunks (`features-NNNNN.npz`) so the slow part resumes. Training then never runs the target again:
+the target's distribution at position i + 1 is softmax(f_{i+1} @ head^T), recomputed from the cache.
+
+Loss per position i (completion tokens only), with g = the draft's guess of f_{i+1}:
+    soft cross-entropy between softmax(g @ head^T) and softmax(f_{i+1} @ head^T) over the head ids
+    + reg_weight * smooth-L1(g, f_{i+1})   (EAGLE's feature regression: keeps later guesses usable)
+Agreement = argmax over the head of the draft == argmax over the head of the target, i.e. the
+acceptance of the first drafted token at temperature 0 (for tokens inside the head).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from edgespec.distill.data import Sequence, atomic_write_bytes
+from edgespec.eagle import EagleModel, build, eagle_config
+
+
+@dataclass(frozen=True)
+class Item:
+    """One sequence with its target features: ids [L], feats [L, d] fp16, prompt_len."""
+
+    ids: np.ndarray
+    feats: np.ndarray
+    prompt_len: int
+
+
+def feature_chunks(folder: Path) -> list[Path]:
+    return sorted(folder.glob("features-*.npz"))
+
+
+def load_items(folder: Path) -> list[Item]:
+    items = []
+    for path in feature_chunks(folder):
+        with np.load(path) as z:
+            for b in range(int(z["count"])):
+                items.append(Item(z[f"ids{b}"], z[f"f{b}"], int(z[f"p{b}"])))
+    return items
+
+
+def extract_features(
+    target: nn.Module,
+    seqs: list[Sequence],
+    folder: Path,
+    max_tokens: int,
+    batch: int = 16,
+    log: Callable[[str], None] = print,
+) -> int:
+    """Run the target over `seqs` (in order, skipping those already cached) until `max_tokens`
+    tokens have features; one chunk file per batch. Returns the number of tokens cached."""
+    from edgespec.eagle import target_features
+
+    folder.mkdir(parents=True, exist_ok=True)
+    done = {int(p.stem.split("-")[1]) for p in feature_chunks(folder)}
+    have = sum(int(np.load(p)["tokens"]) for p in feature_chunks(folder))
+    t0, fresh = time.perf_counter(), 0
+    for index, start in enumerate(range(0, len(seqs), batch)):
+        if have >= max_tokens:
+            break
+        if index in done:
+            continue
+        part = seqs[start : start + batch]
+        width = max(len(s.ids) for s in part)
+        x = np.zeros((len(part), width), np.int32)
+        for b, s in enumerate(part):
+            x[b, : len(s.ids)] = s.ids  # right padding: causal attention never sees it
+        feats = []
+        for b in range(len(part)):  # per row: target_features works on one sequence
+            f, _ = target_features(target, mx.array(x[b, : len(part[b].ids)]), None)
+            feats.append(f.astype(mx.float16))
+        mx.eval(feats)
+        out: dict[str, np.ndarray] = {"count": np.array(len(part))}
+        n = sum(len(s.ids) for s in part)
+        out["tokens"] = np.array(n)
+        for b, s in enumerate(part):
+            out[f"ids{b}"] = np.asarray(s.ids, np.int32)
+            out[f"f{b}"] = np.array(feats[b])
+            out[f"p{b}"] = np.array(s.prompt_len)
+        _save_npz(folder / f"features-{index:05d}.npz", out)
+        have += n
+        fresh += n
+        log(f"features: {have} tokens ({fresh / (time.perf_counter() - t0):.0f} tokens/s)")
+    return have
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def make_batch(items: list[Item]) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """(features f_i [B, L, d], tokens i + 1 [B, L], targets f_{i+1} [B, L, d], mask [B, L]).
+    The mask keeps positions whose next-next token is a completion token."""
+    width = max(len(it.ids) for it in items) - 1
+    d = items[0].feats.shape[1]
+    f = np.zeros((len(items), width, d), np.float32)
+    ft = np.zeros_like(f)
+    t = np.zeros((len(items), width), np.int32)
+    m = np.zeros((len(items), width), np.float32)
+    for b, it in enumerate(items):
+        n = len(it.ids) - 1
+        f[b, :n], ft[b, :n], t[b, :n] = it.feats[:-1], it.feats[1:], it.ids[1:]
+        m[b, max(it.prompt_len - 2, 0) : n - 1] = 1.0  # f_{i+1} decides token i + 2
+    return mx.array(f), mx.array(t), mx.array(ft), mx.array(m)
+
+
+def loss_fn(
+    model: EagleModel, f: mx.array, t: mx.array, ft: mx.array, m: mx.array, reg_weight: float
+) -> tuple[mx.array, mx.array]:
+    guess = model(f, t)
+    z_draft = model.head_logits(guess)
+    z_target = model.head_logits(ft)
+    p = mx.softmax(z_target, axis=-1)
+    ce = -(p * nn.log_softmax(z_draft, axis=-1)).sum(-1)
+    reg = nn.losses.smooth_l1_loss(guess, ft, reduction="none").mean(-1)
+    hit = (mx.argmax(z_draft, -1) == mx.argmax(z_target, -1)).astype(mx.float32)
+    den = mx.maximum(m.sum(), 1.0)
+    return ((ce + reg_weight * reg) * m).sum() / den, (hit * m).sum() / den
+
+
+def agreement(model: EagleModel, items: list[Item], batch: int = 8) -> float:
+    hits = total = 0.0
+    for i in range(0, len(items), batch):
+        f, t, ft, m = make_batch(items[i : i + batch])
+        _, acc = loss_fn(model, f, t, ft, m, 0.0)
+        n = float(m.sum().item())
+        hits, total = hits + float(acc.item()) * n, total + n
+    return hits / max(total, 1.0)
+
+
+def new_eagle(target: nn.Module, target_config: dict, head_ids: np.ndarray, init_layer: int):
+    """A one-layer feature draft: the layer copied from target layer `init_layer`, its norm from
+    the target's final norm, fc = [I, I] (feature plus token embedding), attached to `target`."""
+    config = eagle_config(target_config, 1, len(head_ids))
+    model = build(config)
+    model.layers[0].update(target.model.layers[init_layer].parameters())
+    model.norm.update(target.model.norm.parameters())
+    d = config["hidden_size"]
+    model.fc.weight = mx.concatenate([mx.eye(d), mx.eye(d)], axis=1)
+    model.fc.bias = mx.zeros((d,))
+    model.head_ids = mx.array(np.asarray(head_ids, np.int32))
+    model.attach(target)
+    mx.eval(model.parameters())
+    return model, config
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    steps: int = 2000
+    batch: int = 8
+    lr: float = 5e-4
+    warmup: int = 50
+    reg_weight: float = 1.0
+    eval_every: int = 250
+    seed: int = 0
+
+
+def train_eagle(
+    model: EagleModel,
+    train: list[Item],
+    held: list[Item],
+    cfg: EagleTrainConfig,
+    out: Path,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, float]]:
+    """AdamW (bias-corrected, betas 0.9/0.95), warm-up then cosine decay; length-bucketed batches.
+    Checkpoints (weights + optimizer + step + curve) to `out/train` at every evaluation and
+    resumes from there. Returns the curve [{step, seen, loss, agreement}]."""
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "train.safetensors"
+    state_path = out / "train.json"
+    schedule = optim.join_schedules(
+        [optim.linear_schedule(0.0, cfg.lr, cfg.warmup), optim.cosine_decay(cfg.lr, cfg.steps)],
+        [cfg.warmup],
+    )
+    opt = optim.AdamW(schedule, betas=[0.9, 0.95], weight_decay=0.0, bias_correction=True)
+    step, seen, curve = 0, 0, []
+    if ckpt.is_file() and state_path.is_file():
+        flat = mx.load(str(ckpt))
+        model.load_weights([(k[2:], v) for k, v in flat.items() if k.startswith("m.")])
+        opt.init(model.trainable_parameters())
+        opt.state = tree_unflatten([(k[2:], v) for k, v in flat.items() if k.startswith("o.")])
+        meta = json.loads(state_path.read_text())
+        step, seen, curve = meta["step"], meta["seen"], meta["curve"]
+        log(f"resumed at step {step}")
+    model.freeze(recurse=False, keys=["head_ids"])
+    grad_fn = nn.value_and_grad(model, lambda mdl, *b: loss_fn(mdl, *b, cfg.reg_weight))
+    rng = np.random.default_rng(cfg.seed + step)
+    lengths = np.array([len(it.ids) for it in train])
+    by_length = np.argsort(lengths)
+    t0, loss = time.perf_counter(), float("nan")
+    while step < cfg.steps:
+        j = int(rng.integers(len(train)))  # a random neighbourhood of similar lengths
+        pos = int(np.searchsorted(lengths[by_length], lengths[j]))
+        lo = max(0, min(pos - 32, len(train) - 64))
+        pick = rng.choice(by_length[lo : lo + 64], min(cfg.batch, len(train)), replace=False)
+        f, t, ft, m = make_batch([train[i] for i in pick])
+        (lv, _), grads = grad_fn(model, f, t, ft, m)
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state, lv)
+        step, seen, loss = step + 1, seen + int(m.sum().item()), float(lv.item())
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            a = agreement(model, held)
+            curve.append({"step": step, "seen": seen, "loss": round(loss, 4), "agreement": a})
+            rate = seen / (time.perf_counter() - t0)
+            log(f"step {step}: loss {loss:.3f}, held-out agreement {a:.3f} ({rate:.0f} tok/s)")
+            flat = {f"m.{k}": v for k, v in tree_flatten(model.parameters())}
+            flat |= {f"o.{k}": v for k, v in tree_flatten(opt.state)}
+            mx.save_safetensors(str(ckpt), flat)
+            meta = {"step": step, "seen": seen, "curve": curve}
+            atomic_write_bytes(state_path, json.dumps(meta).encode())
+    return curve

@@ -1,0 +1,310 @@
+"""Feature drafts (EAGLE-style): one small llama layer that reads the target's own top hidden state.
+
+A token draft (draft_model.py) must rebuild from tokens alone what the target's 30 layers know; a
+feature draft starts from what they computed. At context position i the target's top hidden state
+f_i (final-normed, the input of its output head) decides token i + 1. The draft's position i
+reads (f_i, embedding of token i + 1), one linear layer mixes the two, one llama layer runs, and its
+normed output is a guess of f_{i+1}; the target's own output head rows for `head_ids` turn that guess
+into logits for token i + 2. Further drafted tokens feed the draft its own guesses (f') instead of f.
+
+Exactness does not depend on the drafter (the ratio test only needs the q it drafted from), so this is
+as lossless as any draft. The features come free: the verify forward computes them anyway.
+
+State across rounds (EagleState, kept by the Engine between generations):
+- `features` [P, d]: f_0 .. f_{P-1} of `context` (the target's features of committed tokens; the
+  newest committed token's feature is computed by the next verify, so P = len(context) - 1);
+- the draft's KV cache: position i holds (f_i, context[i + 1]) for i < kv.offset, always from true
+  features (positions run on the draft's own guesses are rolled back after every round).
+
+Files (config.json `model_type: "edgespec_eagle"`, weights in safetensors): fc.weight [d, 2d],
+fc.bias [d], layers.{i}.* (llama blocks), norm.weight [d], head_ids [H]. The embedding and the output
+head are the target's (never stored): the loader attaches them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama
+from mlx_lm.models.base import create_attention_mask
+
+from edgespec.cache import KVState, common_prefix
+from edgespec.config import SamplingConfig
+from edgespec.loop import Proposal, no_proposal
+from edgespec.sampling import sample, uniforms, warp
+
+MODEL_TYPE = "edgespec_eagle"
+
+
+class EagleModel(nn.Module):
+    """fc(concat(f_i, emb(t_{i+1}))) -> llama blocks -> norm = guess of f_{i+1}."""
+
+    def __init__(self, args: llama.ModelArgs, n_layers: int, head_size: int):
+        super().__init__()
+        self.args = args
+        self.model_type = MODEL_TYPE
+        d = args.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.layers = [llama.TransformerBlock(args) for _ in range(n_layers)]
+        self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        self.head_ids = mx.zeros((head_size,), dtype=mx.int32)
+        # The target's embedding module and head rows: plain attributes (not parameters: never
+        # saved, never trained, shared with the target rather than copied).
+        object.__setattr__(self, "embedding", None)
+        object.__setattr__(self, "head_weight", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    def attach(self, target: nn.Module) -> None:
+        """Use `target`'s input embedding and the rows of its output head that score head_ids."""
+        embedding = target.model.embed_tokens
+        vocab = embedding.weight.shape[0]
+        if vocab != self.args.vocab_size or target.args.hidden_size != self.args.hidden_size:
+            raise ValueError(
+                f"this feature draft was made for a {self.args.vocab_size}-token, "
+                f"{self.args.hidden_size}-wide target; the target given is {vocab} x "
+                f"{target.args.hidden_size}"
+            )
+        head = embedding if target.args.tie_word_embeddings else target.lm_head
+        object.__setattr__(self, "embedding", embedding)
+        object.__setattr__(self, "head_weight", _rows(head, self.head_ids))
+
+    def __call__(self, features: mx.array, tokens: mx.array, cache: Any = None) -> mx.array:
+        """features [B, L, d], tokens [B, L] (token i + 1 for feature i) -> guesses [B, L, d]."""
+        if self.embedding is None:
+            raise ValueError("a feature draft runs with its target; attach(target) first")
+        h = self.fc(mx.concatenate([features, self.embedding(tokens)], axis=-1))
+        layer_caches = cache if cache is not None else [None] * len(self.layers)
+        mask = create_attention_mask(h, layer_caches[0])
+        for layer, c in zip(self.layers, layer_caches, strict=True):
+            h = layer(h, mask, cache=c)
+        return self.norm(h)
+
+    def head_logits(self, guesses: mx.array) -> mx.array:
+        """[..., d] -> logits over the head [..., H]; column j scores token head_ids[j]."""
+        return guesses @ self.head_weight.T
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        return weights
+
+
+def _rows(layer: nn.Module, ids: mx.array) -> mx.array:
+    """Rows `ids` of an embedding / linear weight, dequantized if the layer is quantized."""
+    if "scales" in layer:
+        return mx.dequantize(
+            layer["weight"][ids],
+            scales=layer["scales"][ids],
+            biases=layer["biases"][ids] if "biases" in layer else None,
+            group_size=layer.group_size,
+            bits=layer.bits,
+        )
+    return layer.weight[ids]
+
+
+def is_eagle(config: dict[str, Any]) -> bool:
+    return config.get("model_type") == MODEL_TYPE
+
+
+def build(config: dict[str, Any]) -> EagleModel:
+    args = llama.ModelArgs.from_dict(config)
+    return EagleModel(args, int(config["eagle_layers"]), int(config["head_size"]))
+
+
+def load_eagle(path: str | Path, target: nn.Module | None) -> tuple[EagleModel, dict[str, Any]]:
+    """Load a feature-draft folder and attach it to `target` (required: the draft has no
+    embedding or head of its own). Raises ValueError on a missing target or a shape mismatch."""
+    if target is None or not hasattr(target, "model") or not hasattr(target, "args"):
+        raise ValueError("this is a feature draft (EAGLE-style); load it together with its target")
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    model = build(config)
+    weights: dict[str, mx.array] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update(mx.load(str(f)))
+    q = config.get("quantization")
+    if q:
+        nn.quantize(
+            model,
+            group_size=q["group_size"],
+            bits=q["bits"],
+            class_predicate=lambda p, m: f"{p}.scales" in weights,
+        )
+    model.load_weights(list(weights.items()), strict=True)
+    model.attach(target)
+    mx.eval(model.parameters(), model.head_weight)
+    return model, config
+
+
+def save_eagle(model: EagleModel, config: dict[str, Any], path: str | Path) -> None:
+    """Write config.json + model.safetensors (config must carry `quantization` if quantized)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def eagle_config(target_config: dict[str, Any], n_layers: int, head_size: int) -> dict[str, Any]:
+    """A feature draft's config.json for a llama target's config."""
+    keep = (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+        "rms_norm_eps", "vocab_size", "rope_theta", "rope_scaling", "max_position_embeddings",
+        "head_dim", "attention_bias", "mlp_bias", "tie_word_embeddings", "rope_traditional",
+    )  # fmt: skip
+    cfg = {k: target_config[k] for k in keep if k in target_config}
+    cfg.update(model_type=MODEL_TYPE, eagle_layers=n_layers, head_size=head_size)
+    cfg["num_hidden_layers"] = n_layers
+    return cfg
+
+
+# ----------------------------------------------------------------------------- target features
+
+
+def check_target(model: nn.Module, name: str = "target") -> None:
+    """A feature draft needs a llama-style target: model.model(...) -> final-normed hidden states."""
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "embed_tokens") or not hasattr(model, "args"):
+        raise ValueError(f"{name} does not expose its hidden states; feature drafts need a "
+                         "llama-style target")  # fmt: skip
+
+
+def target_features(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
+    """One target forward, [L] -> (features [L, d], logits [L, V]); the same arithmetic as
+    model(inputs) (mlx-lm's llama-style Model.__call__ is model.model followed by the head)."""
+    h = model.model(inputs[None], cache=cache)
+    if model.args.tie_word_embeddings:
+        logits = model.model.embed_tokens.as_linear(h)
+    else:
+        logits = model.lm_head(h)
+    return h[0], logits[0]
+
+
+class EagleState:
+    """A feature draft's KV cache plus the target features of the context it follows.
+
+    Invariants: features[i] was computed from context[: i + 1]; draft cache position i holds
+    (features[i], context[i + 1]) for every i < kv.offset, from true features only.
+    """
+
+    def __init__(self, model: EagleModel, name: str = "draft"):
+        self.model = model
+        self.kv = KVState(model, name)
+        self.context: list[int] = []
+        self.features: mx.array | None = None  # [P, d]
+
+    @property
+    def n_features(self) -> int:
+        return 0 if self.features is None else int(self.features.shape[0])
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s features are already known (feature i depends on tokens <= i)."""
+        return min(common_prefix(self.context, prompt), self.n_features)
+
+    def set_features(self, context: list[int], start: int, new: mx.array) -> None:
+        """Record the features of context positions start .. start + len(new) - 1 (committed
+        tokens); those before `start` must already be known. Rolls the cache back to what stays
+        valid (positions drafted on guesses, or whose token changed)."""
+        common = common_prefix(self.context, context)
+        if start > min(self.n_features, common):
+            raise ValueError(f"feature gap: {min(self.n_features, common)} known, next at {start}")
+        old = self.features[:start] if self.features is not None and start > 0 else None
+        if old is None:
+            self.features = new
+        elif new.shape[0] > 0:
+            self.features = mx.concatenate([old, new])
+        else:
+            self.features = old
+        self.context = list(context)
+        self.rewind(min(self.kv.offset, start, max(common - 1, 0)))
+
+    def rewind(self, keep: int) -> None:
+        self.kv.rewind(self.context, keep)
+
+    def reset(self) -> None:
+        self.kv.reset()
+        self.context, self.features = [], None
+
+
+def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -> int:
+    """KVState.prefill for a target driving a feature draft: the target's cache ends up holding
+    prompt[:-1] and `state` the features of those positions. Reuses what both still hold.
+    Returns the number of prompt tokens that will be run (as KVState.prefill)."""
+    keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1, state.reusable(prompt))
+    target.rewind(target.tokens, keep)
+    parts = []
+    for start in range(keep, len(prompt) - 1, chunk):
+        ids = prompt[start : min(start + chunk, len(prompt) - 1)]
+        feats, _ = target_features(target.model, mx.array(ids, dtype=mx.int32), target.cache)
+        mx.eval(feats, [c.state for c in target.cache])
+        parts.append(feats)
+    target.tokens = list(prompt[:-1])
+    new = mx.concatenate(parts) if parts else mx.zeros((0, state.model.args.hidden_size))
+    state.set_features(prompt, keep, new)
+    return len(prompt) - keep
+
+
+class EagleDrafter:
+    """Drafter over an EagleState. Head-only like ModelDrafter's reduced-head path: argmax / warp /
+    sample over the H head columns, q scattered to the vocabulary once per round.
+
+    propose(context): one catch-up forward over the draft positions not yet run (the n + 1 tokens
+    committed last round; the whole prompt after a prefill) gives the first guess; each further
+    token is a one-position forward on the previous guess. The loop hands the verify's features
+    to `take_features`, which also rolls back the positions drafted on guesses.
+    """
+
+    method = "draft"
+    wants_features = True
+
+    def __init__(self, state: EagleState, sampling: SamplingConfig, vocab: int):
+        self.state, self.sampling, self.vocab = state, sampling, vocab
+        self.head_ids = state.model.head_ids
+        self._valid = state.kv.offset
+
+    def take_features(self, context: list[int], start: int, new: mx.array) -> None:
+        self.state.set_features(context, start, new)
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        st, kv = self.state, self.state.kv
+        p = st.n_features
+        if p == 0 or p != len(context) - 1 or st.context[:p] != context[:p]:
+            return no_proposal()  # no features yet (a one-token prompt): a plain target step
+        if kv.offset >= p:  # feed at least one position: its output is the first guess
+            st.rewind(p - 1)
+        start = kv.offset
+        feats = st.features[start:p][None]
+        toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
+        self._valid = p
+        u = None if self.sampling.greedy else uniforms(key, k)
+        tokens, rows = [], []
+        for i in range(k):
+            guess = st.model(feats, toks, cache=kv.cache)[:, -1:]
+            logits = st.model.head_logits(guess)[0, 0]
+            if u is None:
+                tok = mx.argmax(logits).astype(mx.int32)
+            else:
+                rows.append(warp(logits, self.sampling))
+                tok = sample(rows[-1], u[i])
+            tok = self.head_ids[tok]
+            tokens.append(tok)
+            feats, toks = guess, tok.reshape(1, 1)
+            mx.async_eval(tok)
+        return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
+
+    def _full_q(self, rows: list[mx.array]) -> mx.array:
+        q = mx.stack(rows)
+        full = mx.zeros((q.shape[0], self.vocab), dtype=q.dtype)
+        full[:, self.head_ids] = q
+        return full
+
+    def commit(self, context: list[int]) -> None:
+        """Drop the positions drafted on guesses (take_features usually did already)."""
+        kv = self.state.kv
+        self.state.rewind(min(kv.offset, self._valid, self.state.n_features))
