@@ -17,8 +17,10 @@ State across rounds (EagleState, kept by the Engine between generations):
   features (positions run on the draft's own guesses are rolled back after every round).
 
 Files (config.json `model_type: "edgespec_eagle"`, weights in safetensors): fc.weight [d, 2d],
-fc.bias [d], layers.{i}.* (llama blocks), norm.weight [d], head_ids [H]. The embedding and the output
-head are the target's (never stored): the loader attaches them.
+fc.bias [d], layers.{i}.* (llama blocks), norm.weight [d], head_ids [H], and lm_head.weight [H, d]
+when config `eagle_head` is "own" (a head of its own, e.g. grown from a token draft); otherwise the
+draft scores with the target's own head rows. The embedding (and the target's head rows) are
+never stored: the loader attaches the target's.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ from edgespec.loop import Proposal, no_proposal
 from edgespec.sampling import sample, uniforms, warp
 
 MODEL_TYPE = "edgespec_eagle"
+# What the draft reads in place of a feature for its 2nd, 3rd ... drafted token: its own guess
+# (EAGLE; needs the feature-regression loss) or zeros (a draft grown from a token draft: later
+# tokens then run on the token path alone).
+CHAINS = ("guess", "zero")
 
 
 class EagleModel(nn.Module):
     """fc(concat(f_i, emb(t_{i+1}))) -> llama blocks -> norm = guess of f_{i+1}."""
 
-    def __init__(self, args: llama.ModelArgs, n_layers: int, head_size: int):
+    def __init__(self, args: llama.ModelArgs, n_layers: int, head_size: int, own_head: bool = False):
         super().__init__()
         self.args = args
         self.model_type = MODEL_TYPE
@@ -52,11 +58,15 @@ class EagleModel(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=True)
         self.layers = [llama.TransformerBlock(args) for _ in range(n_layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        if own_head:  # a trained head of its own (e.g. grown from a token draft's), else the target's
+            self.lm_head = nn.Linear(d, head_size, bias=False)
         self.head_ids = mx.zeros((head_size,), dtype=mx.int32)
         # The target's embedding module and head rows: plain attributes (not parameters: never
         # saved, never trained, shared with the target rather than copied).
         object.__setattr__(self, "embedding", None)
         object.__setattr__(self, "head_weight", None)
+        self.chain = "guess"
+        self.feature_scale = 1.0  # features are multiplied by this before the mixer
 
     @property
     def vocab_size(self) -> int:
@@ -80,6 +90,8 @@ class EagleModel(nn.Module):
         """features [B, L, d], tokens [B, L] (token i + 1 for feature i) -> guesses [B, L, d]."""
         if self.embedding is None:
             raise ValueError("a feature draft runs with its target; attach(target) first")
+        if self.feature_scale != 1.0:
+            features = features * self.feature_scale
         h = self.fc(mx.concatenate([features, self.embedding(tokens)], axis=-1))
         layer_caches = cache if cache is not None else [None] * len(self.layers)
         mask = create_attention_mask(h, layer_caches[0])
@@ -89,7 +101,13 @@ class EagleModel(nn.Module):
 
     def head_logits(self, guesses: mx.array) -> mx.array:
         """[..., d] -> logits over the head [..., H]; column j scores token head_ids[j]."""
+        if "lm_head" in self:
+            return self.lm_head(guesses)
         return guesses @ self.head_weight.T
+
+    def target_head_logits(self, features: mx.array) -> mx.array:
+        """The target's own logits over the head ids from its features (training, evaluation)."""
+        return features @ self.head_weight.T
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return weights
@@ -114,7 +132,13 @@ def is_eagle(config: dict[str, Any]) -> bool:
 
 def build(config: dict[str, Any]) -> EagleModel:
     args = llama.ModelArgs.from_dict(config)
-    return EagleModel(args, int(config["eagle_layers"]), int(config["head_size"]))
+    own = config.get("eagle_head", "target") == "own"
+    model = EagleModel(args, int(config["eagle_layers"]), int(config["head_size"]), own)
+    model.chain = config.get("eagle_chain", "guess")
+    model.feature_scale = float(config.get("feature_scale", 1.0))
+    if model.chain not in CHAINS:
+        raise ValueError(f"eagle_chain must be one of {', '.join(CHAINS)}, not {model.chain!r}")
+    return model
 
 
 def load_eagle(path: str | Path, target: nn.Module | None) -> tuple[EagleModel, dict[str, Any]]:
@@ -125,7 +149,7 @@ def load_eagle(path: str | Path, target: nn.Module | None) -> tuple[EagleModel, 
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     model = build(config)
-    weights: dict[str, mx.array] = {}
+    weights = base_weights(path, config)
     for f in sorted(path.glob("*.safetensors")):
         weights.update(mx.load(str(f)))
     q = config.get("quantization")
@@ -142,16 +166,56 @@ def load_eagle(path: str | Path, target: nn.Module | None) -> tuple[EagleModel, 
     return model, config
 
 
+def base_weights(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
+    """A feature draft grown from a token draft may store only what it added (the feature mixer)
+    and name its base (`eagle_base`: a folder relative to its own, with the sha256 of the base's
+    weights): the layers, final norm, head and head ids are then read from the base draft."""
+    base = config.get("eagle_base")
+    if not base:
+        return {}
+    folder = (path / base["path"]).resolve()
+    file = folder / "model.safetensors"
+    if not file.is_file():
+        raise ValueError(f"its base draft {base['path']} is missing ({file} not found)")
+    if sha256_file(file) != base["sha256"]:
+        raise ValueError(f"its base draft {base['path']} changed since it was made (sha256)")
+    renamed = {}
+    for k, v in mx.load(str(file)).items():
+        if k.startswith("model.layers.") or k.startswith("model.norm."):
+            renamed[k.removeprefix("model.")] = v
+        elif k.startswith("lm_head.") or k == "head_ids":
+            renamed[k] = v
+    return renamed
+
+
+def sha256_file(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def save_eagle(model: EagleModel, config: dict[str, Any], path: str | Path) -> None:
     """Write config.json + model.safetensors (config must carry `quantization` if quantized)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
+    if config.get("eagle_base"):  # only what the base draft does not hold
+        weights = {k: v for k, v in weights.items() if k.startswith("fc.")}
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def eagle_config(target_config: dict[str, Any], n_layers: int, head_size: int) -> dict[str, Any]:
+def eagle_config(
+    target_config: dict[str, Any],
+    n_layers: int,
+    head_size: int,
+    own_head: bool = False,
+    chain: str = "guess",
+) -> dict[str, Any]:
     """A feature draft's config.json for a llama target's config."""
     keep = (
         "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -160,6 +224,8 @@ def eagle_config(target_config: dict[str, Any], n_layers: int, head_size: int) -
     )  # fmt: skip
     cfg = {k: target_config[k] for k in keep if k in target_config}
     cfg.update(model_type=MODEL_TYPE, eagle_layers=n_layers, head_size=head_size)
+    cfg["eagle_head"] = "own" if own_head else "target"
+    cfg["eagle_chain"] = chain
     cfg["num_hidden_layers"] = n_layers
     return cfg
 
@@ -294,7 +360,8 @@ class EagleDrafter:
                 tok = sample(rows[-1], u[i])
             tok = self.head_ids[tok]
             tokens.append(tok)
-            feats, toks = guess, tok.reshape(1, 1)
+            feats = guess if st.model.chain == "guess" else mx.zeros_like(guess)
+            toks = tok.reshape(1, 1)
             mx.async_eval(tok)
         return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
 

@@ -290,3 +290,41 @@ def test_bench_refuses_mlx_lm_with_a_feature_draft(tiny_dir):
     with pytest.raises(ConfigError, match="token draft"):
         check_methods(engine, BenchPlan(methods=("plain", "spec", "mlx-lm")))
     check_methods(engine, BenchPlan(methods=("plain", "spec", "adaptive")))
+
+
+def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer(tiny_dir, tmp_path):
+    """from_token_draft: fc = [0, I], so before training the feature draft predicts exactly what
+    the token draft does one position later; export_grown stores the mixer and points at the base
+    (checked by sha256), and loading it back gives the same model."""
+    from edgespec.distill.build import build_draft
+    from edgespec.distill.eagle import export_grown, from_token_draft
+    from edgespec.draft_model import save_draft
+
+    t = load_model(str(tiny_dir / "target"))
+    cfg = json.loads((tiny_dir / "target" / "config.json").read_text())
+    head = np.arange(0, cfg["vocab_size"], 3)
+    token, tcfg = build_draft(t.model, cfg, [0, 3], head, "tiny")
+    save_draft(token, tcfg, tmp_path / "token")
+    grown, gcfg = from_token_draft(t.model, cfg, token)
+    x = mx.array([[7, 30, 2, 99, 41, 5]])
+    feats, _ = target_features(t.model, x[0], None)
+    want = token.head_logits(x[:, 1:])  # token draft fed tokens 1.. : predicts 2..
+    got = grown.head_logits(grown(feats[None, :-1], x[:, 1:]))
+    assert mx.allclose(got, want, atol=1e-4)
+    grown.fc.weight = grown.fc.weight + 0.01  # as if trained
+    export_grown(grown, gcfg, tmp_path / "grown", tmp_path / "token")
+    on_disk = mx.load(str(tmp_path / "grown" / "model.safetensors"))
+    assert set(on_disk) == {"fc.weight", "fc.bias"}
+    t2, d2 = load_pair(str(tiny_dir / "target"), str(tmp_path / "grown"))
+    again = d2.model.head_logits(d2.model(feats[None, :-1], x[:, 1:]))
+    assert mx.allclose(again, grown.head_logits(grown(feats[None, :-1], x[:, 1:])), atol=1e-2)
+    assert d2.model.chain == "zero"
+    engine = Engine(t2, d2)
+    ids = engine.encode_raw(PROMPT)
+    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 30))
+    assert _ids(_gen(engine, ids, SpecConfig(k=3), 30)) == plain
+    # a changed base is refused in one line
+    save_draft(build_draft(t.model, cfg, [1, 2], head, "tiny")[0], tcfg, tmp_path / "token")
+    with pytest.raises(ModelLoadError, match="changed since") as e:
+        load_pair(str(tiny_dir / "target"), str(tmp_path / "grown"))
+    assert "\n" not in str(e.value)

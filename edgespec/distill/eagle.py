@@ -126,7 +126,7 @@ def loss_fn(
 ) -> tuple[mx.array, mx.array]:
     guess = model(f, t)
     z_draft = model.head_logits(guess)
-    z_target = model.head_logits(ft)
+    z_target = model.target_head_logits(ft)
     p = mx.softmax(z_target, axis=-1)
     ce = -(p * nn.log_softmax(z_draft, axis=-1)).sum(-1)
     reg = nn.losses.smooth_l1_loss(guess, ft, reduction="none").mean(-1)
@@ -161,6 +161,62 @@ def new_eagle(target: nn.Module, target_config: dict, head_ids: np.ndarray, init
     return model, config
 
 
+def from_token_draft(target: nn.Module, target_config: dict, draft: nn.Module):
+    """A feature draft that starts as exactly `draft` (an EdgeSpec token draft: layers, final norm,
+    reduced head): fc = [0, I] passes the token embedding through and ignores the feature until
+    training teaches it to use it. Position i of the feature draft reads token i + 1, so it makes
+    the token draft's prediction of token i + 2 (the feature draft's target)."""
+    config = eagle_config(
+        target_config, len(draft.layers), int(draft.head_ids.shape[0]), True, chain="zero"
+    )
+    model = build(config)
+    for mine, theirs in zip(model.layers, draft.layers, strict=True):
+        mine.update(theirs.parameters())
+    model.norm.update(draft.model.norm.parameters())
+    model.lm_head.update(draft.lm_head.parameters())
+    d = config["hidden_size"]
+    model.fc.weight = mx.concatenate([mx.zeros((d, d)), mx.eye(d)], axis=1)
+    model.fc.bias = mx.zeros((d,))
+    model.head_ids = draft.head_ids
+    model.attach(target)
+    mx.eval(model.parameters())
+    return model, config
+
+
+def match_feature_scale(model: EagleModel, config: dict, items: list[Item]) -> float:
+    """Set feature_scale so that scaled features have the RMS of the token embeddings they are
+    mixed with (the target's features are ~17x larger for SmolLM2); stored in the config."""
+    f = np.concatenate([it.feats[:64].astype(np.float32) for it in items[:64]])
+    ids = mx.array(np.concatenate([it.ids[:64] for it in items[:64]]))
+    e = np.array(model.embedding(ids), dtype=np.float32)
+    scale = float(np.sqrt((e**2).mean() / (f**2).mean()))
+    model.feature_scale = config["feature_scale"] = scale
+    return scale
+
+
+def export_grown(model: EagleModel, config: dict, out: Path, base: Path) -> Path:
+    """Write a feature draft grown from the token draft in folder `base` (trained with only_fc):
+    only the feature mixer (fp16, ~1.3 MB for SmolLM2) plus a pointer to `base` and the sha256 of
+    its weights; the loader reads everything else from `base`."""
+    import os
+
+    from edgespec.eagle import save_eagle, sha256_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    base_config = json.loads((base / "config.json").read_text())
+    config = dict(config)
+    config["eagle_base"] = {
+        "path": os.path.relpath(base.resolve(), out.resolve()),
+        "sha256": sha256_file(base / "model.safetensors"),
+    }
+    if base_config.get("quantization"):
+        config["quantization"] = base_config["quantization"]
+    model.fc.weight = model.fc.weight.astype(mx.float16)
+    model.fc.bias = model.fc.bias.astype(mx.float16)
+    save_eagle(model, config, out)
+    return out
+
+
 @dataclass(frozen=True)
 class EagleTrainConfig:
     steps: int = 2000
@@ -170,6 +226,7 @@ class EagleTrainConfig:
     reg_weight: float = 1.0
     eval_every: int = 250
     seed: int = 0
+    only_fc: bool = False  # train the feature mixer only (a draft grown from a token draft)
 
 
 def train_eagle(
@@ -200,6 +257,13 @@ def train_eagle(
         meta = json.loads(state_path.read_text())
         step, seen, curve = meta["step"], meta["seen"], meta["curve"]
         log(f"resumed at step {step}")
+    model.unfreeze()
+    keep_token_path = None
+    if cfg.only_fc:  # grown from a token draft: train how the feature enters, nothing else
+        model.freeze()
+        model.fc.unfreeze()
+        d = model.args.hidden_size
+        keep_token_path = mx.concatenate([mx.ones((d, d)), mx.zeros((d, d))], axis=1)
     model.freeze(recurse=False, keys=["head_ids"])
     grad_fn = nn.value_and_grad(model, lambda mdl, *b: loss_fn(mdl, *b, cfg.reg_weight))
     rng = np.random.default_rng(cfg.seed + step)
@@ -213,6 +277,8 @@ def train_eagle(
         pick = rng.choice(by_length[lo : lo + 64], min(cfg.batch, len(train)), replace=False)
         f, t, ft, m = make_batch([train[i] for i in pick])
         (lv, _), grads = grad_fn(model, f, t, ft, m)
+        if keep_token_path is not None:  # the embedding's identity path stays exactly as it was
+            grads["fc"]["weight"] = grads["fc"]["weight"] * keep_token_path
         opt.update(model, grads)
         mx.eval(model.parameters(), opt.state, lv)
         step, seen, loss = step + 1, seen + int(m.sum().item()), float(lv.item())
