@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -50,7 +50,9 @@ CHAINS = ("guess", "zero")
 class EagleModel(nn.Module):
     """fc(concat(f_i, emb(t_{i+1}))) -> llama blocks -> norm = guess of f_{i+1}."""
 
-    def __init__(self, args: llama.ModelArgs, n_layers: int, head_size: int, own_head: bool = False):
+    def __init__(
+        self, args: llama.ModelArgs, n_layers: int, head_size: int, own_head: bool = False
+    ):
         super().__init__()
         self.args = args
         self.model_type = MODEL_TYPE
@@ -58,7 +60,9 @@ class EagleModel(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=True)
         self.layers = [llama.TransformerBlock(args) for _ in range(n_layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
-        if own_head:  # a trained head of its own (e.g. grown from a token draft's), else the target's
+        if (
+            own_head
+        ):  # a trained head of its own (e.g. grown from a token draft's), else the target's
             self.lm_head = nn.Linear(d, head_size, bias=False)
         self.head_ids = mx.zeros((head_size,), dtype=mx.int32)
         # The target's embedding module and head rows: plain attributes (not parameters: never
@@ -78,9 +82,9 @@ class EagleModel(nn.Module):
         vocab = embedding.weight.shape[0]
         if vocab != self.args.vocab_size or target.args.hidden_size != self.args.hidden_size:
             raise ValueError(
-                f"this feature draft was made for a {self.args.vocab_size}-token, "
-                f"{self.args.hidden_size}-wide target; the target given is {vocab} x "
-                f"{target.args.hidden_size}"
+                f"this feature draft was made for a target with {self.args.vocab_size} tokens "
+                f"and width {self.args.hidden_size}; the target given has {vocab} tokens and "
+                f"width {target.args.hidden_size}"
             )
         head = embedding if target.args.tie_word_embeddings else target.lm_head
         object.__setattr__(self, "embedding", embedding)
@@ -151,7 +155,7 @@ def load_eagle(path: str | Path, target: nn.Module | None) -> tuple[EagleModel, 
     model = build(config)
     weights = base_weights(path, config)
     for f in sorted(path.glob("*.safetensors")):
-        weights.update(mx.load(str(f)))
+        weights.update(cast(dict[str, mx.array], mx.load(str(f))))
     q = config.get("quantization")
     if q:
         nn.quantize(
@@ -180,7 +184,7 @@ def base_weights(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
     if sha256_file(file) != base["sha256"]:
         raise ValueError(f"its base draft {base['path']} changed since it was made (sha256)")
     renamed = {}
-    for k, v in mx.load(str(file)).items():
+    for k, v in cast(dict[str, mx.array], mx.load(str(file))).items():
         if k.startswith("model.layers.") or k.startswith("model.norm."):
             renamed[k.removeprefix("model.")] = v
         elif k.startswith("lm_head.") or k == "head_ids":
@@ -345,6 +349,7 @@ class EagleDrafter:
         if kv.offset >= p:  # feed at least one position: its output is the first guess
             st.rewind(p - 1)
         start = kv.offset
+        assert st.features is not None
         feats = st.features[start:p][None]
         toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
         self._valid = p

@@ -239,7 +239,9 @@ def speculate(
                 out[:n] + [nxt], kinds, emitted, limits, context
             )
             if feats is not None:  # features of the verified positions whose input is committed
-                drafter.take_features(context + committed, len(context) - 1, feats[: len(committed)])
+                drafter.take_features(  # type: ignore[attr-defined]
+                    context + committed, len(context) - 1, feats[: len(committed)]
+                )
             context += committed
             emitted += len(toks)
             target.rewind(context, len(context) - 1)

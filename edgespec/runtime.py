@@ -155,7 +155,7 @@ class Engine:
         if uses_draft and isinstance(self._draft, EagleState):  # it needs the prompt's features
             return eagle_prefill(self._target, self._draft, prompt, PREFILL_CHUNK)
         prefilled = self._target.prefill(prompt)
-        if uses_draft and self._draft is not None:
+        if uses_draft and isinstance(self._draft, KVState):
             self._draft.prefill(prompt)
         return prefilled
 

@@ -189,5 +189,7 @@ def make_tiny_eagle(target: str | Path, out: str | Path, seed: int = 0, head: in
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(a) for k, a in weights.items()})
+    mx.save_safetensors(
+        str(out / "model.safetensors"), {k: mx.array(a) for k, a in weights.items()}
+    )
     return out

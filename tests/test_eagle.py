@@ -112,7 +112,7 @@ def test_feature_draft_without_or_with_a_wrong_target_is_a_one_line_error(tiny_d
     from edgespec.tiny import random_llama_weights, write_model
 
     write_model(wide, cfg, random_llama_weights(cfg, 0), tmp_path / "wide" / "tokenizer")
-    with pytest.raises(ModelLoadError, match="made for a") as e:
+    with pytest.raises(ModelLoadError, match="made for a target with") as e:
         load_pair(str(wide), str(tiny_dir / "eagle"))
     assert "\n" not in str(e.value)
 
@@ -180,7 +180,10 @@ def test_multi_turn_chat_reuses_features_and_stays_exact(tiny_dir, trained):
         target_tokens, draft_tokens = engine.cached_tokens()
         assert draft_tokens == state.context[: state.kv.offset]
         text = engine.tokenizer.decode(want)
-        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"more {turn}"}]
+        msgs += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": f"more {turn}"},
+        ]
     assert state.kv.offset > 0
 
 
@@ -223,7 +226,9 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_dir, trained):
     assert {"accepted", "corrected"} <= kinds
 
     def pvalue(samples, context):
-        p = np.array(warp(engine.target.model(mx.array(context)[None])[0, -1], sampling), np.float64)
+        p = np.array(
+            warp(engine.target.model(mx.array(context)[None])[0, -1], sampling), np.float64
+        )
         counts = np.bincount(samples, minlength=p.size).astype(np.float64)
         exp = p * len(samples)
         big = exp >= 5
@@ -292,7 +297,9 @@ def test_bench_refuses_mlx_lm_with_a_feature_draft(tiny_dir):
     check_methods(engine, BenchPlan(methods=("plain", "spec", "adaptive")))
 
 
-def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer(tiny_dir, tmp_path):
+def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer(
+    tiny_dir, tmp_path
+):
     """from_token_draft: fc = [0, I], so before training the feature draft predicts exactly what
     the token draft does one position later; export_grown stores the mixer and points at the base
     (checked by sha256), and loading it back gives the same model."""

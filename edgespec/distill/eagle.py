@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -101,8 +102,16 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     import io
 
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _num(x: mx.array) -> float:
+    return float(x.item())  # type: ignore[arg-type]
+
+
+def _flat(tree: Any) -> list[tuple[str, mx.array]]:
+    return cast(list[tuple[str, mx.array]], tree_flatten(tree))
 
 
 def make_batch(items: list[Item]) -> tuple[mx.array, mx.array, mx.array, mx.array]:
@@ -140,8 +149,8 @@ def agreement(model: EagleModel, items: list[Item], batch: int = 8) -> float:
     for i in range(0, len(items), batch):
         f, t, ft, m = make_batch(items[i : i + batch])
         _, acc = loss_fn(model, f, t, ft, m, 0.0)
-        n = float(m.sum().item())
-        hits, total = hits + float(acc.item()) * n, total + n
+        n = _num(m.sum())
+        hits, total = hits + _num(acc) * n, total + n
     return hits / max(total, 1.0)
 
 
@@ -250,7 +259,7 @@ def train_eagle(
     opt = optim.AdamW(schedule, betas=[0.9, 0.95], weight_decay=0.0, bias_correction=True)
     step, seen, curve = 0, 0, []
     if ckpt.is_file() and state_path.is_file():
-        flat = mx.load(str(ckpt))
+        flat = cast(dict[str, mx.array], mx.load(str(ckpt)))
         model.load_weights([(k[2:], v) for k, v in flat.items() if k.startswith("m.")])
         opt.init(model.trainable_parameters())
         opt.state = tree_unflatten([(k[2:], v) for k, v in flat.items() if k.startswith("o.")])
@@ -265,7 +274,11 @@ def train_eagle(
         d = model.args.hidden_size
         keep_token_path = mx.concatenate([mx.ones((d, d)), mx.zeros((d, d))], axis=1)
     model.freeze(recurse=False, keys=["head_ids"])
-    grad_fn = nn.value_and_grad(model, lambda mdl, *b: loss_fn(mdl, *b, cfg.reg_weight))
+
+    def objective(mdl: EagleModel, *b: mx.array) -> tuple[mx.array, mx.array]:
+        return loss_fn(mdl, b[0], b[1], b[2], b[3], cfg.reg_weight)
+
+    grad_fn = nn.value_and_grad(model, objective)
     rng = np.random.default_rng(cfg.seed + step)
     lengths = np.array([len(it.ids) for it in train])
     by_length = np.argsort(lengths)
@@ -281,14 +294,14 @@ def train_eagle(
             grads["fc"]["weight"] = grads["fc"]["weight"] * keep_token_path
         opt.update(model, grads)
         mx.eval(model.parameters(), opt.state, lv)
-        step, seen, loss = step + 1, seen + int(m.sum().item()), float(lv.item())
+        step, seen, loss = step + 1, seen + int(_num(m.sum())), _num(lv)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             a = agreement(model, held)
             curve.append({"step": step, "seen": seen, "loss": round(loss, 4), "agreement": a})
             rate = seen / (time.perf_counter() - t0)
             log(f"step {step}: loss {loss:.3f}, held-out agreement {a:.3f} ({rate:.0f} tok/s)")
-            flat = {f"m.{k}": v for k, v in tree_flatten(model.parameters())}
-            flat |= {f"o.{k}": v for k, v in tree_flatten(opt.state)}
+            flat = {f"m.{k}": v for k, v in _flat(model.parameters())}
+            flat |= {f"o.{k}": v for k, v in _flat(opt.state)}
             mx.save_safetensors(str(ckpt), flat)
             meta = {"step": step, "seen": seen, "curve": curve}
             atomic_write_bytes(state_path, json.dumps(meta).encode())
