@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -88,17 +88,8 @@ def load_draft(
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     model = build(config)
-    weights: dict[str, mx.array] = {}
-    for f in sorted(path.glob("*.safetensors")):
-        weights.update(mx.load(str(f)))
-    q = config.get("quantization")
-    if q:
-        nn.quantize(
-            model,
-            group_size=q["group_size"],
-            bits=q["bits"],
-            class_predicate=lambda p, m: f"{p}.scales" in weights,
-        )
+    weights = read_weights(path)
+    quantize_as_stored(model, config, weights)
     if shares_embedding(config):
         _attach_embedding(model, config, embedding)
         model.load_weights(list(weights.items()), strict=False)
@@ -110,6 +101,27 @@ def load_draft(
         model.load_weights(list(weights.items()), strict=True)
     mx.eval(model.parameters())
     return model, config
+
+
+def read_weights(path: Path) -> dict[str, mx.array]:
+    """Every tensor of a folder's *.safetensors files."""
+    weights: dict[str, mx.array] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update(cast(dict[str, mx.array], mx.load(str(f))))
+    return weights
+
+
+def quantize_as_stored(model: nn.Module, config: dict[str, Any], weights: dict) -> None:
+    """Quantize the layers that were saved quantized (those with `.scales` in `weights`), with the
+    group size and bits of config["quantization"]; nothing when the config has none."""
+    q = config.get("quantization")
+    if q:
+        nn.quantize(
+            model,
+            group_size=q["group_size"],
+            bits=q["bits"],
+            class_predicate=lambda p, m: f"{p}.scales" in weights,
+        )
 
 
 EMBED = "model.embed_tokens."

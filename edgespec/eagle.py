@@ -37,6 +37,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from edgespec.cache import KVState, common_prefix
 from edgespec.config import SamplingConfig
+from edgespec.draft_model import quantize_as_stored, read_weights
 from edgespec.loop import Proposal, no_proposal
 from edgespec.sampling import sample, uniforms, warp
 
@@ -153,17 +154,8 @@ def load_eagle(path: str | Path, target: nn.Module | None) -> tuple[EagleModel, 
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     model = build(config)
-    weights = base_weights(path, config)
-    for f in sorted(path.glob("*.safetensors")):
-        weights.update(cast(dict[str, mx.array], mx.load(str(f))))
-    q = config.get("quantization")
-    if q:
-        nn.quantize(
-            model,
-            group_size=q["group_size"],
-            bits=q["bits"],
-            class_predicate=lambda p, m: f"{p}.scales" in weights,
-        )
+    weights = base_weights(path, config) | read_weights(path)
+    quantize_as_stored(model, config, weights)
     model.load_weights(list(weights.items()), strict=True)
     model.attach(target)
     mx.eval(model.parameters(), model.head_weight)
