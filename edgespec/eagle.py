@@ -38,8 +38,9 @@ from mlx_lm.models.base import create_attention_mask
 from edgespec.cache import KVState, common_prefix
 from edgespec.config import SamplingConfig
 from edgespec.draft_model import quantize_as_stored, read_weights
-from edgespec.loop import Proposal, no_proposal
-from edgespec.sampling import sample, uniforms, warp
+from edgespec.gguf import sha256_file
+from edgespec.loop import Proposal, full_q, no_proposal, pick_token
+from edgespec.sampling import uniforms
 
 MODEL_TYPE = "edgespec_eagle"
 # What the draft reads in place of a feature for its 2nd, 3rd ... drafted token: its own guess
@@ -61,9 +62,8 @@ class EagleModel(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=True)
         self.layers = [llama.TransformerBlock(args) for _ in range(n_layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
-        if (
-            own_head
-        ):  # a trained head of its own (e.g. grown from a token draft's), else the target's
+        # A trained head of its own (e.g. grown from a token draft's), else the target's rows.
+        if own_head:
             self.lm_head = nn.Linear(d, head_size, bias=False)
         self.head_ids = mx.zeros((head_size,), dtype=mx.int32)
         # The target's embedding module and head rows: plain attributes (not parameters: never
@@ -184,16 +184,6 @@ def base_weights(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
     return renamed
 
 
-def sha256_file(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save_eagle(model: EagleModel, config: dict[str, Any], path: str | Path) -> None:
     """Write config.json + model.safetensors (config must carry `quantization` if quantized)."""
     path = Path(path)
@@ -227,14 +217,6 @@ def eagle_config(
 
 
 # ----------------------------------------------------------------------------- target features
-
-
-def check_target(model: nn.Module, name: str = "target") -> None:
-    """A feature draft needs a llama-style target: model.model(...) -> final-normed hidden states."""
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "embed_tokens") or not hasattr(model, "args"):
-        raise ValueError(f"{name} does not expose its hidden states; feature drafts need a "
-                         "llama-style target")  # fmt: skip
 
 
 def target_features(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
@@ -346,27 +328,18 @@ class EagleDrafter:
         toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
         self._valid = p
         u = None if self.sampling.greedy else uniforms(key, k)
-        tokens, rows = [], []
+        tokens: list[mx.array] = []
+        rows: list[mx.array] = []
         for i in range(k):
             guess = st.model(feats, toks, cache=kv.cache)[:, -1:]
             logits = st.model.head_logits(guess)[0, 0]
-            if u is None:
-                tok = mx.argmax(logits).astype(mx.int32)
-            else:
-                rows.append(warp(logits, self.sampling))
-                tok = sample(rows[-1], u[i])
-            tok = self.head_ids[tok]
+            tok = pick_token(logits, self.sampling, u, i, self.head_ids, rows)
             tokens.append(tok)
             feats = guess if st.model.chain == "guess" else mx.zeros_like(guess)
             toks = tok.reshape(1, 1)
             mx.async_eval(tok)
-        return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
-
-    def _full_q(self, rows: list[mx.array]) -> mx.array:
-        q = mx.stack(rows)
-        full = mx.zeros((q.shape[0], self.vocab), dtype=q.dtype)
-        full[:, self.head_ids] = q
-        return full
+        q = full_q(rows, self.head_ids, self.vocab) if rows else None
+        return Proposal(mx.stack(tokens), q)
 
     def commit(self, context: list[int]) -> None:
         """Drop the positions drafted on guesses (take_features usually did already)."""

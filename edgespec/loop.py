@@ -123,32 +123,49 @@ class ModelDrafter:
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         inputs = mx.array(context[self.state.offset :], dtype=mx.int32)
         u = None if self.sampling.greedy else uniforms(key, k)
-        ids = self.head_ids
-        tokens, rows = [], []
+        tokens: list[mx.array] = []
+        rows: list[mx.array] = []
         for i in range(k):
-            logits = self._logits(inputs)
-            if u is None:
-                tok = mx.argmax(logits).astype(mx.int32)
-            else:
-                rows.append(warp(logits, self.sampling))
-                tok = sample(rows[-1], u[i])
-            if ids is not None:
-                tok = ids[tok]
+            tok = pick_token(self._logits(inputs), self.sampling, u, i, self.head_ids, rows)
             tokens.append(tok)
             inputs = tok.reshape(1)
             mx.async_eval(tok)
         return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
 
     def _full_q(self, rows: list[mx.array]) -> mx.array:
-        q = mx.stack(rows)
-        if self.head_ids is None:
-            return q
-        full = mx.zeros((q.shape[0], self.vocab), dtype=q.dtype)
-        full[:, self.head_ids] = q
-        return full
+        return full_q(rows, self.head_ids, self.vocab)
 
     def commit(self, context: list[int]) -> None:
         self.state.rewind(context, min(self.state.offset, len(context) - 1))
+
+
+def pick_token(
+    logits: mx.array,
+    sampling: SamplingConfig,
+    u: mx.array | None,
+    i: int,
+    head_ids: mx.array | None,
+    rows: list[mx.array],
+) -> mx.array:
+    """The i-th drafted token from one row of draft logits (lazy): argmax at temperature 0,
+    else an inverse-CDF sample with uniform u[i] from the warped row, which is appended to `rows`
+    (the drafted q). A reduced-head draft's column index is mapped to its token id."""
+    if u is None:
+        tok = mx.argmax(logits).astype(mx.int32)
+    else:
+        rows.append(warp(logits, sampling))
+        tok = sample(rows[-1], u[i])
+    return tok if head_ids is None else head_ids[tok]
+
+
+def full_q(rows: list[mx.array], head_ids: mx.array | None, vocab: int) -> mx.array:
+    """Stack drafted q rows; a reduced head's rows are scattered to the vocabulary (0 elsewhere)."""
+    q = mx.stack(rows)
+    if head_ids is None:
+        return q
+    full = mx.zeros((q.shape[0], vocab), dtype=q.dtype)
+    full[:, head_ids] = q
+    return full
 
 
 def _truncate(new: list[int], kinds: list[str], emitted: int, limits: Limits, context: list[int]):

@@ -149,13 +149,18 @@ def unpack(arrays: dict[str, np.ndarray]) -> list[Sequence]:
 
 def write_shard(data_dir: Path, index: int, seqs: list[Sequence]) -> Path:
     """Write shard `index` atomically; return its path."""
+    path = shard_path(data_dir, index)
+    atomic_write_npz(path, pack(seqs))
+    return path
+
+
+def atomic_write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez to `path`, atomically (a killed run never leaves half a file)."""
     import io
 
     buf = io.BytesIO()
-    np.savez(buf, **pack(seqs))
-    path = shard_path(data_dir, index)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     atomic_write_bytes(path, buf.getvalue())
-    return path
 
 
 def read_shard(path: Path) -> list[Sequence]:

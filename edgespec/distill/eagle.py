@@ -27,7 +27,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from edgespec.distill.data import Sequence, atomic_write_bytes
+from edgespec.distill.data import Sequence, atomic_write_bytes, atomic_write_npz
 from edgespec.eagle import EagleModel, build, eagle_config
 
 
@@ -75,13 +75,9 @@ def extract_features(
         if index in done:
             continue
         part = seqs[start : start + batch]
-        width = max(len(s.ids) for s in part)
-        x = np.zeros((len(part), width), np.int32)
-        for b, s in enumerate(part):
-            x[b, : len(s.ids)] = s.ids  # right padding: causal attention never sees it
         feats = []
-        for b in range(len(part)):  # per row: target_features works on one sequence
-            f, _ = target_features(target, mx.array(x[b, : len(part[b].ids)]), None)
+        for s in part:  # one sequence at a time: no padding to compute
+            f, _ = target_features(target, mx.array(s.ids, dtype=mx.int32), None)
             feats.append(f.astype(mx.float16))
         mx.eval(feats)
         out: dict[str, np.ndarray] = {"count": np.array(len(part))}
@@ -91,19 +87,11 @@ def extract_features(
             out[f"ids{b}"] = np.asarray(s.ids, np.int32)
             out[f"f{b}"] = np.array(feats[b])
             out[f"p{b}"] = np.array(s.prompt_len)
-        _save_npz(folder / f"features-{index:05d}.npz", out)
+        atomic_write_npz(folder / f"features-{index:05d}.npz", out)
         have += n
         fresh += n
         log(f"features: {have} tokens ({fresh / (time.perf_counter() - t0):.0f} tokens/s)")
     return have
-
-
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    import io
-
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)  # type: ignore[arg-type]
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def _num(x: mx.array) -> float:
@@ -209,7 +197,8 @@ def export_grown(model: EagleModel, config: dict, out: Path, base: Path) -> Path
     its weights; the loader reads everything else from `base`."""
     import os
 
-    from edgespec.eagle import save_eagle, sha256_file
+    from edgespec.eagle import save_eagle
+    from edgespec.gguf import sha256_file
 
     out.mkdir(parents=True, exist_ok=True)
     base_config = json.loads((base / "config.json").read_text())
