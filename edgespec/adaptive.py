@@ -10,7 +10,7 @@ while drafting keeps losing) so the estimates can notice the draft becoming usef
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
-c as an EMA of t_draft / drafted, and v as an EMA per L fitted by a line. The choice uses only
+c as an EMA of t_draft / drafted (leaving out the catch-up after K = 0 rounds), and v as an EMA per L fitted by a line. The choice uses only
 measured costs and past outcomes, never the target's view of the coming tokens, so exactness holds.
 """
 
@@ -91,12 +91,14 @@ class DrafterEstimate:
     def alpha(self) -> float:
         return self.accepted / self.trials
 
-    def observe(self, r: Round) -> None:
-        """Fold one round with r.drafted > 0: r.accepted successes, one failure if any rejected."""
+    def observe(self, r: Round, timed: bool = True) -> None:
+        """Fold one round with r.drafted > 0: r.accepted successes, one failure if any rejected.
+        timed=False keeps its time out of the cost (a draft that had to catch up first)."""
         failure = 1.0 if r.accepted < r.drafted else 0.0
         self.accepted = ALPHA_DECAY * self.accepted + r.accepted
         self.trials = ALPHA_DECAY * self.trials + r.accepted + failure
-        self.draft_cost = _ema(self.draft_cost, r.t_draft / r.drafted)
+        if timed:
+            self.draft_cost = _ema(self.draft_cost, r.t_draft / r.drafted)
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -122,13 +124,18 @@ class AdaptiveK:
         self.verify_means: dict[int, float] = {}  # verified tokens L -> EMA seconds
         self.chosen: list[int] = []
         self._method: str | None = None  # who drafted the latest round that drafted
+        self._after_plain = False  # the previous round drafted nothing (K = 0)
         self._plain_run = 0  # K = 0 rounds since the last round that drafted
         self._probe_gap = PROBE_EVERY
 
     def observe(self, r: Round) -> None:
         est = self.estimates.setdefault(r.method, DrafterEstimate())
         if r.drafted > 0:
-            est.observe(r)
+            # After K = 0 rounds a draft model first catches up on every token committed
+            # meanwhile (up to PROBE_MAX + 1): one longer forward that is not the cost of drafting,
+            # and counting it would keep K = 0 chosen.
+            est.observe(r, timed=not self._after_plain)
+        self._after_plain = r.drafted == 0
         length = r.drafted + 1  # the pending token + the drafts
         self.verify_means[length] = _ema(self.verify_means.get(length), r.t_verify)
 

@@ -35,8 +35,9 @@ class Round:
     drafted: int
     accepted: int
     k: int
-    t_draft: float  # seconds spent drafting
-    t_verify: float  # seconds in the target's verify forward (and acceptance)
+    # The round's seconds, split by marginal cost (the verify is built while the draft computes):
+    t_draft: float  # drafting time not hidden behind building the verify
+    t_verify: float  # building the target's verify forward + waiting for it (and the acceptance)
     method: str = "draft"
     type: str = field(default="round", init=False)
 

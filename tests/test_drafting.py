@@ -200,6 +200,25 @@ def test_adaptive_k_turns_drafting_back_on_when_probes_succeed():
     assert policy.chosen[-10:] == [8] * 10
 
 
+def test_adaptive_k_leaves_the_catch_up_after_plain_rounds_out_of_the_draft_cost():
+    # A probe after K = 0 rounds feeds the draft every token committed meanwhile: a slow round that
+    # says nothing about the cost of drafting. Counting it kept a good draft switched off.
+    policy = AdaptiveK(1, 4)
+    k = policy(None)
+    for i in range(12):  # rejected drafts: drafting is switched off
+        k = policy(_round(i, k, 0, k, 0.01 * k, 0.1 + 0.005 * k))
+    cost = policy.estimates["draft"].draft_cost
+    assert policy.chosen[-1] == 0 and cost == pytest.approx(0.01)
+    i = 12
+    while k == 0:  # plain rounds until the probe
+        k, i = policy(_round(i, 0, 0, 0, 0.0, 0.1)), i + 1
+    k = policy(_round(i, k, k, k, 0.5, 0.1 + 0.005 * k))  # probe: all accepted, 0.5 s catch-up
+    assert policy.estimates["draft"].draft_cost == pytest.approx(cost)  # left out
+    assert k > 0  # the accepted probe turns drafting back on
+    policy(_round(i + 1, k, k, k, 0.02 * k, 0.1 + 0.005 * k))  # a steady round is timed
+    assert policy.estimates["draft"].draft_cost == pytest.approx(0.7 * 0.01 + 0.3 * 0.02)
+
+
 def test_adaptive_k_keeps_estimates_per_method():
     policy = AdaptiveK(4, 8, allow_plain=False)
     for i in range(20):

@@ -55,3 +55,36 @@ def test_sampled_self_draft_accepts_almost_everything(tiny_self_models):
     engine = Engine(*tiny_self_models)
     events = _run(engine, engine.encode_raw(PROMPT), SamplingConfig(1.0, seed=3), 4, 60)
     assert events[-1].stats.acceptance > 0.97
+
+
+def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, monkeypatch):
+    """One host sync per round, after the target's verify graph is built on the lazy drafts: on
+    a GPU the draft computes while the host builds the verify (no idle device in between)."""
+    import mlx.core as mx
+
+    from edgespec.cache import KVState
+    from edgespec.loop import Limits, ModelDrafter, speculate
+
+    (target, draft), log = tiny_models, []
+    t_state, d_state = KVState(target.model, "target"), KVState(draft.model, "draft")
+    for state, name in ((t_state, "verify"), (d_state, "draft")):
+        forward = state.forward
+        monkeypatch.setattr(
+            state, "forward", lambda *a, _f=forward, _n=name, **k: log.append(_n) or _f(*a, **k)
+        )
+    real_eval = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *a: log.append("sync") or real_eval(*a))
+    prompt = list(range(3, 20))
+    greedy = SamplingConfig(temperature=0)
+    t_state.prefill(prompt)
+    d_state.prefill(prompt)
+    log.clear()
+    drafter = ModelDrafter(d_state, greedy, int(target.model.args.vocab_size))
+    limits = Limits(12, frozenset(), 512)
+    steps = list(speculate(t_state, drafter, prompt, greedy, lambda _r: 2, limits))
+    rounds = " ".join(log).split("verify")  # what happened before each verify, and after the last
+    assert len(rounds) - 1 == len(steps) >= 4
+    assert rounds[0].split() == ["draft", "draft"]  # the first round waits for nothing
+    assert all(r.split() == ["sync", "draft", "draft"] for r in rounds[1:-1]), log
+    assert rounds[-1].split() == ["sync"]
+    assert all(s.round.t_draft > 0 and s.round.t_verify > 0 for s in steps)
