@@ -42,14 +42,17 @@ METHODS = ("draft", "ngram", "hybrid", "none")
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """How speculation runs. k is the (maximum) number of drafted tokens per round."""
+    """How speculation runs. k is the (maximum) number of drafted tokens per round, except that a
+    hybrid round drafted by the n-gram lookup proposes up to max(k, ngram_k) tokens: a long
+    matched suffix is usually followed by a long copy, and it costs no draft steps."""
 
     k: int = 4
     method: str = "draft"
     adaptive: bool = False
     ngram_max: int = 4
-    ngram_min: int = 1
+    ngram_min: int = 2  # one-token suffixes match too often to be worth a verify (README)
     k_max: int = 8
+    ngram_k: int = 4
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -60,6 +63,8 @@ class SpecConfig:
             raise ConfigError(
                 f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}"
             )
+        if self.ngram_k < 1:
+            raise ConfigError(f"ngram-k must be >= 1, got {self.ngram_k}")
         if self.k_max < self.k:
             object.__setattr__(self, "k_max", self.k)
 

@@ -67,7 +67,8 @@ class HybridDrafter:
     """Drafter: n-gram lookup when the last >= min_match tokens occurred before, else the model.
 
     `method` names the drafter of the latest proposal ("ngram" or "draft"), so Round events say
-    who drafted each round. `propose_free` is the lookup alone (up to `free_k` tokens, fewer
+    who drafted each round. A lookup proposes up to max(K, free_k) tokens (SpecConfig.ngram_k).
+    `propose_free` is the lookup alone (up to `free_k` tokens, fewer
     where the loop's `max_k` says the context window is nearly full): the loop
     uses it in rounds where an adaptive K policy switched drafting off (K = 0), because a lookup
     costs next to nothing and a match is often accepted.
@@ -88,7 +89,9 @@ class HybridDrafter:
         return self.ngram.propose_min(context, min(self.free_k, max_k), self.min_match)
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
-        prop = self.ngram.propose_min(context, k, self.min_match)
+        # A lookup may propose more than the model's k: it costs no draft steps (the loop cuts
+        # any proposal to the room left in the context window).
+        prop = self.ngram.propose_min(context, max(k, self.free_k), self.min_match)
         if prop.tokens.shape[0] > 0:
             self.method = "ngram"
             return prop
@@ -138,4 +141,5 @@ def build_drafter(
     if spec.method == "draft":
         return model
     min_match = max(spec.ngram_min, min(HYBRID_MIN_MATCH, spec.ngram_max))
-    return HybridDrafter(NgramDrafter(spec.ngram_min, spec.ngram_max), model, min_match, spec.k)
+    ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    return HybridDrafter(ngram, model, min_match, max(spec.k, spec.ngram_k))

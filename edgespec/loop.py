@@ -277,7 +277,9 @@ def speculate(
             else:  # drafting is off this round; a drafter may still offer a free lookup
                 free = getattr(drafter, "propose_free", None)
                 prop = free(context, room, draft_key) if free is not None else no_proposal()
-            d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop)
+            if prop.tokens.shape[0] > room:  # a lookup longer than the window has room for
+                prop = Proposal(prop.tokens[:room], None if prop.q is None else prop.q[:room])
+            d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop) or a lookup
             k = max(k, d)  # a free lookup at K = 0 reports the K it used
             out, feats, t_draft, t_verify = _run_round(
                 target, context, prop, t0, cfg, verify_key, wants

@@ -237,7 +237,7 @@ def test_adaptive_k_keeps_estimates_per_method():
     [
         SpecConfig(k=4, method="ngram"),
         SpecConfig(k=2, method="ngram", ngram_min=2, ngram_max=3),
-        SpecConfig(k=4, method="hybrid", ngram_max=1),  # unigram matches
+        SpecConfig(k=4, method="hybrid", ngram_min=1, ngram_max=1),  # unigram matches
         SpecConfig(k=4, method="hybrid"),
         SpecConfig(k=3, method="draft", adaptive=True),
         SpecConfig(k=4, method="ngram", adaptive=True),
@@ -349,7 +349,9 @@ def test_hybrid_caches_stay_consistent_and_the_draft_catches_up(tiny_self_models
     holds only if the draft's cache caught up exactly with the tokens the n-gram rounds committed."""
     engine = Engine(*tiny_self_models)
     ids = engine.encode_raw(PROMPT) * 2  # the suffix occurred before: round 0 is an n-gram round
-    cfg = GenerationConfig(GREEDY, SpecConfig(k=3, method="hybrid", ngram_max=1), max_tokens=60)
+    cfg = GenerationConfig(
+        GREEDY, SpecConfig(k=3, method="hybrid", ngram_min=1, ngram_max=1), max_tokens=60
+    )
     committed, methods = list(ids), []
     for event in engine.generate(ids, cfg):
         if isinstance(event, Token):
@@ -461,23 +463,28 @@ def test_ngram_point_mass_rounds_emit_the_target_distribution(tiny_models):
     assert abs(rate - px) < 4 * np.sqrt(px * (1 - px) / N_SEEDS)
 
 
-def test_free_lookups_at_k0_stay_inside_the_context_window(tiny_models):
-    """K = 0 rounds of the hybrid drafter still verify n-gram matches; like any K they must fit
-    the context window: a round starting with C committed tokens verifies at most window - C."""
-    near_the_end = 0
+@pytest.mark.parametrize("policy_k", [0, 1], ids=["free-lookups-at-k0", "lookups-longer-than-k"])
+def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
+    """Hybrid n-gram lookups propose up to max(K, ngram_k) tokens, also in K = 0 rounds; like any
+    proposal they must fit the context window: a round starting with C committed tokens verifies
+    at most window - C."""
+    near_the_end = longer_than_k = 0
     for window in range(56, 72):
         records = (SimpleNamespace(**{**vars(m), "context_window": window}) for m in tiny_models)
         engine = Engine(*records)
         ids = engine.encode_raw(PROMPT)
-        spec = SpecConfig(k=4, method="hybrid", ngram_max=1)  # unigram lookups: matches abound
-        events = _gen(engine, ids, spec, 500, k_policy=lambda _last: 0)
+        # unigram lookups: matches abound
+        spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6)
+        events = _gen(engine, ids, spec, 500, k_policy=lambda _last: policy_k)
         committed = before = len(ids)  # tokens committed, and when the current round began
         for e in events:
             if isinstance(e, Token):
                 committed += 1
             elif isinstance(e, Round):
                 assert e.drafted <= window - before, (window, before, e)
-                near_the_end += e.drafted > 0 and window - before < 4
+                near_the_end += e.drafted > 0 and window - before < 6
+                longer_than_k += e.method == "ngram" and e.drafted > 1
                 before = committed
         assert events[-1].reason == "length"
     assert near_the_end > 0  # some lookups really were cut by the window
+    assert longer_than_k > 0  # lookups are not held to the model's K

@@ -62,10 +62,16 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         "--k-max", type=int, default=8, help="largest K --adaptive may choose (default 8)"
     )
     g.add_argument(
-        "--ngram-min", type=int, default=1, help="shortest n-gram suffix looked up (default 1)"
+        "--ngram-min", type=int, default=2, help="shortest n-gram suffix looked up (default 2)"
     )
     g.add_argument(
         "--ngram-max", type=int, default=4, help="longest n-gram suffix looked up (default 4)"
+    )
+    g.add_argument(
+        "--ngram-k",
+        type=int,
+        default=4,
+        help="hybrid: n-gram lookups propose up to max(K, this) tokens (default 4)",
     )
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
 
@@ -83,7 +89,8 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         method=method,
         adaptive=getattr(args, "adaptive", False),
         k_max=max(getattr(args, "k_max", 8), args.k),
-        ngram_min=getattr(args, "ngram_min", 1),
+        ngram_min=getattr(args, "ngram_min", 2),
+        ngram_k=getattr(args, "ngram_k", 4),
         ngram_max=getattr(args, "ngram_max", 4),
     )
 
