@@ -246,7 +246,7 @@ def _run_round(
     t_built_verify = time.perf_counter()
     mx.eval(drafted)
     t_draft_ready = time.perf_counter()
-    host = [int(v) for v in out.tolist()]  # type: ignore[union-attr]
+    host = [int(v) for v in out.tolist()]  # type: ignore[union-attr,arg-type]
     t_draft = (t_draft_ready - t0) - (t_built_verify - t_built_draft)
     return host, feats, t_draft, time.perf_counter() - t0 - t_draft
 
