@@ -10,8 +10,9 @@ while drafting keeps losing) so the estimates can notice the draft becoming usef
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
-c as an EMA of t_draft / drafted (leaving out the catch-up after K = 0 rounds), and v as an EMA per L fitted by a line. The choice uses only
-measured costs and past outcomes, never the target's view of the coming tokens, so exactness holds.
+c as an EMA of t_draft / drafted (leaving out the catch-up after K = 0 rounds), and v as an EMA
+per L fitted by a line. The choice uses only measured costs and past outcomes, never the target's
+view of the coming tokens, so exactness holds.
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ def _verify_round(
         n, nxt = verify_greedy(prop.tokens, logits)
     else:
         n, nxt = verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, k + 1))
-    out = mx.concatenate([prop.tokens.astype(mx.int32), n.reshape(1), nxt.reshape(1)])
+    out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
     return out.astype(mx.int32), feats
 
 
