@@ -224,13 +224,14 @@ def _run_round(
     target: KVState,
     context: list[int],
     prop: Proposal,
+    d: int,
     t0: float,
     cfg: SamplingConfig,
     key,
     features: bool,
 ) -> tuple[list[int], mx.array | None, float, float]:
-    """Verify a proposal whose draft may still be computing; one host sync. Returns the host list
-    [x_1..x_K, n_accepted, next_token], the features (or None), t_draft and t_verify.
+    """Verify a proposal of d tokens whose draft may still be computing; one host sync. Returns
+    the host list [x_1..x_d, n_accepted, next_token], the features (or None), t_draft, t_verify.
 
     The verify's graph is built while the draft computes (on Metal the GPU runs the draft while
     the CPU builds the 30-layer target graph; a sync in between would leave the device idle for
@@ -241,7 +242,7 @@ def _run_round(
     drafted = [a for a in (prop.tokens, prop.q) if a is not None]
     mx.async_eval(drafted)  # its own event: awaiting it below waits for the draft alone
     t_built_draft = time.perf_counter()
-    out, feats = _verify_round(target, context, prop, int(prop.tokens.shape[0]), cfg, key, features)
+    out, feats = _verify_round(target, context, prop, d, cfg, key, features)
     mx.async_eval([a for a in (out, feats) if a is not None])
     t_built_verify = time.perf_counter()
     mx.eval(drafted)
@@ -282,7 +283,7 @@ def speculate(
             d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop) or a lookup
             k = max(k, d)  # a free lookup at K = 0 reports the K it used
             out, feats, t_draft, t_verify = _run_round(
-                target, context, prop, t0, cfg, verify_key, wants
+                target, context, prop, d, t0, cfg, verify_key, wants
             )
             n, nxt = out[d], out[d + 1]
             last = Round(index, d, n, k, t_draft, t_verify, drafter.method)

@@ -15,6 +15,7 @@ acceptance of the first drafted token at temperature 0 (for tokens inside the he
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from edgespec.distill.data import Sequence, atomic_write_bytes, atomic_write_npz
-from edgespec.eagle import EagleModel, build, eagle_config
+from edgespec.eagle import EagleModel, build, eagle_config, save_eagle
+from edgespec.gguf import sha256_file
 
 
 @dataclass(frozen=True)
@@ -195,11 +197,6 @@ def export_grown(model: EagleModel, config: dict, out: Path, base: Path) -> Path
     """Write a feature draft grown from the token draft in folder `base` (trained with only_fc):
     only the feature mixer (fp16, ~1.3 MB for SmolLM2) plus a pointer to `base` and the sha256 of
     its weights; the loader reads everything else from `base`."""
-    import os
-
-    from edgespec.eagle import save_eagle
-    from edgespec.gguf import sha256_file
-
     out.mkdir(parents=True, exist_ok=True)
     base_config = json.loads((base / "config.json").read_text())
     config = dict(config)
