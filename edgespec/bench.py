@@ -26,6 +26,7 @@ from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.eagle import EagleModel
 from edgespec.errors import ConfigError, PromptError
 from edgespec.events import Finished, Round, Token
+from edgespec.loading import on_cpu
 from edgespec.metrics import PLAIN, RoundTotals, RunRecord, fold_rounds, rounds_from_flags
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "bench_prompts.jsonl"
@@ -316,8 +317,20 @@ def encode_prompts(
     return encoded, skipped
 
 
+# Input lengths whose kernels a GPU warm-up compiles: every verify / draft-step size the loop can
+# ask for (K + 1 up to 16, hybrid lookups, adaptive K), and the catch-up and prefill chunks.
+KERNEL_LENGTHS = (*range(1, 18), 32, 64, 128)
+
+
 def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
-    """Run every variant once, briefly, so allocation and first-call costs stay out of timings."""
+    """Run every variant once, briefly, so allocation and first-call costs stay out of timings.
+
+    On a GPU backend both models first run once on every length in KERNEL_LENGTHS: MLX's CUDA
+    backend compiles kernels per input shape on first use, and a variant's short warm-up run does
+    not reach every shape (adaptive K's catch-up after plain rounds, say), so a compile of several
+    seconds could otherwise land inside a timed run."""
+    if not on_cpu():
+        engine.warm_kernels(KERNEL_LENGTHS)
     n = min(plan.warmup_tokens, plan.max_tokens)
     for temp in plan.temps:
         for method, k in plan.variants():

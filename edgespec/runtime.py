@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import mlx.core as mx
 
 from edgespec.adaptive import make_k_policy
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
+from edgespec.draft_model import reduced_head
 from edgespec.drafters import build_drafter
 from edgespec.eagle import EagleModel, EagleState
 from edgespec.eagle import prefill as eagle_prefill
@@ -61,9 +64,10 @@ class Engine:
         draft_bits: int | None = 4,
         on_progress: ProgressFn | None = None,
         with_draft: bool = True,
+        dtype: str | None = None,
     ) -> Engine:
         """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
-        (plain decoding only). Raises ModelNotFoundError / ModelLoadError /
+        (plain decoding only). dtype: the models' float parameters (`loading.load_model`). Raises ModelNotFoundError / ModelLoadError /
         TokenizerMismatchError / CacheNotTrimmableError with one-line messages."""
         from edgespec.loading import load_pair
 
@@ -74,6 +78,7 @@ class Engine:
             draft_bits=draft_bits,
             on_progress=on_progress,
             with_draft=with_draft,
+            dtype=dtype,
         )
         return cls(t, d)
 
@@ -200,6 +205,23 @@ class Engine:
             prefilled_tokens=prefilled,
         )
         yield Finished(reason, stats, detok.text)  # type: ignore[arg-type]
+
+    def warm_kernels(self, lengths: Iterable[int]) -> None:
+        """Run each model once on an input of every length in `lengths`, then forget both caches.
+
+        GPU backends compile some kernels on first use, per input shape (MLX's CUDA backend builds
+        its quantized matmuls with NVRTC, up to seconds each); `edgespec bench` calls this so that
+        no compile lands inside a timed run. A feature draft is left out (it needs features).
+        """
+        states = [self._target] + ([self._draft] if isinstance(self._draft, KVState) else [])
+        for state in states:
+            for n in lengths:
+                inputs = mx.zeros((n,), dtype=mx.int32)
+                outs = [state.forward(inputs)]
+                if reduced_head(state.model) is not None:
+                    outs.append(state.forward(inputs, head_only=True))
+                mx.eval(outs)
+        self.reset()
 
     def reset(self) -> None:
         """Forget both caches (the next request prefills from scratch)."""

@@ -117,6 +117,25 @@ def test_event_stream_contract(tiny_models):
     assert engine.name == "target + draft" and engine.has_draft
 
 
+def test_warm_kernels_runs_every_length_and_leaves_the_engine_as_it_was(tiny_models):
+    engine = Engine(*tiny_models)
+    before = _ids(engine.chat(MESSAGES, GREEDY))
+    seen: list[tuple[str, int]] = []
+    for state in (engine._target, engine._draft):
+        forward = state.forward
+
+        def logged(inputs, head_only=False, forward=forward, name=state.name):
+            seen.append((name, inputs.shape[0]))
+            return forward(inputs, head_only)
+
+        state.forward = logged
+    engine.warm_kernels((1, 5, 64))
+    assert [n for name, n in seen if name.startswith("target")] == [1, 5, 64]
+    assert {n for name, n in seen if name.startswith("draft")} == {1, 5, 64}
+    assert engine.cached_tokens() == ([], [])
+    assert _ids(engine.chat(MESSAGES, GREEDY)) == before
+
+
 def test_stops_at_eos_without_emitting_it(tiny_models):
     target, draft = tiny_models
     engine = Engine(target, draft)
