@@ -27,6 +27,7 @@ from edgespec.catalog import Catalog, is_repo_id, load_catalog
 from edgespec.draft_model import input_embedding
 from edgespec.errors import (
     CacheNotTrimmableError,
+    ConfigError,
     DownloadError,
     ModelLoadError,
     ModelNotFoundError,
@@ -215,6 +216,23 @@ def quantize_model(model: nn.Module, bits: int) -> nn.Module:
     return model
 
 
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def cast_floats(model: nn.Module, dtype: str) -> nn.Module:
+    """In place: every floating-point parameter (norms, dense weights, quantization scales and
+    biases) to `dtype`; packed integer weights stay as they are."""
+    to = DTYPES[dtype]
+    model.update(
+        tree_map(
+            lambda a: a.astype(to) if mx.issubdtype(a.dtype, mx.floating) else a,
+            model.parameters(),
+        )
+    )
+    mx.eval(model.parameters())
+    return model
+
+
 def on_cpu() -> bool:
     """True when MLX computes on the CPU backend (no Metal / CUDA device is the default)."""
     return mx.default_device().type == mx.DeviceType.cpu
@@ -275,6 +293,7 @@ def load_model(
     catalog: Catalog | None = None,
     embedding: nn.Module | None = None,
     target: nn.Module | None = None,
+    dtype: str | None = None,
 ) -> LoadedModel:
     """Resolve and load one model for this backend.
 
@@ -284,7 +303,11 @@ def load_model(
     quantize_bits: quantize an unquantized model to this many bits (GPU only; ignored when the
     model is dequantized for the CPU). dequantize: None = on the CPU backend only.
     tokenizer_fallback: folder whose tokenizer to use if `spec` ships none (e.g. a draft).
+    dtype: the float parameters' dtype after loading (a `DTYPES` name). None or "auto": float32 on
+    the CPU backend (dequantized), as stored on a GPU backend.
     """
+    if dtype not in (None, "auto", *DTYPES):
+        raise ConfigError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     _report(on_progress, f"loading {spec}")
     config = _read_config(path)
@@ -294,6 +317,8 @@ def load_model(
         dequantize_model(model)
     elif quantize_bits and not is_quantized(model):
         quantize_model(model, quantize_bits)
+    if dtype in DTYPES:
+        cast_floats(model, dtype)
     context = config.get("max_position_embeddings") or config.get("text_config", {}).get(
         "max_position_embeddings"
     )
@@ -387,17 +412,19 @@ def load_pair(
     on_progress: ProgressFn | None = None,
     with_draft: bool = True,
     catalog: Catalog | None = None,
+    dtype: str | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load a target and (unless with_draft=False or none is named) its draft, then check that
     they can speculate: same tokenizer, trimmable caches. All None -> the catalogue's default pair.
 
     A draft without its own tokenizer files borrows the target's. draft_bits: quantize an
-    unquantized draft at load on GPU backends (None or 0 = leave it)."""
+    unquantized draft at load on GPU backends (None or 0 = leave it). dtype: both models' float
+    parameters (see `load_model`)."""
     cat = catalog or load_catalog()
     target_spec, draft_spec, pair_name = _pair_specs(target, draft, pair, cat)
     if with_draft and draft_spec is not None:
         _check_draft_available(draft_spec, pair_name, cat)
-    t = load_model(target_spec, on_progress=on_progress, catalog=cat)
+    t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
     if not with_draft or draft_spec is None:
         return t, None
     d = load_model(
@@ -408,6 +435,7 @@ def load_pair(
         catalog=cat,
         embedding=input_embedding(t.model),
         target=t.model,
+        dtype=dtype,
     )
     _report(on_progress, "checking the pair")
     check_tokenizers(t, d)

@@ -17,6 +17,7 @@ from edgespec.catalog import parse_catalog
 from edgespec.draft_model import MODEL_TYPE, build, save_draft
 from edgespec.errors import (
     CacheNotTrimmableError,
+    ConfigError,
     ModelLoadError,
     ModelNotFoundError,
     TokenizerMismatchError,
@@ -152,6 +153,30 @@ def test_gpu_policy_quantizes_unquantized_draft(pair_dir):
     lm = loading.load_model(str(pair_dir[1]), quantize_bits=4, dequantize=False)
     assert isinstance(lm.model.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
     assert lm.model.model.layers[0].mlp.up_proj.bits == 4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dtype_casts_every_float_parameter_and_keeps_packed_weights(pair_dir, tmp_path, dtype):
+    folder = _quantized_copy(pair_dir[0], tmp_path / "q4")
+    ref = loading.load_model(str(folder), dequantize=False)
+    cast = loading.load_model(str(folder), dequantize=False, dtype=dtype)
+    assert _has_quantized(cast.model)
+    dtypes = {p.dtype for _, p in nn.utils.tree_flatten(cast.model.parameters())}
+    assert dtypes == {loading.DTYPES[dtype], mx.uint32}
+    ids = mx.array([[5, 9, 33, 101, 7]])
+    out = cast.model(ids)
+    assert out.dtype == loading.DTYPES[dtype]  # activations follow the parameters
+    a, b = np.array(out.astype(mx.float32)), np.array(ref.model(ids))
+    # the same model, rounded (bfloat16 keeps 8 significant bits; garbage would be ~1.4)
+    assert np.abs(a - b).mean() < {"float16": 0.02, "bfloat16": 0.25}[dtype] * np.abs(b).mean()
+
+
+def test_dtype_auto_is_float32_on_the_cpu_and_unknown_dtypes_are_refused(pair_dir):
+    auto = loading.load_model(str(pair_dir[0]), dtype="auto")
+    dtypes = {p.dtype for _, p in nn.utils.tree_flatten(auto.model.parameters())}
+    assert dtypes == {mx.float32}
+    with pytest.raises(ConfigError, match="unknown dtype 'float8'"):
+        loading.load_model(str(pair_dir[0]), dtype="float8")
 
 
 def test_quantize_skips_layers_that_do_not_divide_the_group():

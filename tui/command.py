@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
             draft=args.draft,
             pair=args.pair,
             draft_bits=args.draft_bits,
+            dtype=args.dtype,
             on_progress=on_progress,
         )
 

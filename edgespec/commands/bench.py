@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     plan = _plan(args)
     prompts = load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits)
+    engine = Engine.load(
+        args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype
+    )
     check_methods(engine, plan)
     encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
     if not encoded:
@@ -127,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         "methods": list(plan.methods), "k": list(plan.ks), "temp": list(plan.temps),
         "max_tokens": plan.max_tokens, "repeats": plan.repeats, "seed": plan.seed,
+        "dtype": args.dtype,
         "prompts": str(args.prompts or "built-in"), "categories": list(args.categories or []),
         "limit": args.limit, "n_prompts": len(encoded), "warmup": bool(plan.warmup_tokens),
     }  # fmt: skip

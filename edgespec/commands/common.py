@@ -25,6 +25,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         choices=(0, 2, 3, 4, 6, 8),
         help="quantize an unquantized draft at load (0 = leave as is; default 4)",
     )
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        help="both models' float weights and activations (auto: float32 on the CPU, as stored "
+        "on a GPU)",
+    )
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         args.draft,
         args.pair,
         draft_bits=args.draft_bits,
+        dtype=args.dtype,
         on_progress=_progress,
         with_draft=config.spec.method in ("draft", "hybrid"),
     )

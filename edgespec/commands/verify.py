@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.runtime import Engine
     from edgespec.verify import verify_pair
 
-    engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits)
+    engine = Engine.load(
+        args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype
+    )
     if engine.draft is None:
         raise ConfigError(f"{engine.name} has no draft model to verify; pass --draft")
     ids = (
