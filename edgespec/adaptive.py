@@ -10,15 +10,22 @@ while drafting keeps losing) so the estimates can notice the draft becoming usef
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
-c as an EMA of t_draft / drafted (leaving out the catch-up after K = 0 rounds), and v as an EMA
-per L fitted by a line. The choice uses only measured costs and past outcomes, never the target's
-view of the coming tokens, so exactness holds.
+c as the median of the last few t_draft / drafted (leaving out the catch-up after K = 0 rounds),
+and v(L) as the median of the last few verifies of each L where L was measured, a fitted line
+elsewhere. Medians, because one stall (a kernel compiled on first use on a GPU, a page fault, a
+busy core) is not the cost of drafting: folded into an average it kept a good draft switched off
+for dozens of rounds. Measured points rather than the line alone, because a GPU's verify cost is
+not a line: on MLX's CUDA backend a 4-token forward costs ~1.7 one-token forwards and a 3-token
+one ~1.05. The choice uses only measured costs and past outcomes, never the target's view of the
+coming tokens, so exactness holds.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
@@ -26,7 +33,7 @@ from edgespec.metrics import expected_tokens_per_round
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
 PRIOR_WEIGHT = 2.0
 ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of memory)
-COST_WEIGHT = 0.3  # weight of the newest timing in the cost EMAs
+COST_WINDOW = 5  # timings per cost estimate (their median): a single stall never moves it
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L
 # have been measured. FACTS.md: an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
 PRIOR_VERIFY_SLOPE = 0.1
@@ -80,17 +87,53 @@ def fit_verify_line(means: dict[int, float], prior_slope: float = PRIOR_VERIFY_S
     return a, b
 
 
+def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
+    """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
+    the fitted line (fit_verify_line), raised to the dearest measured shorter forward (a forward
+    never gets cheaper with more tokens). A cost cliff between two measured L stays a cliff.
+    Example: {2: 1.0, 3: 1.0, 5: 1.7} -> v(3) = 1.0, v(5) = 1.7, v(6) = max(line(6), 1.7).
+    """
+    a, b = fit_verify_line(means)
+
+    def v(length: int) -> float:
+        if length in means:
+            return means[length]
+        shorter = [t for L, t in means.items() if L < length]
+        return max([a + b * (length - 1), *shorter])
+
+    return v
+
+
+class RecentMedian:
+    """The median of the last COST_WINDOW timings (None before the first)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=COST_WINDOW)
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds)
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+
 @dataclass
 class DrafterEstimate:
     """Running estimates for one drafting method: decayed acceptance counts and step cost."""
 
     accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     trials: float = PRIOR_WEIGHT
-    draft_cost: float | None = None  # seconds per drafted token (EMA)
+    step_costs: RecentMedian = field(default_factory=RecentMedian)
 
     @property
     def alpha(self) -> float:
         return self.accepted / self.trials
+
+    @property
+    def draft_cost(self) -> float | None:
+        """Seconds per drafted token (median of the recent rounds), None before one was timed."""
+        return self.step_costs.value
 
     def observe(self, r: Round, timed: bool = True) -> None:
         """Fold one round with r.drafted > 0: r.accepted successes, one failure if any rejected.
@@ -99,11 +142,7 @@ class DrafterEstimate:
         self.accepted = ALPHA_DECAY * self.accepted + r.accepted
         self.trials = ALPHA_DECAY * self.trials + r.accepted + failure
         if timed:
-            self.draft_cost = _ema(self.draft_cost, r.t_draft / r.drafted)
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - COST_WEIGHT) * old + COST_WEIGHT * new
+            self.step_costs.add(r.t_draft / r.drafted)
 
 
 class AdaptiveK:
@@ -122,7 +161,7 @@ class AdaptiveK:
             raise ValueError(f"need 1 <= k_init <= k_max, got {k_init}, {k_max}")
         self.k_init, self.k_max, self.allow_plain = k_init, k_max, allow_plain
         self.estimates: dict[str, DrafterEstimate] = {}
-        self.verify_means: dict[int, float] = {}  # verified tokens L -> EMA seconds
+        self.verify_costs: dict[int, RecentMedian] = {}  # verified tokens L -> recent seconds
         self.chosen: list[int] = []
         self._method: str | None = None  # who drafted the latest round that drafted
         self._after_plain = False  # the previous round drafted nothing (K = 0)
@@ -138,14 +177,18 @@ class AdaptiveK:
             est.observe(r, timed=not self._after_plain)
         self._after_plain = r.drafted == 0
         length = r.drafted + 1  # the pending token + the drafts
-        self.verify_means[length] = _ema(self.verify_means.get(length), r.t_verify)
+        self.verify_costs.setdefault(length, RecentMedian()).add(r.t_verify)
+
+    @property
+    def verify_means(self) -> dict[int, float]:
+        """Verified tokens L -> the median of its recent verify seconds."""
+        return {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
 
     def choose(self, method: str | None) -> int:
         est = self.estimates.get(method) if method is not None else None
-        if est is None or est.draft_cost is None or not self.verify_means:
+        if est is None or est.draft_cost is None or not self.verify_costs:
             return self.k_init
-        a, b = fit_verify_line(self.verify_means)
-        args = (est.alpha, est.draft_cost, lambda L: a + b * (L - 1), self.k_max)
+        args = (est.alpha, est.draft_cost, verify_curve(self.verify_means), self.k_max)
         k = best_k(*args, k_min=0 if self.allow_plain else 1)
         if k > 0:
             self._plain_run, self._probe_gap = 0, PROBE_EVERY

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgespec.adaptive import AdaptiveK, best_k, fit_verify_line
+from edgespec.adaptive import AdaptiveK, best_k, fit_verify_line, verify_curve
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafters import ConfidentDrafter, HybridDrafter, build_drafter
 from edgespec.errors import ConfigError
@@ -212,11 +212,56 @@ def test_adaptive_k_leaves_the_catch_up_after_plain_rounds_out_of_the_draft_cost
     i = 12
     while k == 0:  # plain rounds until the probe
         k, i = policy(_round(i, 0, 0, 0, 0.0, 0.1)), i + 1
+    samples = list(policy.estimates["draft"].step_costs.samples)
     k = policy(_round(i, k, k, k, 0.5, 0.1 + 0.005 * k))  # probe: all accepted, 0.5 s catch-up
-    assert policy.estimates["draft"].draft_cost == pytest.approx(cost)  # left out
+    assert list(policy.estimates["draft"].step_costs.samples) == samples  # left out
     assert k > 0  # the accepted probe turns drafting back on
     policy(_round(i + 1, k, k, k, 0.02 * k, 0.1 + 0.005 * k))  # a steady round is timed
-    assert policy.estimates["draft"].draft_cost == pytest.approx(0.7 * 0.01 + 0.3 * 0.02)
+    assert policy.estimates["draft"].step_costs.samples[-1] == pytest.approx(0.02)
+
+
+def test_verify_curve_keeps_measured_points_and_a_cliff_between_them():
+    v = verify_curve({2: 1.0, 3: 1.0, 5: 1.7})
+    assert (v(2), v(3), v(5)) == (1.0, 1.0, 1.7)
+    a, b = fit_verify_line({2: 1.0, 3: 1.0, 5: 1.7})
+    assert v(1) == pytest.approx(a)  # below every measurement: the line
+    assert v(4) == pytest.approx(max(a + 3 * b, 1.0))
+    assert v(8) == pytest.approx(max(a + 7 * b, 1.7))
+    assert v(6) >= v(5)
+
+
+def test_adaptive_k_follows_a_verify_cost_cliff():
+    # MLX's CUDA backend (H100): verifying 1-3 tokens costs about one decode step, 4-5 tokens ~1.7.
+    # A line through those points makes K = 2 look dear and K = 4 cheap; the measured points don't.
+    policy = AdaptiveK(4, 4, allow_plain=False)
+    cost = {1: 0.10, 2: 0.10, 3: 0.102, 4: 0.17, 5: 0.172}
+    k = policy(None)
+    for i in range(40):  # 45% of drafts accepted, a draft step costs 12% of a target step
+        accepted = [0, 1, 0, 1, 2, 0, 1, 0, 1, 3][i % 10] if k else 0
+        accepted = min(accepted, k)
+        k = policy(_round(i, k, accepted, k, 0.012 * k, cost[k + 1]))
+        if i < 4:  # make sure every L has been measured: draft 4, 3, 2, 1 first
+            policy.chosen[-1] = k = 3 - i if i < 3 else 4
+    alpha = policy.estimates["draft"].alpha
+    a, b = fit_verify_line(policy.verify_means)
+    assert best_k(alpha, 0.012, _line(a, b), 4) != 2  # the line's answer is wrong here
+    assert best_k(alpha, 0.012, cost.__getitem__, 4) == 2
+    assert policy.chosen[-5:] == [2] * 5
+
+
+def test_a_single_stall_does_not_switch_a_good_draft_off():
+    # A kernel compiled on first use (tens of seconds on a GPU) inside one round's draft or verify.
+    policy = AdaptiveK(2, 4)
+    k = policy(None)
+    for i in range(10):  # a good draft: everything accepted, cheap
+        k = policy(_round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
+    steady = k
+    k = policy(_round(10, k, k, k, 48.0, 0.1 + 0.005 * k))  # a stalled draft
+    k = policy(_round(11, k, k, k, 0.01 * k, 48.0))  # a stalled verify
+    assert k == steady > 0
+    for i in range(12, 20):
+        k = policy(_round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
+    assert 0 not in policy.chosen and policy.chosen[-1] == steady
 
 
 def test_adaptive_k_keeps_estimates_per_method():
