@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -66,6 +67,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # the backend failed (out of memory, a kernel that did not compile)
+        if os.environ.get("EDGESPEC_DEBUG"):
+            raise
+        first = next((line for line in str(exc).splitlines() if line.strip()), "")
+        print(
+            f"edgespec {name}: error: {type(exc).__name__}: {first.strip()} "
+            "(EDGESPEC_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -114,3 +114,30 @@ def _assert_one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert needle.lower() in lines[0].lower(), lines[0]
+
+
+def test_a_backend_failure_is_one_line_exit_1(tiny_pair, monkeypatch, capsys):
+    # What MLX raises when a GPU runs out of memory or a kernel does not compile (seen on an
+    # H100: "Failed to compile kernel: ... cannot open source file crt/mma.h"): a RuntimeError
+    # from deep inside a forward. The user gets its first line, not a traceback.
+    from edgespec import cli
+    from edgespec.runtime import Engine
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError(
+            "\n[metal::malloc] Attempting to allocate 9000000000 bytes which is greater than the "
+            "maximum allowed buffer size of 8000000000 bytes.\nsecond line"
+        )
+
+    monkeypatch.setattr(Engine, "generate", fail)
+    argv = ["generate", "hello", *models(tiny_pair)]
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "edgespec generate: error: RuntimeError: [metal::malloc] Attempting to allocate 9000000000 "
+        "bytes which is greater than the maximum allowed buffer size of 8000000000 bytes. "
+        "(EDGESPEC_DEBUG=1 shows the traceback)"
+    ]
+    monkeypatch.setenv("EDGESPEC_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="metal::malloc"):
+        cli.main(argv)
