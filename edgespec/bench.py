@@ -327,8 +327,8 @@ def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
 
     On a GPU backend both models first run once on every length in KERNEL_LENGTHS: MLX's CUDA
     backend compiles kernels per input shape on first use, and a variant's short warm-up run does
-    not reach every shape (adaptive K's catch-up after plain rounds, say), so a compile of several
-    seconds could otherwise land inside a timed run."""
+    not reach every shape (adaptive K's catch-up after plain rounds, say), so a compile (48-66 s on
+    an H100) could otherwise land inside a timed run."""
     if not on_cpu():
         engine.warm_kernels(KERNEL_LENGTHS)
     n = min(plan.warmup_tokens, plan.max_tokens)

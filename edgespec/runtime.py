@@ -210,7 +210,7 @@ class Engine:
         """Run each model once on an input of every length in `lengths`, then forget both caches.
 
         GPU backends compile some kernels on first use, per input shape (MLX's CUDA backend builds
-        its quantized matmuls with NVRTC, up to seconds each); `edgespec bench` calls this so that
+        its quantized matmuls with NVRTC, up to a minute each); `edgespec bench` calls this so that
         no compile lands inside a timed run. A feature draft is left out (it needs features).
         """
         states = [self._target] + ([self._draft] if isinstance(self._draft, KVState) else [])
