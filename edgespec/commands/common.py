@@ -66,19 +66,28 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         help="choose K (0 = plain step) each round from the measured costs",
     )
     g.add_argument(
-        "--k-max", type=int, default=8, help="largest K --adaptive may choose (default 8)"
+        "--k-max",
+        type=int,
+        default=SpecConfig.k_max,
+        help=f"largest K --adaptive may choose (default {SpecConfig.k_max})",
     )
     g.add_argument(
-        "--ngram-min", type=int, default=2, help="shortest n-gram suffix looked up (default 2)"
+        "--ngram-min",
+        type=int,
+        default=SpecConfig.ngram_min,
+        help=f"shortest n-gram suffix looked up (default {SpecConfig.ngram_min})",
     )
     g.add_argument(
-        "--ngram-max", type=int, default=4, help="longest n-gram suffix looked up (default 4)"
+        "--ngram-max",
+        type=int,
+        default=SpecConfig.ngram_max,
+        help=f"longest n-gram suffix looked up (default {SpecConfig.ngram_max})",
     )
     g.add_argument(
         "--ngram-k",
         type=int,
-        default=4,
-        help="hybrid: n-gram lookups propose up to max(K, this) tokens (default 4)",
+        default=SpecConfig.ngram_k,
+        help=f"hybrid: n-gram lookups propose up to max(K, this) tokens (default {SpecConfig.ngram_k})",
     )
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
 
@@ -95,10 +104,10 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         k=args.k,
         method=method,
         adaptive=getattr(args, "adaptive", False),
-        k_max=max(getattr(args, "k_max", 8), args.k),
-        ngram_min=getattr(args, "ngram_min", 2),
-        ngram_k=getattr(args, "ngram_k", 4),
-        ngram_max=getattr(args, "ngram_max", 4),
+        k_max=max(getattr(args, "k_max", SpecConfig.k_max), args.k),
+        ngram_min=getattr(args, "ngram_min", SpecConfig.ngram_min),
+        ngram_k=getattr(args, "ngram_k", SpecConfig.ngram_k),
+        ngram_max=getattr(args, "ngram_max", SpecConfig.ngram_max),
     )
 
 
