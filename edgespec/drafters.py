@@ -68,10 +68,10 @@ class HybridDrafter:
 
     `method` names the drafter of the latest proposal ("ngram" or "draft"), so Round events say
     who drafted each round. A lookup proposes up to max(K, free_k) tokens (SpecConfig.ngram_k).
-    `propose_free` is the lookup alone (up to `free_k` tokens, fewer
-    where the loop's `max_k` says the context window is nearly full): the loop
-    uses it in rounds where an adaptive K policy switched drafting off (K = 0), because a lookup
-    costs next to nothing and a match is often accepted.
+    `propose_free` is the lookup alone (up to `free_k` tokens; the loop cuts any proposal to the
+    room left in the context window): the loop uses it in rounds where an adaptive K policy
+    switched drafting off (K = 0), because a lookup costs next to nothing and a match is often
+    accepted.
     """
 
     def __init__(
@@ -84,9 +84,9 @@ class HybridDrafter:
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.method = "draft"
 
-    def propose_free(self, context: list[int], max_k: int, key: mx.array) -> Proposal:
+    def propose_free(self, context: list[int], key: mx.array) -> Proposal:
         self.method = "ngram"
-        return self.ngram.propose_min(context, min(self.free_k, max_k), self.min_match)
+        return self.ngram.propose_min(context, self.free_k, self.min_match)
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         # A lookup may propose more than the model's k: it costs no draft steps (the loop cuts

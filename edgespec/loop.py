@@ -52,9 +52,9 @@ class Drafter(Protocol):
         """Called after every round with the committed context: roll back anything past it."""
         ...
 
-    # Optional: `propose_free(context, max_k, key) -> Proposal`, at most max_k tokens that cost
-    # next to nothing (an n-gram lookup), made in rounds where the K policy chose K = 0
-    # (HybridDrafter has one).
+    # Optional: `propose_free(context, key) -> Proposal`, tokens that cost next to nothing (an
+    # n-gram lookup), made in rounds where the K policy chose K = 0 (HybridDrafter has one); the
+    # loop cuts it to the room left in the context window, like any proposal.
     # Optional: `wants_features = True` plus `take_features(context, start, features)`: a feature
     # draft (edgespec.eagle) is handed the target's top hidden states of each round's committed
     # positions start .. start + len(features) - 1 of `context`, the committed context.
@@ -277,7 +277,7 @@ def speculate(
                 prop = drafter.propose(context, k, draft_key)  # lazy: the draft runs meanwhile
             else:  # drafting is off this round; a drafter may still offer a free lookup
                 free = getattr(drafter, "propose_free", None)
-                prop = free(context, room, draft_key) if free is not None else no_proposal()
+                prop = free(context, draft_key) if free is not None else no_proposal()
             if prop.tokens.shape[0] > room:  # a lookup longer than the window has room for
                 prop = Proposal(prop.tokens[:room], None if prop.q is None else prop.q[:room])
             d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop) or a lookup
