@@ -22,6 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from edgespec import blas
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.eagle import EagleModel
 from edgespec.errors import ConfigError, PromptError
@@ -481,6 +482,7 @@ def environment() -> dict[str, Any]:
         "edgespec": ver("edgespec"),
         "device": str(mx.default_device()),
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
+        "blas": blas.active(),
     }
 
 

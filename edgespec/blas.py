@@ -1,16 +1,29 @@
 """Use an optimised BLAS under MLX's CPU backend on Linux, without rebuilding anything.
 
 The `mlx[cpu]` wheel links the unoptimised reference BLAS (FACTS.md: a 1024x1024 fp32 matmul at
-~5 GFLOP/s); preloading OpenBLAS makes it ~180 GFLOP/s. A library cannot swap BLAS after MLX is
-loaded, so the `edgespec` command re-executes itself once, before importing MLX, with OpenBLAS in
-LD_PRELOAD when it is installed (Debian/Ubuntu: `apt-get install libopenblas0-pthread`).
-Set EDGESPEC_BLAS=system to opt out. Scripts that `import edgespec` can export the same
-LD_PRELOAD themselves; `openblas_path()` says which file to use.
+~5 GFLOP/s). A library cannot swap BLAS after MLX is loaded, so the `edgespec` command (and pytest,
+through edgespec.pytest_blas) re-executes itself once, before importing MLX, with a better one in
+LD_PRELOAD. EDGESPEC_BLAS picks it:
+
+- `auto` (default): Intel MKL in exact mode when the `mkl` wheel is installed (`pip install
+  edgespec[cpu]`, Linux x86-64), else OpenBLAS when installed (`apt-get install
+  libopenblas0-pthread`), else nothing.
+- `mkl`: MKL in exact mode. MKL_CBWR=AUTO,STRICT (its "strict conditional numerical
+  reproducibility"): measured on this project's CPU, a target forward over L tokens then gives
+  the same bits as L one-token forwards, for every L in 2..15, so greedy speculative output is
+  bit-for-bit plain decoding's, near-ties included. OpenBLAS and MKL's default mode differ there in
+  the 5th significant digit (a 1-token product takes a different kernel), which can flip a near-tie.
+- `mkl-fast`: MKL without that constraint: the fastest decoding on x86 (~1.45x OpenBLAS per
+  one-token step, measured), but, like OpenBLAS, exact up to floating-point near-ties only.
+- `openblas`, or `system` (leave the process alone).
+A choice that is not installed falls back down that list with a one-line note on stderr.
+Scripts that `import edgespec` can export the same variables themselves; `plan()` returns them.
 """
 
 from __future__ import annotations
 
 import os
+import site
 import sys
 from pathlib import Path
 
@@ -20,7 +33,11 @@ CANDIDATES = (
     "/usr/lib64/libopenblas.so.0",
     "/usr/lib/libopenblas.so.0",
 )
+MKL_NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")
+MODES = ("auto", "mkl", "mkl-fast", "openblas", "system")
+EXACT_CBWR = "AUTO,STRICT"
 _MARK = "EDGESPEC_BLAS_REEXEC"
+ACTIVE = "EDGESPEC_BLAS_ACTIVE"  # set in the re-executed process: which BLAS it runs on
 
 
 def openblas_path() -> str | None:
@@ -28,21 +45,92 @@ def openblas_path() -> str | None:
     return next((p for p in CANDIDATES if Path(p).exists()), None)
 
 
-def reexec_with_openblas(argv: list[str], module: str = "edgespec") -> None:
-    """On Linux, replace this process with `python -m MODULE *argv` preloading OpenBLAS (once).
+def mkl_path() -> str | None:
+    """libmkl_rt from the `mkl` wheel (it installs into the environment's lib/), or None."""
+    roots = [sys.prefix, sys.base_prefix, getattr(site, "USER_BASE", None) or ""]
+    for root in dict.fromkeys(r for r in roots if r):
+        for name in MKL_NAMES:
+            path = Path(root) / "lib" / name
+            if path.exists():
+                return str(path)
+    return None
 
-    No-op on macOS (MLX uses Accelerate/Metal), when opted out, when already preloaded, when
-    OpenBLAS is missing, or when MLX is already imported (too late to swap).
+
+def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
+    """(name, library to preload, extra environment) for EDGESPEC_BLAS=mode (default: the
+    variable, else auto), or None for nothing to preload. Prints one line when the choice falls
+    back."""
+    mode = (mode if mode is not None else os.environ.get("EDGESPEC_BLAS", "auto")).strip() or "auto"
+    if mode not in MODES:
+        print(
+            f"edgespec: EDGESPEC_BLAS={mode!r} is not one of {', '.join(MODES)}; using auto",
+            file=sys.stderr,
+        )
+        mode = "auto"
+    if mode == "system":
+        return None
+    if mode in ("auto", "mkl", "mkl-fast"):
+        lib = mkl_path()
+        if lib is not None:
+            threads = "INTEL" if (Path(lib).parent / "libiomp5.so").exists() else "GNU"
+            env = {"MKL_THREADING_LAYER": os.environ.get("MKL_THREADING_LAYER", threads)}
+            if mode != "mkl-fast":
+                env["MKL_CBWR"] = EXACT_CBWR
+            return ("mkl-fast" if mode == "mkl-fast" else "mkl", lib, env)
+        if mode != "auto":
+            print(
+                f"edgespec: EDGESPEC_BLAS={mode}: MKL is not installed "
+                "(pip install mkl); trying OpenBLAS",
+                file=sys.stderr,
+            )
+    lib = openblas_path()
+    if lib is None:
+        if mode != "auto":
+            print(
+                f"edgespec: EDGESPEC_BLAS={mode}: no optimised BLAS installed; "
+                "MLX's CPU backend keeps its reference BLAS",
+                file=sys.stderr,
+            )
+        return None
+    return ("openblas", lib, {})
+
+
+def active() -> str:
+    """The BLAS under this process's MLX CPU backend: mkl / mkl-fast / openblas (preloaded by
+    the re-exec), `preloaded` (someone else's LD_PRELOAD), `accelerate` (macOS) or `reference`."""
+    if sys.platform == "darwin":
+        return "accelerate"
+    if os.environ.get(ACTIVE):
+        return os.environ[ACTIVE]
+    preload = os.environ.get("LD_PRELOAD", "")
+    if "mkl_rt" in preload:
+        return "mkl" if "STRICT" in os.environ.get("MKL_CBWR", "") else "mkl-fast"
+    if "blas" in preload:
+        return "preloaded"
+    return "reference"
+
+
+def reexec_with_blas(argv: list[str], module: str = "edgespec") -> None:
+    """On Linux, replace this process with `python -m MODULE *argv` preloading the BLAS that
+    `plan()` picks (once).
+
+    No-op on macOS (MLX uses Accelerate/Metal), for EDGESPEC_BLAS=system, when already re-executed
+    or already preloaded, when no optimised BLAS is installed, or when MLX is already imported
+    (too late to swap).
     """
-    if not sys.platform.startswith("linux") or os.environ.get("EDGESPEC_BLAS") == "system":
+    if not sys.platform.startswith("linux"):
         return
     if os.environ.get(_MARK) or "mlx.core" in sys.modules:
         return
-    lib = openblas_path()
     preload = os.environ.get("LD_PRELOAD", "")
-    if lib is None or lib in preload.split(":"):
+    if any(("mkl_rt" in p or "blas" in p) for p in preload.split(":") if p):
+        return  # the user preloaded a BLAS themselves
+    chosen = plan()
+    if chosen is None:
         return
-    env = dict(os.environ, LD_PRELOAD=":".join(filter(None, [lib, preload])), **{_MARK: "1"})
+    name, lib, extra = chosen
+    env = dict(os.environ, **extra, **{_MARK: "1", ACTIVE: name})
+    env["LD_PRELOAD"] = ":".join(filter(None, [lib, preload]))
     try:
         os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
     except OSError:

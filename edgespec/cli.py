@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from edgespec.blas import reexec_with_openblas
+from edgespec.blas import reexec_with_blas
 from edgespec.errors import EdgeSpecError
 
 # name -> (module, one-line help)
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, _ = _top_parser().parse_known_args(argv or ["--help"])
         return 2
     name, rest = argv[0], argv[1:]
-    reexec_with_openblas(argv)
+    reexec_with_blas(argv)
     try:
         module = importlib.import_module(COMMANDS[name][0])
         parser = _Parser(prog=f"edgespec {name}", description=module.HELP)

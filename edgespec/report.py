@@ -123,7 +123,7 @@ def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> 
         f"- pair: {result.pair.get('name')} (target {result.pair.get('target')}, "
         f"draft {result.pair.get('draft')})",
         f"- machine: {env.get('platform')}, {env.get('device')}, mlx {env.get('mlx')}, "
-        f"mlx-lm {env.get('mlx_lm')}" + (", LD_PRELOAD set" if env.get("ld_preload") else ""),
+        f"mlx-lm {env.get('mlx_lm')}" + (f", BLAS {env['blas']}" if env.get("blas") else ""),
         f"- prompts: {st.get('n_prompts')} from {st.get('prompts')}; max new tokens "
         f"{st.get('max_tokens')}; repeats {st.get('repeats')}; seed {st.get('seed')}",
         "",

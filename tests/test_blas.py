@@ -1,50 +1,134 @@
-"""The CLI's OpenBLAS re-exec: right library, at most once, opt-out honoured."""
+"""The BLAS re-exec: right library and settings, at most once, choices and opt-out honoured; and
+the reason MKL's exact mode is the default (a one-token forward and an L-token forward agree
+bit for bit under it)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
 
 from edgespec import blas
 
+MKL = "/opt/lib/libmkl_rt.so.3"
+OPENBLAS = "/opt/libopenblas.so"
+
 
 @pytest.fixture
 def calls(monkeypatch):
     seen: list[tuple] = []
     monkeypatch.setattr(blas.os, "execve", lambda exe, argv, env: seen.append((exe, argv, env)))
-    monkeypatch.setattr(blas, "openblas_path", lambda: "/opt/libopenblas.so")
+    monkeypatch.setattr(blas, "openblas_path", lambda: OPENBLAS)
+    monkeypatch.setattr(blas, "mkl_path", lambda: MKL)
     monkeypatch.setattr(blas.sys, "platform", "linux")
     monkeypatch.delitem(sys.modules, "mlx.core", raising=False)
-    for var in ("LD_PRELOAD", "EDGESPEC_BLAS", blas._MARK):
+    for var in (
+        "LD_PRELOAD",
+        "EDGESPEC_BLAS",
+        blas._MARK,
+        blas.ACTIVE,
+        "MKL_CBWR",
+        "MKL_THREADING_LAYER",
+    ):
         monkeypatch.delenv(var, raising=False)
     return seen
 
 
-def test_reexec_preloads_openblas_and_keeps_arguments(calls):
-    blas.reexec_with_openblas(["generate", "hi", "-k", "3"])
+def test_reexec_prefers_mkl_in_exact_mode_and_keeps_arguments(calls):
+    blas.reexec_with_blas(["generate", "hi", "-k", "3"])
     ((exe, argv, env),) = calls
     assert argv[1:] == ["-m", "edgespec", "generate", "hi", "-k", "3"]
-    assert env["LD_PRELOAD"] == "/opt/libopenblas.so" and env[blas._MARK] == "1"
+    assert env["LD_PRELOAD"] == MKL and env[blas._MARK] == "1"
+    assert env["MKL_CBWR"] == "AUTO,STRICT" and env[blas.ACTIVE] == "mkl"
 
 
-def test_existing_preload_is_kept_after_openblas(calls, monkeypatch):
+def test_mkl_fast_drops_the_reproducibility_setting(calls, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_BLAS", "mkl-fast")
+    blas.reexec_with_blas(["models"])
+    env = calls[0][2]
+    assert env["LD_PRELOAD"] == MKL and "MKL_CBWR" not in env and env[blas.ACTIVE] == "mkl-fast"
+
+
+def test_openblas_when_asked_or_when_mkl_is_missing(calls, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESPEC_BLAS", "openblas")
+    blas.reexec_with_blas(["models"])
+    assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS and calls[-1][2][blas.ACTIVE] == "openblas"
+    monkeypatch.setattr(blas, "mkl_path", lambda: None)
+    monkeypatch.setenv("EDGESPEC_BLAS", "auto")
+    blas.reexec_with_blas(["models"])
+    assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS
+    assert capsys.readouterr().err == ""  # auto falls back silently
+    monkeypatch.setenv("EDGESPEC_BLAS", "mkl")
+    blas.reexec_with_blas(["models"])
+    assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "MKL is not installed" in err
+
+
+def test_an_unknown_choice_is_one_line_and_auto(calls, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESPEC_BLAS", "atlas")
+    blas.reexec_with_blas(["models"])
+    assert calls[0][2]["LD_PRELOAD"] == MKL
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'atlas'" in err
+
+
+def test_existing_preload_is_kept_after_the_blas(calls, monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/x/other.so")
-    blas.reexec_with_openblas(["models"])
-    assert calls[0][2]["LD_PRELOAD"] == "/opt/libopenblas.so:/x/other.so"
+    blas.reexec_with_blas(["models"])
+    assert calls[0][2]["LD_PRELOAD"] == f"{MKL}:/x/other.so"
 
 
 @pytest.mark.parametrize(
-    "env", [{"EDGESPEC_BLAS": "system"}, {blas._MARK: "1"}, {"LD_PRELOAD": "/opt/libopenblas.so"}]
+    "env",
+    [
+        {"EDGESPEC_BLAS": "system"},
+        {blas._MARK: "1"},
+        {"LD_PRELOAD": OPENBLAS},
+        {"LD_PRELOAD": "/somewhere/libmkl_rt.so.2"},
+    ],
 )
 def test_no_reexec_when_opted_out_done_or_present(calls, monkeypatch, env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    blas.reexec_with_openblas(["models"])
+    blas.reexec_with_blas(["models"])
     assert calls == []
 
 
-def test_no_reexec_without_openblas(calls, monkeypatch):
+def test_no_reexec_without_an_optimised_blas(calls, monkeypatch):
     monkeypatch.setattr(blas, "openblas_path", lambda: None)
-    blas.reexec_with_openblas(["models"])
+    monkeypatch.setattr(blas, "mkl_path", lambda: None)
+    blas.reexec_with_blas(["models"])
     assert calls == []
+
+
+BITS = """
+import mlx.core as mx, numpy as np
+from mlx_lm.models import llama
+from edgespec.cache import KVState
+from edgespec.tiny import llama_config, random_llama_weights
+config = llama_config(vocab_size=4096, layers=2, hidden=576)
+model = llama.Model(llama.ModelArgs.from_dict(config))
+model.load_weights([(k, mx.array(v)) for k, v in random_llama_weights(config, seed=3).items()])
+st = KVState(model); prompt = list(range(1, 40)); st.prefill(prompt)
+toks = [5, 77, 123, 99, 42, 7, 8, 9]
+full = np.array(st.forward(mx.array(toks, dtype=mx.int32))); st.rewind(prompt, len(prompt) - 1)
+one = np.stack([np.array(st.forward(mx.array([t], dtype=mx.int32)))[0] for t in toks])
+print("identical" if np.array_equal(full, one) else "differs")
+"""
+
+
+@pytest.mark.skipif(blas.mkl_path() is None, reason="the mkl wheel is not installed")
+def test_mkl_exact_mode_makes_an_l_token_forward_equal_l_one_token_forwards():
+    """Why `mkl` (strict CNR) is the default: the verify forward's rows carry the same bits as
+    plain decoding's one-token forwards. Runs in a subprocess: the BLAS is fixed at process start."""
+    env = {k: v for k, v in os.environ.items() if k not in (blas._MARK, "LD_PRELOAD")}
+    _, lib, extra = blas.plan("mkl")  # type: ignore[misc]
+    env.update(extra, LD_PRELOAD=lib)
+    out = subprocess.run(
+        [sys.executable, "-c", BITS], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "identical"
