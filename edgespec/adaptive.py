@@ -6,7 +6,10 @@ seconds, where c is one draft step and v(L) a target forward verifying L tokens 
 plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is a plain target step
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
-while drafting keeps losing) so the estimates can notice the draft becoming useful again.
+while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
+runs such K = 0 rounds pipelined (loop._plain_run), as fast as plain decoding; the policy then
+decides a round before the previous one is read back, so it may be shown the same round twice in a
+row, which counts once.
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
@@ -167,6 +170,7 @@ class AdaptiveK:
         self._after_plain = False  # the previous round drafted nothing (K = 0)
         self._plain_run = 0  # K = 0 rounds since the last round that drafted
         self._probe_gap = PROBE_EVERY
+        self._seen: Round | None = None  # the round observed last
 
     def observe(self, r: Round) -> None:
         est = self.estimates.setdefault(r.method, DrafterEstimate())
@@ -200,7 +204,8 @@ class AdaptiveK:
         return best_k(*args, k_min=1)  # probe: draft once to refresh alpha and c
 
     def __call__(self, last: Round | None) -> int:
-        if last is not None:
+        if last is not None and last is not self._seen:  # a pipelined plain run repeats one
+            self._seen = last
             self.observe(last)
             if last.drafted > 0:
                 self._method = last.method

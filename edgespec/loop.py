@@ -6,7 +6,10 @@ is the next forward's input); a drafter's state holds some prefix of the context
 Both loops yield `Step`s; the Engine (runtime.py) turns them into Token / Round / Finished events.
 Speed: drafted tokens stay lazy MLX arrays (async_eval, no .item() per token); the target's verify
 graph is built on them while the draft computes, the acceptance runs on the device, and the round
-costs one host sync: a transfer of K + 2 integers.
+costs one host sync: a transfer of K + 2 integers. Runs of K = 0 rounds (adaptive K switched the
+draft off) are pipelined like plain decoding: the next forward is queued before that sync.
+Cache invariant inside such a run: the target's cache may hold one position more (the queued
+forward); it is rewound to context[:-1] when the run ends.
 """
 
 from __future__ import annotations
@@ -252,6 +255,71 @@ def _run_round(
     return host, feats, t_draft, time.perf_counter() - t0 - t_draft
 
 
+def _plain_run(
+    target: KVState,
+    drafter: Drafter,
+    context: list[int],
+    key: mx.array,
+    cfg: SamplingConfig,
+    choose_k: Callable[[Round | None], int],
+    last: Round | None,
+    limits: Limits,
+    cancel: threading.Event | None,
+    index: int,
+    emitted: int,
+):
+    """Consecutive K = 0 rounds, pipelined like decode_plain: before a step's token is read back,
+    the policy picks the next round's K and, while that is 0, the next step's forward is queued.
+    Each step is exactly the d = 0 round speculate would run (same keys, same maths: the target's
+    token at position len(context), through `verify` / `verify_greedy` with nothing drafted), so
+    the output is unchanged; only the host sync no longer sits between two forwards. The policy
+    decides round j + 1 before round j is read back, so it is shown round j - 1 then: rounds reach
+    it in order, the one before a run twice in a row (a policy must count a repeat once, as
+    AdaptiveK does), the last of a run not at all. Generator of Steps; returns
+    (key, last round, next index, emitted, the K already chosen for the next round or None, whether
+    the run yielded the final Step)."""
+
+    def step(inputs: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+        key, _draft_key, verify_key = round_keys(key)
+        logits = target.forward(inputs)[-1:]
+        none = mx.array([], dtype=mx.int32)
+        if cfg.greedy:
+            _, nxt = verify_greedy(none, logits)
+        else:
+            _, nxt = verify(none, None, warp(logits, cfg), uniforms(verify_key, 1))
+        return key, nxt.astype(mx.int32)
+
+    t_prev = time.perf_counter()
+    key, tok = step(mx.array(context[target.offset :], dtype=mx.int32), key)
+    mx.async_eval(tok)
+    while True:
+        decided, upcoming = None, None
+        more = emitted + 1 < limits.max_tokens and index + 1 < limits.max_tokens
+        if more and len(context) + 2 <= limits.context_window:
+            decided = choose_k(last)
+            if decided <= 0 and not (cancel is not None and cancel.is_set()):
+                key, upcoming = step(tok.reshape(1), key)
+                mx.async_eval(upcoming)
+        value = int(tok.item())  # type: ignore[arg-type]
+        now = time.perf_counter()
+        last = Round(index, 0, 0, 0, 0.0, now - t_prev, drafter.method)
+        t_prev, index = now, index + 1
+        toks, kinds, committed, stop = _truncate([value], ["target"], emitted, limits, context)
+        context += committed
+        emitted += len(toks)
+        drafter.commit(context)
+        if upcoming is None or stop:
+            target.rewind(context, len(context) - 1)
+            yield Step(toks, kinds, last, stop)
+            return key, last, index, emitted, decided, stop is not None
+        yield Step(toks, kinds, last, None)
+        if cancel is not None and cancel.is_set():
+            target.rewind(context, len(context) - 1)
+            yield Step([], [], stop="cancelled")
+            return key, last, index, emitted, None, True
+        tok = upcoming
+
+
 def speculate(
     target: KVState,
     drafter: Drafter,
@@ -264,13 +332,25 @@ def speculate(
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill)."""
     context, key, emitted, last = list(prompt), make_key(cfg.seed), 0, None
     wants = bool(getattr(drafter, "wants_features", False))  # a feature draft (edgespec.eagle)
+    # K = 0 rounds run pipelined (_plain_run) unless the drafter has something for them: a free
+    # lookup (propose_free) or a need for the target's features of every round.
+    pipelined = not wants and getattr(drafter, "propose_free", None) is None
+    index, chosen = 0, None
     try:
-        for index in range(limits.max_tokens):
+        while index < limits.max_tokens:
             if cancel is not None and cancel.is_set():
                 yield Step([], [], stop="cancelled")
                 return
             room = limits.context_window - len(context)  # tokens one verify may add
-            k = max(0, min(choose_k(last), room))
+            k = max(0, min(choose_k(last) if chosen is None else chosen, room))
+            chosen = None
+            if k == 0 and pipelined:
+                run = _plain_run(target, drafter, context, key, cfg, choose_k, last, limits,
+                                 cancel, index, emitted)  # fmt: skip
+                key, last, index, emitted, chosen, done = yield from run
+                if done:
+                    return
+                continue
             key, draft_key, verify_key = round_keys(key)
             t0 = time.perf_counter()
             if k > 0:
@@ -299,6 +379,7 @@ def speculate(
             emitted += len(toks)
             target.rewind(context, len(context) - 1)
             drafter.commit(context)
+            index += 1
             yield Step(toks, kinds, last, stop)
             if stop:
                 return

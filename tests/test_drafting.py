@@ -7,6 +7,7 @@ test that the n-gram's point-mass proposals leave the emitted tokens distributed
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -18,7 +19,8 @@ from edgespec.adaptive import AdaptiveK, best_k, fit_verify_line, verify_curve
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafters import ConfidentDrafter, HybridDrafter, build_drafter
 from edgespec.errors import ConfigError
-from edgespec.events import Round, Token
+from edgespec.events import Finished, Round, Token
+from edgespec.loop import ModelDrafter, no_proposal
 from edgespec.metrics import expected_tokens_per_round
 from edgespec.ngram import NgramDrafter, NgramIndex
 from edgespec.runtime import Engine
@@ -264,6 +266,20 @@ def test_a_single_stall_does_not_switch_a_good_draft_off():
     assert 0 not in policy.chosen and policy.chosen[-1] == steady
 
 
+def test_adaptive_k_counts_a_repeated_round_once():
+    once, twice = AdaptiveK(2, 4), AdaptiveK(2, 4)
+    rounds = [Round(i, 2, i % 3, 2, 0.01, 0.1, "draft") for i in range(6)]
+    for r in rounds:
+        once(r)
+        twice(r)
+        twice(r)  # a pipelined plain run shows the round before it again
+    a, b = once.estimates["draft"], twice.estimates["draft"]
+    assert (a.accepted, a.trials, list(a.step_costs.samples)) == (
+        b.accepted, b.trials, list(b.step_costs.samples))  # fmt: skip
+    assert {L: list(m.samples) for L, m in once.verify_costs.items()} == {
+        L: list(m.samples) for L, m in twice.verify_costs.items()}  # fmt: skip
+
+
 def test_adaptive_k_keeps_estimates_per_method():
     policy = AdaptiveK(4, 8, allow_plain=False)
     for i in range(20):
@@ -372,6 +388,92 @@ def test_k0_rounds_are_plain_steps_and_output_stays_exact(tiny_models, method):
         assert any(r.method == "ngram" and r.drafted > 0 for r in rounds)
     assert len(tokens) == 48
     assert engine._draft.offset == len(engine._draft.tokens)
+
+
+class RoundByRound:
+    """A draft-model drafter whose K = 0 rounds go through speculate's round path (a drafter with
+    a `propose_free` is not pipelined): the reference for the pipelined plain runs."""
+
+    method = "draft"
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def propose(self, context, k, key):
+        return self.inner.propose(context, k, key)
+
+    def commit(self, context):
+        self.inner.commit(context)
+
+    def propose_free(self, context, key):
+        return no_proposal()
+
+
+SCRIPT = [3, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0]  # runs of K = 0 of lengths 6, 3 and 2
+
+
+def _scripted(calls: list):
+    def policy(last):
+        calls.append(last)
+        return SCRIPT[(len(calls) - 1) % len(SCRIPT)]
+
+    return policy
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(0.8, seed=5)], ids=["greedy", "t0.8"])
+def test_pipelined_plain_runs_equal_the_round_path_token_for_token(tiny_models, sampling):
+    """Runs of K = 0 rounds are pipelined (the next forward is queued before the current token is
+    read back): same keys and maths as one d = 0 round at a time, so the same tokens, kinds and
+    round records at T > 0 too, and greedy output equals plain decoding."""
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    runs = {}
+    for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
+        drafter = wrap(ModelDrafter(engine._draft, sampling, engine._vocab))
+        engine.reset()
+        calls: list = []
+        events = _gen(engine, ids, SpecConfig(k=3), 60, sampling, drafter=drafter,
+                      k_policy=_scripted(calls))  # fmt: skip
+        rounds = _rounds(events)
+        runs[name] = (
+            [(e.id, e.kind) for e in events if isinstance(e, Token)],
+            [(r.index, r.drafted, r.accepted, r.k) for r in rounds],
+        )
+        assert [r.k for r in rounds] == [SCRIPT[i % len(SCRIPT)] for i in range(len(rounds))]
+        seen = [c.index for c in calls if c is not None]
+        once = [i for n, i in enumerate(seen) if n == 0 or seen[n - 1] != i]
+        assert once == sorted(set(seen))  # rounds reach the policy in order (a repeat: in a row)
+        assert all(c is None or c.index >= i - 2 for i, c in enumerate(calls))  # at most 1 late
+        assert engine._target.offset == len(engine._target.tokens)
+    assert runs["pipelined"] == runs["round by round"]
+    assert len(runs["pipelined"][0]) == 60
+    if sampling.greedy:
+        plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 60))
+        assert [t for t, _ in runs["pipelined"][0]] == plain
+
+
+@pytest.mark.parametrize("stop_at", [3, 6])  # inside a plain run; its last round
+def test_cancel_inside_a_pipelined_plain_run_leaves_consistent_caches(tiny_models, stop_at):
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    cancel = threading.Event()
+    committed, events = list(ids), []
+    gen = engine.generate(ids, GenerationConfig(GREEDY, SpecConfig(k=3), max_tokens=60), cancel,
+                          k_policy=_scripted([]))  # fmt: skip
+    for event in gen:
+        events.append(event)
+        if isinstance(event, Token):
+            committed.append(event.id)
+        if isinstance(event, Round) and event.index == stop_at:
+            cancel.set()
+    assert isinstance(events[-1], Finished) and events[-1].reason == "cancelled"
+    assert _rounds(events)[-1].index == stop_at
+    t_tokens, d_tokens = engine.cached_tokens()
+    assert engine._target.offset == len(t_tokens) == len(committed) - 1
+    assert t_tokens == committed[:-1] and d_tokens == committed[: len(d_tokens)]
+    assert engine._draft.offset == len(d_tokens)
+    plain = _ids(_gen(Engine(*tiny_models), ids, SpecConfig(method="none"), 60))
+    assert _ids(_gen(engine, ids, SpecConfig(k=3), 60)) == plain  # and the next request is exact
 
 
 def _token_rounds(events):
