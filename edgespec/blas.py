@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import site
 import sys
+import sysconfig
 from pathlib import Path
 
 CANDIDATES = (
@@ -46,8 +47,22 @@ def openblas_path() -> str | None:
 
 
 def mkl_path() -> str | None:
-    """libmkl_rt from the `mkl` wheel (it installs into the environment's lib/), or None."""
-    roots = [sys.prefix, sys.base_prefix, getattr(site, "USER_BASE", None) or ""]
+    """libmkl_rt from the `mkl` wheel, or None. The wheel installs it into the environment's data
+    lib/ folder (site-packages/../../); its RECORD says where, else the usual prefixes are tried."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        dist = distribution("mkl")
+        for f in dist.files or []:
+            if f.name in MKL_NAMES:
+                path = Path(str(dist.locate_file(f))).resolve()
+                if path.exists():
+                    return str(path)
+    except PackageNotFoundError:
+        return None
+    except Exception:  # an unreadable RECORD: fall back to the prefixes
+        pass
+    roots = [sys.prefix, sys.base_prefix, sysconfig.get_paths().get("data", ""), site.USER_BASE]
     for root in dict.fromkeys(r for r in roots if r):
         for name in MKL_NAMES:
             path = Path(root) / "lib" / name
