@@ -193,6 +193,17 @@ def _last_kind(n: int, drafted: int) -> str:
     return "target" if drafted == 0 else "bonus" if n == drafted else "corrected"
 
 
+def _accept(
+    prop: Proposal, logits: mx.array, cfg: SamplingConfig, key
+) -> tuple[mx.array, mx.array]:
+    """The acceptance step on the target's logits [K + 1, V] of the pending token and the K
+    drafted ones: (n_accepted, next_token), lazy. K = 0 is a plain target step."""
+    if cfg.greedy:
+        return verify_greedy(prop.tokens, logits)
+    k = int(prop.tokens.shape[0])
+    return verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, k + 1))
+
+
 def _verify_round(
     target: KVState,
     context: list[int],
@@ -215,10 +226,7 @@ def _verify_round(
         feats, logits = feats[-(k + 1) :], logits[-(k + 1) :]
     else:
         logits = target.forward(inputs)[-(k + 1) :]
-    if cfg.greedy:
-        n, nxt = verify_greedy(prop.tokens, logits)
-    else:
-        n, nxt = verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, k + 1))
+    n, nxt = _accept(prop, logits, cfg, key)
     out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
     return out.astype(mx.int32), feats
 
@@ -271,7 +279,7 @@ def _plain_run(
     """Consecutive K = 0 rounds, pipelined like decode_plain: before a step's token is read back,
     the policy picks the next round's K and, while that is 0, the next step's forward is queued.
     Each step is exactly the d = 0 round speculate would run (same keys, same maths: the target's
-    token at position len(context), through `verify` / `verify_greedy` with nothing drafted), so
+    token at position len(context), through `_accept` with nothing drafted), so
     the output is unchanged; only the host sync no longer sits between two forwards. The policy
     decides round j + 1 before round j is read back, so it is shown round j - 1 then: rounds reach
     it in order, the one before a run twice in a row (a policy must count a repeat once, as
@@ -281,12 +289,7 @@ def _plain_run(
 
     def step(inputs: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
         key, _draft_key, verify_key = round_keys(key)
-        logits = target.forward(inputs)[-1:]
-        none = mx.array([], dtype=mx.int32)
-        if cfg.greedy:
-            _, nxt = verify_greedy(none, logits)
-        else:
-            _, nxt = verify(none, None, warp(logits, cfg), uniforms(verify_key, 1))
+        _, nxt = _accept(no_proposal(), target.forward(inputs)[-1:], cfg, verify_key)
         return key, nxt.astype(mx.int32)
 
     t_prev = time.perf_counter()
