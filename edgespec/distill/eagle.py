@@ -231,10 +231,13 @@ def train_eagle(
     cfg: EagleTrainConfig,
     out: Path,
     log: Callable[[str], None] = print,
+    until: int | None = None,
 ) -> list[dict[str, float]]:
     """AdamW (bias-corrected, betas 0.9/0.95), warm-up then cosine decay; length-bucketed batches.
     Checkpoints (weights + optimizer + step + curve) to `out/train` at every evaluation and
-    resumes from there. Returns the curve [{step, seen, loss, agreement}]."""
+    resumes from there. `until`: stop at that step (a multiple of eval_every, so it checkpoints)
+    with the schedule still that of cfg.steps, so a long run can be cut into calls that each see
+    the data cached so far. Returns the curve [{step, seen, loss, agreement}]."""
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "train.safetensors"
     state_path = out / "train.json"
@@ -269,7 +272,7 @@ def train_eagle(
     lengths = np.array([len(it.ids) for it in train])
     by_length = np.argsort(lengths)
     t0, loss = time.perf_counter(), float("nan")
-    while step < cfg.steps:
+    while step < min(cfg.steps, until or cfg.steps):
         j = int(rng.integers(len(train)))  # a random neighbourhood of similar lengths
         pos = int(np.searchsorted(lengths[by_length], lengths[j]))
         lo = max(0, min(pos - 32, len(train) - 64))
