@@ -212,6 +212,14 @@ def export_grown(model: EagleModel, config: dict, out: Path, base: Path) -> Path
     return out
 
 
+def load_trained(model: EagleModel, out: Path) -> dict[str, mx.array]:
+    """Load the weights of train_eagle's checkpoint in `out` into `model`; returns the whole
+    checkpoint (weights "m.*" and optimizer state "o.*")."""
+    flat = cast(dict[str, mx.array], mx.load(str(out / "train.safetensors")))
+    model.load_weights([(k[2:], v) for k, v in flat.items() if k.startswith("m.")])
+    return flat
+
+
 @dataclass(frozen=True)
 class EagleTrainConfig:
     steps: int = 2000
@@ -248,8 +256,7 @@ def train_eagle(
     opt = optim.AdamW(schedule, betas=[0.9, 0.95], weight_decay=0.0, bias_correction=True)
     step, seen, curve = 0, 0, []
     if ckpt.is_file() and state_path.is_file():
-        flat = cast(dict[str, mx.array], mx.load(str(ckpt)))
-        model.load_weights([(k[2:], v) for k, v in flat.items() if k.startswith("m.")])
+        flat = load_trained(model, out)
         opt.init(model.trainable_parameters())
         opt.state = tree_unflatten([(k[2:], v) for k, v in flat.items() if k.startswith("o.")])
         meta = json.loads(state_path.read_text())
@@ -272,7 +279,7 @@ def train_eagle(
     lengths = np.array([len(it.ids) for it in train])
     by_length = np.argsort(lengths)
     t0, loss = time.perf_counter(), float("nan")
-    while step < min(cfg.steps, until or cfg.steps):
+    while step < (cfg.steps if until is None else min(cfg.steps, until)):
         j = int(rng.integers(len(train)))  # a random neighbourhood of similar lengths
         pos = int(np.searchsorted(lengths[by_length], lengths[j]))
         lo = max(0, min(pos - 32, len(train) - 64))
