@@ -198,7 +198,8 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
         mx.random.seed(point.seed)  # mlx-lm samples from MLX's global random state
         kwargs: dict[str, Any] = {"sampler": make_sampler(temp=point.temp)}
         if use_draft:
-            kwargs |= {"draft_model": engine.draft.model, "num_draft_tokens": point.k}
+            draft = getattr(engine, "peer_draft", None) or engine.draft
+            kwargs |= {"draft_model": draft.model, "num_draft_tokens": point.k}
         timer, flags, reason = _Timer(), [], "length"
         tokenizer = engine.target.tokenizer
         for resp in stream_generate(
@@ -291,10 +292,11 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
         raise ConfigError(
             f"methods {', '.join(missing)} need a draft model; pass --draft or drop them"
         )
-    if "mlx-lm" in plan.methods and engine.has_draft and isinstance(engine.draft.model, EagleModel):
+    peer = getattr(engine, "peer_draft", None) or (engine.draft if engine.has_draft else None)
+    if "mlx-lm" in plan.methods and peer is not None and isinstance(peer.model, EagleModel):
         raise ConfigError(
             "mlx-lm's speculative decoding needs a token draft; this pair's draft is a feature "
-            "draft (EAGLE-style): drop mlx-lm from --methods or pass a token draft"
+            "draft (EAGLE-style): pass one with --peer-draft or drop mlx-lm from --methods"
         )
 
 
@@ -495,5 +497,6 @@ def pair_info(engine: Any) -> dict[str, Any]:
         "name": getattr(engine, "name", None),
         "target": getattr(engine.target, "name", None),
         "draft": getattr(draft, "name", None) if draft is not None else None,
+        "peer_draft": getattr(getattr(engine, "peer_draft", None), "name", None),
         "context_window": getattr(engine, "context_window", None),
     }

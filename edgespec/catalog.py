@@ -78,6 +78,9 @@ class Pair:
     draft: str
     description: str = ""
     platform: str = "any"  # "any" or "mac" (4-bit presets that are only fast on Metal)
+    # A token draft for tools that cannot run `draft` when it is a feature draft (mlx-lm's
+    # speculative decoding, which the bench compares against); None when `draft` is one already.
+    token_draft: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
             draft=p["draft"],
             description=p.get("description", ""),
             platform=p.get("platform", "any"),
+            token_draft=p.get("token_draft"),
         )
         for n, p in raw.get("pairs", {}).items()
     }

@@ -403,6 +403,43 @@ def _check_draft_available(spec: str, pair_name: str | None, cat: Catalog) -> No
         )
 
 
+def peer_draft_spec(
+    target: str | None, draft: str | None, pair: str | None, catalog: Catalog | None = None
+) -> str | None:
+    """The token draft a peer should use for the pair these arguments name: the pair's
+    `token_draft` when its own draft is used (no --draft given), else None."""
+    cat = catalog or load_catalog()
+    _, _, pair_name = _pair_specs(target, draft, pair, cat)
+    if draft is not None or pair_name is None:
+        return None
+    return cat.pair(pair_name).token_draft
+
+
+def load_token_draft(
+    spec: str, target: LoadedModel, *, draft_bits: int | None = 4, dtype: str | None = None
+) -> LoadedModel:
+    """Load a token draft for `target` (for a peer such as mlx-lm when the pair's own draft is a
+    feature draft), checked like any draft: same tokenizer, trimmable cache, not a feature draft."""
+    from edgespec.eagle import EagleModel
+
+    cat = load_catalog()
+    _check_draft_available(spec, None, cat)
+    d = load_model(
+        spec,
+        quantize_bits=draft_bits or None,
+        tokenizer_fallback=target.path,
+        catalog=cat,
+        embedding=input_embedding(target.model),
+        target=target.model,
+        dtype=dtype,
+    )
+    if isinstance(d.model, EagleModel):
+        raise ConfigError(f"{spec} is a feature draft; a peer needs a token draft")
+    check_tokenizers(target, d)
+    check_trimmable(d.model, d.name)
+    return d
+
+
 def load_pair(
     target: str | None = None,
     draft: str | None = None,

@@ -41,6 +41,9 @@ class Engine:
         self.target, self.draft = target, draft
         self.tokenizer = target.tokenizer
         self.has_draft = draft is not None
+        # A token draft for peers that cannot run `draft` (mlx-lm, when `draft` is a feature
+        # draft): set by the bench; EdgeSpec's own loop never reads it.
+        self.peer_draft: Any | None = None
         self.name = f"{target.name} + {draft.name}" if draft is not None else str(target.name)
         self.context_window = int(target.context_window)
         if draft is not None:

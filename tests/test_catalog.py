@@ -142,3 +142,19 @@ def test_models_command_table(offline_hub, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:2] == ["PAIR", "TARGET"]
     assert "smollm2-135m *" in out and "not downloaded" in out
+
+
+def test_a_pairs_token_draft_is_the_peer_draft_only_for_its_own_draft(tmp_path):
+    """A pair whose draft is a feature draft names a token draft for mlx-lm; an explicit --draft
+    (the user's own pair) has none."""
+    raw = {
+        "default_pair": "p",
+        "models": {"t": {"local": "t"}, "f": {"local": "f"}, "d": {"local": "d"}},
+        "pairs": {"p": {"target": "t", "draft": "f", "token_draft": "d"}, "q": {"target": "t", "draft": "d"}},
+    }  # fmt: skip
+    cat = catalog.parse_catalog(raw, tmp_path)
+    assert cat.pair("p").token_draft == "d" and cat.pair("q").token_draft is None
+    assert loading.peer_draft_spec(None, None, None, cat) == "d"  # the default pair
+    assert loading.peer_draft_spec(None, None, "p", cat) == "d"
+    assert loading.peer_draft_spec(None, "other", "p", cat) is None
+    assert loading.peer_draft_spec(None, None, "q", cat) is None

@@ -29,11 +29,12 @@ from edgespec.distill.eagle import (
 from edgespec.eagle import EagleModel, EagleState, save_eagle, target_features
 from edgespec.errors import ConfigError, ModelLoadError
 from edgespec.events import Round, Token
-from edgespec.loading import load_model, load_pair
+from edgespec.loading import load_model, load_pair, load_token_draft
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
 from edgespec.tiny import make_tiny_eagle, make_tiny_pair
 from edgespec.verify import verify_pair
+from tests.cli import run_edgespec
 
 GREEDY = SamplingConfig(temperature=0)
 TRAIN = EagleTrainConfig(steps=200, batch=8, lr=3e-3, warmup=10, eval_every=100)
@@ -292,9 +293,28 @@ def test_training_raises_agreement_and_resumes(tiny_dir, trained):
 
 def test_bench_refuses_mlx_lm_with_a_feature_draft(tiny_dir):
     engine = Engine.load(target=str(tiny_dir / "target"), draft=str(tiny_dir / "eagle"))
-    with pytest.raises(ConfigError, match="token draft"):
+    with pytest.raises(ConfigError, match="--peer-draft"):
         check_methods(engine, BenchPlan(methods=("plain", "spec", "mlx-lm")))
     check_methods(engine, BenchPlan(methods=("plain", "spec", "adaptive")))
+    with pytest.raises(ConfigError, match="feature draft"):  # a peer must be a token draft
+        load_token_draft(str(tiny_dir / "eagle"), engine.target)
+
+
+def test_bench_runs_mlx_lm_with_a_peer_token_draft_beside_a_feature_draft(tiny_dir, tmp_path):
+    """`--peer-draft`: EdgeSpec speculates with the feature draft, mlx-lm with the token draft,
+    side by side in one run; results.json names both."""
+    out = run_edgespec(
+        "bench", "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "eagle"),
+        "--peer-draft", str(tiny_dir / "draft"), "--methods", "plain,spec,mlx-lm", "-k", "2",
+        "--max-tokens", "8", "--limit", "1", "--no-warmup", "--quiet", "--out", str(tmp_path),
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["pair"]["peer_draft"] == str(tiny_dir / "draft")
+    assert doc["pair"]["draft"] == str(tiny_dir / "eagle")
+    peer = {m["label"]: m["overall"] for m in doc["methods"]}["mlx-lm K=2 T=0"]
+    assert peer["tokens"] > 0 and peer["tau"] is not None
 
 
 def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer(

@@ -66,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_METHODS,
         help=f"from {', '.join(METHODS)} (default {','.join(DEFAULT_METHODS)})",
     )
+    g.add_argument(
+        "--peer-draft",
+        help="token draft for the mlx-lm method (default: the pair's draft, or the pair's token "
+        "draft when its own is a feature draft, which mlx-lm cannot run)",
+    )
     g.add_argument("--repeats", type=int, default=1, help="runs of each prompt (default 1)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     g.add_argument("--out", help="output folder (default ./bench-out/<timestamp>)")
@@ -108,6 +113,7 @@ def _measure(engine: Any, prompts: list, encoded: dict, plan: BenchPlan, quiet: 
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgespec.loading import load_token_draft, peer_draft_spec
     from edgespec.runtime import Engine
 
     plan = _plan(args)
@@ -116,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine.load(
         args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype
     )
+    peer = args.peer_draft or peer_draft_spec(args.target, args.draft, args.pair)
+    if peer is not None and "mlx-lm" in plan.methods:
+        engine.peer_draft = load_token_draft(
+            peer, engine.target, draft_bits=args.draft_bits, dtype=args.dtype
+        )
     check_methods(engine, plan)
     encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
     if not encoded:
