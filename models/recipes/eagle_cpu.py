@@ -143,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         save_eagle(model, quantize(model, cfg, a.bits), a.out)
     print(f"held-out agreement as exported: {agreement(model, items[: a.held]):.3f}")
-    print(f"wrote {a.out}")
+    curve = json.loads((a.work / "train" / "train.json").read_text())["curve"]
+    rows = [f"{r['step']},{r['seen']},{r['agreement']:.4f}" for r in curve]
+    (a.out / "curve.csv").write_text("step,tokens_seen,agreement\n" + "\n".join(rows) + "\n")
+    print(f"wrote {a.out} (config.json, model.safetensors, curve.csv)")
     return 0
 
 
