@@ -12,11 +12,15 @@ first two can run side by side as two processes (training reloads the cache ever
 3. export: --bits (default 8) weights to --out; a grown draft exports only its mixer (~1.3 MB),
    pointing at the token draft.
 
-How the shipped models/smollm2-135m-eagle was made (two processes, then export):
+How the shipped models/smollm2-135m-eagle was made (features and training side by side, the
+training switching to a lighter feature regression at step 2200, then export; its model card has
+the details):
 
-    python models/recipes/eagle_cpu.py --work W --phase features --tokens 3000000
+    python models/recipes/eagle_cpu.py --work W --phase features --tokens 3000000  # stopped at 587k
     python models/recipes/eagle_cpu.py --work W --phase train --scale --steps 4000 --lr 8e-4 \
-        --chunk 500
+        --chunk 500 --reg 1.0 --until 2200
+    python models/recipes/eagle_cpu.py --work W --phase train --scale --steps 4000 --lr 8e-4 \
+        --chunk 500 --reg 0.1
     python models/recipes/eagle_cpu.py --work W --phase export --scale --out models/smollm2-135m-eagle
 
 Held-out agreement is printed on the first --held sequences (the training data's own kind of
@@ -49,6 +53,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--init-layer", type=int, default=29)
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--chunk", type=int, default=0, help="reload the feature cache every N steps")
+    ap.add_argument("--until", type=int, help="stop at this step (the schedule stays --steps')")
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--reg", type=float, default=None, help="feature regression weight")
@@ -85,6 +90,8 @@ def checkpoint_step(folder: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    if any(n % a.eval_every for n in (a.chunk, a.until or 0)):
+        raise SystemExit("--chunk and --until must be multiples of --eval-every (checkpoints)")
     from edgespec.distill.data import read_shard
     from edgespec.distill.eagle import (
         EagleTrainConfig,
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     first = True
     while a.phase in ("train", "all"):  # each pass sees the features cached so far
         step = checkpoint_step(a.work / "train")
-        if step >= a.steps:
+        if step >= min(a.steps, a.until or a.steps):
             break
         items = load_items(a.work / "features")
         held, train = items[: a.held], items[a.held :]
@@ -130,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"held-out agreement before training: {agreement(model, held):.3f}")
             first = False
         print(f"training on {len(train)} answers, {sum(len(i.ids) for i in train)} tokens")
-        train_eagle(
-            model, train, held, tc, a.work / "train", print, step + a.chunk if a.chunk else None
-        )
+        stop = min(step + a.chunk if a.chunk else a.steps, a.until or a.steps)
+        train_eagle(model, train, held, tc, a.work / "train", print, stop)
     if a.out is None or a.phase not in ("export", "all"):
         return 0
     items = load_items(a.work / "features")
