@@ -58,6 +58,11 @@ def test_shipped_catalogue_is_consistent():
             assert spec in cat.models or (
                 catalog.is_repo_id(spec) and spec.startswith("mlx-community/")
             )
+    eagle = cat.pair("smollm2-135m-eagle")  # the feature draft, with a token draft for mlx-lm
+    assert (eagle.target, eagle.draft, eagle.token_draft) == (
+        "smollm2-135m-instruct", "smollm2-135m-eagle", "smollm2-135m-draft"
+    )  # fmt: skip
+    assert cat.model("smollm2-135m-eagle").available
     presets = {p.name: p for p in cat.pairs.values() if p.platform == "mac"}
     assert presets["qwen3-8b"].draft == "mlx-community/Qwen3-0.6B-4bit"
     assert presets["llama3.1-8b"].draft == "mlx-community/Llama-3.2-1B-Instruct-4bit"
