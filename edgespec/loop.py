@@ -287,27 +287,40 @@ def _plain_run(
     (key, last round, next index, emitted, the K already chosen for the next round or None, whether
     the run yielded the final Step)."""
 
-    def step(inputs: mx.array, key: mx.array) -> tuple[mx.array, mx.array]:
+    wants = bool(getattr(drafter, "wants_features", False))
+
+    def step(inputs: mx.array, key: mx.array) -> tuple[mx.array, mx.array, mx.array | None, int]:
+        """(next key, the step's token, the inputs' target features when the drafter wants
+        them, the context position of the first input), lazy."""
         key, _draft_key, verify_key = round_keys(key)
-        _, nxt = _accept(no_proposal(), target.forward(inputs)[-1:], cfg, verify_key)
-        return key, nxt.astype(mx.int32)
+        start, feats = target.offset, None
+        if wants:  # a feature draft gets every committed position's features, as in a round
+            from edgespec.eagle import target_features
+
+            feats, logits = target_features(target.model, inputs, target.cache)
+        else:
+            logits = target.forward(inputs)
+        _, nxt = _accept(no_proposal(), logits[-1:], cfg, verify_key)
+        return key, nxt.astype(mx.int32), feats, start
 
     t_prev = time.perf_counter()
-    key, tok = step(mx.array(context[target.offset :], dtype=mx.int32), key)
-    mx.async_eval(tok)
+    key, tok, feats, start = step(mx.array(context[target.offset :], dtype=mx.int32), key)
+    mx.async_eval([a for a in (tok, feats) if a is not None])
     while True:
-        decided, upcoming = None, None
+        decided, upcoming, up_feats, up_start = None, None, None, 0
         more = emitted + 1 < limits.max_tokens and index + 1 < limits.max_tokens
         if more and len(context) + 2 <= limits.context_window:
             decided = choose_k(last)
             if decided <= 0 and not (cancel is not None and cancel.is_set()):
-                key, upcoming = step(tok.reshape(1), key)
-                mx.async_eval(upcoming)
+                key, upcoming, up_feats, up_start = step(tok.reshape(1), key)
+                mx.async_eval([a for a in (upcoming, up_feats) if a is not None])
         value = int(tok.item())  # type: ignore[arg-type]
         now = time.perf_counter()
         last = Round(index, 0, 0, 0, 0.0, now - t_prev, drafter.method)
         t_prev, index = now, index + 1
         toks, kinds, committed, stop = _truncate([value], ["target"], emitted, limits, context)
+        if feats is not None:  # every input of the step is a committed token
+            drafter.take_features(context + committed, start, feats)  # type: ignore[attr-defined]
         context += committed
         emitted += len(toks)
         drafter.commit(context)
@@ -320,7 +333,7 @@ def _plain_run(
             target.rewind(context, len(context) - 1)
             yield Step([], [], stop="cancelled")
             return key, last, index, emitted, None, True
-        tok = upcoming
+        tok, feats, start = upcoming, up_feats, up_start
 
 
 def speculate(
@@ -335,9 +348,9 @@ def speculate(
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill)."""
     context, key, emitted, last = list(prompt), make_key(cfg.seed), 0, None
     wants = bool(getattr(drafter, "wants_features", False))  # a feature draft (edgespec.eagle)
-    # K = 0 rounds run pipelined (_plain_run) unless the drafter has something for them: a free
-    # lookup (propose_free) or a need for the target's features of every round.
-    pipelined = not wants and getattr(drafter, "propose_free", None) is None
+    # K = 0 rounds run pipelined (_plain_run, which hands a feature draft its features too) unless
+    # the drafter has something for them: a free lookup (propose_free).
+    pipelined = getattr(drafter, "propose_free", None) is None
     index, chosen = 0, None
     try:
         while index < limits.max_tokens:

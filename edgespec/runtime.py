@@ -160,7 +160,10 @@ class Engine:
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
         uses_draft = config.spec.method in ("draft", "hybrid") and drafter is None
-        if uses_draft and isinstance(self._draft, EagleState):  # it needs the prompt's features
+        # A feature draft needs the prompt's features, the engine's own or a caller's drafter
+        # over the engine's feature-draft state alike.
+        wants = uses_draft or bool(getattr(drafter, "wants_features", False))
+        if wants and isinstance(self._draft, EagleState):
             return eagle_prefill(self._target, self._draft, prompt, PREFILL_CHUNK)
         prefilled = self._target.prefill(prompt)
         if uses_draft and isinstance(self._draft, KVState):

@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from edgespec import loop
 from edgespec.bench import BenchPlan, check_methods
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.data import Sequence
@@ -26,10 +27,11 @@ from edgespec.distill.eagle import (
     new_eagle,
     train_eagle,
 )
-from edgespec.eagle import EagleModel, EagleState, save_eagle, target_features
+from edgespec.eagle import EagleDrafter, EagleModel, EagleState, save_eagle, target_features
 from edgespec.errors import ConfigError, ModelLoadError
 from edgespec.events import Round, Token
 from edgespec.loading import load_model, load_pair, load_token_draft
+from edgespec.loop import no_proposal
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
 from edgespec.tiny import make_tiny_eagle, make_tiny_pair
@@ -355,3 +357,69 @@ def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer
     with pytest.raises(ModelLoadError, match="changed since") as e:
         load_pair(str(tiny_dir / "target"), str(tmp_path / "grown"))
     assert "\n" not in str(e.value)
+
+
+class RoundByRound:
+    """A feature drafter whose K = 0 rounds go through speculate's round path (a drafter with a
+    `propose_free` is not pipelined): the reference for the pipelined plain runs."""
+
+    method = "draft"
+    wants_features = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def propose(self, context, k, key):
+        return self.inner.propose(context, k, key)
+
+    def take_features(self, context, start, features):
+        self.inner.take_features(context, start, features)
+
+    def commit(self, context):
+        self.inner.commit(context)
+
+    def propose_free(self, context, key):
+        return no_proposal()
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(0.8, seed=5)], ids=["greedy", "t0.8"])
+def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
+    tiny_dir, trained, sampling, monkeypatch
+):
+    """Runs of K = 0 rounds are pipelined for a feature draft too, and still give it the target's
+    features of every committed position: the rounds after a run draft (and get accepted) exactly
+    as when each K = 0 round goes through the round path."""
+    engine = Engine.load(target=str(tiny_dir / "target"), draft=str(trained[0]))
+    s = trained[2][9]
+    prompt = s.ids[: s.prompt_len].tolist()
+    script = [2, 0, 0, 0, 0, 2, 0, 0, 1, 2]
+    plain_runs: list = []
+    real = loop._plain_run
+    monkeypatch.setattr(loop, "_plain_run", lambda *a: plain_runs.append(1) or real(*a))
+    runs = {}
+    for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
+        drafter = wrap(EagleDrafter(engine._draft, sampling, engine._vocab))
+        engine.reset()
+        calls: list = []
+
+        def policy(last, calls=calls):
+            calls.append(last)
+            return script[(len(calls) - 1) % len(script)]
+
+        events = list(engine.generate(prompt, GenerationConfig(sampling, SpecConfig(k=2),
+                      max_tokens=40), drafter=drafter, k_policy=policy))  # fmt: skip
+        runs[name] = (
+            [(e.id, e.kind) for e in events if isinstance(e, Token)],
+            [(r.drafted, r.accepted, r.k) for r in _rounds(events)],
+        )
+        assert engine._draft.n_features == len(engine._target.tokens)  # every committed position
+        if name == "pipelined":
+            assert len(plain_runs) >= 3  # the K = 0 runs did take the pipelined path
+            taken = len(plain_runs)
+    assert len(plain_runs) == taken  # and none in the round-by-round reference
+    assert runs["pipelined"] == runs["round by round"]
+    assert sum(a for _, a, _ in runs["pipelined"][1]) > 0  # drafts after runs are accepted
+    if sampling.greedy:
+        assert [t for t, _ in runs["pipelined"][0]] == s.ids[
+            s.prompt_len : s.prompt_len + 40
+        ].tolist()
