@@ -133,6 +133,16 @@ def rows_exact(name: str | None = None) -> bool:
     return name == "reference" or (name == "mkl" and cpu_vendor() == "GenuineIntel")
 
 
+def pads_single_rows(name: str | None = None) -> bool:
+    """Whether one-row matrix products should run as two rows (edgespec.rowpad) under this BLAS
+    (`active()` by default): yes for MKL, whose one-row path uses one thread; no elsewhere
+    (OpenBLAS's one-row path is the faster one). EDGESPEC_PAD_ROWS=1 / 0 overrides."""
+    forced = os.environ.get("EDGESPEC_PAD_ROWS", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return (active() if name is None else name) in ("mkl", "mkl-fast")
+
+
 def active() -> str:
     """The BLAS under this process's MLX CPU backend: mkl / mkl-fast / openblas (preloaded by
     the re-exec), `preloaded` (someone else's LD_PRELOAD), `accelerate` (macOS) or `reference`."""

@@ -40,6 +40,7 @@ from edgespec.config import SamplingConfig
 from edgespec.draft_model import quantize_as_stored, read_weights
 from edgespec.gguf import sha256_file
 from edgespec.loop import Proposal, full_q, no_proposal, pick_token
+from edgespec.rowpad import matmul_t
 from edgespec.sampling import uniforms
 
 MODEL_TYPE = "edgespec_eagle"
@@ -70,6 +71,8 @@ class EagleModel(nn.Module):
         # saved, never trained, shared with the target rather than copied).
         object.__setattr__(self, "embedding", None)
         object.__setattr__(self, "head_weight", None)
+        # One-row products as two rows (edgespec.rowpad; set by the loader where that is faster).
+        object.__setattr__(self, "pad_rows", False)
         self.chain = "guess"
         self.feature_scale = 1.0  # features are multiplied by this before the mixer
 
@@ -108,7 +111,7 @@ class EagleModel(nn.Module):
         """[..., d] -> logits over the head [..., H]; column j scores token head_ids[j]."""
         if "lm_head" in self:
             return self.lm_head(guesses)
-        return guesses @ self.head_weight.T
+        return matmul_t(guesses, self.head_weight, self.pad_rows)
 
     def target_head_logits(self, features: mx.array) -> mx.array:
         """The target's own logits over the head ids from its features (training, evaluation)."""

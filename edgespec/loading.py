@@ -23,8 +23,10 @@ import mlx.nn as nn
 from mlx.utils import tree_map
 
 from edgespec import paths
+from edgespec.blas import pads_single_rows
 from edgespec.catalog import Catalog, is_repo_id, load_catalog
 from edgespec.draft_model import input_embedding
+from edgespec.rowpad import pad_single_rows
 from edgespec.errors import (
     CacheNotTrimmableError,
     ConfigError,
@@ -319,6 +321,8 @@ def load_model(
         quantize_model(model, quantize_bits)
     if dtype in DTYPES:
         cast_floats(model, dtype)
+    if on_cpu() and pads_single_rows():
+        pad_single_rows(model)
     context = config.get("max_position_embeddings") or config.get("text_config", {}).get(
         "max_position_embeddings"
     )
