@@ -26,7 +26,6 @@ from edgespec import paths
 from edgespec.blas import pads_single_rows
 from edgespec.catalog import Catalog, is_repo_id, load_catalog
 from edgespec.draft_model import input_embedding
-from edgespec.rowpad import pad_single_rows
 from edgespec.errors import (
     CacheNotTrimmableError,
     ConfigError,
@@ -35,6 +34,7 @@ from edgespec.errors import (
     ModelNotFoundError,
     TokenizerMismatchError,
 )
+from edgespec.rowpad import pad_single_rows
 
 ProgressFn = Callable[[str, "float | None"], None]
 DEFAULT_CONTEXT = 2048
