@@ -133,14 +133,11 @@ def rows_exact(name: str | None = None) -> bool:
     return name == "reference" or (name == "mkl" and cpu_vendor() == "GenuineIntel")
 
 
-def pads_single_rows(name: str | None = None) -> bool:
-    """Whether one-row matrix products should run as two rows (edgespec.rowpad) under this BLAS
-    (`active()` by default): yes for MKL, whose one-row path uses one thread; no elsewhere
-    (OpenBLAS's one-row path is the faster one). EDGESPEC_PAD_ROWS=1 / 0 overrides."""
-    forced = os.environ.get("EDGESPEC_PAD_ROWS", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    return (active() if name is None else name) in ("mkl", "mkl-fast")
+def pads_single_rows() -> bool:
+    """Whether one-row matrix products should run as two rows (edgespec.rowpad): only when
+    EDGESPEC_PAD_ROWS=1. Off by default: under MKL a lone forward gets faster, but the pipelined
+    decode loop got slower on a 2-core machine (measured; see edgespec/rowpad.py)."""
+    return os.environ.get("EDGESPEC_PAD_ROWS", "").strip() == "1"
 
 
 def active() -> str:
