@@ -12,9 +12,12 @@ import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.eagle import EagleModel
-from edgespec.events import Finished, Token
 from tests.cli import run_edgespec
-from tests.test_embedded_pair import SHARED, mt_bench_prompts
+from tests.test_embedded_pair import (
+    SHARED,
+    assert_greedy_speculative_equals_plain,
+    mt_bench_prompts,
+)
 
 pytestmark = pytest.mark.slow
 PAIR = "smollm2-135m-eagle"
@@ -40,13 +43,7 @@ def test_the_pair_loads_its_feature_draft_on_the_targets_embedding(engine):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_speculative_equals_plain_on_mt_bench(engine, k):
-    for prompt in mt_bench_prompts(3):
-        plain = [
-            e.id for e in answer(engine, prompt, SpecConfig(method="none")) if isinstance(e, Token)
-        ]
-        events = answer(engine, prompt, SpecConfig(k=k))
-        assert [e.id for e in events if isinstance(e, Token)] == plain, prompt
-        assert isinstance(events[-1], Finished) and events[-1].stats.drafted > 0
+    assert_greedy_speculative_equals_plain(engine, k)
 
 
 def test_the_trained_feature_draft_gets_tokens_accepted(engine):
