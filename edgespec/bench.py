@@ -187,6 +187,12 @@ def _engine_runner(
     return run
 
 
+def _mlx_lm_draft(engine: Any) -> Any | None:
+    """The draft mlx-lm runs with: the engine's peer token draft when the bench set one (the
+    pair's own is a feature draft), else the pair's draft (None without one)."""
+    return getattr(engine, "peer_draft", None) or (engine.draft if engine.has_draft else None)
+
+
 def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measured]:
     """mlx-lm's stream_generate on the engine's own model objects (same weights, fresh caches)."""
 
@@ -198,7 +204,8 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
         mx.random.seed(point.seed)  # mlx-lm samples from MLX's global random state
         kwargs: dict[str, Any] = {"sampler": make_sampler(temp=point.temp)}
         if use_draft:
-            draft = getattr(engine, "peer_draft", None) or engine.draft
+            draft = _mlx_lm_draft(engine)
+            assert draft is not None  # check_methods refuses mlx-lm without a draft
             kwargs |= {"draft_model": draft.model, "num_draft_tokens": point.k}
         timer, flags, reason = _Timer(), [], "length"
         tokenizer = engine.target.tokenizer
@@ -292,7 +299,7 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
         raise ConfigError(
             f"methods {', '.join(missing)} need a draft model; pass --draft or drop them"
         )
-    peer = getattr(engine, "peer_draft", None) or (engine.draft if engine.has_draft else None)
+    peer = _mlx_lm_draft(engine)
     if "mlx-lm" in plan.methods and peer is not None and isinstance(peer.model, EagleModel):
         raise ConfigError(
             "mlx-lm's speculative decoding needs a token draft; this pair's draft is a feature "

@@ -428,19 +428,35 @@ def load_token_draft(
 
     cat = load_catalog()
     _check_draft_available(spec, None, cat)
+    d = _load_draft(spec, target, cat, draft_bits, dtype)
+    if isinstance(d.model, EagleModel):
+        raise ConfigError(f"{spec} is a feature draft; a peer needs a token draft")
+    check_trimmable(d.model, d.name)
+    return d
+
+
+def _load_draft(
+    spec: str,
+    t: LoadedModel,
+    cat: Catalog,
+    draft_bits: int | None,
+    dtype: str | None,
+    on_progress: ProgressFn | None = None,
+) -> LoadedModel:
+    """Load draft `spec` for the loaded target `t` (its embedding, its tokenizer as a fallback,
+    its model for a feature draft) and check that the two share a tokenizer."""
     d = load_model(
         spec,
         quantize_bits=draft_bits or None,
-        tokenizer_fallback=target.path,
+        on_progress=on_progress,
+        tokenizer_fallback=t.path,
         catalog=cat,
-        embedding=input_embedding(target.model),
-        target=target.model,
+        embedding=input_embedding(t.model),
+        target=t.model,
         dtype=dtype,
     )
-    if isinstance(d.model, EagleModel):
-        raise ConfigError(f"{spec} is a feature draft; a peer needs a token draft")
-    check_tokenizers(target, d)
-    check_trimmable(d.model, d.name)
+    _report(on_progress, "checking the pair")
+    check_tokenizers(t, d)
     return d
 
 
@@ -468,18 +484,7 @@ def load_pair(
     t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
     if not with_draft or draft_spec is None:
         return t, None
-    d = load_model(
-        draft_spec,
-        quantize_bits=draft_bits or None,
-        on_progress=on_progress,
-        tokenizer_fallback=t.path,
-        catalog=cat,
-        embedding=input_embedding(t.model),
-        target=t.model,
-        dtype=dtype,
-    )
-    _report(on_progress, "checking the pair")
-    check_tokenizers(t, d)
+    d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)
     check_trimmable(t.model, t.name)
     check_trimmable(d.model, d.name)
     return t, d

@@ -24,6 +24,8 @@ the subclasses below (same parameters, same names); `blas.pads_single_rows()` sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
@@ -33,29 +35,30 @@ def _one_row(x: mx.array) -> bool:
     return x.ndim >= 2 and x.size == x.shape[-1]
 
 
+def _as_two_rows(f: Callable[[mx.array], mx.array], x: mx.array) -> mx.array:
+    """f(x) for a row-wise product f; a one-row x runs as two (the row repeated), keeping the first."""
+    if _one_row(x):
+        return f(mx.concatenate([x, x], axis=-2))[..., :1, :]
+    return f(x)
+
+
 def matmul_t(x: mx.array, w: mx.array, pad: bool) -> mx.array:
     """x @ w.T, a one-row x run as two rows when `pad`."""
-    if pad and _one_row(x):
-        return (mx.concatenate([x, x], axis=-2) @ w.T)[..., :1, :]
-    return x @ w.T
+    return _as_two_rows(lambda v: v @ w.T, x) if pad else x @ w.T
 
 
 class RowPadLinear(nn.Linear):
     """nn.Linear whose one-row products run as two rows (module docstring)."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if _one_row(x):
-            return super().__call__(mx.concatenate([x, x], axis=-2))[..., :1, :]
-        return super().__call__(x)
+        return _as_two_rows(super().__call__, x)
 
 
 class RowPadEmbedding(nn.Embedding):
     """nn.Embedding whose `as_linear` (a tied output head) runs one row as two."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        if _one_row(x):
-            return super().as_linear(mx.concatenate([x, x], axis=-2))[..., :1, :]
-        return super().as_linear(x)
+        return _as_two_rows(super().as_linear, x)
 
 
 def _swap(m: nn.Module) -> nn.Module:

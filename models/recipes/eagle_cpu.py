@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         only_fc=a.grow,
         seed=a.seed,
     )
-    first = True
+    first, end = True, min(a.steps, a.until or a.steps)
     while a.phase in ("train", "all"):  # each pass sees the features cached so far
         step = checkpoint_step(a.work / "train")
-        if step >= min(a.steps, a.until or a.steps):
+        if step >= end:
             break
         items = load_items(a.work / "features")
         held, train = items[: a.held], items[a.held :]
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"held-out agreement before training: {agreement(model, held):.3f}")
             first = False
         print(f"training on {len(train)} answers, {sum(len(i.ids) for i in train)} tokens")
-        stop = min(step + a.chunk if a.chunk else a.steps, a.until or a.steps)
+        stop = min(step + a.chunk, end) if a.chunk else end
         train_eagle(model, train, held, tc, a.work / "train", print, stop)
     if a.out is None or a.phase not in ("export", "all"):
         return 0
