@@ -153,16 +153,29 @@ class AdaptiveK:
 
     Estimates are kept per drafting method (Round.method), because an n-gram lookup and a draft
     model differ in both cost and acceptance; the verify cost belongs to the target and is shared.
-    The choice for the next round uses the estimates of the method that drafted the last one (a
-    hybrid drafter tends to stay with one method for a while). Until both costs of that method
-    have been measured it returns k_init. allow_plain: K = 0 (no drafting) may be chosen, with
-    probe rounds (the best K >= 1) after PROBE_EVERY.. PROBE_MAX plain rounds.
+    The choice for the next round uses the estimates of `model` when given (a hybrid drafter's
+    draft model: K is its K, and the lookup sizes its own proposals with `lookup_k`), else of the
+    method that drafted the last round. Until both costs of that method have been measured it
+    returns k_init. allow_plain: K = 0 (no drafting) may be chosen, with probe rounds (the best
+    K >= 1) after PROBE_EVERY.. PROBE_MAX plain rounds.
+
+    Why a hybrid needs `model`: choosing from whoever drafted last, a round after an accepted
+    lookup (alpha ~0.9, no draft cost: K = k_max) gave that K to the draft model whenever the next
+    lookup missed. Measured (MT-bench, token draft, this CPU): hybrid K=1 1.20x plain, adaptive
+    hybrid 1.17x before this split.
     """
 
-    def __init__(self, k_init: int = 4, k_max: int = 8, allow_plain: bool = True):
+    def __init__(
+        self,
+        k_init: int = 4,
+        k_max: int = 8,
+        allow_plain: bool = True,
+        model: str | None = None,
+    ):
         if not 1 <= k_init <= k_max:
             raise ValueError(f"need 1 <= k_init <= k_max, got {k_init}, {k_max}")
         self.k_init, self.k_max, self.allow_plain = k_init, k_max, allow_plain
+        self.model = model
         self.estimates: dict[str, DrafterEstimate] = {}
         self.verify_costs: dict[int, RecentMedian] = {}  # verified tokens L -> recent seconds
         self.chosen: list[int] = []
@@ -209,13 +222,26 @@ class AdaptiveK:
             self.observe(last)
             if last.drafted > 0:
                 self._method = last.method
-        k = self.choose(self._method if last is not None else None)
+        method = self.model or self._method
+        k = self.choose(method if last is not None else None)
         self.chosen.append(k)
         return k
 
+    def lookup_k(self, method: str, default: int) -> int:
+        """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best
+        K >= 1 from its own estimates, `default` until its costs are measured. No side effects."""
+        est = self.estimates.get(method)
+        if est is None or est.draft_cost is None or not self.verify_costs:
+            return default
+        v = verify_curve(self.verify_means)
+        return best_k(est.alpha, est.draft_cost, v, self.k_max, k_min=1)
 
-def make_k_policy(k: int, adaptive: bool, k_max: int) -> Callable[[Round | None], int]:
-    """The K policy a SpecConfig asks for: AdaptiveK(k, k_max) if adaptive, else always k."""
+
+def make_k_policy(
+    k: int, adaptive: bool, k_max: int, model: str | None = None
+) -> Callable[[Round | None], int]:
+    """The K policy a SpecConfig asks for: AdaptiveK(k, k_max, model=model) if adaptive, else
+    always k. model="draft" for a hybrid drafter (see AdaptiveK)."""
     if adaptive:
-        return AdaptiveK(k, k_max)
+        return AdaptiveK(k, k_max, model=model)
     return lambda _last: k

@@ -252,6 +252,8 @@ def _registry() -> dict[str, Method]:
                _engine_runner(lambda p: SpecConfig(method="draft", adaptive=True))),
         Method("adaptive-ngram", "EdgeSpec, n-gram lookup, K chosen per round", False, False,
                _engine_runner(lambda p: SpecConfig(method="ngram", adaptive=True))),
+        Method("adaptive-hybrid", "EdgeSpec, hybrid drafting, K chosen per round", True, False,
+               _engine_runner(lambda p: SpecConfig(method="hybrid", adaptive=True))),
         Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
         Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
                _mlx_lm_runner(False)),

@@ -13,6 +13,8 @@ forward, and only when it is actually used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from edgespec.cache import KVState
@@ -80,18 +82,25 @@ class HybridDrafter:
         model: Drafter,
         min_match: int = HYBRID_MIN_MATCH,
         free_k: int = 4,
+        lookup_k: Callable[[str, int], int] | None = None,
     ):
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
+        # lookup_k("ngram", default) -> how many tokens a lookup proposes (AdaptiveK.lookup_k);
+        # None: free_k, or the model's k when larger.
+        self.lookup_k = lookup_k
         self.method = "draft"
+
+    def _lookup_len(self, k: int) -> int:
+        return self.lookup_k("ngram", self.free_k) if self.lookup_k else max(k, self.free_k)
 
     def propose_free(self, context: list[int], key: mx.array) -> Proposal:
         self.method = "ngram"
-        return self.ngram.propose_min(context, self.free_k, self.min_match)
+        return self.ngram.propose_min(context, self._lookup_len(0), self.min_match)
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         # A lookup may propose more than the model's k: it costs no draft steps (the loop cuts
         # any proposal to the room left in the context window).
-        prop = self.ngram.propose_min(context, max(k, self.free_k), self.min_match)
+        prop = self.ngram.propose_min(context, self._lookup_len(k), self.min_match)
         if prop.tokens.shape[0] > 0:
             self.method = "ngram"
             return prop

@@ -18,11 +18,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from edgespec.adaptive import make_k_policy
+from edgespec.adaptive import AdaptiveK, make_k_policy
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.draft_model import reduced_head
-from edgespec.drafters import build_drafter
+from edgespec.drafters import HybridDrafter, build_drafter
 from edgespec.eagle import EagleModel, EagleState
 from edgespec.eagle import prefill as eagle_prefill
 from edgespec.errors import PromptError
@@ -155,7 +155,15 @@ class Engine:
         spec = config.spec
         if drafter is None:
             drafter = build_drafter(spec, config.sampling, self._draft, self._vocab, self.name)
-        policy = k_policy or make_k_policy(spec.k, spec.adaptive, spec.k_max)
+        if k_policy is not None:
+            return speculate(self._target, drafter, prompt, config.sampling, k_policy, limits,
+                             cancel)  # fmt: skip
+        # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its own
+        # proposals from the lookup's estimates (AdaptiveK.lookup_k).
+        hybrid = isinstance(drafter, HybridDrafter)
+        policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, "draft" if hybrid else None)
+        if isinstance(drafter, HybridDrafter) and isinstance(policy, AdaptiveK):
+            drafter.lookup_k = policy.lookup_k
         return speculate(self._target, drafter, prompt, config.sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:

@@ -290,6 +290,52 @@ def test_adaptive_k_keeps_estimates_per_method():
     assert k_ngram > k_draft == 1
 
 
+def test_adaptive_k_for_a_hybrid_gives_the_model_its_own_k_and_the_lookup_its_own():
+    # Choosing from whoever drafted last handed a lookup's K (alpha ~0.9, no draft cost) to the
+    # draft model as soon as the next lookup missed.
+    policy = AdaptiveK(4, 8, allow_plain=False, model="draft")
+    for i in range(20):
+        policy(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    k = policy(_round(20, 4, 4, 4, 1e-5, 0.13, method="ngram"))
+    assert k == 1  # the draft model's K, though the last round was an accepted lookup
+    assert policy.lookup_k("ngram", 4) > 1  # the lookup proposes more
+    assert AdaptiveK(4, 8).lookup_k("ngram", 3) == 3  # nothing measured: the default
+    free = AdaptiveK(4, 8)  # without model=, the last round's method decides (pure drafters)
+    for i in range(20):
+        free(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    assert free(_round(20, 4, 4, 4, 1e-5, 0.13, method="ngram")) > 1
+
+
+class _NeverDrafter:
+    """A model drafter that must not be asked (the lookup matches in these tests)."""
+
+    method = "draft"
+
+    def propose(self, context, k, key):
+        raise AssertionError("the model drafted although the lookup matched")
+
+    def commit(self, context):
+        pass
+
+
+def test_hybrid_lookup_length_comes_from_lookup_k():
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # "1 2" matched: 3 4 5 6 7 8 9 1 2 follow
+    asked = []
+
+    def lookup_k(method, default):
+        asked.append((method, default))
+        return 6
+
+    hybrid = HybridDrafter(NgramDrafter(2, 4), _NeverDrafter(), free_k=4, lookup_k=lookup_k)
+    key = mx.random.key(0)
+    assert hybrid.propose(context, 1, key).tokens.tolist() == [3, 4, 5, 6, 7, 8]
+    assert hybrid.propose_free(context, key).tokens.tolist() == [3, 4, 5, 6, 7, 8]
+    assert asked == [("ngram", 4), ("ngram", 4)] and hybrid.method == "ngram"
+    plain = HybridDrafter(NgramDrafter(2, 4), _NeverDrafter(), free_k=4)
+    assert plain.propose(context, 1, key).tokens.tolist() == [3, 4, 5, 6]  # max(k, free_k)
+    assert plain.propose(context, 5, key).tokens.tolist() == [3, 4, 5, 6, 7]
+
+
 # ---------------------------------------------------------------------------- engine: greedy
 
 
