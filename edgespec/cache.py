@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from edgespec.attention import mark
 from edgespec.errors import CacheNotTrimmableError
 
 PREFILL_CHUNK = 512
@@ -50,6 +51,7 @@ class KVState:
         self.model = model
         self.name = name
         self.cache = check_trimmable(model, name)
+        mark(self.cache)  # short multi-token forwards: grouped attention on the CPU
         self.tokens: list[int] = []
 
     @property
@@ -91,4 +93,5 @@ class KVState:
     def reset(self) -> None:
         """Forget everything (a fresh cache)."""
         self.cache = make_prompt_cache(self.model)
+        mark(self.cache)
         self.tokens = []

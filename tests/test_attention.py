@@ -1,0 +1,87 @@
+"""Grouped verify attention (edgespec.attention): same values as MLX's attention, taken only by
+caches EdgeSpec marks, and row-exact where the BLAS is (tests/test_blas.py runs a KVState forward
+under the reference BLAS, which goes through this path on the CPU)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama
+from mlx_lm.models.cache import make_prompt_cache
+
+from edgespec import attention
+from edgespec.cache import KVState
+from edgespec.tiny import llama_config, random_llama_weights
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (8, 2)])
+@pytest.mark.parametrize("length", [2, 3, 5])
+@pytest.mark.parametrize("causal", [True, False])
+def test_grouped_attention_matches_mlx(heads, kv_heads, length, causal):
+    mx.random.seed(length * 10 + heads)
+    keys_len = 37
+    q = mx.random.normal((1, heads, length, 16))
+    k = mx.random.normal((1, kv_heads, keys_len, 16))
+    v = mx.random.normal((1, kv_heads, keys_len, 16))
+    want = mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=0.25, mask="causal" if causal else None
+    )
+    got = attention.grouped_attention(q, k, v, 0.25, causal)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
+    if causal:  # the first query row must not see the positions after it
+        k2 = mx.concatenate(
+            [k[:, :, : keys_len - length + 1], 100 * k[:, :, keys_len - length + 1 :]], 2
+        )
+        v2 = mx.concatenate(
+            [v[:, :, : keys_len - length + 1], 100 * v[:, :, keys_len - length + 1 :]], 2
+        )
+        first = attention.grouped_attention(q, k2, v2, 0.25, True)[:, :, 0]
+        np.testing.assert_allclose(np.array(first), np.array(got[:, :, 0]), rtol=1e-5, atol=1e-5)
+
+
+def _tiny_llama():
+    config = llama_config(vocab_size=512, layers=2, hidden=64)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model.load_weights([(k, mx.array(v)) for k, v in random_llama_weights(config, seed=1).items()])
+    return model
+
+
+def test_only_marked_caches_take_the_grouped_path(monkeypatch):
+    calls = []
+    real = attention.grouped_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "grouped_attention", spy)
+    monkeypatch.delenv("EDGESPEC_GROUPED_ATTENTION", raising=False)
+    model = _tiny_llama()
+    state = KVState(model)  # marks its cache (the tests run on the CPU)
+    assert all(getattr(c, attention.FLAG, False) for c in state.cache)
+    state.prefill(list(range(1, 20)))
+    calls.clear()
+    state.forward(mx.array([3, 4, 5], dtype=mx.int32))
+    assert calls == [3, 3]  # a 3-token forward, both layers
+    calls.clear()
+    state.forward(mx.array([6], dtype=mx.int32))
+    assert calls == []  # one-token steps keep MLX's path
+    other = make_prompt_cache(model)  # somebody else's cache (mlx-lm's own generate)
+    model(mx.array([[1, 2, 3]]), cache=other)
+    assert calls == []
+    monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")
+    assert not any(getattr(c, attention.FLAG, False) for c in KVState(model).cache)
+
+
+def test_a_marked_forward_equals_mlx_attention():
+    model = _tiny_llama()
+    prompt, toks = list(range(1, 30)), mx.array([7, 8, 9, 10], dtype=mx.int32)
+    a, b = KVState(model), KVState(model)
+    for c in b.cache:
+        setattr(c, attention.FLAG, False)
+    a.prefill(prompt)
+    b.prefill(prompt)
+    np.testing.assert_allclose(
+        np.array(a.forward(toks)), np.array(b.forward(toks)), rtol=1e-4, atol=1e-4
+    )
