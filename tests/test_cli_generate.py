@@ -29,7 +29,10 @@ def test_json_stream_schema(tiny_pair):
     rounds = [x for x in lines if x["type"] == "round"]
     assert len(tokens) == 12 and rounds and lines[-1]["type"] == "summary"
     assert set(tokens[0]) >= {"id", "text", "kind", "round"}
-    assert {t["kind"] for t in tokens} <= {"accepted", "corrected", "bonus"}
+    # "target": a plain step that adaptive K (the default) chose, or a round with nothing drafted
+    kinds = {t["kind"] for t in tokens}
+    assert kinds <= {"accepted", "corrected", "bonus", "target"} and kinds - {"target"}
+    assert all(t["kind"] == "target" for t in tokens if rounds[t["round"]]["drafted"] == 0)
     assert set(rounds[0]) >= {"drafted", "accepted", "k", "t_draft", "t_verify"}
     summary = lines[-1]
     for key in ("tokens", "rounds", "acceptance", "tau", "ttft", "tokens_per_s", "reason", "text"):
@@ -47,6 +50,18 @@ def test_no_spec_raw_matches_speculative_greedy(tiny_pair):
         return [x["id"] for x in map(json.loads, r.stdout.splitlines()) if x["type"] == "token"]
 
     assert ids(plain) == ids(spec)
+
+    def rounds_of(r):
+        return [x for x in map(json.loads, r.stdout.splitlines()) if x["type"] == "round"]
+
+    # The default is hybrid drafting with adaptive K (-k is the first rounds' K): lookups and the
+    # draft model both draft, K varies; --no-adaptive --method draft keeps every round at -k.
+    default = rounds_of(spec)
+    assert {r["method"] for r in default} == {"draft", "ngram"}, default
+    assert len({r["k"] for r in default}) > 1
+    fixed = edgespec(*args, "-k", "5", "--method", "draft", "--no-adaptive")
+    assert fixed.returncode == 0, fixed.stderr
+    assert ids(fixed) == ids(plain) and {r["k"] for r in rounds_of(fixed)} == {5}
     kinds = {x.get("kind") for x in map(json.loads, plain.stdout.splitlines())}
     assert kinds == {"target", None}
     flags = ["--method", "ngram", "--ngram-min", "2", "--ngram-max", "3", "--adaptive"]

@@ -43,6 +43,7 @@ _CHAT_ACTIONS = {
     "new_chat",
     "k_down",
     "k_up",
+    "toggle_adaptive",
     "temp_down",
     "temp_up",
     "toggle_spec",
@@ -65,6 +66,9 @@ class ChatApp(App[int]):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("f2", "k_down", "K−"),
         Binding("f3", "k_up", "K+"),
+        # Off the footer (it would cut "Past chats" at 120 columns); in the palette, the README,
+        # and named by the notice a K key shows.
+        Binding("f6", "toggle_adaptive", "Auto K", show=False),
         Binding("f4", "temp_down", "Temp−"),
         Binding("f5", "temp_up", "Temp+"),
         Binding("ctrl+t", "toggle_spec", "Spec on/off"),
@@ -96,6 +100,7 @@ class ChatApp(App[int]):
         self._answer: AnswerView | None = None
         self._reply: ChatMessage | None = None
         self._meter: TurnMeter | None = None
+        self._k_now: int | None = None  # the finished turn's last chosen K (adaptive K)
         self._dirty = False  # the streaming answer changed since the last save
         self.plain_tps: float | None = None
         self.spec_tps: float | None = None
@@ -222,6 +227,7 @@ class ChatApp(App[int]):
             elif not self.config.spec.enabled:
                 self.plain_tps = fin.stats.tokens_per_s
         per_round = self._meter_rounds()
+        self._k_now = None if self._meter is None else self._meter.k_now
         self.waiting, self._meter = None, None
         self._save()
         self._show_stats(final=(fin, per_round))
@@ -261,15 +267,19 @@ class ChatApp(App[int]):
             k=self.config.spec.k,
             temperature=self.config.sampling.temperature,
             spec_on=self.config.spec.enabled,
+            adaptive=self.config.spec.adaptive,
             plain_tps=self.plain_tps,
             spec_tps=self.spec_tps,
         )
         if final is not None:
             view.with_stats(final[0].stats, final[1])
+            view.k_now = self._k_now
         elif self._meter is not None:
             view.with_meter(self._meter)
         elif self._last_view is not None:  # keep the last turn's numbers, new settings
-            keep = dataclasses.replace(self._last_view, k=view.k, temperature=view.temperature)
+            keep = dataclasses.replace(
+                self._last_view, k=view.k, temperature=view.temperature, adaptive=view.adaptive
+            )
             view = dataclasses.replace(keep, spec_on=view.spec_on, plain_tps=view.plain_tps)
             view.spec_tps = self.spec_tps
         self._last_view = view
@@ -333,18 +343,41 @@ class ChatApp(App[int]):
         self._show_stats()
 
     def _set_k(self, k: int) -> None:
+        """A K key fixes K (adaptive K off): starting from the K shown, the latest choice when
+        adaptive K was on."""
         k = max(K_RANGE[0], min(K_RANGE[1], k))
-        spec = dataclasses.replace(self.config.spec, k=k, k_max=max(k, self.config.spec.k_max))
+        was_adaptive = self.config.spec.adaptive
+        spec = dataclasses.replace(
+            self.config.spec, k=k, k_max=max(k, self.config.spec.k_max), adaptive=False
+        )
         self.config = dataclasses.replace(self.config, spec=spec)
+        if was_adaptive:
+            self.notify(f"K fixed at {k} from the next answer (F6: back to auto K)")
         self._show_stats()
+
+    def _k_base(self) -> int:
+        """The K the K keys step from: the fixed K, or adaptive K's latest choice (if any)."""
+        if self.config.spec.adaptive and self._last_view is not None:
+            if self._last_view.k_now is not None:
+                return self._last_view.k_now
+        return self.config.spec.k
 
     def action_k_up(self) -> None:
         """Draft one more token per round (from the next turn)."""
-        self._set_k(self.config.spec.k + 1)
+        self._set_k(self._k_base() + 1)
 
     def action_k_down(self) -> None:
         """Draft one token fewer per round (from the next turn)."""
-        self._set_k(self.config.spec.k - 1)
+        self._set_k(self._k_base() - 1)
+
+    def action_toggle_adaptive(self) -> None:
+        """Adaptive K on/off (from the next turn): K chosen each round from the measured costs."""
+        on = not self.config.spec.adaptive
+        spec = dataclasses.replace(self.config.spec, adaptive=on)
+        self.config = dataclasses.replace(self.config, spec=spec)
+        state = "auto (chosen each round)" if on else f"fixed at {spec.k}"
+        self.notify(f"K {state} from the next answer")
+        self._show_stats()
 
     def _set_temp(self, t: float) -> None:
         t = round(max(TEMP_RANGE[0], min(TEMP_RANGE[1], t)), 2)

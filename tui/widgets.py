@@ -196,6 +196,7 @@ class TurnMeter:
     accepted: int = 0
     per_round: dict[int, int] = field(default_factory=dict)  # round index -> tokens committed
     hist: list[int] = field(default_factory=list)  # hist[i] = rounds that accepted i drafts
+    k_now: int | None = None  # K of the latest speculative round (adaptive K: the chosen one)
 
     def add(self, tokens: Sequence[Token], rounds: Sequence[Round], now: float) -> None:
         """Fold one batch in."""
@@ -207,6 +208,8 @@ class TurnMeter:
             for tok in tokens:
                 self.per_round[tok.round] = self.per_round.get(tok.round, 0) + 1
         for r in rounds:
+            if r.method != "none":
+                self.k_now = r.k
             if r.method == "none" or r.drafted == 0:
                 continue
             self.drafted += r.drafted
@@ -237,6 +240,8 @@ class StatsView:
     k: int
     temperature: float
     spec_on: bool
+    adaptive: bool = False
+    k_now: int | None = None  # adaptive K: the latest round's choice
     acceptance: float | None = None
     tau: float | None = None
     tokens_per_s: float | None = None
@@ -261,6 +266,7 @@ class StatsView:
         self.ttft = meter.ttft
         self.per_round = [meter.per_round[i] for i in sorted(meter.per_round)]
         self.hist = list(meter.hist)
+        self.k_now = meter.k_now
         self.live = True
         return self
 
@@ -282,6 +288,19 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{unit}"
 
 
+def k_text(v: StatsView) -> str:
+    """The K row: the fixed K, or 'auto' with the latest round's choice (0 = a plain step).
+
+    >>> k_text(StatsView(k=4, temperature=0, spec_on=True))
+    '4'
+    >>> k_text(StatsView(k=4, temperature=0, spec_on=True, adaptive=True, k_now=1))
+    'auto (now 1)'
+    """
+    if not v.adaptive:
+        return str(v.k)
+    return "auto" if v.k_now is None else f"auto (now {v.k_now})"
+
+
 def stats_table(v: StatsView) -> Text:
     """The panel's key/value lines."""
     speedup = "—"
@@ -296,7 +315,7 @@ def stats_table(v: StatsView) -> Text:
         ("Tokens/s", _fmt(v.tokens_per_s, ".1f")),
         ("TTFT", ttft),
         ("Rounds", str(v.rounds)),
-        ("K", str(v.k)),
+        ("K", k_text(v)),
         ("Temperature", f"{v.temperature:.1f}"),
         ("Speculation", "on" if v.spec_on else "off (plain)"),
         ("Plain tok/s", _fmt(v.plain_tps, ".1f")),

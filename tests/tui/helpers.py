@@ -28,11 +28,17 @@ class FakeLoader:
 
 
 def make_app(
-    tmp_path: Path, script: FakeScript | None = None, k: int = 4, temperature: float = 0.0
+    tmp_path: Path,
+    script: FakeScript | None = None,
+    k: int = 4,
+    temperature: float = 0.0,
+    adaptive: bool = False,
 ) -> tuple[ChatApp, FakeLoader]:
     loader = FakeLoader(script or FakeScript())
     config = GenerationConfig(
-        sampling=SamplingConfig(temperature=temperature), spec=SpecConfig(k=k), max_tokens=256
+        sampling=SamplingConfig(temperature=temperature),
+        spec=SpecConfig(k=k, adaptive=adaptive),
+        max_tokens=256,
     )
     return ChatApp(loader, config, ChatStore(tmp_path / "chats"), what="fake pair"), loader
 

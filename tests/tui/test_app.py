@@ -178,6 +178,43 @@ def test_k_and_temperature_keys_change_the_next_request(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_the_meter_keeps_the_latest_rounds_k_plain_steps_included() -> None:
+    from edgespec.events import Round
+    from tui.widgets import TurnMeter
+
+    meter = TurnMeter(started=0.0)
+    meter.add([], [Round(0, 3, 1, 3, 0.01, 0.02, "draft")], 1.0)
+    assert meter.k_now == 3 and meter.drafted == 3
+    meter.add([], [Round(1, 0, 0, 0, 0.0, 0.02, "draft")], 1.1)  # adaptive K chose a plain step
+    assert meter.k_now == 0 and meter.drafted == 3
+    meter.add([], [Round(2, 0, 0, 0, 0.0, 0.02, "none")], 1.2)  # speculation off: not a K
+    assert meter.k_now == 0
+
+
+def test_adaptive_k_shows_the_latest_choice_and_the_keys_fix_or_free_k(tmp_path: Path) -> None:
+    app, loader = make_app(tmp_path, k=3, adaptive=True)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            assert "K            auto\n" in table_text(app)
+            await ask(pilot, app, "x")
+            assert loader.engine.calls[-1][1].spec.adaptive
+            assert "K            auto (now 3)" in table_text(app)  # the fake drafts K = 3
+            await pilot.press("f2")  # fixes K, one below the latest choice
+            assert not app.config.spec.adaptive and app.config.spec.k == 2
+            assert "K            2\n" in table_text(app)
+            await ask(pilot, app, "y")
+            assert loader.engine.calls[-1][1].spec.k == 2
+            assert not loader.engine.calls[-1][1].spec.adaptive
+            await pilot.press("f6")  # back to auto K
+            assert app.config.spec.adaptive and "K            auto" in table_text(app)
+            await ask(pilot, app, "z")
+            assert loader.engine.calls[-1][1].spec.adaptive
+
+    run(scenario)
+
+
 def test_reopen_a_saved_chat(tmp_path: Path) -> None:
     app, loader = make_app(tmp_path)
 
