@@ -262,7 +262,8 @@ def _registry() -> dict[str, Method]:
 
 
 METHODS: dict[str, Method] = _registry()
-DEFAULT_METHODS = (PLAIN, "spec", "mlx-lm")
+# adaptive-hybrid: what `edgespec chat` and `generate` run by default.
+DEFAULT_METHODS = (PLAIN, "spec", "mlx-lm", "adaptive-hybrid")
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,8 @@ def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
     assert doc["complete"] and doc["settings"]["n_prompts"] == 2
     blas_names = ("mkl", "mkl-fast", "openblas", "preloaded", "reference", "accelerate")
     assert doc["environment"]["blas"] in blas_names  # the BLAS under the numbers
-    assert {m["label"] for m in doc["methods"]} == {"plain T=0", "spec K=2 T=0", "mlx-lm K=2 T=0"}
+    labels = {m["label"] for m in doc["methods"]}  # the default methods
+    assert labels == {"plain T=0", "spec K=2 T=0", "mlx-lm K=2 T=0", "adaptive-hybrid T=0"}
     assert (tmp_path / "results.md").is_file() and (tmp_path / "speedup_landscape.png").is_file()
 
 
