@@ -86,13 +86,17 @@ def _wrap(original: Any) -> Any:
 def install() -> None:
     """Route mlx-lm's model modules' attention through the wrapper (idempotent; modules imported
     later are covered by the next call). Unmarked caches still reach mlx-lm's own function."""
+    from mlx_lm.models import base
+
+    original = getattr(
+        base.scaled_dot_product_attention, _ORIGINAL, base.scaled_dot_product_attention
+    )
     for name, module in list(sys.modules.items()):
         if not name.startswith("mlx_lm.models.") or module is None:
             continue
-        fn = getattr(module, "scaled_dot_product_attention", None)
-        if fn is None or hasattr(fn, _ORIGINAL) or not callable(fn):
-            continue
-        module.scaled_dot_product_attention = _wrap(fn)  # type: ignore[attr-defined]
+        # Only mlx-lm's own function (its signature): a module may bind another one to the name.
+        if getattr(module, "scaled_dot_product_attention", None) is original:
+            module.scaled_dot_product_attention = _wrap(original)  # type: ignore[attr-defined]
 
 
 def mark(cache: list[Any]) -> None:

@@ -85,3 +85,20 @@ def test_a_marked_forward_equals_mlx_attention():
     np.testing.assert_allclose(
         np.array(a.forward(toks)), np.array(b.forward(toks)), rtol=1e-4, atol=1e-4
     )
+
+
+def test_install_wraps_mlx_lms_function_once_and_nothing_else(monkeypatch):
+    import sys
+    import types
+
+    from mlx_lm.models import llama as llama_module
+
+    other = types.ModuleType("mlx_lm.models._edgespec_test_other")
+    other.scaled_dot_product_attention = mx.fast.scaled_dot_product_attention  # another signature
+    monkeypatch.setitem(sys.modules, other.__name__, other)
+    attention.install()
+    wrapped = llama_module.scaled_dot_product_attention
+    assert hasattr(wrapped, attention._ORIGINAL)
+    attention.install()
+    assert llama_module.scaled_dot_product_attention is wrapped  # idempotent
+    assert other.scaled_dot_product_attention is mx.fast.scaled_dot_product_attention
