@@ -201,11 +201,20 @@ class AdaptiveK:
         """Verified tokens L -> the median of its recent verify seconds."""
         return {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
 
-    def choose(self, method: str | None) -> int:
+    def _inputs(
+        self, method: str | None
+    ) -> tuple[float, float, Callable[[int], float], int] | None:
+        """best_k's (alpha, draft cost, verify curve, k_max) for `method`; None until its draft
+        cost and a verify have been measured."""
         est = self.estimates.get(method) if method is not None else None
         if est is None or est.draft_cost is None or not self.verify_costs:
+            return None
+        return est.alpha, est.draft_cost, verify_curve(self.verify_means), self.k_max
+
+    def choose(self, method: str | None) -> int:
+        args = self._inputs(method)
+        if args is None:
             return self.k_init
-        args = (est.alpha, est.draft_cost, verify_curve(self.verify_means), self.k_max)
         k = best_k(*args, k_min=0 if self.allow_plain else 1)
         if k > 0:
             self._plain_run, self._probe_gap = 0, PROBE_EVERY
@@ -230,11 +239,8 @@ class AdaptiveK:
     def lookup_k(self, method: str, default: int) -> int:
         """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best
         K >= 1 from its own estimates, `default` until its costs are measured. No side effects."""
-        est = self.estimates.get(method)
-        if est is None or est.draft_cost is None or not self.verify_costs:
-            return default
-        v = verify_curve(self.verify_means)
-        return best_k(est.alpha, est.draft_cost, v, self.k_max, k_min=1)
+        args = self._inputs(method)
+        return default if args is None else best_k(*args, k_min=1)
 
 
 def make_k_policy(

@@ -155,15 +155,14 @@ class Engine:
         spec = config.spec
         if drafter is None:
             drafter = build_drafter(spec, config.sampling, self._draft, self._vocab, self.name)
-        if k_policy is not None:
-            return speculate(self._target, drafter, prompt, config.sampling, k_policy, limits,
-                             cancel)  # fmt: skip
-        # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its own
-        # proposals from the lookup's estimates (AdaptiveK.lookup_k).
-        hybrid = isinstance(drafter, HybridDrafter)
-        policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, "draft" if hybrid else None)
-        if isinstance(drafter, HybridDrafter) and isinstance(policy, AdaptiveK):
-            drafter.lookup_k = policy.lookup_k
+        policy = k_policy
+        if policy is None:
+            # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its
+            # own proposals from the lookup's estimates (AdaptiveK.lookup_k).
+            hybrid = drafter if isinstance(drafter, HybridDrafter) else None
+            policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, "draft" if hybrid else None)
+            if hybrid is not None and isinstance(policy, AdaptiveK):
+                hybrid.lookup_k = policy.lookup_k
         return speculate(self._target, drafter, prompt, config.sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:

@@ -100,7 +100,6 @@ class ChatApp(App[int]):
         self._answer: AnswerView | None = None
         self._reply: ChatMessage | None = None
         self._meter: TurnMeter | None = None
-        self._k_now: int | None = None  # the finished turn's last chosen K (adaptive K)
         self._dirty = False  # the streaming answer changed since the last save
         self.plain_tps: float | None = None
         self.spec_tps: float | None = None
@@ -227,10 +226,10 @@ class ChatApp(App[int]):
             elif not self.config.spec.enabled:
                 self.plain_tps = fin.stats.tokens_per_s
         per_round = self._meter_rounds()
-        self._k_now = None if self._meter is None else self._meter.k_now
+        k_now = None if self._meter is None else self._meter.k_now
         self.waiting, self._meter = None, None
         self._save()
-        self._show_stats(final=(fin, per_round))
+        self._show_stats(final=(fin, per_round, k_now))
 
     def on_turn_failed(self, message: TurnFailed) -> None:
         if message.turn != self.waiting:
@@ -272,8 +271,8 @@ class ChatApp(App[int]):
             spec_tps=self.spec_tps,
         )
         if final is not None:
-            view.with_stats(final[0].stats, final[1])
-            view.k_now = self._k_now
+            fin, per_round, k_now = final
+            view.with_stats(fin.stats, per_round, k_now)
         elif self._meter is not None:
             view.with_meter(self._meter)
         elif self._last_view is not None:  # keep the last turn's numbers, new settings

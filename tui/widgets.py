@@ -270,8 +270,9 @@ class StatsView:
         self.live = True
         return self
 
-    def with_stats(self, stats: Stats, per_round: list[int]) -> StatsView:
-        """Fill the turn's numbers from the engine's final `Stats` (exact)."""
+    def with_stats(self, stats: Stats, per_round: list[int], k_now: int | None) -> StatsView:
+        """Fill the turn's numbers from the engine's final `Stats` (exact), the streamed
+        per-round counts and the latest round's K."""
         self.rounds, self.tokens = stats.rounds, stats.tokens
         self.acceptance = stats.acceptance if stats.drafted else None
         self.tau = stats.tau if stats.rounds else None
@@ -280,6 +281,7 @@ class StatsView:
         self.prompt_tokens, self.prefilled_tokens = stats.prompt_tokens, stats.prefilled_tokens
         self.per_round = list(per_round)
         self.hist = list(stats.accepted_hist)
+        self.k_now = k_now
         self.live = False
         return self
 
