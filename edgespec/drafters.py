@@ -97,6 +97,17 @@ class HybridDrafter:
         self.method = "ngram"
         return self.ngram.propose_min(context, self._lookup_len(0), self.min_match)
 
+    def propose_behind(self, context: list[int], k: int) -> list[int] | None:
+        """For loop._plain_run: while drafting is off (K <= 0), the lookup one token behind
+        (NgramDrafter.propose_behind); None when the policy wants the model (K > 0): the run ends
+        so the model can draft from the full context."""
+        if k > 0:
+            return None
+        tokens = self.ngram.propose_behind(context, self._lookup_len(0), self.min_match)
+        if tokens:
+            self.method = "ngram"
+        return tokens
+
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         # A lookup may propose more than the model's k: it costs no draft steps (the loop cuts
         # any proposal to the room left in the context window).

@@ -7,9 +7,11 @@ Both loops yield `Step`s; the Engine (runtime.py) turns them into Token / Round 
 Speed: drafted tokens stay lazy MLX arrays (async_eval, no .item() per token); the target's verify
 graph is built on them while the draft computes, the acceptance runs on the device, and the round
 costs one host sync: a transfer of K + 2 integers. Runs of K = 0 rounds (adaptive K switched the
-draft off) are pipelined like plain decoding: the next forward is queued before that sync.
-Cache invariant inside such a run: the target's cache may hold one position more (the queued
-forward); it is rewound to context[:-1] when the run ends.
+draft off) and of n-gram misses are pipelined like plain decoding: the next forward is queued
+before that sync; an n-gram drafter meanwhile looks up one token behind, and a match is verified
+in the queued forward itself (_plain_run).
+Cache invariant inside such a run: the target's cache may hold the queued forward's positions
+too; it is rewound to context[:-1] when the run ends.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class Drafter(Protocol):
     # Optional: `propose_free(context, key) -> Proposal`, tokens that cost next to nothing (an
     # n-gram lookup), made in rounds where the K policy chose K = 0 (HybridDrafter has one); the
     # loop cuts it to the room left in the context window, like any proposal.
+    # Optional: `propose_behind(context, k) -> list[int] | None`, point-mass proposals for the
+    # positions after len(context) + 1, made while the token at len(context) is still being
+    # computed (loop._plain_run; NgramDrafter, HybridDrafter); None ends the pipelined run. A
+    # drafter with one runs its misses (a round with nothing proposed) pipelined.
     # Optional: `wants_features = True` plus `take_features(context, start, features)`: a feature
     # draft (edgespec.eagle) is handed the target's top hidden states of each round's committed
     # positions start .. start + len(features) - 1 of `context`, the committed context.
@@ -276,51 +282,84 @@ def _plain_run(
     index: int,
     emitted: int,
 ):
-    """Consecutive K = 0 rounds, pipelined like decode_plain: before a step's token is read back,
+    """Consecutive plain steps, pipelined like decode_plain: before a step's token is read back,
     the policy picks the next round's K and, while that is 0, the next step's forward is queued.
     Each step is exactly the d = 0 round speculate would run (same keys, same maths: the target's
     token at position len(context), through `_accept` with nothing drafted), so
     the output is unchanged; only the host sync no longer sits between two forwards. The policy
     decides round j + 1 before round j is read back, so it is shown round j - 1 then: rounds reach
     it in order, the one before a run twice in a row (a policy must count a repeat once, as
-    AdaptiveK does), the last of a run not at all. Generator of Steps; returns
-    (key, last round, next index, emitted, the K already chosen for the next round or None, whether
-    the run yielded the final Step)."""
+    AdaptiveK does), the last of a run not at all.
+
+    A drafter with `propose_behind` (an n-gram lookup) keeps the run going whatever K is chosen,
+    as long as it says so (a list, not None): it proposes the tokens after the one still being
+    computed, from the context without it. A non-empty proposal is queued with that token, as one
+    forward [pending, x_1..x_d] verified like any round; the run ends on it (how many tokens it
+    commits is known only once it is read back). Exact: the proposal depends only on committed
+    tokens, and the ratio test does not care how good it is.
+
+    Generator of Steps; returns (key, last round, next index, emitted, the K already chosen for the
+    next round or None, whether the run yielded the final Step)."""
 
     wants = bool(getattr(drafter, "wants_features", False))
+    behind = getattr(drafter, "propose_behind", None)
 
-    def step(inputs: mx.array, key: mx.array) -> tuple[mx.array, mx.array, mx.array | None, int]:
-        """(next key, the step's token, the inputs' target features when the drafter wants
-        them, the context position of the first input), lazy."""
+    def step(
+        inputs: mx.array, key: mx.array, drafts: list[int]
+    ) -> tuple[mx.array, mx.array, mx.array | None, int]:
+        """(next key, the step's lazy output: the token, or [n_accepted, next token] when
+        drafts were verified, the inputs' target features when the drafter wants them, the
+        context position of the first input), lazy."""
         key, _draft_key, verify_key = round_keys(key)
-        start, feats = target.offset, None
+        start, feats, d = target.offset, None, len(drafts)
+        prop = Proposal(mx.array(drafts, dtype=mx.int32), None) if d else no_proposal()
+        if d:
+            inputs = mx.concatenate([inputs, prop.tokens])
         if wants:  # a feature draft gets every committed position's features, as in a round
             from edgespec.eagle import target_features
 
             feats, logits = target_features(target.model, inputs, target.cache)
         else:
             logits = target.forward(inputs)
-        _, nxt = _accept(no_proposal(), logits[-1:], cfg, verify_key)
-        return key, nxt.astype(mx.int32), feats, start
+        n, nxt = _accept(prop, logits[-(d + 1) :], cfg, verify_key)
+        out = mx.concatenate([n.reshape(1), nxt.reshape(1)]) if d else nxt
+        return key, out.astype(mx.int32), feats, start
 
     t_prev = time.perf_counter()
-    key, tok, feats, start = step(mx.array(context[target.offset :], dtype=mx.int32), key)
+    drafts: list[int] = []  # the current step's proposal (only a run's last step has one)
+    method = drafter.method
+    key, tok, feats, start = step(mx.array(context[target.offset :], dtype=mx.int32), key, [])
     mx.async_eval([a for a in (tok, feats) if a is not None])
     while True:
-        decided, upcoming, up_feats, up_start = None, None, None, 0
+        decided, upcoming, up_feats, up_start, up_drafts = None, None, None, 0, None
         more = emitted + 1 < limits.max_tokens and index + 1 < limits.max_tokens
-        if more and len(context) + 2 <= limits.context_window:
+        if not drafts and more and len(context) + 2 <= limits.context_window:
             decided = choose_k(last)
-            if decided <= 0 and not (cancel is not None and cancel.is_set()):
-                key, upcoming, up_feats, up_start = step(tok.reshape(1), key)
+            if behind is not None:
+                up_drafts = behind(context, decided)
+            elif decided <= 0:
+                up_drafts = []
+            if up_drafts is not None and not (cancel is not None and cancel.is_set()):
+                up_drafts = up_drafts[: max(0, limits.context_window - len(context) - 2)]
+                key, upcoming, up_feats, up_start = step(tok.reshape(1), key, up_drafts)
                 mx.async_eval([a for a in (upcoming, up_feats) if a is not None])
-        value = int(tok.item())  # type: ignore[arg-type]
-        now = time.perf_counter()
-        last = Round(index, 0, 0, 0, 0.0, now - t_prev, drafter.method)
+                if up_drafts:
+                    decided = None  # the policy decides after that round is read back
+        if drafts:
+            n, value = (int(v) for v in tok.tolist())  # type: ignore[union-attr,arg-type]
+            now, d = time.perf_counter(), len(drafts)
+            new, new_kinds = drafts[:n] + [value], ["accepted"] * n + [_last_kind(n, d)]
+            last = Round(index, d, n, d, 0.0, now - t_prev, method)
+        else:
+            value = int(tok.item())  # type: ignore[arg-type]
+            now = time.perf_counter()
+            new, new_kinds = [value], ["target"]
+            last = Round(index, 0, 0, 0, 0.0, now - t_prev, drafter.method)
         t_prev, index = now, index + 1
-        toks, kinds, committed, stop = _truncate([value], ["target"], emitted, limits, context)
-        if feats is not None:  # every input of the step is a committed token
-            drafter.take_features(context + committed, start, feats)  # type: ignore[attr-defined]
+        toks, kinds, committed, stop = _truncate(new, new_kinds, emitted, limits, context)
+        if feats is not None:  # features of the step's inputs that are committed tokens
+            fed = feats[: len(committed)] if drafts else feats  # a plain step's inputs all are
+            drafter.take_features(context + committed, start, fed)  # type: ignore[attr-defined]
         context += committed
         emitted += len(toks)
         drafter.commit(context)
@@ -334,6 +373,7 @@ def _plain_run(
             yield Step([], [], stop="cancelled")
             return key, last, index, emitted, None, True
         tok, feats, start = upcoming, up_feats, up_start
+        drafts, method = up_drafts or [], drafter.method
 
 
 def speculate(
@@ -367,6 +407,7 @@ def speculate(
                 if done:
                     return
                 continue
+            round_key = key
             key, draft_key, verify_key = round_keys(key)
             t0 = time.perf_counter()
             if k > 0:
@@ -377,6 +418,15 @@ def speculate(
             if prop.tokens.shape[0] > room:  # a lookup longer than the window has room for
                 prop = Proposal(prop.tokens[:room], None if prop.q is None else prop.q[:room])
             d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop) or a lookup
+            if d == 0 and getattr(drafter, "propose_behind", None) is not None:
+                # A lookup missed: plain steps, pipelined, looking up one token behind meanwhile
+                # (the same keys as this round's: the run's first step is this round).
+                run = _plain_run(target, drafter, context, round_key, cfg, choose_k, last,
+                                 limits, cancel, index, emitted)  # fmt: skip
+                key, last, index, emitted, chosen, done = yield from run
+                if done:
+                    return
+                continue
             k = max(k, d)  # a free lookup at K = 0 reports the K it used
             out, feats, t_draft, t_verify = _run_round(
                 target, context, prop, d, t0, cfg, verify_key, wants

@@ -81,5 +81,18 @@ class NgramDrafter:
         tokens, self.last_match = self.index.lookup(k, n_min)
         return Proposal(mx.array(tokens, dtype=mx.int32), None)
 
+    def propose_behind(self, context: list[int], k: int, n_min: int | None = None) -> list[int]:
+        """Up to k tokens for the positions after len(context), proposed while the token at
+        len(context) is still being computed (loop._plain_run): the continuation of the longest
+        earlier match of context's suffix, past its first token, which is the match's guess for
+        the token being computed. [] when nothing matches (or k <= 0: a plain step).
+        Example: indexed [5, 6, 7, 8, 5, 6] (n 2): the suffix (5, 6) was followed by 7, 8, 5, so
+        propose_behind(k=2) = [8, 5], the guess for the two tokens after the coming 7."""
+        if k <= 0:
+            return []
+        self.index.extend(context)
+        tokens, self.last_match = self.index.lookup(k + 1, n_min)
+        return [int(t) for t in tokens[1:]]
+
     def commit(self, context: list[int]) -> None:
         """Nothing to roll back: the index only ever holds committed tokens."""

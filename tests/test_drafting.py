@@ -336,6 +336,22 @@ def test_hybrid_lookup_length_comes_from_lookup_k():
     assert plain.propose(context, 5, key).tokens.tolist() == [3, 4, 5, 6, 7]
 
 
+def test_lookups_one_token_behind_skip_the_guess_for_the_token_being_computed():
+    ngram = NgramDrafter(2, 4)
+    context = [5, 6, 7, 8, 5, 6]  # (5, 6) was followed by 7 8 5 6: 7 is the coming token's guess
+    assert ngram.propose_behind(context, 2) == [8, 5] and ngram.last_match == 2
+    assert ngram.propose_behind(context, 9) == [8, 5, 6]  # stops at the end of the context
+    assert ngram.propose_behind(context, 0) == []  # K = 0: a plain step
+    assert ngram.propose_behind([1, 2, 3, 1], 3) == [] and ngram.last_match == 0  # no 2-gram
+    assert ngram.propose_behind([1, 2, 3, 1, 2], 3) == [1, 2]  # guess 3, then 1 2
+    assert NgramDrafter(2, 4).propose_behind([7, 7, 7], 3) == []  # guess: the last token, no more
+    hybrid = HybridDrafter(NgramDrafter(1, 4), _NeverDrafter(), min_match=2, free_k=3)
+    assert hybrid.propose_behind([4, 9, 4], 0) == []  # a 1-gram is below the hybrid's min match
+    hybrid = HybridDrafter(NgramDrafter(1, 4), _NeverDrafter(), min_match=2, free_k=3)
+    assert hybrid.propose_behind(context, 0) == [8, 5, 6] and hybrid.method == "ngram"
+    assert hybrid.propose_behind(context, 1) is None  # K > 0: the model drafts, the run ends
+
+
 # ---------------------------------------------------------------------------- engine: greedy
 
 
@@ -362,7 +378,7 @@ def test_hybrid_lookup_length_comes_from_lookup_k():
 )
 def test_greedy_output_equals_plain_decoding(tiny_models, spec):
     engine = Engine(*tiny_models)
-    ids = engine.encode_raw(PROMPT)
+    ids = engine.encode_raw(PROMPT) * 2  # a prompt that repeats: the lookups find matches
     plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 48))
     events = _gen(engine, ids, spec, 48)
     assert _ids(events) == plain and len(plain) == 48
@@ -370,8 +386,9 @@ def test_greedy_output_equals_plain_decoding(tiny_models, spec):
     assert all(r.drafted <= r.k <= spec.k_max for r in rounds)
     if spec.method != "draft":
         assert any(r.method == "ngram" and r.drafted > 0 for r in rounds)  # lookup really drafted
-    if spec.method == "ngram":
-        assert any(r.method == "ngram" and r.accepted > 0 for r in rounds)  # ... and was accepted
+    # A tiny random target never continues a copy, so lookups here are rejected: accepted
+    # lookups are tested with chosen drafts (test_drafts_one_token_behind_*, the point-mass test)
+    # and with the real model (tests/test_real_model.py).
 
 
 def test_confident_drafter_greedy_equals_plain_and_stops_early(tiny_models):
@@ -654,6 +671,85 @@ def test_ngram_point_mass_rounds_emit_the_target_distribution(tiny_models):
     # x_1 is accepted with probability p(x_1): a binomial check, 4 sigma.
     rate, px = len(second) / N_SEEDS, p1[x[0]]
     assert abs(rate - px) < 4 * np.sqrt(px * (1 - px) / N_SEEDS)
+
+
+class BehindOnce:
+    """A lookup-like drafter whose fresh lookups always miss, so the loop runs plain steps
+    pipelined (loop._plain_run), and which proposes `drafts` one token behind once: while the
+    token after `at` committed tokens is being computed. The run's next step then verifies them,
+    queued with that token still unknown."""
+
+    method = "ngram"
+
+    def __init__(self, at: int, drafts: list[int]):
+        self.at, self.drafts, self.calls = at, drafts, 0
+
+    def propose(self, context, k, key):
+        return no_proposal()
+
+    def propose_behind(self, context, k):
+        self.calls += 1
+        return list(self.drafts) if len(context) == self.at else []
+
+    def commit(self, context):
+        pass
+
+
+def test_drafts_one_token_behind_emit_the_target_distribution(tiny_models):
+    """Plain step x_m ~ p(. | C), queued behind it [x_m, d] with d proposed before x_m was known.
+    x_m must follow p(. | C), x_m+1 must follow p(. | C, x_m) (checked given the likeliest x_m = y,
+    with d = argmax p(. | C, y) so both the accept and the reject path run), d is accepted with
+    probability p(d | C, y), and after an accepted d the next token follows p(. | C, y, d)."""
+    engine = Engine(tiny_models[0], None)
+    ids = _context_the_target_likes(engine, engine.encode_raw(PROMPT))
+    sampling = SamplingConfig(temperature=1.0)
+    p0 = _target_probs(engine, ids, sampling)
+    y = int(np.argmax(p0))
+    p1 = _target_probs(engine, ids + [y], sampling)
+    d = int(np.argmax(p1))
+    p2 = _target_probs(engine, ids + [y, d], sampling)
+    first, second, third = [], [], []
+    for seed in range(N_SEEDS):
+        drafter = BehindOnce(len(ids), [d])
+        cfg = GenerationConfig(SamplingConfig(temperature=1.0, seed=seed), SpecConfig(k=1), 3)
+        events = list(engine.generate(ids, cfg, drafter=drafter))
+        toks, rounds = _ids(events), _rounds(events)
+        assert [(r.drafted, r.method) for r in rounds[:2]] == [(0, "ngram"), (1, "ngram")]
+        assert len(toks) == 3
+        first.append(toks[0])
+        if toks[0] == y:
+            second.append(toks[1])
+            if toks[1] == d:
+                assert rounds[1].accepted == 1  # d itself, accepted: then the bonus
+                third.append(toks[2])
+    assert _chi2(first, p0) > 1e-3
+    assert len(second) > 100 and _chi2(second, p1) > 1e-3
+    rate = sum(t == d for t in second) / len(second)
+    assert abs(rate - p1[d]) < 4 * np.sqrt(p1[d] * (1 - p1[d]) / len(second))
+    assert len(third) > 30 and _chi2(third, p2) > 1e-3
+
+
+def test_drafts_one_token_behind_keep_greedy_output_and_caches(tiny_models):
+    """Greedy: the drafted step commits the target's own tokens (drafts accepted or not), and the
+    cache holds exactly the committed context after it; a bad guess is only rejected."""
+    engine = Engine(tiny_models[0], None)
+    ids = engine.encode_raw(PROMPT)
+    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 12))
+    accepted = []
+    bad = (plain[3] + 1) % engine._vocab
+    for drafts in ([plain[2]], plain[2:5], [plain[2], bad], [bad, plain[3]]):
+        engine.reset()
+        drafter = BehindOnce(len(ids) + 1, drafts)  # after x_m: drafts for x_m+2 ...
+        events = _gen(engine, ids, SpecConfig(k=1), 12, drafter=drafter)
+        assert _ids(events) == plain
+        r = _rounds(events)[2]
+        good = 0
+        while good < len(drafts) and drafts[good] == plain[2 + good]:
+            good += 1
+        assert (r.drafted, r.accepted) == (len(drafts), good)
+        accepted.append(good)
+        assert engine._target.offset == len(engine._target.tokens) == len(ids) + 11
+    assert accepted == [1, 3, 1, 0]
 
 
 @pytest.mark.parametrize("policy_k", [0, 1], ids=["free-lookups-at-k0", "lookups-longer-than-k"])
