@@ -212,7 +212,7 @@ def _accept(
 
 def _verify_round(
     target: KVState,
-    context: list[int],
+    pending: mx.array,
     prop: Proposal,
     k: int,
     cfg: SamplingConfig,
@@ -220,10 +220,11 @@ def _verify_round(
     features: bool = False,
 ) -> tuple[mx.array, mx.array | None]:
     """One target forward over [pending..., x_1..x_K] and the acceptance step, built lazily on the
-    (possibly still running) draft. Returns [x_1..x_K, n_accepted, next_token] as one lazy int32
-    array (the round's only host transfer) and, when `features`, the target's top hidden states of
-    the K + 1 verified positions (lazy)."""
-    inputs = mx.concatenate([mx.array(context[target.offset :], dtype=mx.int32), prop.tokens])
+    (possibly still running) draft; `pending` (int32, may be lazy) are the inputs the cache does not
+    hold yet. Returns [x_1..x_K, n_accepted, next_token] as one lazy int32 array (the round's only
+    host transfer) and, when `features`, the target's top hidden states of the K + 1 verified
+    positions (lazy). K = 0 is a plain target step."""
+    inputs = mx.concatenate([pending, prop.tokens])
     feats = None
     if features:
         from edgespec.eagle import target_features
@@ -259,7 +260,8 @@ def _run_round(
     drafted = [a for a in (prop.tokens, prop.q) if a is not None]
     mx.async_eval(drafted)  # its own event: awaiting it below waits for the draft alone
     t_built_draft = time.perf_counter()
-    out, feats = _verify_round(target, context, prop, d, cfg, key, features)
+    pending = mx.array(context[target.offset :], dtype=mx.int32)
+    out, feats = _verify_round(target, pending, prop, d, cfg, key, features)
     mx.async_eval([a for a in (out, feats) if a is not None])
     t_built_verify = time.perf_counter()
     mx.eval(drafted)
@@ -285,7 +287,7 @@ def _plain_run(
     """Consecutive plain steps, pipelined like decode_plain: before a step's token is read back,
     the policy picks the next round's K and, while that is 0, the next step's forward is queued.
     Each step is exactly the d = 0 round speculate would run (same keys, same maths: the target's
-    token at position len(context), through `_accept` with nothing drafted), so
+    token at position len(context), through `_verify_round` with nothing drafted), so
     the output is unchanged; only the host sync no longer sits between two forwards. The policy
     decides round j + 1 before round j is read back, so it is shown round j - 1 then: rounds reach
     it in order, the one before a run twice in a row (a policy must count a repeat once, as
@@ -305,33 +307,23 @@ def _plain_run(
     behind = getattr(drafter, "propose_behind", None)
 
     def step(
-        inputs: mx.array, key: mx.array, drafts: list[int]
-    ) -> tuple[mx.array, mx.array, mx.array | None, int]:
-        """(next key, the step's lazy output: the token, or [n_accepted, next token] when
-        drafts were verified, the inputs' target features when the drafter wants them, the
-        context position of the first input), lazy."""
+        pending: mx.array, key: mx.array, drafts: list[int]
+    ) -> tuple[mx.array, mx.array, mx.array | None]:
+        """(next key, the step's output [x_1..x_d, n_accepted, next_token] (_verify_round), the
+        verified positions' target features when the drafter wants them (a feature draft gets
+        every committed position's, as in a round)), lazy."""
         key, _draft_key, verify_key = round_keys(key)
-        start, feats, d = target.offset, None, len(drafts)
-        prop = Proposal(mx.array(drafts, dtype=mx.int32), None) if d else no_proposal()
-        if d:
-            inputs = mx.concatenate([inputs, prop.tokens])
-        if wants:  # a feature draft gets every committed position's features, as in a round
-            from edgespec.eagle import target_features
-
-            feats, logits = target_features(target.model, inputs, target.cache)
-        else:
-            logits = target.forward(inputs)
-        n, nxt = _accept(prop, logits[-(d + 1) :], cfg, verify_key)
-        out = mx.concatenate([n.reshape(1), nxt.reshape(1)]) if d else nxt
-        return key, out.astype(mx.int32), feats, start
+        prop = Proposal(mx.array(drafts, dtype=mx.int32), None) if drafts else no_proposal()
+        out, feats = _verify_round(target, pending, prop, len(drafts), cfg, verify_key, wants)
+        return key, out, feats
 
     t_prev = time.perf_counter()
     drafts: list[int] = []  # the current step's proposal (only a run's last step has one)
     method = drafter.method
-    key, tok, feats, start = step(mx.array(context[target.offset :], dtype=mx.int32), key, [])
+    key, tok, feats = step(mx.array(context[target.offset :], dtype=mx.int32), key, [])
     mx.async_eval([a for a in (tok, feats) if a is not None])
     while True:
-        decided, upcoming, up_feats, up_start, up_drafts = None, None, None, 0, None
+        decided, upcoming, up_feats, up_drafts = None, None, None, None
         more = emitted + 1 < limits.max_tokens and index + 1 < limits.max_tokens
         if not drafts and more and len(context) + 2 <= limits.context_window:
             decided = choose_k(last)
@@ -341,25 +333,20 @@ def _plain_run(
                 up_drafts = []
             if up_drafts is not None and not (cancel is not None and cancel.is_set()):
                 up_drafts = up_drafts[: max(0, limits.context_window - len(context) - 2)]
-                key, upcoming, up_feats, up_start = step(tok.reshape(1), key, up_drafts)
+                key, upcoming, up_feats = step(tok[-1:], key, up_drafts)
                 mx.async_eval([a for a in (upcoming, up_feats) if a is not None])
                 if up_drafts:
                     decided = None  # the policy decides after that round is read back
-        if drafts:
-            n, value = (int(v) for v in tok.tolist())  # type: ignore[union-attr,arg-type]
-            now, d = time.perf_counter(), len(drafts)
-            new, new_kinds = drafts[:n] + [value], ["accepted"] * n + [_last_kind(n, d)]
-            last = Round(index, d, n, d, 0.0, now - t_prev, method)
-        else:
-            value = int(tok.item())  # type: ignore[arg-type]
-            now = time.perf_counter()
-            new, new_kinds = [value], ["target"]
-            last = Round(index, 0, 0, 0, 0.0, now - t_prev, drafter.method)
+        *_, n, value = (int(v) for v in tok.tolist())  # type: ignore[union-attr,arg-type]
+        now, d = time.perf_counter(), len(drafts)
+        new, new_kinds = drafts[:n] + [value], ["accepted"] * n + [_last_kind(n, d)]
+        last = Round(index, d, n, d, 0.0, now - t_prev, method if d else drafter.method)
         t_prev, index = now, index + 1
         toks, kinds, committed, stop = _truncate(new, new_kinds, emitted, limits, context)
-        if feats is not None:  # features of the step's inputs that are committed tokens
-            fed = feats[: len(committed)] if drafts else feats  # a plain step's inputs all are
-            drafter.take_features(context + committed, start, fed)  # type: ignore[attr-defined]
+        if feats is not None:  # the step's committed inputs: its pending token on, as in a round
+            drafter.take_features(  # type: ignore[attr-defined]
+                context + committed, len(context) - 1, feats[: len(committed)]
+            )
         context += committed
         emitted += len(toks)
         drafter.commit(context)
@@ -372,7 +359,7 @@ def _plain_run(
             target.rewind(context, len(context) - 1)
             yield Step([], [], stop="cancelled")
             return key, last, index, emitted, None, True
-        tok, feats, start = upcoming, up_feats, up_start
+        tok, feats = upcoming, up_feats
         drafts, method = up_drafts or [], drafter.method
 
 
@@ -391,6 +378,8 @@ def speculate(
     # K = 0 rounds run pipelined (_plain_run, which hands a feature draft its features too) unless
     # the drafter has something for them: a free lookup (propose_free).
     pipelined = getattr(drafter, "propose_free", None) is None
+    # A drafter that can look up one token behind runs its misses pipelined too (_plain_run).
+    behind = getattr(drafter, "propose_behind", None) is not None
     index, chosen = 0, None
     try:
         while index < limits.max_tokens:
@@ -418,7 +407,7 @@ def speculate(
             if prop.tokens.shape[0] > room:  # a lookup longer than the window has room for
                 prop = Proposal(prop.tokens[:room], None if prop.q is None else prop.q[:room])
             d = int(prop.tokens.shape[0])  # drafted: <= k (n-gram miss, early stop) or a lookup
-            if d == 0 and getattr(drafter, "propose_behind", None) is not None:
+            if d == 0 and behind:
                 # A lookup missed: plain steps, pipelined, looking up one token behind meanwhile
                 # (the same keys as this round's: the run's first step is this round).
                 run = _plain_run(target, drafter, context, round_key, cfg, choose_k, last,

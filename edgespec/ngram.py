@@ -77,9 +77,13 @@ class NgramDrafter:
 
     def propose_min(self, context: list[int], k: int, n_min: int | None) -> Proposal:
         """propose(), accepting only suffix matches of length >= n_min."""
+        return Proposal(mx.array(self._lookup(context, k, n_min), dtype=mx.int32), None)
+
+    def _lookup(self, context: list[int], k: int, n_min: int | None) -> list[int]:
+        """Index `context`, then NgramIndex.lookup (recording the match's n in last_match)."""
         self.index.extend(context)
         tokens, self.last_match = self.index.lookup(k, n_min)
-        return Proposal(mx.array(tokens, dtype=mx.int32), None)
+        return tokens
 
     def propose_behind(self, context: list[int], k: int, n_min: int | None = None) -> list[int]:
         """Up to k tokens for the positions after len(context), proposed while the token at
@@ -90,9 +94,7 @@ class NgramDrafter:
         propose_behind(k=2) = [8, 5], the guess for the two tokens after the coming 7."""
         if k <= 0:
             return []
-        self.index.extend(context)
-        tokens, self.last_match = self.index.lookup(k + 1, n_min)
-        return [int(t) for t in tokens[1:]]
+        return self._lookup(context, k + 1, n_min)[1:]
 
     def commit(self, context: list[int]) -> None:
         """Nothing to roll back: the index only ever holds committed tokens."""
