@@ -282,8 +282,12 @@ class BenchPlan:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ConfigError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
-        if any(k < 1 for k in self.ks) or any(t < 0 for t in self.temps):
-            raise ConfigError("every K must be >= 1 and every temperature >= 0")
+        for k in self.ks:  # the same checks and messages as generate's
+            SpecConfig(k=k)
+        for t in self.temps:
+            SamplingConfig(temperature=t, seed=self.seed)
+        if self.seed >= 2**63:  # each run's seed is this one plus an offset (iter_bench)
+            raise ConfigError(f"bench's seed must be in [0, 2**63), got {self.seed}")
         if self.max_tokens < 1 or self.repeats < 1:
             raise ConfigError("max-tokens and repeats must be >= 1")
 

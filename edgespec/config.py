@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from edgespec.errors import ConfigError
+
+# The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
+# round's cost grows with K while its expected gain stops growing long before (README, adaptive K).
+MAX_K = 64
+SEED_LIMIT = 2**64  # MLX keys are two uint32 words: seeds are in [0, 2**64)
 
 
 @dataclass(frozen=True)
@@ -22,14 +28,16 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):
             raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not (0 <= self.min_p < 1):
             raise ConfigError(f"min-p must be in [0, 1), got {self.min_p}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"seed must be in [0, 2**64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -55,16 +63,19 @@ class SpecConfig:
     ngram_k: int = 4
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ConfigError(f"K (draft tokens per round) must be >= 1, got {self.k}")
+        if not 1 <= self.k <= MAX_K:
+            raise ConfigError(f"K (draft tokens per round) must be in 1..{MAX_K}, got {self.k}")
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if not (1 <= self.ngram_min <= self.ngram_max):
+        if not (1 <= self.ngram_min <= self.ngram_max <= MAX_K):
             raise ConfigError(
-                f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}"
+                f"need 1 <= ngram-min <= ngram-max <= {MAX_K}, got {self.ngram_min}, "
+                f"{self.ngram_max}"
             )
-        if self.ngram_k < 1:
-            raise ConfigError(f"ngram-k must be >= 1, got {self.ngram_k}")
+        if not 1 <= self.ngram_k <= MAX_K:
+            raise ConfigError(f"ngram-k must be in 1..{MAX_K}, got {self.ngram_k}")
+        if self.k_max > MAX_K:
+            raise ConfigError(f"k-max must be <= {MAX_K}, got {self.k_max}")
         if self.k_max < self.k:
             object.__setattr__(self, "k_max", self.k)
 

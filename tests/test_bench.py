@@ -76,6 +76,25 @@ def test_plan_rejects_unknown_method_and_counts_runs() -> None:
     assert plan.total_runs(3) == 2 * 2 * 3 * 5
 
 
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"ks": (1, 0)}, "K .* must be in 1..64, got 0"),
+        ({"ks": (65,)}, "got 65"),
+        ({"temps": (0.0, float("nan"))}, "temperature must be a finite number"),
+        ({"temps": (float("inf"),)}, "temperature must be a finite number"),
+        ({"temps": (-0.5,)}, "temperature"),
+        ({"seed": -1}, r"seed must be in \[0, 2\*\*64\)"),
+        ({"seed": 2**63}, r"bench's seed must be in \[0, 2\*\*63\)"),
+        ({"repeats": 0}, "repeats"),
+    ],
+)
+def test_plan_rejects_bad_settings_with_generates_messages(bad, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        BenchPlan(**bad)
+    BenchPlan(ks=(1, 64), temps=(0.0, 2.0), seed=2**63 - 1)  # the edges themselves are fine
+
+
 def _synthetic() -> BenchResult:
     recs = []
     for cat, pid in (("qa", "1"), ("math", "2")):

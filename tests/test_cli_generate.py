@@ -103,6 +103,14 @@ BAD = {
     "blank-raw-prompt": (["  ", "--raw"], "empty"),
     "too-long": (["the cat " * 400, "--raw"], "context"),
     "ngram-min-above-max": (["x", "--ngram-min", "3", "--ngram-max", "2"], "ngram-min"),
+    # a K this large used to draft up to the context window each round (a silent hang)
+    "k-huge": (["x", "-k", "100000"], "1..64"),
+    "k-max-huge": (["x", "--k-max", "65"], "k-max"),
+    "ngram-max-huge": (["x", "--ngram-max", "65"], "ngram-max"),
+    "infinite-temp": (["x", "--temp", "inf"], "finite"),
+    "nan-temp": (["x", "--temp", "nan"], "temperature"),
+    "negative-seed": (["x", "--seed", "-1"], "seed"),
+    "seed-too-big": (["x", "--seed", str(2**64)], "seed"),
 }
 
 

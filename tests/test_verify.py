@@ -67,7 +67,9 @@ def test_cli_json(tiny_pair):
     assert human.returncode == 0 and "L1(empirical, p)" in human.stdout
 
 
-@pytest.mark.parametrize("bad", [["--rounds", "0"], ["-k", "0"], ["--temp", "-1"]])
+@pytest.mark.parametrize(
+    "bad", [["--rounds", "0"], ["-k", "0"], ["-k", "65"], ["--temp", "-1"], ["--temp", "inf"]]
+)
 def test_cli_bad_input(tiny_pair, bad):
     r = _cli("--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), *bad)
     assert r.returncode == 2 and "Traceback" not in r.stderr

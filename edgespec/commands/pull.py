@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         pair = cat.pair(args.name)
         names = [pair.target, pair.draft]
     else:
-        known = ", ".join(sorted([*cat.models, *cat.pairs]))
+        known = ", ".join(sorted({*cat.models, *cat.pairs}))
         raise ModelNotFoundError(f"no catalogue model or pair named {args.name!r} (known: {known})")
     for name in names:
         start = time.perf_counter()

@@ -10,6 +10,7 @@ import sys
 from dataclasses import asdict
 
 from edgespec.commands.common import add_model_args, add_sampling_args, sampling_from_args
+from edgespec.config import SpecConfig
 from edgespec.errors import ConfigError
 
 HELP = (
@@ -52,8 +53,7 @@ def _report_lines(name: str, prompt_tokens: int, temp: float, r) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     sampling = sampling_from_args(args)
-    if args.k < 1:
-        raise ConfigError(f"K (draft tokens per round) must be >= 1, got {args.k}")
+    SpecConfig(k=args.k)  # K's checks and message, as everywhere
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
     from edgespec.runtime import Engine
