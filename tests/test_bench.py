@@ -269,3 +269,29 @@ def test_cli_unknown_method_is_one_line_error(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("edgespec bench: error: unknown methods ['turbo']")
+
+
+def test_cli_unwritable_out_fails_before_loading_and_a_failed_run_leaves_no_folder(
+    tmp_path: Path,
+) -> None:
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "edgespec", "bench", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    # the default pair is not even looked up: the folder is checked first
+    proc = bench("--out", str(blocker / "out"), "--pair", "no-such-pair")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"edgespec bench: error: cannot write the results to {blocker / 'out'}: Not a directory"
+    ]
+    fresh = tmp_path / "fresh" / "out"
+    proc = bench("--out", str(fresh), "--pair", "no-such-pair")
+    assert proc.returncode == 2 and "no model pair named 'no-such-pair'" in proc.stderr
+    assert not fresh.exists() and (tmp_path / "fresh").is_dir()  # only the empty leaf is removed
+    kept = tmp_path / "kept"
+    (kept / "old.txt").parent.mkdir()
+    (kept / "old.txt").write_text("earlier results")
+    assert bench("--out", str(kept), "--pair", "no-such-pair").returncode == 2
+    assert (kept / "old.txt").read_text() == "earlier results"

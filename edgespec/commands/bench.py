@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -113,12 +115,36 @@ def _measure(engine: Any, prompts: list, encoded: dict, plan: BenchPlan, quiet: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgespec.loading import load_token_draft, peer_draft_spec
-    from edgespec.runtime import Engine
-
     plan = _plan(args)
     prompts = load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
+    created = _writable_folder(out)
+    try:
+        return _run(args, plan, prompts, out)
+    except BaseException:
+        if created:  # a run that ends before writing leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+def _writable_folder(out: Path) -> bool:
+    """Create `out` now and check that a file can be written in it, so a bad --out fails before the
+    models load, not after the measurements. True when this created the folder."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write the results to {out}: {exc.strerror or exc}") from None
+    return created
+
+
+def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path) -> int:
+    from edgespec.loading import load_token_draft, peer_draft_spec
+    from edgespec.runtime import Engine
+
     engine = Engine.load(
         args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype
     )
@@ -148,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
         records, notes, skipped, settings, pair_info(engine), environment(), complete
     )
     variants = aggregate(records)
+    print(format_table(variants))  # first: the figures stay on screen whatever happens to the files
     files = write_report(result, variants, out)
-    print(format_table(variants))
     print(f"\nwrote {files.json}, {files.markdown}" + "".join(f", {p}" for p in files.plots))
     if files.plot_error:
         print(files.plot_error, file=sys.stderr)
