@@ -11,6 +11,7 @@ Threading: MLX streams belong to one thread; load and generate on the same threa
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -102,14 +103,29 @@ class Engine:
             raise PromptError("the prompt is empty")
         return [int(i) for i in self.tokenizer.encode(text)]
 
-    def _check_prompt(self, prompt_ids: list[int]) -> None:
+    def _check_prompt(self, prompt_ids: Iterable[int]) -> list[int]:
+        """The prompt as a list of ints, or PromptError: empty, not token ids of the target's
+        embedding (an id out of range would read outside it), or too long."""
+        if isinstance(prompt_ids, (str, bytes)):
+            raise PromptError(
+                "generate() takes token ids: encode text with encode_raw() or encode_chat(), or "
+                "call chat()"
+            )
+        try:
+            prompt_ids = [operator.index(t) for t in prompt_ids]  # ints, numpy or MLX scalars
+        except TypeError as exc:
+            raise PromptError(f"the prompt must be token ids (ints): {exc}") from None
         if not prompt_ids:
             raise PromptError("the prompt is empty")
+        bad = next((t for t in prompt_ids if not 0 <= t < self._vocab), None)
+        if bad is not None:
+            raise PromptError(f"{bad} in the prompt is not a token id (0..{self._vocab - 1})")
         if len(prompt_ids) + 1 > self.context_window:
             raise PromptError(
                 f"the prompt is {len(prompt_ids)} tokens but the context window of {self.name} is "
                 f"{self.context_window} (prompt + at least one answer token); shorten the prompt"
             )
+        return prompt_ids
 
     # ------------------------------------------------------------------ generation
 
@@ -138,8 +154,8 @@ class Engine:
         "ngram" and "hybrid" pick the drafter (edgespec.drafters). `drafter` replaces it;
         `k_policy(last_round)` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive). Errors surface on the first next()."""
-        self._check_prompt(list(prompt_ids))
-        return self._run(list(prompt_ids), config, cancel, drafter, k_policy)
+        prompt = self._check_prompt(prompt_ids)
+        return self._run(prompt, config, cancel, drafter, k_policy)
 
     def _steps(
         self,

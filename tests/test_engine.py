@@ -161,6 +161,29 @@ def test_prompt_errors(tiny_models):
         engine.generate([5] * 512, GREEDY)
 
 
+def test_prompts_that_are_not_token_ids_are_refused_before_touching_the_caches(tiny_models):
+    import mlx.core as mx
+    import numpy as np
+
+    engine = Engine(*tiny_models)
+    ids = engine.encode_chat(MESSAGES)
+    first = _ids(engine.generate(ids, GREEDY))
+    vocab = engine._vocab
+    with pytest.raises(PromptError, match="takes token ids"):
+        engine.generate("why is the river light", GREEDY)  # type: ignore[arg-type]
+    with pytest.raises(PromptError, match="must be token ids"):
+        engine.generate([1.5, 2.0], GREEDY)  # type: ignore[list-item]
+    with pytest.raises(
+        PromptError, match=rf"{vocab} in the prompt is not a token id \(0..{vocab - 1}\)"
+    ):
+        engine.generate([*ids, vocab], GREEDY)  # one past the embedding: would read outside it
+    with pytest.raises(PromptError, match="-1 in the prompt"):
+        engine.generate([-1, *ids], GREEDY)
+    # numpy and MLX ids are ids; the refusals left the caches as they were
+    assert _ids(engine.generate(np.array(ids), GREEDY)) == first
+    assert _ids(engine.generate(mx.array(ids), GREEDY)) == first  # type: ignore[arg-type]
+
+
 class _Recurrent(nn.Module):
     """A model whose cache cannot be trimmed (like SSM / hybrid layers)."""
 
