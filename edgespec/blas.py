@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import site
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -112,6 +113,32 @@ def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
             )
         return None
     return ("openblas", lib, {})
+
+
+def cpu_model() -> str:
+    """The CPU's name, with its family and model numbers where the name alone is vague ("AMD EPYC
+    (family 26, model 2)", a Zen 5: speedups differ between CPU generations; README), or ""."""
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True
+            )
+            return out.stdout.strip()
+        except OSError:
+            return ""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():  # the first processor's block is enough
+                break
+    except OSError:
+        return ""
+    name = fields.get("model name", "")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name.strip()
 
 
 def cpu_vendor() -> str:

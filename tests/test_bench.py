@@ -248,6 +248,8 @@ def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "results.json").read_text())
     check_schema(doc)
     assert doc["complete"] and doc["settings"]["n_prompts"] == 2
+    env_keys = {"platform", "machine", "cpu_count", "device", "blas", "cpu", "cpu_vendor"}
+    assert env_keys <= set(doc["environment"]) and isinstance(doc["environment"]["cpu"], str)
     blas_names = ("mkl", "mkl-fast", "openblas", "preloaded", "reference", "accelerate")
     assert doc["environment"]["blas"] in blas_names  # the BLAS under the numbers
     labels = {m["label"] for m in doc["methods"]}  # the default methods

@@ -148,3 +148,21 @@ def test_mkl_exact_mode_makes_an_l_token_forward_equal_l_one_token_forwards_on_i
 def test_the_reference_blas_is_row_exact():
     """The unoptimised BLAS (EDGESPEC_BLAS=system) computes each row alike on any CPU."""
     assert _bits("system") == "identical" and blas.rows_exact("reference")
+
+
+def test_cpu_model_reads_the_first_processor_block(monkeypatch, tmp_path):
+    """results.json's `cpu`: the name plus family/model (two "AMD EPYC" CPUs of different
+    generations measured different speedups), from the first processor only."""
+    info = tmp_path / "cpuinfo"
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: {m}\n"
+    info.write_text(
+        block.format(n=0, m=2) + "model name\t: AMD EPYC\n\n" + block.format(n=1, m=9) + "\n"
+    )
+    real_path = blas.Path
+    monkeypatch.setattr(blas.sys, "platform", "linux")
+    monkeypatch.setattr(blas, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
+    assert blas.cpu_model() == "AMD EPYC (family 26, model 2)"
+    info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")  # e.g. an ARM board: no name
+    assert blas.cpu_model() == ""
+    monkeypatch.setattr(blas, "Path", lambda p: tmp_path / "missing")
+    assert blas.cpu_model() == ""
