@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from edgespec import blas
+from edgespec import blas, rope
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.eagle import EagleModel
 from edgespec.errors import ConfigError, PromptError
@@ -209,14 +209,15 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
             kwargs |= {"draft_model": draft.model, "num_draft_tokens": point.k}
         timer, flags, reason = _Timer(), [], "length"
         tokenizer = engine.target.tokenizer
-        for resp in stream_generate(
-            engine.target.model, tokenizer, mx.array(prompt_ids), point.max_tokens, **kwargs
-        ):
-            if resp.finish_reason == "stop":  # this response carries the EOS token: not output
-                reason = "stop"
-                break
-            timer.token(resp.token)
-            flags.append(bool(resp.from_draft))
+        with rope.native():  # the peer as mlx-lm runs it (EdgeSpec's rotary tables off)
+            for resp in stream_generate(
+                engine.target.model, tokenizer, mx.array(prompt_ids), point.max_tokens, **kwargs
+            ):
+                if resp.finish_reason == "stop":  # this response carries the EOS token
+                    reason = "stop"
+                    break
+                timer.token(resp.token)
+                flags.append(bool(resp.from_draft))
         rounds = rounds_from_flags(flags, point.k) if use_draft else RoundTotals()
         return timer.done(reason, rounds, timed=False)
 
