@@ -39,6 +39,26 @@ def enabled() -> bool:
     return mx.default_device().type == mx.DeviceType.cpu
 
 
+_last_mask: tuple[tuple[Any, ...], tuple[mx.array, mx.array]] | None = None
+
+
+def causal_mask(shape: tuple[int, ...], dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
+    """For scores of `shape` [..., L, S]: (allowed, -inf in `dtype`), both broadcast to `shape`; query row i
+    (position S - L + i) may see key j <= S - L + i. Every layer of a forward asks for the same
+    pair, so the last one made is kept: its few graph operations are built once per forward, not
+    once per layer."""
+    global _last_mask
+    kept = _last_mask
+    key = (*shape, dtype)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    length, total = shape[-2], shape[-1]
+    allowed = mx.arange(total)[None, :] <= mx.arange(total - length, total)[:, None]
+    made = (mx.broadcast_to(allowed, shape), mx.full(shape, -mx.inf, dtype))
+    _last_mask = (key, made)
+    return made
+
+
 def grouped_attention(
     queries: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool
 ) -> mx.array:
@@ -51,8 +71,8 @@ def grouped_attention(
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = q @ keys.swapaxes(-1, -2)  # [B, G, R * L, S]
     if causal and length > 1:
-        allowed = mx.arange(s)[None, :] <= mx.arange(s - length, s)[:, None]  # [L, S]
-        scores = mx.where(allowed, scores.reshape(b, g, r, length, s), -mx.inf)
+        allowed, blocked = causal_mask((b, g, r, length, s), scores.dtype)
+        scores = mx.where(allowed, scores.reshape(b, g, r, length, s), blocked)
         scores = scores.reshape(b, g, r * length, s)
     weights = mx.softmax(scores, axis=-1, precise=True)
     return (weights @ values).reshape(b, h, length, d)

@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from edgespec import rope
+from edgespec import leanops, rope
 from edgespec.attention import mark
 from edgespec.errors import CacheNotTrimmableError
 
@@ -54,6 +54,7 @@ class KVState:
         self.cache = check_trimmable(model, name)
         mark(self.cache)  # short multi-token forwards: grouped attention on the CPU
         rope.install(model)  # rotary embeddings from tables on the CPU (same bits, fewer ops)
+        leanops.install(model)  # Linear/RMSNorm without per-call transposes/broadcasts (same)
         self.tokens: list[int] = []
 
     @property

@@ -18,6 +18,7 @@ OFFSETS = [0, 1, 2, 7, 31, 255, 256, 1000, 4093, 4095, 4096, 5000, 9000]
 @pytest.fixture(autouse=True)
 def fresh_tables(monkeypatch):
     monkeypatch.setattr(rope, "_tables", {})
+    monkeypatch.setattr(rope, "_rows_kept", {})
     monkeypatch.delenv("EDGESPEC_TABLE_ROPE", raising=False)
 
 
