@@ -77,17 +77,17 @@ def test_gradients_flow_to_the_weights_as_through_mlx_layers():
         return nn.Sequential(nn.Linear(6, 6), nn.RMSNorm(6), nn.Linear(6, 2))
 
     plain, twin = make(), lean(make())
-    x = mx.random.normal((3, 6))
-    twin(x)  # views kept before differentiation: they must not stand in for the traced weights
+    for x in (mx.random.normal((3, 6)), mx.random.normal((1, 3, 6))):  # 2-D, and a batch of one
+        twin(x)  # views kept before differentiating: they must not stand in for traced weights
 
-    def loss(model: nn.Module) -> mx.array:
-        return (model(x) ** 2).sum()
+        def loss(model: nn.Module, x: mx.array = x) -> mx.array:
+            return (model(x) ** 2).sum()
 
-    want = nn.value_and_grad(plain, loss)(plain)
-    got = nn.value_and_grad(twin, loss)(twin)
-    assert mx.allclose(got[0], want[0]).item()
-    for (k1, g1), (k2, g2) in zip(tree_flatten(want[1]), tree_flatten(got[1]), strict=True):
-        assert k1 == k2 and mx.allclose(g1, g2, atol=1e-6).item(), k1
+        want = nn.value_and_grad(plain, loss)(plain)
+        got = nn.value_and_grad(twin, loss)(twin)
+        assert mx.allclose(got[0], want[0]).item()
+        for (k1, g1), (k2, g2) in zip(tree_flatten(want[1]), tree_flatten(got[1]), strict=True):
+            assert k1 == k2 and mx.allclose(g1, g2, atol=1e-6).item(), k1
 
 
 def test_install_changes_only_exact_layers_and_keeps_the_tree(monkeypatch):
