@@ -32,21 +32,27 @@ MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path
 _ORIGINAL = "_edgespec_original_sdpa"
 
 
-def enabled() -> bool:
-    """On for the CPU backend unless EDGESPEC_GROUPED_ATTENTION=0 (GPUs have fused kernels)."""
-    if os.environ.get("EDGESPEC_GROUPED_ATTENTION", "1") == "0":
+def cpu_switch(variable: str) -> bool:
+    """Whether a CPU graph rewrite applies (this module's, rope.py's, leanops.py's): on for MLX's
+    CPU backend unless the environment sets `variable` to 0. GPUs have fused kernels."""
+    if os.environ.get(variable, "1") == "0":
         return False
     return mx.default_device().type == mx.DeviceType.cpu
+
+
+def enabled() -> bool:
+    """On for the CPU backend unless EDGESPEC_GROUPED_ATTENTION=0."""
+    return cpu_switch("EDGESPEC_GROUPED_ATTENTION")
 
 
 _last_mask: tuple[tuple[Any, ...], tuple[mx.array, mx.array]] | None = None
 
 
 def causal_mask(shape: tuple[int, ...], dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
-    """For scores of `shape` [..., L, S]: (allowed, -inf in `dtype`), both broadcast to `shape`; query row i
-    (position S - L + i) may see key j <= S - L + i. Every layer of a forward asks for the same
-    pair, so the last one made is kept: its few graph operations are built once per forward, not
-    once per layer."""
+    """For scores of `shape` [..., L, S]: (allowed, -inf in `dtype`), both broadcast to `shape`;
+    query row i (position S - L + i) may see key j <= S - L + i. Every layer of a forward asks for
+    the same pair, so the last one made is kept: its few graph operations are built once per
+    forward, not once per layer."""
     global _last_mask
     kept = _last_mask
     key = (*shape, dtype)

@@ -213,7 +213,7 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
             for resp in stream_generate(
                 engine.target.model, tokenizer, mx.array(prompt_ids), point.max_tokens, **kwargs
             ):
-                if resp.finish_reason == "stop":  # this response carries the EOS token
+                if resp.finish_reason == "stop":  # it carries the EOS token: not output
                     reason = "stop"
                     break
                 timer.token(resp.token)

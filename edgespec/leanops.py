@@ -26,20 +26,18 @@ replaced (`model.update`, training) and are off with `EDGESPEC_LEAN_OPS=0` and i
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from edgespec import rope
+from edgespec.attention import cpu_switch
 
 
 def enabled() -> bool:
     """On for the CPU backend unless EDGESPEC_LEAN_OPS=0."""
-    if os.environ.get("EDGESPEC_LEAN_OPS", "1") == "0":
-        return False
-    return mx.default_device().type == mx.DeviceType.cpu
+    return cpu_switch("EDGESPEC_LEAN_OPS")
 
 
 class LeanLinear(nn.Linear):

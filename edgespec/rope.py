@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from edgespec.attention import cpu_switch
 
 FIRST_TABLE = 4096  # positions; a table doubles when a forward reaches past its end
 
@@ -42,9 +43,7 @@ _rows_kept: dict[tuple[Any, ...], tuple[mx.array, mx.array]] = {}  # see TableRo
 
 def enabled() -> bool:
     """On for the CPU backend unless EDGESPEC_TABLE_ROPE=0."""
-    if os.environ.get("EDGESPEC_TABLE_ROPE", "1") == "0":
-        return False
-    return mx.default_device().type == mx.DeviceType.cpu
+    return cpu_switch("EDGESPEC_TABLE_ROPE")
 
 
 def in_native() -> bool:
