@@ -15,7 +15,7 @@ AdaptiveK keeps the three inputs as running estimates from the Round events it i
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
 c as the median of the last few t_draft / drafted (leaving out the catch-up after K = 0 rounds),
 and v(L) as the median of the last few verifies of each L where L was measured, a fitted line
-elsewhere. Medians, because one stall (a kernel compiled on first use on a GPU, a page fault, a
+elsewhere (leaving out rounds whose time overlapped a neighbour's, Round.timed). Medians, because one stall (a kernel compiled on first use on a GPU, a page fault, a
 busy core) is not the cost of drafting: folded into an average it kept a good draft switched off
 for dozens of rounds. Measured points rather than the line alone, because a GPU's verify cost is
 not a line: on MLX's CUDA backend a 4-token forward costs ~1.7 one-token forwards and a 3-token
@@ -191,8 +191,14 @@ class AdaptiveK:
             # After K = 0 rounds a draft model first catches up on every token committed
             # meanwhile (up to PROBE_MAX + 1): one longer forward that is not the cost of drafting,
             # and counting it would keep K = 0 chosen.
-            est.observe(r, timed=not self._after_plain)
+            est.observe(r, timed=r.timed and not self._after_plain)
         self._after_plain = r.drafted == 0
+        if not r.timed:
+            # A pipelined plain step and the lookup queued behind it: the host, starved by the
+            # lookup's forward, read the step late, so the step looked dear and the lookup cheap
+            # (on a 2-core CPU a 4-token lookup looked cheaper than a plain step) and adaptive
+            # lookups grew too long. Only their sum is known; leave both out.
+            return
         length = r.drafted + 1  # the pending token + the drafts
         self.verify_costs.setdefault(length, RecentMedian()).add(r.t_verify)
 

@@ -39,6 +39,11 @@ class Round:
     t_draft: float  # drafting time not hidden behind building the verify
     t_verify: float  # building the target's verify forward + waiting for it (and the acceptance)
     method: str = "draft"
+    # False where the split of time between this round and its neighbour is unknown: a pipelined
+    # plain step and the n-gram lookup queued behind it (loop._plain_run) overlap, and the host,
+    # starved by the second forward, reads the first late. Their sum is right; cost estimates
+    # (AdaptiveK) leave both out.
+    timed: bool = True
     type: str = field(default="round", init=False)
 
 

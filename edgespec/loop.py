@@ -340,7 +340,10 @@ def _plain_run(
         *_, n, value = (int(v) for v in tok.tolist())  # type: ignore[union-attr,arg-type]
         now, d = time.perf_counter(), len(drafts)
         new, new_kinds = drafts[:n] + [value], ["accepted"] * n + [_last_kind(n, d)]
-        last = Round(index, d, n, d, 0.0, now - t_prev, method if d else drafter.method)
+        # A lookup queued behind this step (or this step, that lookup) overlapped its neighbour:
+        # both intervals are real, their split is not (events.Round.timed).
+        timed = not d and not (upcoming is not None and up_drafts)
+        last = Round(index, d, n, d, 0.0, now - t_prev, method if d else drafter.method, timed)
         t_prev, index = now, index + 1
         toks, kinds, committed, stop = _truncate(new, new_kinds, emitted, limits, context)
         if feats is not None:  # the step's committed inputs: its pending token on, as in a round

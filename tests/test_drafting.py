@@ -222,6 +222,26 @@ def test_adaptive_k_leaves_the_catch_up_after_plain_rounds_out_of_the_draft_cost
     assert policy.estimates["draft"].step_costs.samples[-1] == pytest.approx(0.02)
 
 
+def test_adaptive_k_leaves_overlapped_rounds_out_of_the_costs_but_counts_their_acceptance():
+    # A pipelined plain step read late (0.3 s) and the lookup queued behind it, read early
+    # (0.01 s): counted, the lookup's 4 tokens looked cheaper than a plain step.
+    policy = AdaptiveK(1, 8)
+    policy(None)
+    for i in range(6):
+        policy(_round(i, 1, 1, 1, 0.001, 0.11, "ngram"))
+        policy(_round(i, 0, 0, 0, 0.0, 0.1, "ngram"))
+    before = {L: list(m.samples) for L, m in policy.verify_costs.items()}
+    alpha = policy.estimates["ngram"].alpha
+    policy(Round(6, 0, 0, 0, 0.0, 0.3, "ngram", timed=False))
+    policy(Round(7, 4, 1, 4, 0.0, 0.01, "ngram", timed=False))
+    assert {L: list(m.samples) for L, m in policy.verify_costs.items()} == before
+    assert 5 not in policy.verify_costs
+    assert policy.estimates["ngram"].draft_cost == pytest.approx(0.001)
+    assert policy.estimates["ngram"].alpha < alpha  # its rejection still counts
+    policy(Round(8, 4, 1, 4, 0.0, 0.15, "ngram"))  # the same lookup in a round of its own
+    assert policy.verify_means[5] == pytest.approx(0.15)
+
+
 def test_verify_curve_keeps_measured_points_and_a_cliff_between_them():
     v = verify_curve({2: 1.0, 3: 1.0, 5: 1.7})
     assert (v(2), v(3), v(5)) == (1.0, 1.0, 1.7)
@@ -742,7 +762,11 @@ def test_drafts_one_token_behind_keep_greedy_output_and_caches(tiny_models):
         drafter = BehindOnce(len(ids) + 1, drafts)  # after x_m: drafts for x_m+2 ...
         events = _gen(engine, ids, SpecConfig(k=1), 12, drafter=drafter)
         assert _ids(events) == plain
-        r = _rounds(events)[2]
+        rounds = _rounds(events)
+        r = rounds[2]
+        # The plain step the drafts were queued behind and the drafted step overlapped: their
+        # split of time is unknown (Round.timed); every other step is timed.
+        assert [x.timed for x in rounds] == [True, False, False] + [True] * (len(rounds) - 3)
         good = 0
         while good < len(drafts) and drafts[good] == plain[2 + good]:
             good += 1
