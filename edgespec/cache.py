@@ -12,7 +12,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from edgespec import leanops, rope
+from edgespec import blocks, leanops, rope
 from edgespec.attention import mark
 from edgespec.errors import CacheNotTrimmableError
 
@@ -55,6 +55,7 @@ class KVState:
         mark(self.cache)  # short multi-token forwards: grouped attention on the CPU
         rope.install(model)  # rotary embeddings from tables on the CPU (same bits, fewer ops)
         leanops.install(model)  # Linear/RMSNorm without per-call transposes/broadcasts (same)
+        blocks.install(model)  # llama blocks in two compiled pieces around the attention (same)
         self.tokens: list[int] = []
 
     @property

@@ -106,15 +106,18 @@ class TableRoPE(nn.RoPE):
             or self.dims % 2
         ):
             return super().__call__(x, offset=offset)
-        half, dims = self.dims // 2, self.dims
+        dims = self.dims
         if dims == x.shape[-1]:
-            c, s = self._rows(offset, tuple(x.shape))
-            rotated = mx.concatenate([x[..., half:], x[..., :half]], axis=-1)
-            return x * c + rotated * s
+            return rotate(x, *self._rows(offset, tuple(x.shape)))
         head, rest = x[..., :dims], x[..., dims:]
-        c, s = self._rows(offset, tuple(head.shape))
-        rotated = mx.concatenate([head[..., half:], head[..., :half]], axis=-1)
-        return mx.concatenate([head * c + rotated * s, rest], axis=-1)
+        return mx.concatenate([rotate(head, *self._rows(offset, tuple(head.shape))), rest], axis=-1)
+
+    def whole(self, features: int) -> bool:
+        """Whether this module takes its table path on rows of `features` features, all of them
+        rotated (blocks.py then rotates inside its compiled function, with `_rows`' rows)."""
+        return (
+            not in_native() and not self.traditional and self.dims == features and not features % 2
+        )
 
     def _rows(self, offset: int, shape: tuple[int, ...]) -> tuple[mx.array, mx.array]:
         """The table rows of positions offset.. for an input of `shape` [..., L, dims], broadcast
@@ -131,6 +134,13 @@ class TableRoPE(nn.RoPE):
                 _rows_kept.clear()
             _rows_kept[key] = found
         return found
+
+
+def rotate(x: mx.array, c: mx.array, s: mx.array) -> mx.array:
+    """x [..., D] rotated by table rows c, s of x's shape: x * c + rotate_half(x) * s."""
+    half = x.shape[-1] // 2
+    rotated = mx.concatenate([x[..., half:], x[..., :half]], axis=-1)
+    return x * c + rotated * s
 
 
 def install(model: Any) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -133,8 +134,13 @@ def ops_in(out: mx.array, path: Path) -> list[str]:
     return re.findall(r'label ="([^"]*)"', path.read_text())
 
 
-def test_a_real_forward_keeps_its_logits_and_builds_fewer_operations(tiny_models, tmp_path):
-    target = tiny_models[0]
+def test_a_real_forward_keeps_its_logits_and_builds_fewer_operations(
+    tiny_pair, tmp_path, monkeypatch
+):
+    from mlx_lm import load
+
+    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")  # the lean layers alone (test_blocks.py)
+    target = SimpleNamespace(model=load(str(tiny_pair[0]))[0])
     state = KVState(target.model, "target")  # installs the lean layers (CPU)
     kinds = {type(m) for _, m in target.model.named_modules()}
     assert {LeanLinear, LeanRMSNorm} <= kinds and not {nn.Linear, nn.RMSNorm} & kinds

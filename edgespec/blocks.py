@@ -1,0 +1,165 @@
+"""Llama transformer blocks in two compiled pieces around the attention, for MLX's CPU backend.
+
+A SmolLM2-135M forward is ~1,900 graph operations, and mlx-lm's Python builds each one: ~3 ms
+per forward on the machines we measure on, most of it exposed in a speculative round (MLX's CPU
+backend lets the host queue only ~50 operations ahead of the computing thread, so the verify's
+graph is built while the CPU has little left to do; README, "Where a K=1 round's time goes").
+The parts of a block that do not touch the cache have fixed shapes for a given number of input
+tokens: the input norm and the q/k/v projections before the attention, the output projection,
+the residuals, the second norm and the MLP after it. `CompiledBlock` runs each part as one
+`mx.compile`d function (traced once per input length, then replayed from C++; MLX also fuses
+their elementwise operations into one kernel), and keeps in Python only what depends on the
+cache: rotary embeddings at the cache's offset (rope.py), the cache update and the attention
+(attention.py). Same operations on the same operands: the logits keep their bits
+(tests/test_blocks.py).
+
+Measured (AMD EPYC Zen 5, 2 cores, MKL, SmolLM2-135M over 200 tokens of context, one forward
+alone, median of 30, three alternations): building the graph 2.9 -> 2.0 ms for 1 token and
+3.1 -> 2.3 ms for 2; the whole forward 33.4 -> 31.3 ms and 25.8 -> 24.3 ms.
+
+Only exact mlx-lm llama blocks (llama.TransformerBlock with its Attention and MLP), float32,
+batch 1, with a cache and at most MAX_LENGTH tokens (decode steps, verifies, catch-ups) take it;
+prompt chunks keep mlx-lm's code (each new length would be a new trace). On MLX's CPU backend
+only (GPUs have fused kernels), only where MLX can compile a fused kernel here (on the CPU it
+builds one with the system C++ compiler), off with `EDGESPEC_COMPILED_BLOCKS=0` and inside
+`rope.native()` (the bench's mlx-lm peer). The traces hold the block's parameters as constants;
+a replaced parameter (`model.update`) is noticed at the next call and the block traced again.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import llama
+
+from edgespec import rope
+from edgespec.attention import MAX_ROWS, cpu_switch
+
+MAX_LENGTH = MAX_ROWS  # longer forwards (prompt chunks) keep mlx-lm's code
+_FNS = "_edgespec_compiled"
+
+_compiler_works: bool | None = None
+
+
+def enabled() -> bool:
+    """On for the CPU backend unless EDGESPEC_COMPILED_BLOCKS=0, where MLX can compile."""
+    return cpu_switch("EDGESPEC_COMPILED_BLOCKS") and compiler_works()
+
+
+def compiler_works() -> bool:
+    """Whether MLX can build a fused kernel here (asked once per process): its CPU backend
+    compiles one with the system C++ compiler, which a machine may lack."""
+    global _compiler_works
+    if _compiler_works is None:
+        try:
+            fused = mx.compile(lambda a, b: mx.rsqrt(a * b + 1.0) * a)
+            mx.eval(fused(mx.ones((4,)), mx.full((4,), 2.0)))
+            _compiler_works = True
+        except Exception:  # noqa: BLE001 - any failure means: keep mlx-lm's code
+            _compiler_works = False
+    return _compiler_works
+
+
+def _before_attention(block: llama.TransformerBlock, x: mx.array, *rows: mx.array):
+    """Input norm and q/k/v projections; with `rows` (the queries' and the keys' cosine and sine
+    table rows, rope.TableRoPE._rows) also the rotary embedding, as TableRoPE computes it."""
+    attn = block.self_attn
+    b, length, _ = x.shape
+    h = block.input_layernorm(x)
+    q = attn.q_proj(h).reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
+    k = attn.k_proj(h).reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    v = attn.v_proj(h).reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    if rows:
+        cq, sq, ck, sk = rows
+        q, k = rope.rotate(q, cq, sq), rope.rotate(k, ck, sk)
+    return q, k, v
+
+
+def _after_attention(block: llama.TransformerBlock, x: mx.array, heads: mx.array) -> mx.array:
+    b, length, _ = x.shape
+    h = x + block.self_attn.o_proj(heads.transpose(0, 2, 1, 3).reshape(b, length, -1))
+    return h + block.mlp(block.post_attention_layernorm(h))
+
+
+class CompiledBlock(llama.TransformerBlock):
+    """llama.TransformerBlock whose cache-free parts run as two compiled functions."""
+
+    def _compiled(self) -> tuple[Any, Any]:
+        """The two compiled functions; made anew when a parameter array was replaced (the
+        traces hold the arrays they were traced with as constants). Passing the parameters as
+        inputs instead (mx.compile's `inputs=`) cost more per call than it saved."""
+        kept = self.__dict__.get(_FNS)
+        if kept is not None:
+            slots, arrays, fns = kept
+            if all(m[name] is a for (m, name), a in zip(slots, arrays, strict=True)):
+                return fns
+        slots = [
+            (module, name)
+            for _, module in self.named_modules()
+            for name, value in module.items()
+            if isinstance(value, mx.array)
+        ]
+        fns = (
+            mx.compile(partial(_before_attention, self)),
+            mx.compile(partial(_after_attention, self)),
+        )
+        self.__dict__[_FNS] = (slots, [m[name] for m, name in slots], fns)
+        return fns
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if (
+            cache is None
+            or rope.in_native()
+            or x.shape[0] != 1
+            or x.shape[1] > MAX_LENGTH
+            or x.dtype != mx.float32
+        ):
+            return super().__call__(x, mask, cache)
+        before, after = self._compiled()
+        attn = self.self_attn
+        b, length, _ = x.shape
+        table = attn.rope
+        head_dim = x.shape[-1] // attn.n_heads
+        if (
+            type(table) is rope.TableRoPE
+            and isinstance(cache.offset, int)
+            and table.whole(head_dim)
+            and attn.n_heads * head_dim == x.shape[-1]
+        ):
+            # The rotary rows are made (and shared by the layers) outside; the rotation itself
+            # is part of the compiled function.
+            rows = (
+                *table._rows(cache.offset, (b, attn.n_heads, length, head_dim)),
+                *table._rows(cache.offset, (b, attn.n_kv_heads, length, head_dim)),
+            )
+            q, k, v = before(x, *rows)
+        else:
+            q, k, v = before(x)
+            q = table(q, offset=cache.offset)
+            k = table(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        # Looked up at call time: attention.install may have wrapped it (grouped attention).
+        heads = llama.scaled_dot_product_attention(
+            q, k, v, cache=cache, scale=attn.scale, mask=mask
+        )
+        return after(x, heads)
+
+
+def install(model: Any) -> int:
+    """Make `model`'s exact llama blocks compiled ones, in place (when enabled). Returns how many
+    were changed (0 when off, or already done)."""
+    if not isinstance(model, nn.Module) or not enabled():
+        return 0
+    changed = 0
+    for _, module in model.named_modules():
+        if (
+            type(module) is llama.TransformerBlock
+            and type(module.self_attn) is llama.Attention
+            and type(module.mlp) is llama.MLP
+        ):
+            module.__class__ = CompiledBlock
+            changed += 1
+    return changed

@@ -1,0 +1,112 @@
+"""Compiled llama blocks (edgespec/blocks.py): the same logits as mlx-lm's blocks for every
+forward length a decoding loop uses, installed only on exact llama blocks, traced again when a
+weight is replaced, off for prompt chunks, inside rope.native() and with
+EDGESPEC_COMPILED_BLOCKS=0."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm import load
+from mlx_lm.models import llama
+
+from edgespec import blocks, rope
+from edgespec.blocks import CompiledBlock
+from edgespec.cache import KVState
+
+pytestmark = pytest.mark.skipif(not blocks.compiler_works(), reason="MLX cannot compile here")
+
+
+@pytest.fixture(autouse=True)
+def blocks_on(monkeypatch):
+    monkeypatch.delenv("EDGESPEC_COMPILED_BLOCKS", raising=False)
+
+
+def same_bits(a: mx.array, b: mx.array) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and mx.array_equal(a, b).item()
+
+
+def fresh_target(tiny_pair) -> nn.Module:
+    model, _ = load(str(tiny_pair[0]))
+    return model
+
+
+def run(state: KVState, prefix: list[int], lengths: list[int], ids: list[int]) -> list[mx.array]:
+    """Prefill `prefix`, then forwards of the given lengths over `ids`, as a loop would run them
+    (the cache keeps growing); the logits of each."""
+    state.rewind([], 0)
+    mx.eval(state.forward(mx.array(prefix, dtype=mx.int32)))
+    outs, at = [], 0
+    for n in lengths:
+        out = state.forward(mx.array(ids[at : at + n], dtype=mx.int32))
+        mx.eval(out)
+        outs.append(out)
+        at += n
+    return outs
+
+
+def test_compiled_blocks_keep_the_logits_bit_for_bit(tiny_pair, monkeypatch):
+    compiled_state = KVState(fresh_target(tiny_pair), "target")
+    kinds = {type(layer) for layer in compiled_state.model.model.layers}
+    assert kinds == {CompiledBlock}
+    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    plain_state = KVState(fresh_target(tiny_pair), "target")
+    assert {type(layer) for layer in plain_state.model.model.layers} == {llama.TransformerBlock}
+    prefix = [1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11]
+    ids = [(7 * i + 3) % 300 + 4 for i in range(40)]
+    lengths = [1, 2, 1, 3, 5, 1, 2, 8, 1, 4]  # steps, verifies, a catch-up, repeats of a shape
+    for got, want in zip(
+        run(compiled_state, prefix, lengths, ids),
+        run(plain_state, prefix, lengths, ids),
+        strict=True,
+    ):
+        assert same_bits(got, want)
+
+
+def test_prompt_chunks_native_and_cache_free_calls_keep_mlx_lm_code(tiny_pair):
+    state = KVState(fresh_target(tiny_pair), "target")
+    block = state.model.model.layers[0]
+    long = mx.array(list(range(4, 4 + blocks.MAX_LENGTH + 1)), dtype=mx.int32)
+    mx.eval(state.forward(long))  # a prompt chunk: no trace made
+    assert blocks._FNS not in block.__dict__
+    with rope.native():
+        mx.eval(state.forward(mx.array([5], dtype=mx.int32)))
+    assert blocks._FNS not in block.__dict__
+    mx.eval(state.model(mx.array([[5, 6]], dtype=mx.int32)))  # no cache (training, checks)
+    assert blocks._FNS not in block.__dict__
+    mx.eval(state.forward(mx.array([5], dtype=mx.int32)))
+    assert blocks._FNS in block.__dict__
+
+
+def test_a_replaced_weight_is_used_at_once(tiny_pair, monkeypatch):
+    compiled = KVState(fresh_target(tiny_pair), "target")
+    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    plain = KVState(fresh_target(tiny_pair), "target")
+    prefix, ids = [1, 5, 9, 2], [7, 3, 8]
+    run(compiled, prefix, [1, 2], ids)  # traced with the first weights
+    mx.random.seed(7)
+    for state in (compiled, plain):  # the same new weights in both
+        layer = state.model.model.layers[1]
+        shape = layer.mlp.up_proj.weight.shape
+        new = mx.random.normal(shape, key=mx.random.key(3)) * 0.1
+        layer.mlp.up_proj.update({"weight": new})
+        layer.input_layernorm.update({"weight": layer.input_layernorm.weight * 2})
+    got, want = run(compiled, prefix, [1, 2], ids), run(plain, prefix, [1, 2], ids)
+    assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_install_only_exact_llama_blocks_once_and_respects_the_switch(tiny_pair, monkeypatch):
+    class OtherBlock(llama.TransformerBlock):  # someone else's subclass: not ours to change
+        pass
+
+    model = fresh_target(tiny_pair)
+    args = model.args
+    model.model.layers[0].__class__ = OtherBlock
+    assert blocks.install(model) == len(model.model.layers) - 1
+    assert type(model.model.layers[0]) is OtherBlock
+    assert blocks.install(model) == 0  # idempotent
+    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    assert blocks.install(fresh_target(tiny_pair)) == 0
+    monkeypatch.delenv("EDGESPEC_COMPILED_BLOCKS")
+    assert blocks.install(llama.Model(args)) == len(model.model.layers)
