@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from edgespec import blas, rope
+from edgespec import attention, blas, blocks, leanops, rope
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.eagle import EagleModel
 from edgespec.errors import ConfigError, PromptError
@@ -503,6 +503,14 @@ def environment() -> dict[str, Any]:
         "cpu": blas.cpu_model(),
         "cpu_vendor": blas.cpu_vendor(),
         "blas_rows_exact": blas.rows_exact(),
+        # EdgeSpec's CPU graph rewrites in force (README, "Optimised BLAS" and after): an A/B
+        # with one switched off must say so in its results.
+        "cpu_rewrites": {
+            "grouped_attention": attention.enabled(),
+            "table_rope": rope.enabled(),
+            "lean_ops": leanops.enabled(),
+            "compiled_blocks": blocks.enabled(),
+        },
     }
 
 
