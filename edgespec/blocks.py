@@ -37,30 +37,15 @@ from mlx_lm.models import llama
 
 from edgespec import rope
 from edgespec.attention import MAX_ROWS, cpu_switch
+from edgespec.fastexp import compiler_works
 
 MAX_LENGTH = MAX_ROWS  # longer forwards (prompt chunks) keep mlx-lm's code
 _FNS = "_edgespec_compiled"
-
-_compiler_works: bool | None = None
 
 
 def enabled() -> bool:
     """On for the CPU backend unless EDGESPEC_COMPILED_BLOCKS=0, where MLX can compile."""
     return cpu_switch("EDGESPEC_COMPILED_BLOCKS") and compiler_works()
-
-
-def compiler_works() -> bool:
-    """Whether MLX can build a fused kernel here (asked once per process): its CPU backend
-    compiles one with the system C++ compiler, which a machine may lack."""
-    global _compiler_works
-    if _compiler_works is None:
-        try:
-            fused = mx.compile(lambda a, b: mx.rsqrt(a * b + 1.0) * a)
-            mx.eval(fused(mx.ones((4,)), mx.full((4,), 2.0)))
-            _compiler_works = True
-        except Exception:  # noqa: BLE001 - any failure means: keep mlx-lm's code
-            _compiler_works = False
-    return _compiler_works
 
 
 def _before_attention(block: llama.TransformerBlock, x: mx.array, *rows: mx.array):
@@ -122,18 +107,17 @@ class CompiledBlock(llama.TransformerBlock):
         attn = self.self_attn
         b, length, _ = x.shape
         table = attn.rope
-        head_dim = x.shape[-1] // attn.n_heads
+        head_dim = int(attn.head_dim)
         if (
             type(table) is rope.TableRoPE
             and isinstance(cache.offset, int)
             and table.whole(head_dim)
-            and attn.n_heads * head_dim == x.shape[-1]
         ):
             # The rotary rows are made (and shared by the layers) outside; the rotation itself
             # is part of the compiled function.
             rows = (
-                *table._rows(cache.offset, (b, attn.n_heads, length, head_dim)),
-                *table._rows(cache.offset, (b, attn.n_kv_heads, length, head_dim)),
+                *table._rows(cache.offset, (b, int(attn.n_heads or 0), length, head_dim)),
+                *table._rows(cache.offset, (b, int(attn.n_kv_heads or 0), length, head_dim)),
             )
             q, k, v = before(x, *rows)
         else:

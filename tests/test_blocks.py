@@ -110,3 +110,24 @@ def test_install_only_exact_llama_blocks_once_and_respects_the_switch(tiny_pair,
     assert blocks.install(fresh_target(tiny_pair)) == 0
     monkeypatch.delenv("EDGESPEC_COMPILED_BLOCKS")
     assert blocks.install(llama.Model(args)) == len(model.model.layers)
+
+
+def test_a_head_size_other_than_hidden_over_heads_keeps_the_logits(monkeypatch):
+    # Llama configs may set head_dim apart from hidden_size / num_attention_heads.
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
+        vocab_size=100, rope_theta=10000.0, tie_word_embeddings=True,
+    )  # fmt: skip
+    mx.random.seed(9)
+    compiled_model = llama.Model(args)
+    mx.eval(compiled_model.parameters())
+    plain_model = llama.Model(args)
+    plain_model.update(compiled_model.parameters())
+    compiled = KVState(compiled_model, "target")
+    assert {type(layer) for layer in compiled_model.model.layers} == {CompiledBlock}
+    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    plain = KVState(plain_model, "target")
+    prefix, ids = [1, 5, 9, 2, 7], [3, 8, 4, 6, 10, 11]
+    got, want = run(compiled, prefix, [1, 2, 3], ids), run(plain, prefix, [1, 2, 3], ids)
+    assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))
