@@ -15,9 +15,9 @@ AdaptiveK keeps the three inputs as running estimates from the Round events it i
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
 c as the median of the last few t_draft / drafted (leaving out the catch-up after K = 0 rounds),
 and v(L) as the median of the last few verifies of each L where L was measured, a fitted line
-elsewhere (leaving out rounds whose time overlapped a neighbour's, Round.timed). Medians, because one stall (a kernel compiled on first use on a GPU, a page fault, a
-busy core) is not the cost of drafting: folded into an average it kept a good draft switched off
-for dozens of rounds. Measured points rather than the line alone, because a GPU's verify cost is
+elsewhere (leaving out rounds whose time overlapped a neighbour's, Round.timed). Medians,
+because one stall (a kernel compiled on first use on a GPU, a page fault, a busy core) is not the
+cost of drafting: folded into an average it kept a good draft switched off for dozens of rounds. Measured points rather than the line alone, because a GPU's verify cost is
 not a line: on MLX's CUDA backend a 4-token forward costs ~1.7 one-token forwards and a 3-token
 one ~1.05. The choice uses only measured costs and past outcomes, never the target's view of the
 coming tokens, so exactness holds.

@@ -23,9 +23,9 @@ forced the slower grouped path on one-token steps too.
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
+
+from edgespec.attention import cpu_switch
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; n * hi is exact in float32
@@ -52,9 +52,7 @@ def compiler_works() -> bool:
 
 def enabled() -> bool:
     """On for the CPU backend where MLX can compile, unless EDGESPEC_FAST_EXP=0."""
-    if os.environ.get("EDGESPEC_FAST_EXP", "1") == "0":
-        return False
-    return mx.default_device().type == mx.DeviceType.cpu and compiler_works()
+    return cpu_switch("EDGESPEC_FAST_EXP") and compiler_works()
 
 
 def exp_nonpositive(x: mx.array) -> mx.array:

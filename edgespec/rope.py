@@ -97,14 +97,12 @@ class TableRoPE(nn.RoPE):
     in the fallback (a - b equals a + (-b), and addition commutes, exactly); the rest pass through.
     """
 
+    def _tabled(self) -> bool:
+        """Whether this module's rotation comes from the tables (else MLX's own rope)."""
+        return not in_native() and not self.traditional and not self.dims % 2
+
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
-        if (
-            in_native()
-            or self.traditional
-            or not isinstance(offset, int)
-            or x.dtype != mx.float32
-            or self.dims % 2
-        ):
+        if not self._tabled() or not isinstance(offset, int) or x.dtype != mx.float32:
             return super().__call__(x, offset=offset)
         dims = self.dims
         if dims == x.shape[-1]:
@@ -115,9 +113,7 @@ class TableRoPE(nn.RoPE):
     def whole(self, features: int) -> bool:
         """Whether this module takes its table path on rows of `features` features, all of them
         rotated (blocks.py then rotates inside its compiled function, with `_rows`' rows)."""
-        return (
-            not in_native() and not self.traditional and self.dims == features and not features % 2
-        )
+        return self._tabled() and self.dims == features
 
     def _rows(self, offset: int, shape: tuple[int, ...]) -> tuple[mx.array, mx.array]:
         """The table rows of positions offset.. for an input of `shape` [..., L, dims], broadcast
