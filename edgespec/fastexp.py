@@ -69,15 +69,16 @@ def exp_nonpositive(x: mx.array) -> mx.array:
     return mx.where(x > _FLOOR, p * two_n, 0.0)
 
 
-def _softmax(z: mx.array) -> mx.array:
-    e = exp_nonpositive(z - mx.max(z, axis=-1, keepdims=True))
+def _softmax(z: mx.array, scale: mx.array) -> mx.array:
+    e = exp_nonpositive((z - mx.max(z, axis=-1, keepdims=True)) * scale)
     return e / mx.sum(e, axis=-1, keepdims=True)
 
 
 _compiled_softmax = mx.compile(_softmax)
 
 
-def softmax(z: mx.array) -> mx.array:
-    """Softmax over the last axis of float32 `z` (rows with at least one finite entry), with
-    exp_nonpositive, as one compiled function."""
-    return _compiled_softmax(z)
+def softmax(z: mx.array, scale: float = 1.0) -> mx.array:
+    """Softmax over the last axis of float32 `scale * z` (scale > 0; rows with at least one finite
+    entry), with exp_nonpositive, as one compiled function. The scale (1 / temperature) multiplies
+    the row after its maximum is subtracted, in the same fused loop as the exp."""
+    return _compiled_softmax(z, mx.array(scale, dtype=mx.float32))
