@@ -159,3 +159,26 @@ def test_greedy_rule():
     assert (n.item(), t.item()) == (3, 4)
     n, t = verify_greedy(mx.array([0, 7, 1]), logits)
     assert (n.item(), t.item()) == (0, 5)
+
+
+def test_nothing_drafted_is_a_plain_sample_from_p():
+    """K = 0 (a plain step through the same verify): n = 0 and the token is p_1's inverse-CDF
+    sample, with or without a (zero-row) q."""
+    p = mx.array([[0.2, 0.3, 0.5]])
+    x = mx.zeros((0,), dtype=mx.int32)
+    for q in (None, mx.zeros((0, 3))):
+        for u, want in ((0.1, 0), (0.3, 1), (0.6, 2)):
+            n, t = verify(x, q, p, mx.array([u]))
+            assert (n.item(), t.item()) == (0, want)
+
+
+def test_only_the_first_rejected_row_is_resampled():
+    """K=3, batch of two rounds: the first rejects x_2 and samples the residual of row 2 (not of
+    row 1 or 3); the second accepts all and takes the bonus row. Hand-worked."""
+    p = mx.array([[1.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    q = mx.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    x = mx.array([[0, 1, 2], [0, 1, 2]])
+    # x_2 = 1 has p/q = 0.5: u = 0.9 rejects it; residual max(0, p_2 - q_2) = [0, 0, 0.5] -> 2.
+    u = mx.array([[0.1, 0.9, 0.1, 0.0], [0.1, 0.2, 0.1, 0.5]])
+    n, t = verify(x, mx.broadcast_to(q, (2, 3, 3)), mx.broadcast_to(p, (2, 4, 3)), u)
+    assert n.tolist() == [1, 3] and t.tolist() == [2, 1]
