@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from edgespec import attention, blas, blocks, leanops, rope
+from edgespec import attention, blas, blocks, fastexp, leanops, loop, rope
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.eagle import EagleModel
 from edgespec.errors import ConfigError, PromptError
@@ -510,6 +510,8 @@ def environment() -> dict[str, Any]:
             "table_rope": rope.enabled(),
             "lean_ops": leanops.enabled(),
             "compiled_blocks": blocks.enabled(),
+            "fast_exp": fastexp.enabled(),
+            "draft_pairs": loop.pairs_enabled(),
         },
     }
 

@@ -253,7 +253,14 @@ def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
     blas_names = ("mkl", "mkl-fast", "openblas", "preloaded", "reference", "accelerate")
     assert doc["environment"]["blas"] in blas_names  # the BLAS under the numbers
     rewrites = doc["environment"]["cpu_rewrites"]  # which CPU graph rewrites ran
-    assert set(rewrites) == {"grouped_attention", "table_rope", "lean_ops", "compiled_blocks"}
+    assert set(rewrites) == {
+        "grouped_attention",
+        "table_rope",
+        "lean_ops",
+        "compiled_blocks",
+        "fast_exp",
+        "draft_pairs",
+    }
     assert all(isinstance(v, bool) for v in rewrites.values())
     labels = {m["label"] for m in doc["methods"]}  # the default methods
     assert labels == {"plain T=0", "spec K=2 T=0", "mlx-lm K=2 T=0", "adaptive-hybrid T=0"}

@@ -88,3 +88,52 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
     assert all(r.split() == ["sync", "draft", "draft"] for r in rounds[1:-1]), log
     assert rounds[-1].split() == ["sync"]
     assert all(s.round.t_draft > 0 and s.round.t_verify > 0 for s in steps)
+
+
+def test_draft_steps_run_in_pairs_on_the_cpu(tiny_models, monkeypatch):
+    """On the CPU every draft forward runs two positions: a step with one new token runs the
+    newest cached position again beside it (ModelDrafter.pairs; one-row products are the slow
+    ones under MKL). EDGESPEC_DRAFT_PAIRS=0 runs one. Same proposals, same q up to rounding, and
+    the draft's cache holds the same positions afterwards, across rounds."""
+    import mlx.core as mx
+    import numpy as np
+
+    from edgespec.cache import KVState
+    from edgespec.loop import ModelDrafter
+
+    target, draft = tiny_models
+    vocab = int(target.model.args.vocab_size)
+    prompt = list(range(3, 20))
+    seen = {}
+    for pairs in ("1", "0"):
+        monkeypatch.setenv("EDGESPEC_DRAFT_PAIRS", pairs)
+        state = KVState(draft.model, "draft")
+        state.prefill(prompt)  # holds prompt[:-1]: one token pending
+        lengths: list[int] = []
+        forward = state.forward
+
+        def counted(inputs, _f=forward, _log=lengths, **kw):
+            _log.append(int(inputs.shape[0]))
+            return _f(inputs, **kw)
+
+        monkeypatch.setattr(state, "forward", counted)
+        context, out = list(prompt), []
+        for i, cfg in enumerate([SamplingConfig(temperature=0), SamplingConfig(1.0)] * 2):
+            drafter = ModelDrafter(state, cfg, vocab)
+            prop = drafter.propose(context, 3, mx.random.key(i))
+            tokens = [int(t) for t in prop.tokens.tolist()]
+            assert state.offset == len(context) + 2  # context and x_1, x_2 (x_3 never fed)
+            out.append((tokens, None if prop.q is None else np.array(prop.q)))
+            # all 3 and a bonus (2 tokens pending next), or 1 and a correction (1 pending)
+            held = len(context) + 2
+            context += tokens + [7] if i % 2 == 0 else tokens[:1] + [5]
+            drafter.commit(context)
+            assert state.offset == min(held, len(context) - 1)
+            assert state.tokens == context[: state.offset]
+        seen[pairs] = (lengths, out)
+    assert seen["1"][0] == [2] * 12
+    assert seen["0"][0] == [1, 1, 1, 2, 1, 1, 1, 1, 1, 2, 1, 1]  # 2 pending after a bonus
+    for (tok_a, q_a), (tok_b, q_b) in zip(seen["1"][1], seen["0"][1], strict=True):
+        assert tok_a == tok_b
+        if q_a is not None:
+            np.testing.assert_allclose(q_a, q_b, rtol=1e-4, atol=1e-6)
