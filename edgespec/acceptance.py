@@ -56,16 +56,15 @@ def verify(x: mx.array, q: mx.array | None, p: mx.array, u: mx.array) -> tuple[m
     # Only row n is sampled from: the residual at the first rejection (n < K), else the bonus
     # p_{K+1}, whose q is 0 (so max(0, p - q) = p there too).
     p_n = _pick_row(p, n)
-    rejected = n < k
-    last = mx.minimum(n, max(k - 1, 0))
     if k == 0:  # nothing drafted: a plain sample from p_1
         chosen = p_n
-    elif q is None:
-        x_n = mx.take_along_axis(x, last[..., None], axis=-1)
-        chosen = mx.where((mx.arange(vocab) == x_n) & rejected[..., None], 0.0, p_n)
     else:
-        q_n = _pick_row(q, last)
-        chosen = mx.where(rejected[..., None], mx.maximum(p_n - q_n, 0.0), p_n)
+        rejected, last = (n < k)[..., None], mx.minimum(n, k - 1)
+        if q is None:
+            x_n = mx.take_along_axis(x, last[..., None], axis=-1)
+            chosen = mx.where((mx.arange(vocab) == x_n) & rejected, 0.0, p_n)
+        else:
+            chosen = mx.where(rejected, mx.maximum(p_n - _pick_row(q, last), 0.0), p_n)
     mass = mx.sum(chosen, axis=-1, keepdims=True)
     chosen = mx.where(mass > 0, chosen, p_n)
     return n, sample(chosen, u[..., k])

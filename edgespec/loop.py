@@ -135,9 +135,10 @@ class ModelDrafter:
     one new token runs the newest cached position again beside it, so that every draft forward
     multiplies two rows. Intel MKL runs a one-row product on one thread and a two-row one on both
     (edgespec/rowpad.py), so on the 2-core machines we measure on the two-position step is the
-    faster one (in the loop: 4.0 ms against 5.7 ms for the embedded draft). The rerun position gets the same keys and values back (up to the BLAS's rounding); the
-    proposal is still drawn from, and verified against, the q the draft computed, so output is
-    unchanged whatever the draft computes.
+    faster one (in the loop: 4.0 ms against 5.7 ms for the embedded draft). The rerun position
+    gets the same keys and values back (up to the BLAS's rounding); the proposal is still drawn
+    from, and verified against, the q the draft computed, so output is unchanged whatever the
+    draft computes.
     """
 
     method = "draft"

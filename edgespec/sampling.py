@@ -20,24 +20,22 @@ def warp(logits: mx.array, cfg: SamplingConfig) -> mx.array:
     Order: temperature, top-k, top-p, min-p, renormalise (after a top-p / min-p cut; a softmax
     row is normalised already, so a row with nothing cut is returned as it is). Temperature 0
     gives a one-hot row at the argmax (the greedy special case of the same maths). Ties at a
-    cut-off are all kept, so the result does not depend on sort order. Example (temperature 1, top_p 0.6): probs [0.5, 0.3, 0.2] keep
-    [0.5, 0.3] (mass before 0.3 is 0.5 < 0.6, mass before 0.2 is 0.8) -> [0.625, 0.375, 0].
+    cut-off are all kept, so the result does not depend on sort order. Example (temperature 1,
+    top_p 0.6): probs [0.5, 0.3, 0.2] keep [0.5, 0.3] (mass before 0.3 is 0.5 < 0.6, mass before
+    0.2 is 0.8) -> [0.625, 0.375, 0].
     """
     logits = logits.astype(mx.float32)
     vocab = logits.shape[-1]
     if cfg.greedy:
         return (mx.arange(vocab) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
-    top_k = 0 < cfg.top_k < vocab
-    if fastexp.enabled() and not top_k:
-        # On the CPU: a compiled softmax with a faster, more accurate exp (fastexp.py), the
-        # temperature applied inside it.
-        probs = fastexp.softmax(logits, 1.0 / cfg.temperature)
-    else:
-        z = logits / cfg.temperature
-        if top_k:
-            kth = mx.sort(z, axis=-1)[..., vocab - cfg.top_k : vocab - cfg.top_k + 1]
-            z = mx.where(z >= kth, z, -mx.inf)
-        probs = fastexp.softmax(z) if fastexp.enabled() else mx.softmax(z, axis=-1)
+    z, t = logits, cfg.temperature
+    if 0 < cfg.top_k < vocab:
+        z, t = logits / cfg.temperature, 1.0
+        kth = mx.sort(z, axis=-1)[..., vocab - cfg.top_k : vocab - cfg.top_k + 1]
+        z = mx.where(z >= kth, z, -mx.inf)
+    # On the CPU: a compiled softmax with a faster, more accurate exp (fastexp.py), the
+    # temperature applied inside it.
+    probs = fastexp.softmax(z, 1.0 / t) if fastexp.enabled() else mx.softmax(z / t, axis=-1)
     if cfg.top_p >= 1.0 and cfg.min_p <= 0.0:
         return probs  # nothing cut: the softmax is already normalised
     if cfg.top_p < 1.0:
