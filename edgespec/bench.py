@@ -500,6 +500,7 @@ def environment() -> dict[str, Any]:
         "device": str(mx.default_device()),
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
         "blas": blas.active(),
+        "blas_kernels": blas.kernels(),
         "cpu": blas.cpu_model(),
         "cpu_vendor": blas.cpu_vendor(),
         "blas_rows_exact": blas.rows_exact(),

@@ -20,6 +20,8 @@ LD_PRELOAD. EDGESPEC_BLAS picks it:
 - `mkl-fast`: MKL without that constraint: the fastest decoding on x86 (~1.45x OpenBLAS per
   one-token step, measured), but, like OpenBLAS, exact up to floating-point near-ties only.
 - `openblas`, or `system` (leave the process alone).
+OpenBLAS picks its kernel set for the CPU when it loads, unless OPENBLAS_CORETYPE names one (the
+re-exec leaves that variable alone; `kernels()` reports the set in use, and the bench records it).
 A choice that is not installed falls back down that list with a one-line note on stderr.
 Scripts that `import edgespec` can export the same variables themselves; `plan()` returns them.
 """
@@ -113,6 +115,28 @@ def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
             )
         return None
     return ("openblas", lib, {})
+
+
+def openblas_core(lib: str) -> str:
+    """The kernel set the OpenBLAS at `lib` picks for this CPU ("Haswell", "SkylakeX", ...), or ""
+    when it cannot be asked. Loading it here is harmless: the re-exec replaces this process."""
+    try:
+        import ctypes
+
+        handle = ctypes.CDLL(lib)
+        handle.openblas_get_corename.restype = ctypes.c_char_p
+        return (handle.openblas_get_corename() or b"").decode()
+    except (OSError, AttributeError):
+        return ""
+
+
+def kernels() -> str:
+    """The kernel set of the OpenBLAS under this process ("SkylakeX", ...; asked of the loaded
+    library), "" under any other BLAS. For the bench's environment record."""
+    if active() != "openblas":
+        return ""
+    lib = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if "blas" in p), "")
+    return openblas_core(lib) if lib else ""
 
 
 def cpu_model() -> str:

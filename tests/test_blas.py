@@ -31,6 +31,7 @@ def calls(monkeypatch):
         blas.ACTIVE,
         "MKL_CBWR",
         "MKL_THREADING_LAYER",
+        "OPENBLAS_CORETYPE",
     ):
         monkeypatch.delenv(var, raising=False)
     return seen
@@ -53,8 +54,10 @@ def test_mkl_fast_drops_the_reproducibility_setting(calls, monkeypatch):
 
 def test_openblas_when_asked_or_when_mkl_is_missing(calls, monkeypatch, capsys):
     monkeypatch.setenv("EDGESPEC_BLAS", "openblas")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")  # a kernel set pinned by the user: kept
     blas.reexec_with_blas(["models"])
     assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS and calls[-1][2][blas.ACTIVE] == "openblas"
+    assert calls[-1][2]["OPENBLAS_CORETYPE"] == "Haswell"
     monkeypatch.setattr(blas, "mkl_path", lambda: None)
     monkeypatch.setenv("EDGESPEC_BLAS", "auto")
     blas.reexec_with_blas(["models"])
@@ -65,6 +68,24 @@ def test_openblas_when_asked_or_when_mkl_is_missing(calls, monkeypatch, capsys):
     assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "MKL is not installed" in err
+
+
+@pytest.mark.skipif(blas.openblas_path() is None, reason="OpenBLAS is not installed")
+def test_openblas_reports_its_kernels():
+    """The installed OpenBLAS answers openblas_core, and OPENBLAS_CORETYPE steers it (in a
+    subprocess: the library reads the variable when it loads); a process running on it reports
+    the set in use (`kernels`, which the bench records)."""
+    lib = blas.openblas_path()
+    assert lib is not None and blas.openblas_core(lib) != ""
+    code = f"from edgespec import blas; print(blas.openblas_core({lib!r}))"
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "Sandybridge", out.stderr
+    assert blas.openblas_core("/nonexistent/libblas.so.3") == ""
+    env.update({"LD_PRELOAD": lib, blas.ACTIVE: "openblas"})
+    code = "from edgespec import blas; import mlx.core; print(blas.kernels())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "Sandybridge", out.stderr
 
 
 def test_an_unknown_choice_is_one_line_and_auto(calls, monkeypatch, capsys):
