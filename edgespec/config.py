@@ -58,7 +58,7 @@ class SpecConfig:
     method: str = "draft"
     adaptive: bool = False
     ngram_max: int = 4
-    ngram_min: int = 2  # one-token suffixes match too often to be worth a verify (README)
+    ngram_min: int = 1  # a 2-token verify costs ~1 step now, so one-token matches pay (README)
     k_max: int = 8
     ngram_k: int = 4
 
