@@ -98,3 +98,47 @@ class NgramDrafter:
 
     def commit(self, context: list[int]) -> None:
         """Nothing to roll back: the index only ever holds committed tokens."""
+
+
+def replay_rounds(
+    prompt: list[int], answer: list[int], k: int, max_tokens: int, n_min: int = 1, n_max: int = 4
+) -> list[tuple[int, int]]:
+    """The (drafted, accepted) of every round the loop runs for greedy n-gram drafting at a fixed
+    K, replayed on `answer`, the target's greedy continuation of `prompt` (at least max_tokens
+    long, or ended by the model). No model runs: at temperature 0 a proposal is accepted up to its
+    first token that differs from the answer, so the rounds follow from the lookups alone.
+
+    Mirrors loop.speculate and loop._plain_run: a round looks up K tokens from the whole context;
+    a miss starts pipelined plain steps, each of which looks up one token behind
+    (NgramDrafter.propose_behind) while it computes, and the first such proposal is verified with
+    that step's token and ends the run. Used to choose the n-gram defaults on real answers (README,
+    "This release"); tests/test_drafting.py checks it against the loop."""
+    drafter = NgramDrafter(n_min, n_max)
+    end = min(max_tokens, len(answer))
+    rounds: list[tuple[int, int]] = []
+    pos, direct = 0, True
+
+    def verify(tokens: list[int]) -> None:
+        nonlocal pos
+        accepted = 0
+        for token in tokens:
+            if pos + accepted >= len(answer) or answer[pos + accepted] != token:
+                break
+            accepted += 1
+        rounds.append((len(tokens), accepted))
+        pos += accepted + 1
+
+    while pos < end:
+        context = prompt + answer[:pos]
+        if direct:
+            tokens = drafter.propose(context, k).tokens.tolist()
+            if tokens:
+                verify(tokens)
+                continue
+        rounds.append((0, 0))  # a plain step computes answer[pos]; the lookup runs one behind
+        behind = drafter.propose_behind(context, k) if pos + 1 < end else []
+        pos += 1
+        direct = bool(behind)
+        if behind:
+            verify(behind)
+    return rounds

@@ -801,3 +801,22 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
         assert events[-1].reason == "length"
     assert near_the_end > 0  # some lookups really were cut by the window
     assert longer_than_k > 0  # lookups are not held to the model's K
+
+
+@pytest.mark.parametrize("k, n_min", [(1, 1), (1, 2), (2, 1), (3, 2)])
+def test_replayed_ngram_rounds_are_the_rounds_the_loop_runs(tiny_models, k, n_min):
+    """ngram.replay_rounds, which chose the n-gram defaults on real answers without running a
+    model, predicts every (drafted, accepted) pair of the loop's greedy n-gram rounds: direct
+    lookups, pipelined plain steps and their one-behind proposals alike. (On this prompt the tiny
+    target repeats itself enough for accepted, rejected and plain rounds to occur at every k.)"""
+    from edgespec.ngram import replay_rounds
+
+    engine = Engine(tiny_models[0], None)
+    ids = engine.encode_raw("1 2 3 4 1 2 3 4 1 2 3 4")
+    n = 120
+    answer = _ids(_gen(engine, ids, SpecConfig(method="none"), n + k + 1))
+    events = _gen(engine, ids, SpecConfig(k=k, method="ngram", ngram_min=n_min), n)
+    assert _ids(events) == answer[:n]
+    loop = [(r.drafted, r.accepted) for r in _rounds(events)]
+    assert loop == replay_rounds(ids, answer, k, n, n_min=n_min)
+    assert any(a for _, a in loop) and any(a < d for d, a in loop) and (0, 0) in loop
