@@ -51,8 +51,9 @@ METHODS = ("draft", "ngram", "hybrid", "none")
 @dataclass(frozen=True)
 class SpecConfig:
     """How speculation runs. k is the (maximum) number of drafted tokens per round, except that a
-    hybrid round drafted by the n-gram lookup proposes up to max(k, ngram_k) tokens: a long
-    matched suffix is usually followed by a long copy, and it costs no draft steps."""
+    hybrid round drafted by the n-gram lookup proposes up to max(k, ngram_k) tokens (a lookup
+    costs no draft steps; ngram_k 1 by default, because on the CPU a verify of 3+ tokens costs
+    much more than one of 2: README, "This release"). Adaptive K picks the lookup length itself."""
 
     k: int = 4
     method: str = "draft"
@@ -60,7 +61,7 @@ class SpecConfig:
     ngram_max: int = 4
     ngram_min: int = 1  # a 2-token verify costs ~1 step now, so one-token matches pay (README)
     k_max: int = 8
-    ngram_k: int = 4
+    ngram_k: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= MAX_K:
