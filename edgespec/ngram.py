@@ -131,7 +131,7 @@ def replay_rounds(
     while pos < end:
         context = prompt + answer[:pos]
         if direct:
-            tokens = drafter.propose(context, k).tokens.tolist()
+            tokens = drafter._lookup(context, k, None)  # what propose() puts in its Proposal
             if tokens:
                 verify(tokens)
                 continue
