@@ -117,9 +117,9 @@ def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
     return ("openblas", lib, {})
 
 
-def openblas_core(lib: str) -> str:
+def openblas_core(lib: str | None) -> str:
     """The kernel set the OpenBLAS at `lib` picks for this CPU ("Haswell", "SkylakeX", ...), or ""
-    when it cannot be asked. Loading it here is harmless: the re-exec replaces this process."""
+    when it cannot be asked. None: the OpenBLAS already loaded in this process (preloaded)."""
     try:
         import ctypes
 
@@ -133,10 +133,7 @@ def openblas_core(lib: str) -> str:
 def kernels() -> str:
     """The kernel set of the OpenBLAS under this process ("SkylakeX", ...; asked of the loaded
     library), "" under any other BLAS. For the bench's environment record."""
-    if active() != "openblas":
-        return ""
-    lib = next((p for p in os.environ.get("LD_PRELOAD", "").split(":") if "blas" in p), "")
-    return openblas_core(lib) if lib else ""
+    return openblas_core(None) if active() == "openblas" else ""
 
 
 def cpu_model() -> str:
