@@ -171,11 +171,17 @@ class AdaptiveK:
         k_max: int = 8,
         allow_plain: bool = True,
         model: str | None = None,
+        long_match: int = 0,
     ):
         if not 1 <= k_init <= k_max:
             raise ValueError(f"need 1 <= k_init <= k_max, got {k_init}, {k_max}")
         self.k_init, self.k_max, self.allow_plain = k_init, k_max, allow_plain
         self.model = model
+        # Rounds proposed by n-gram matches at least this long (Round.match; 0: none) propose a
+        # fixed long continuation (NgramDrafter.long_k) and are accepted far more often than
+        # the rest: they are counted apart ("<method>-long"), so that they do not talk the
+        # policy into long proposals for short matches.
+        self.long_match = long_match
         self.estimates: dict[str, DrafterEstimate] = {}
         self.verify_costs: dict[int, RecentMedian] = {}  # verified tokens L -> recent seconds
         self.chosen: list[int] = []
@@ -186,7 +192,8 @@ class AdaptiveK:
         self._seen: Round | None = None  # the round observed last
 
     def observe(self, r: Round) -> None:
-        est = self.estimates.setdefault(r.method, DrafterEstimate())
+        long = self.long_match > 0 and r.match >= self.long_match
+        est = self.estimates.setdefault(f"{r.method}-long" if long else r.method, DrafterEstimate())
         if r.drafted > 0:
             # After K = 0 rounds a draft model first catches up on every token committed
             # meanwhile (up to PROBE_MAX + 1): one longer forward that is not the cost of drafting,
@@ -250,10 +257,11 @@ class AdaptiveK:
 
 
 def make_k_policy(
-    k: int, adaptive: bool, k_max: int, model: str | None = None
+    k: int, adaptive: bool, k_max: int, model: str | None = None, long_match: int = 0
 ) -> Callable[[Round | None], int]:
-    """The K policy a SpecConfig asks for: AdaptiveK(k, k_max, model=model) if adaptive, else
-    always k. model="draft" for a hybrid drafter (see AdaptiveK)."""
+    """The K policy a SpecConfig asks for: AdaptiveK(k, k_max, model=model,
+    long_match=long_match) if adaptive, else always k. model="draft" for a hybrid drafter (see
+    AdaptiveK); long_match: SpecConfig.long_match."""
     if adaptive:
-        return AdaptiveK(k, k_max, model=model)
+        return AdaptiveK(k, k_max, model=model, long_match=long_match)
     return lambda _last: k

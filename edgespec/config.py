@@ -53,15 +53,20 @@ class SpecConfig:
     """How speculation runs. k is the (maximum) number of drafted tokens per round, except that a
     hybrid round drafted by the n-gram lookup proposes up to max(k, ngram_k) tokens (a lookup
     costs no draft steps; ngram_k 1 by default, because on the CPU a verify of 3+ tokens costs
-    much more than one of 2: README, "This release"). Adaptive K picks the lookup length itself."""
+    much more than one of 2: README, "Previous release"). Adaptive K picks the lookup length itself.
+    Whatever the K, a lookup whose suffix match is at least ngram_long tokens long (or ngram_max,
+    if shorter; 0 turns this off) proposes up to max(K, ngram_long_k) tokens: a long match is a copy
+    in progress (README, "This release")."""
 
     k: int = 4
     method: str = "draft"
     adaptive: bool = False
-    ngram_max: int = 4
+    ngram_max: int = 8
     ngram_min: int = 1  # a 2-token verify costs ~1 step now, so one-token matches pay (README)
     k_max: int = 8
     ngram_k: int = 1
+    ngram_long: int = 8
+    ngram_long_k: int = 5
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= MAX_K:
@@ -75,6 +80,12 @@ class SpecConfig:
             )
         if not 1 <= self.ngram_k <= MAX_K:
             raise ConfigError(f"ngram-k must be in 1..{MAX_K}, got {self.ngram_k}")
+        if not 0 <= self.ngram_long <= MAX_K:
+            raise ConfigError(
+                f"ngram-long must be in 0..{MAX_K} (0: no long lookups), got {self.ngram_long}"
+            )
+        if not 1 <= self.ngram_long_k <= MAX_K:
+            raise ConfigError(f"ngram-long-k must be in 1..{MAX_K}, got {self.ngram_long_k}")
         if self.k_max > MAX_K:
             raise ConfigError(f"k-max must be <= {MAX_K}, got {self.k_max}")
         if self.k_max < self.k:
@@ -83,6 +94,12 @@ class SpecConfig:
     @property
     def enabled(self) -> bool:
         return self.method != "none"
+
+    @property
+    def long_match(self) -> int:
+        """The suffix match length from which a lookup proposes up to ngram_long_k tokens
+        (0: never): ngram_long, capped at ngram_max, the longest match looked up."""
+        return min(self.ngram_long, self.ngram_max)
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,11 @@ class HybridDrafter:
         return self.model.propose(context, k, key)
 
     @property
+    def match(self) -> int:
+        """The n-gram suffix length behind the latest proposal (0: the model drafted it)."""
+        return self.ngram.last_match if self.method == "ngram" else 0
+
+    @property
     def wants_features(self) -> bool:
         return bool(getattr(self.model, "wants_features", False))
 
@@ -144,7 +149,7 @@ def build_drafter(
     Raises ConfigError when the method needs a draft model the engine does not have.
     """
     if spec.method == "ngram":
-        return NgramDrafter(spec.ngram_min, spec.ngram_max)
+        return NgramDrafter(spec.ngram_min, spec.ngram_max, spec.long_match, spec.ngram_long_k)
     if spec.method not in ("draft", "hybrid"):
         raise ConfigError(f"method {spec.method!r} has no drafter; use draft, ngram or hybrid")
     if draft is None:
@@ -161,5 +166,5 @@ def build_drafter(
     if spec.method == "draft":
         return model
     min_match = max(spec.ngram_min, min(HYBRID_MIN_MATCH, spec.ngram_max))
-    ngram = NgramDrafter(spec.ngram_min, spec.ngram_max)
+    ngram = NgramDrafter(spec.ngram_min, spec.ngram_max, spec.long_match, spec.ngram_long_k)
     return HybridDrafter(ngram, model, min_match, max(spec.k, spec.ngram_k))

@@ -44,6 +44,8 @@ class Round:
     # starved by the second forward, reads the first late. Their sum is right; cost estimates
     # (AdaptiveK) leave both out.
     timed: bool = True
+    # The n-gram suffix match behind an n-gram round's proposal (tokens; 0 for other rounds).
+    match: int = 0
     type: str = field(default="round", init=False)
 
 

@@ -350,7 +350,7 @@ def _plain_run(
 
     t_prev = time.perf_counter()
     drafts: list[int] = []  # the current step's proposal (only a run's last step has one)
-    method = drafter.method
+    method, match, up_match = drafter.method, 0, 0
     key, tok, feats = step(mx.array(context[target.offset :], dtype=mx.int32), key, [])
     mx.async_eval([a for a in (tok, feats) if a is not None])
     while True:
@@ -360,6 +360,7 @@ def _plain_run(
             decided = choose_k(last)
             if behind is not None:
                 up_drafts = behind(context, decided)
+                up_match = getattr(drafter, "match", 0)
             elif decided <= 0:
                 up_drafts = []
             if up_drafts is not None and not (cancel is not None and cancel.is_set()):
@@ -374,7 +375,9 @@ def _plain_run(
         # A lookup queued behind this step (or this step, that lookup) overlapped its neighbour:
         # both intervals are real, their split is not (events.Round.timed).
         timed = not d and not (upcoming is not None and up_drafts)
-        last = Round(index, d, n, d, 0.0, now - t_prev, method if d else drafter.method, timed)
+        last = Round(
+            index, d, n, d, 0.0, now - t_prev, method if d else drafter.method, timed, match
+        )
         t_prev, index = now, index + 1
         toks, kinds, committed, stop = _truncate(new, new_kinds, emitted, limits, context)
         if feats is not None:  # the step's committed inputs: its pending token on, as in a round
@@ -394,7 +397,7 @@ def _plain_run(
             yield Step([], [], stop="cancelled")
             return key, last, index, emitted, None, True
         tok, feats = upcoming, up_feats
-        drafts, method = up_drafts or [], drafter.method
+        drafts, method, match = up_drafts or [], drafter.method, up_match if up_drafts else 0
 
 
 def speculate(
@@ -455,7 +458,8 @@ def speculate(
                 target, context, prop, d, t0, cfg, verify_key, wants
             )
             n, nxt = out[d], out[d + 1]
-            last = Round(index, d, n, k, t_draft, t_verify, drafter.method)
+            match = getattr(drafter, "match", 0) if d else 0
+            last = Round(index, d, n, k, t_draft, t_verify, drafter.method, match=match)
             kinds = ["accepted"] * n + [_last_kind(n, d)]
             toks, kinds, committed, stop = _truncate(
                 out[:n] + [nxt], kinds, emitted, limits, context

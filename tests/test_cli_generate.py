@@ -107,6 +107,8 @@ BAD = {
     "k-huge": (["x", "-k", "100000"], "1..64"),
     "k-max-huge": (["x", "--k-max", "65"], "k-max"),
     "ngram-max-huge": (["x", "--ngram-max", "65"], "ngram-max"),
+    "ngram-long-negative": (["x", "--ngram-long", "-1"], "ngram-long"),
+    "ngram-long-k-zero": (["x", "--ngram-long-k", "0"], "ngram-long-k"),
     "infinite-temp": (["x", "--temp", "inf"], "finite"),
     "nan-temp": (["x", "--temp", "nan"], "temperature"),
     "negative-seed": (["x", "--seed", "-1"], "seed"),

@@ -96,6 +96,21 @@ def test_ngram_drafter_proposes_a_point_mass():
     assert prop.tokens.tolist() == [9, 7, 8] and d.last_match == 2
 
 
+def test_long_matches_propose_long_and_short_ones_k():
+    # [1 2 3 4 5 6 7 8 9] then its first six tokens again: the suffix "1..6" (n = 6) matches.
+    copy = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6]
+    d = NgramDrafter(1, 8, long_n=6, long_k=3)
+    assert d.propose(copy, 1).tokens.tolist() == [7, 8, 9] and d.match == 6
+    assert d.propose(copy, 4).tokens.tolist() == [7, 8, 9, 0]  # max(K, long_k)
+    assert d.propose_behind(copy, 1) == [8, 9, 0]  # one behind: past the match's first token
+    short = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 4, 5, 6]  # "4 5 6": n = 3 < 6
+    assert d.propose(short, 1).tokens.tolist() == [7] and d.match == 3
+    off = NgramDrafter(1, 8)  # long_n 0: no long proposals
+    assert off.propose(copy, 1).tokens.tolist() == [7]
+    assert SpecConfig(ngram_max=4).long_match == 4  # capped at the longest match looked up
+    assert SpecConfig(ngram_long=0).long_match == 0
+
+
 # ---------------------------------------------------------------------------- adaptive K maths
 
 
@@ -310,6 +325,22 @@ def test_adaptive_k_keeps_estimates_per_method():
     assert k_ngram > k_draft == 1
 
 
+def test_adaptive_k_counts_long_match_lookups_apart():
+    # Long-match lookups (Round.match >= long_match) are accepted whole; short ones rarely. The
+    # lookup length for short matches must come from the short ones alone.
+    policy = AdaptiveK(1, 8, long_match=6)
+    for i in range(0, 30, 2):
+        policy(Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
+        policy(Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
+    assert policy.estimates["ngram-long"].alpha > 0.9 > 0.2 > policy.estimates["ngram"].alpha
+    assert policy.lookup_k("ngram", 4) == 1
+    mixed = AdaptiveK(1, 8)  # long_match 0: one estimate, which the long rounds inflate
+    for i in range(0, 30, 2):
+        mixed(Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
+        mixed(Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
+    assert mixed.estimates["ngram"].alpha > 0.5 and mixed.lookup_k("ngram", 4) > 1
+
+
 def test_adaptive_k_for_a_hybrid_gives_the_model_its_own_k_and_the_lookup_its_own():
     # Choosing from whoever drafted last handed a lookup's K (alpha ~0.9, no draft cost) to the
     # draft model as soon as the next lookup missed.
@@ -403,7 +434,9 @@ def test_greedy_output_equals_plain_decoding(tiny_models, spec):
     events = _gen(engine, ids, spec, 48)
     assert _ids(events) == plain and len(plain) == 48
     rounds = _rounds(events)
-    assert all(r.drafted <= r.k <= spec.k_max for r in rounds)
+    long = [r for r in rounds if spec.long_match and r.match >= spec.long_match]
+    assert all(r.drafted <= r.k <= spec.k_max for r in rounds if r not in long)
+    assert all(r.method == "ngram" and r.drafted <= spec.ngram_long_k for r in long)
     if spec.method != "draft":
         assert any(r.method == "ngram" and r.drafted > 0 for r in rounds)  # lookup really drafted
     # A tiny random target never continues a copy, so lookups here are rejected: accepted
@@ -672,8 +705,8 @@ def test_ngram_point_mass_rounds_emit_the_target_distribution(tiny_models):
     engine = Engine(tiny_models[0], None)
     ids = _context_the_target_likes(engine, engine.encode_raw(PROMPT))
     sampling = SamplingConfig(temperature=1.0)
-    spec = SpecConfig(k=2, method="ngram", ngram_min=2)
-    x = NgramDrafter(2, 4).propose(ids, 2).tokens.tolist()
+    spec = SpecConfig(k=2, method="ngram", ngram_min=2, ngram_long=0)  # exactly 2 tokens
+    x = NgramDrafter(2, 8).propose(ids, 2).tokens.tolist()
     assert len(x) == 2
     first, second = [], []
     for seed in range(N_SEEDS):
@@ -803,20 +836,26 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
     assert longer_than_k > 0  # lookups are not held to the model's K
 
 
-@pytest.mark.parametrize("k, n_min", [(1, 1), (1, 2), (2, 1), (3, 2)])
-def test_replayed_ngram_rounds_are_the_rounds_the_loop_runs(tiny_models, k, n_min):
+@pytest.mark.parametrize(
+    "k, n_min, long", [(1, 1, 6), (1, 2, 4), (2, 1, 0), (3, 2, 6), (1, 1, 0)]
+)
+def test_replayed_ngram_rounds_are_the_rounds_the_loop_runs(tiny_models, k, n_min, long):
     """ngram.replay_rounds, which chose the n-gram defaults on real answers without running a
     model, predicts every (drafted, accepted) pair of the loop's greedy n-gram rounds: direct
-    lookups, pipelined plain steps and their one-behind proposals alike. (On this prompt the tiny
-    target repeats itself enough for accepted, rejected and plain rounds to occur at every k.)"""
+    lookups, pipelined plain steps and their one-behind proposals, long matches' long proposals
+    (long > 0) alike. (On this prompt the tiny target repeats itself enough for accepted,
+    rejected and plain rounds to occur at every k.)"""
     from edgespec.ngram import replay_rounds
 
     engine = Engine(tiny_models[0], None)
     ids = engine.encode_raw("1 2 3 4 1 2 3 4 1 2 3 4")
     n = 120
-    answer = _ids(_gen(engine, ids, SpecConfig(method="none"), n + k + 1))
-    events = _gen(engine, ids, SpecConfig(k=k, method="ngram", ngram_min=n_min), n)
+    spec = SpecConfig(k=k, method="ngram", ngram_min=n_min, ngram_long=long)
+    answer = _ids(_gen(engine, ids, SpecConfig(method="none"), n + spec.ngram_long_k + 1))
+    events = _gen(engine, ids, spec, n)
     assert _ids(events) == answer[:n]
     loop = [(r.drafted, r.accepted) for r in _rounds(events)]
-    assert loop == replay_rounds(ids, answer, k, n, n_min=n_min)
+    replay = replay_rounds(ids, answer, k, n, n_min, spec.ngram_max, long, spec.ngram_long_k)
+    assert loop == replay
+    assert any(d > k for d, _ in loop) == (long > 0)  # long matches proposed long, if on
     assert any(a for _, a in loop) and any(a < d for d, a in loop) and (0, 0) in loop

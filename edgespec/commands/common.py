@@ -98,6 +98,19 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         default=SpecConfig.ngram_k,
         help=f"hybrid: n-gram lookups propose up to max(K, this) tokens (default {SpecConfig.ngram_k})",
     )
+    g.add_argument(
+        "--ngram-long",
+        type=int,
+        default=SpecConfig.ngram_long,
+        help="n-gram matches at least this long (capped at --ngram-max; 0: off) propose up to "
+        f"--ngram-long-k tokens (default {SpecConfig.ngram_long})",
+    )
+    g.add_argument(
+        "--ngram-long-k",
+        type=int,
+        default=SpecConfig.ngram_long_k,
+        help=f"tokens a long n-gram match proposes, at least K (default {SpecConfig.ngram_long_k})",
+    )
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
 
 
@@ -117,6 +130,8 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         ngram_min=getattr(args, "ngram_min", SpecConfig.ngram_min),
         ngram_k=getattr(args, "ngram_k", SpecConfig.ngram_k),
         ngram_max=getattr(args, "ngram_max", SpecConfig.ngram_max),
+        ngram_long=getattr(args, "ngram_long", SpecConfig.ngram_long),
+        ngram_long_k=getattr(args, "ngram_long_k", SpecConfig.ngram_long_k),
     )
 
 
