@@ -92,8 +92,10 @@ def fit_verify_line(means: dict[int, float], prior_slope: float = PRIOR_VERIFY_S
 
 def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
-    the fitted line (fit_verify_line), raised to the dearest measured shorter forward (a forward
-    never gets cheaper with more tokens). A cost cliff between two measured L stays a cliff.
+    the fitted line (fit_verify_line), raised to the dearest measured shorter forward of 2+
+    tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
+    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (loop._plain_run)
+    where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
     Example: {2: 1.0, 3: 1.0, 5: 1.7} -> v(3) = 1.0, v(5) = 1.7, v(6) = max(line(6), 1.7).
     """
     a, b = fit_verify_line(means)
@@ -101,7 +103,7 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     def v(length: int) -> float:
         if length in means:
             return means[length]
-        shorter = [t for L, t in means.items() if L < length]
+        shorter = [t for L, t in means.items() if 2 <= L < length]
         return max([a + b * (length - 1), *shorter])
 
     return v

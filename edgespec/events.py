@@ -39,10 +39,12 @@ class Round:
     t_draft: float  # drafting time not hidden behind building the verify
     t_verify: float  # building the target's verify forward + waiting for it (and the acceptance)
     method: str = "draft"
-    # False where the split of time between this round and its neighbour is unknown: a pipelined
-    # plain step and the n-gram lookup queued behind it (loop._plain_run) overlap, and the host,
-    # starved by the second forward, reads the first late. Their sum is right; cost estimates
-    # (AdaptiveK) leave both out.
+    # False where the split of time between this round and its neighbours is unknown: in a
+    # pipelined run of plain steps (loop._plain_run) a read may return only once the forward
+    # queued behind it is done too (MLX's CPU backend), so the run's first interval holds two
+    # forwards and its last almost none, and a step with an n-gram lookup queued behind it holds
+    # that longer forward. The sum over a run is right; cost estimates (AdaptiveK) leave these
+    # rounds out.
     timed: bool = True
     # The n-gram suffix match behind an n-gram round's proposal (tokens; 0 for other rounds).
     match: int = 0

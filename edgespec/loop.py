@@ -350,7 +350,7 @@ def _plain_run(
 
     t_prev = time.perf_counter()
     drafts: list[int] = []  # the current step's proposal (only a run's last step has one)
-    method, match, up_match = drafter.method, 0, 0
+    method, match, up_match, first = drafter.method, 0, 0, True
     key, tok, feats = step(mx.array(context[target.offset :], dtype=mx.int32), key, [])
     mx.async_eval([a for a in (tok, feats) if a is not None])
     while True:
@@ -372,9 +372,13 @@ def _plain_run(
         *_, n, value = (int(v) for v in tok.tolist())  # type: ignore[union-attr,arg-type]
         now, d = time.perf_counter(), len(drafts)
         new, new_kinds = drafts[:n] + [value], ["accepted"] * n + [_last_kind(n, d)]
-        # A lookup queued behind this step (or this step, that lookup) overlapped its neighbour:
-        # both intervals are real, their split is not (events.Round.timed).
-        timed = not d and not (upcoming is not None and up_drafts)
+        # Which forward an interval between two reads measures depends on the backend: on MLX's
+        # CPU backend a read returns only once the forward queued behind it is done too, so a
+        # run's first interval holds two forwards, its last almost none, and each one between
+        # them the forward queued behind it. Only a plain step with a plain step queued behind
+        # it, not the run's first, is timed whichever way the backend reads (events.Round.timed).
+        timed = not d and upcoming is not None and not up_drafts and not first
+        first = False
         last = Round(
             index, d, n, d, 0.0, now - t_prev, method if d else drafter.method, timed, match
         )
