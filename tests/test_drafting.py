@@ -270,7 +270,9 @@ def test_verify_curve_keeps_measured_points_and_a_cliff_between_them():
     means = {1: 2.0, 3: 1.3, 5: 1.9}
     a, b = fit_verify_line(means)
     w = verify_curve(means)
-    assert w(2) < 2.0 and w(2) == pytest.approx(a + b) and w(4) == pytest.approx(max(a + 3 * b, 1.3))
+    assert (
+        w(2) < 2.0 and w(2) == pytest.approx(a + b) and w(4) == pytest.approx(max(a + 3 * b, 1.3))
+    )
 
 
 def test_adaptive_k_follows_a_verify_cost_cliff():
@@ -845,9 +847,7 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
     assert longer_than_k > 0  # lookups are not held to the model's K
 
 
-@pytest.mark.parametrize(
-    "k, n_min, long", [(1, 1, 6), (1, 2, 4), (2, 1, 0), (3, 2, 6), (1, 1, 0)]
-)
+@pytest.mark.parametrize("k, n_min, long", [(1, 1, 6), (1, 2, 4), (2, 1, 0), (3, 2, 6), (1, 1, 0)])
 def test_replayed_ngram_rounds_are_the_rounds_the_loop_runs(tiny_models, k, n_min, long):
     """ngram.replay_rounds, which chose the n-gram defaults on real answers without running a
     model, predicts every (drafted, accepted) pair of the loop's greedy n-gram rounds: direct
