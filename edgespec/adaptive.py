@@ -40,6 +40,11 @@ COST_WINDOW = 5  # timings per cost estimate (their median): a single stall neve
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L
 # have been measured. FACTS.md: an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
 PRIOR_VERIFY_SLOPE = 0.1
+# The policy takes the shortest round predicted within this share of the best: its inputs are
+# medians of a few noisy timings, and on a 2-core CPU (verify of 2 tokens ~1 step, of 4 ~1.65)
+# K = 1..4 all come within a few % of each other at alpha ~0.8, where a wrong longer K lost up to
+# 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
+TIE_TOLERANCE = 0.05
 PROBE_EVERY = 8  # plain rounds before the first probe round
 PROBE_MAX = 64  # longest gap between probes
 
@@ -50,20 +55,22 @@ def best_k(
     verify_time: Callable[[int], float],
     k_max: int,
     k_min: int = 1,
+    tolerance: float = 0.0,
 ) -> int:
-    """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1));
-    the smallest K wins ties. K = 0 (k_min=0) is a plain step: 1 / verify_time(1).
+    """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1)),
+    or rather the smallest K whose rate is within `tolerance` (relative) of the best: ties and
+    near-ties go to the shorter round. K = 0 (k_min=0) is a plain step: 1 / verify_time(1).
 
     Example: alpha 0.8, c 0.1, v(L) = 1 + 0.05 (L - 1): tokens/time for K = 1..6 is 1.565, 1.877,
-    2.036, 2.101, 2.108, 2.080 -> K = 5. With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0,
-    K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
+    2.036, 2.101, 2.108, 2.080 -> K = 5; with tolerance 0.05, K = 3 (2.036 >= 0.95 * 2.108).
+    With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0, K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
     """
-    best, best_rate = k_min, -1.0
-    for k in range(k_min, k_max + 1):
-        rate = expected_tokens_per_round(alpha, k) / (k * draft_cost + verify_time(k + 1))
-        if rate > best_rate * (1 + 1e-12):
-            best, best_rate = k, rate
-    return best
+    ks = range(k_min, k_max + 1)
+    rates = [
+        expected_tokens_per_round(alpha, k) / (k * draft_cost + verify_time(k + 1)) for k in ks
+    ]
+    floor = max(rates) * (1 - tolerance) * (1 - 1e-12)
+    return next(k for k, rate in zip(ks, rates, strict=True) if rate >= floor)
 
 
 def fit_verify_line(means: dict[int, float], prior_slope: float = PRIOR_VERIFY_SLOPE):
@@ -230,7 +237,7 @@ class AdaptiveK:
         args = self._inputs(method)
         if args is None:
             return self.k_init
-        k = best_k(*args, k_min=0 if self.allow_plain else 1)
+        k = best_k(*args, k_min=0 if self.allow_plain else 1, tolerance=TIE_TOLERANCE)
         if k > 0:
             self._plain_run, self._probe_gap = 0, PROBE_EVERY
             return k
@@ -238,7 +245,7 @@ class AdaptiveK:
         if self._plain_run <= self._probe_gap:
             return 0
         self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
-        return best_k(*args, k_min=1)  # probe: draft once to refresh alpha and c
+        return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)  # probe: refresh alpha and c
 
     def __call__(self, last: Round | None) -> int:
         if last is not None and last is not self._seen:  # a pipelined plain run repeats one
@@ -255,7 +262,7 @@ class AdaptiveK:
         """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best
         K >= 1 from its own estimates, `default` until its costs are measured. No side effects."""
         args = self._inputs(method)
-        return default if args is None else best_k(*args, k_min=1)
+        return default if args is None else best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
 
 
 def make_k_policy(

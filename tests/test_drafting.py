@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgespec.adaptive import AdaptiveK, best_k, fit_verify_line, verify_curve
+from edgespec.adaptive import TIE_TOLERANCE, AdaptiveK, best_k, fit_verify_line, verify_curve
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafters import ConfidentDrafter, HybridDrafter, build_drafter
 from edgespec.errors import ConfigError
@@ -159,6 +159,16 @@ def test_best_k_is_the_argmax_of_the_closed_form():
             assert best_k(alpha, c, _line(1.0, 0.1), 8) == 1 + int(np.argmax(rates))
 
 
+def test_best_k_with_a_tolerance_takes_the_shortest_round_near_the_best():
+    line = _line(1.0, 0.05)  # alpha 0.8, c 0.1: rates 1.565, 1.877, 2.036, 2.101, 2.108 (K = 5)
+    assert best_k(0.8, 0.1, line, 8) == 5
+    assert best_k(0.8, 0.1, line, 8, tolerance=0.05) == 3  # 2.036 >= 0.95 * 2.108 > 1.877
+    assert best_k(0.8, 0.1, line, 8, tolerance=0.2) == 2
+    # plain (1.0) within 5% of K = 1 (1.5 / (0.4 + 1.05) = 1.034): drafting is not worth it
+    assert best_k(0.5, 0.4, line, 1, k_min=0, tolerance=0.05) == 0
+    assert best_k(0.5, 0.4, line, 1, k_min=0) == 1
+
+
 def test_fit_verify_line():
     assert fit_verify_line({1: 0.10, 5: 0.14}) == pytest.approx((0.10, 0.01))
     assert fit_verify_line({3: 0.12}, prior_slope=0.1) == pytest.approx((0.1, 0.01))
@@ -180,9 +190,11 @@ def test_adaptive_k_learns_alpha_and_costs_and_picks_the_closed_form_optimum():
     # with a = 0.14 / 1.4 = 0.1.
     alpha = 2.9 / 4.8
     assert policy.estimates["draft"].alpha == pytest.approx(alpha)
-    assert k == best_k(alpha, 0.01, _line(0.1, 0.01), 8)
+    assert k == best_k(alpha, 0.01, _line(0.1, 0.01), 8, tolerance=TIE_TOLERANCE)
     rates = [expected_tokens_per_round(alpha, j) / (0.01 * j + 0.1 + 0.01 * j) for j in range(1, 9)]
-    assert k == 1 + int(np.argmax(rates))
+    # the shortest K within TIE_TOLERANCE of the closed form's best
+    assert k == 1 + min(j for j, r in enumerate(rates) if r >= max(rates) * (1 - TIE_TOLERANCE))
+    assert k < 1 + int(np.argmax(rates))  # here the best is a longer K, by less than 5%
 
 
 def test_adaptive_k_moves_with_acceptance():
@@ -224,9 +236,11 @@ def test_adaptive_k_leaves_the_catch_up_after_plain_rounds_out_of_the_draft_cost
     k = policy(None)
     for i in range(12):  # rejected drafts: drafting is switched off
         k = policy(_round(i, k, 0, k, 0.01 * k, 0.1 + 0.005 * k))
+        if i > 2 and k == 0:
+            break
     cost = policy.estimates["draft"].draft_cost
     assert policy.chosen[-1] == 0 and cost == pytest.approx(0.01)
-    i = 12
+    i += 1
     while k == 0:  # plain rounds until the probe
         k, i = policy(_round(i, 0, 0, 0, 0.0, 0.1)), i + 1
     samples = list(policy.estimates["draft"].step_costs.samples)
@@ -291,7 +305,9 @@ def test_adaptive_k_follows_a_verify_cost_cliff():
     a, b = fit_verify_line(policy.verify_means)
     assert best_k(alpha, 0.012, _line(a, b), 4) != 2  # the line's answer is wrong here
     assert best_k(alpha, 0.012, cost.__getitem__, 4) == 2
-    assert policy.chosen[-5:] == [2] * 5
+    # The measured points' answer, K = 2 (K = 1 may come within TIE_TOLERANCE of it as alpha
+    # moves); never a K past the cliff.
+    assert set(policy.chosen[-5:]) <= {1, 2} and policy.chosen[-5:].count(2) >= 3
 
 
 def test_a_single_stall_does_not_switch_a_good_draft_off():
