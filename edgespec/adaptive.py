@@ -58,18 +58,25 @@ def best_k(
     tolerance: float = 0.0,
 ) -> int:
     """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1)),
-    or rather the smallest K whose rate is within `tolerance` (relative) of the best: ties and
-    near-ties go to the shorter round. K = 0 (k_min=0) is a plain step: 1 / verify_time(1).
+    or rather, with a `tolerance`, the shortest drafting round (K >= 1) whose rate is within that
+    share of the best drafting rate; and K = 0 (k_min=0), a plain step at 1 / verify_time(1),
+    only where it beats that best by the tolerance. Near-ties go to the shorter round, but not to
+    switching the draft off: while it is off its acceptance is only seen in rare probes, so a
+    draft that pays a little (alpha ~0.25 here: +10%) was switched off on a few unlucky rounds and
+    stayed off. Without a tolerance, ties go to the smaller K, plain included.
 
     Example: alpha 0.8, c 0.1, v(L) = 1 + 0.05 (L - 1): tokens/time for K = 1..6 is 1.565, 1.877,
     2.036, 2.101, 2.108, 2.080 -> K = 5; with tolerance 0.05, K = 3 (2.036 >= 0.95 * 2.108).
     With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0, K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
     """
-    ks = range(k_min, k_max + 1)
+    ks = range(max(k_min, 1), k_max + 1)
     rates = [
         expected_tokens_per_round(alpha, k) / (k * draft_cost + verify_time(k + 1)) for k in ks
     ]
-    floor = max(rates) * (1 - tolerance) * (1 - 1e-12)
+    best = max(rates)
+    if k_min == 0 and 1 / verify_time(1) >= best * (1 + tolerance) * (1 - 1e-12):
+        return 0
+    floor = best * (1 - tolerance) * (1 - 1e-12)
     return next(k for k, rate in zip(ks, rates, strict=True) if rate >= floor)
 
 
@@ -103,13 +110,21 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
     measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (loop._plain_run)
     where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
-    Example: {2: 1.0, 3: 1.0, 5: 1.7} -> v(3) = 1.0, v(5) = 1.7, v(6) = max(line(6), 1.7).
+    An unmeasured 1-token step costs what the shortest measured forward does: the line's
+    intercept below it made plain steps look cheap on this CPU (a 2-token forward costs about one
+    1-token step under MKL, a 5-token one two), and switched the draft off before a single plain
+    step was timed.
+    Example: {2: 1.0, 3: 1.0, 5: 1.7} -> v(1) = 1.0, v(3) = 1.0, v(5) = 1.7,
+    v(6) = max(line(6), 1.7).
     """
     a, b = fit_verify_line(means)
+    shortest = means[min(means)]
 
     def v(length: int) -> float:
         if length in means:
             return means[length]
+        if length == 1:
+            return shortest
         shorter = [t for L, t in means.items() if 2 <= L < length]
         return max([a + b * (length - 1), *shorter])
 
