@@ -25,6 +25,7 @@ coming tokens, so exactness holds.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -110,15 +111,17 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
     measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (loop._plain_run)
     where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
-    An unmeasured 1-token step costs what the shortest measured forward does: the line's
-    intercept below it made plain steps look cheap on this CPU (a 2-token forward costs about one
-    1-token step under MKL, a 5-token one two), and switched the draft off before a single plain
-    step was timed.
-    Example: {2: 1.0, 3: 1.0, 5: 1.7} -> v(1) = 1.0, v(3) = 1.0, v(5) = 1.7,
+    An unmeasured 1-token step costs the shortest measured forward scaled down by the prior slope,
+    v(Ls) / (1 + PRIOR_VERIFY_SLOPE (Ls - 1)): the line's intercept made plain steps look cheap
+    on this CPU (a 2-token forward costs about one 1-token step under MKL, a 5-token one two) and
+    switched the draft off before a single plain step was timed, while v(1) = v(Ls) kept a
+    useless draft on for good (v(1) is measured only once the draft is off).
+    Example: {2: 1.1, 3: 1.1, 5: 1.7} -> v(1) = 1.0, v(3) = 1.1, v(5) = 1.7,
     v(6) = max(line(6), 1.7).
     """
     a, b = fit_verify_line(means)
-    shortest = means[min(means)]
+    ls = min(means)
+    shortest = means[ls] / (1 + PRIOR_VERIFY_SLOPE * (ls - 1))
 
     def v(length: int) -> float:
         if length in means:
@@ -156,6 +159,13 @@ class DrafterEstimate:
     @property
     def alpha(self) -> float:
         return self.accepted / self.trials
+
+    @property
+    def alpha_upper(self) -> float:
+        """alpha plus one standard error (the decayed trials as the sample size), at most 1: how
+        good the draft may still be, given the little the last rounds showed."""
+        a = self.alpha
+        return min(1.0, a + math.sqrt(a * (1 - a) / self.trials))
 
     @property
     def draft_cost(self) -> float | None:
@@ -212,6 +222,7 @@ class AdaptiveK:
         self._method: str | None = None  # who drafted the latest round that drafted
         self._after_plain = False  # the previous round drafted nothing (K = 0)
         self._plain_run = 0  # K = 0 rounds since the last round that drafted
+        self._on = True  # drafting is on by the policy's own choice (not a probe)
         self._probe_gap = PROBE_EVERY
         self._seen: Round | None = None  # the round observed last
 
@@ -253,6 +264,14 @@ class AdaptiveK:
         if args is None:
             return self.k_init
         k = best_k(*args, k_min=0 if self.allow_plain else 1, tolerance=TIE_TOLERANCE)
+        if k == 0 and self._on:
+            # Switching the draft off: only if plain still wins at the optimistic alpha. Off, its
+            # acceptance is seen only in rare probes, so one unlucky streak (alpha's estimate
+            # remembers ~10 rounds) kept a draft that pays ~10% off for a whole answer. (A probe
+            # does not switch it back on: only the estimate itself does.)
+            est = self.estimates[method]  # type: ignore[index]
+            k = best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE)
+        self._on = k > 0
         if k > 0:
             self._plain_run, self._probe_gap = 0, PROBE_EVERY
             return k

@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgespec.adaptive import TIE_TOLERANCE, AdaptiveK, best_k, fit_verify_line, verify_curve
+from edgespec.adaptive import (
+    TIE_TOLERANCE,
+    AdaptiveK,
+    DrafterEstimate,
+    best_k,
+    fit_verify_line,
+    verify_curve,
+)
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafters import ConfidentDrafter, HybridDrafter, build_drafter
 from edgespec.errors import ConfigError
@@ -215,12 +222,28 @@ def test_adaptive_k_switches_a_useless_draft_off_and_probes_with_doubling_gaps()
         k = chosen[-1]
         chosen.append(policy(_round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k)))
     drafted = [i for i, k in enumerate(chosen) if k > 0]
-    # Two measured rounds turn it off: after the first, an unmeasured plain step is taken to cost
-    # what the 5-token forward did, and the cheapest draft round (K = 1) gets one try.
-    assert chosen[:3] == [4, 1, 0]
-    gaps = np.diff(drafted[1:]).tolist()  # between drafting rounds: 8, 16, 32, 64, 64 plain rounds
+    # A few measured rounds turn it off: it goes off only once plain wins even at alpha's upper
+    # bound (AdaptiveK.choose), which takes two rejections after the first round.
+    assert chosen[:4] == [4, 1, 1, 0]
+    gaps = np.diff(drafted[2:]).tolist()  # between drafting rounds: 8, 16, 32, 64, 64 plain rounds
     assert gaps[:5] == [9, 17, 33, 65, 65], gaps
     assert all(chosen[i] == 1 for i in drafted[1:])  # probes draft the best K >= 1
+
+
+def test_an_unlucky_streak_does_not_switch_a_paying_draft_off(monkeypatch):
+    # A draft accepted 40% of the time at 12% of a step's cost pays ~14% over plain here; eight
+    # rejections in a row drop alpha's estimate (~10 rounds of memory) to where plain looks
+    # better. It is switched off only if plain wins at alpha's upper bound too.
+    def run():
+        policy = AdaptiveK(1, 1)
+        k = policy(None)
+        for i, acc in enumerate([1, 0, 1, 0, 0] * 6 + [0] * 8):
+            k = policy(_round(i, k, min(acc, k), k, 0.012 * k, 0.1 if k else 0.092))
+        return policy.chosen
+
+    assert 0 not in run()
+    monkeypatch.setattr(DrafterEstimate, "alpha_upper", DrafterEstimate.alpha)
+    assert 0 in run()  # on the estimate alone, the streak switches it off
 
 
 def test_adaptive_k_turns_drafting_back_on_when_probes_succeed():
@@ -280,7 +303,8 @@ def test_verify_curve_keeps_measured_points_and_a_cliff_between_them():
     v = verify_curve({2: 1.0, 3: 1.0, 5: 1.7})
     assert (v(2), v(3), v(5)) == (1.0, 1.0, 1.7)
     a, b = fit_verify_line({2: 1.0, 3: 1.0, 5: 1.7})
-    assert v(1) == 1.0  # unmeasured: the shortest measured forward's cost, not the line's
+    # unmeasured: the shortest measured forward's cost scaled by the prior slope, not the line's
+    assert v(1) == pytest.approx(1.0 / 1.1) and verify_curve({5: 1.4})(1) == pytest.approx(1.0)
     assert v(4) == pytest.approx(max(a + 3 * b, 1.0))
     assert v(8) == pytest.approx(max(a + 7 * b, 1.7))
     assert v(6) >= v(5)
