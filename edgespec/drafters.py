@@ -121,7 +121,7 @@ class HybridDrafter:
     @property
     def match(self) -> int:
         """The n-gram suffix length behind the latest proposal (0: the model drafted it)."""
-        return self.ngram.last_match if self.method == "ngram" else 0
+        return self.ngram.match if self.method == "ngram" else 0
 
     @property
     def wants_features(self) -> bool:

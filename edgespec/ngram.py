@@ -83,12 +83,7 @@ class NgramDrafter:
     def __init__(self, n_min: int = 1, n_max: int = 8, long_n: int = 0, long_k: int = 1):
         self.index = NgramIndex(n_min, n_max)
         self.long_n, self.long_k = long_n, long_k
-        self.last_match = 0  # n of the last lookup (0: none); for hybrid drafting and Round.match
-
-    @property
-    def match(self) -> int:
-        """The suffix length behind the latest proposal (0: none), reported in Round.match."""
-        return self.last_match
+        self.match = 0  # n of the last lookup (0: none); for hybrid drafting and Round.match
 
     def propose(self, context: list[int], k: int, key: mx.array | None = None) -> Proposal:
         return self.propose_min(context, k, None)
@@ -98,14 +93,14 @@ class NgramDrafter:
         return Proposal(mx.array(self._lookup(context, k, n_min), dtype=mx.int32), None)
 
     def _lookup(self, context: list[int], k: int, n_min: int | None, skip: int = 0) -> list[int]:
-        """Index `context`, find its longest suffix match (recording n in last_match) and return
+        """Index `context`, find its longest suffix match (recording n in match) and return
         up to k tokens of the continuation (max(k, long_k) on a long match), past its first
         `skip` tokens."""
         self.index.extend(context)
-        pos, self.last_match = self.index.find(n_min)
-        if not self.last_match:
+        pos, self.match = self.index.find(n_min)
+        if not self.match:
             return []
-        if self.long_n and self.last_match >= self.long_n:
+        if self.long_n and self.match >= self.long_n:
             k = max(k, self.long_k)
         return self.index.tokens[pos + skip : pos + skip + k]
 

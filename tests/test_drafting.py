@@ -100,7 +100,7 @@ def test_ngram_drafter_proposes_a_point_mass():
     d = NgramDrafter(1, 3)
     prop = d.propose([7, 8, 9, 7, 8], 4, mx.random.key(0))
     assert prop.q is None and prop.tokens.dtype == mx.int32
-    assert prop.tokens.tolist() == [9, 7, 8] and d.last_match == 2
+    assert prop.tokens.tolist() == [9, 7, 8] and d.match == 2
 
 
 def test_long_matches_propose_long_and_short_ones_k():
@@ -443,10 +443,10 @@ def test_hybrid_lookup_length_comes_from_lookup_k():
 def test_lookups_one_token_behind_skip_the_guess_for_the_token_being_computed():
     ngram = NgramDrafter(2, 4)
     context = [5, 6, 7, 8, 5, 6]  # (5, 6) was followed by 7 8 5 6: 7 is the coming token's guess
-    assert ngram.propose_behind(context, 2) == [8, 5] and ngram.last_match == 2
+    assert ngram.propose_behind(context, 2) == [8, 5] and ngram.match == 2
     assert ngram.propose_behind(context, 9) == [8, 5, 6]  # stops at the end of the context
     assert ngram.propose_behind(context, 0) == []  # K = 0: a plain step
-    assert ngram.propose_behind([1, 2, 3, 1], 3) == [] and ngram.last_match == 0  # no 2-gram
+    assert ngram.propose_behind([1, 2, 3, 1], 3) == [] and ngram.match == 0  # no 2-gram
     assert ngram.propose_behind([1, 2, 3, 1, 2], 3) == [1, 2]  # guess 3, then 1 2
     assert NgramDrafter(2, 4).propose_behind([7, 7, 7], 3) == []  # guess: the last token, no more
     hybrid = HybridDrafter(NgramDrafter(1, 4), _NeverDrafter(), min_match=2, free_k=3)
