@@ -12,8 +12,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from edgespec import blocks, leanops, rope
-from edgespec.attention import mark
+from edgespec.cpu import blocks, leanops, rope
+from edgespec.cpu.attention import mark
 from edgespec.errors import CacheNotTrimmableError
 
 PREFILL_CHUNK = 512

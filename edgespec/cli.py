@@ -14,13 +14,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from edgespec.blas import reexec_with_blas
+from edgespec.cpu.blas import reexec_with_blas
 from edgespec.errors import EdgeSpecError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("edgespec.commands.generate", "answer one prompt, streaming tokens"),
-    "chat": ("tui.command", "chat in the terminal app, tokens coloured by provenance"),
+    "chat": ("edgespec.tui.command", "chat in the terminal app, tokens coloured by provenance"),
     "bench": ("edgespec.commands.bench", "measure plain vs speculative decoding on this machine"),
     "verify": ("edgespec.commands.verify", "check empirically that speculation is unbiased"),
     "pull": ("edgespec.commands.pull", "download and convert a model into the cache"),

@@ -26,12 +26,12 @@ from typing import Protocol
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from edgespec import blas
 from edgespec.acceptance import verify, verify_greedy
-from edgespec.attention import cpu_switch
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.draft_model import reduced_head
+from edgespec.cpu import blas
+from edgespec.cpu.attention import cpu_switch
+from edgespec.drafting.draft_model import reduced_head
 from edgespec.events import Round
 from edgespec.sampling import make_key, round_keys, sample, split, uniforms, warp
 
@@ -69,7 +69,7 @@ class Drafter(Protocol):
     # computed (loop._plain_run; NgramDrafter, HybridDrafter); None ends the pipelined run. A
     # drafter with one runs its misses (a round with nothing proposed) pipelined.
     # Optional: `wants_features = True` plus `take_features(context, start, features)`: a feature
-    # draft (edgespec.eagle) is handed the target's top hidden states of each round's committed
+    # draft (edgespec.drafting.eagle) is handed the target's top hidden states of each round's committed
     # positions start .. start + len(features) - 1 of `context`, the committed context.
 
 
@@ -258,7 +258,7 @@ def _verify_round(
     inputs = mx.concatenate([pending, prop.tokens])
     feats = None
     if features:
-        from edgespec.eagle import target_features
+        from edgespec.drafting.eagle import target_features
 
         feats, logits = target_features(target.model, inputs, target.cache)
         feats, logits = feats[-(k + 1) :], logits[-(k + 1) :]
@@ -415,7 +415,9 @@ def speculate(
 ) -> Iterator[Step]:
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill)."""
     context, key, emitted, last = list(prompt), make_key(cfg.seed), 0, None
-    wants = bool(getattr(drafter, "wants_features", False))  # a feature draft (edgespec.eagle)
+    wants = bool(
+        getattr(drafter, "wants_features", False)
+    )  # a feature draft (edgespec.drafting.eagle)
     # K = 0 rounds run pipelined (_plain_run, which hands a feature draft its features too) unless
     # the drafter has something for them: a free lookup (propose_free).
     pipelined = getattr(drafter, "propose_free", None) is None

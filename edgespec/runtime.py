@@ -19,13 +19,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from edgespec.adaptive import AdaptiveK, make_k_policy
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
-from edgespec.draft_model import reduced_head
-from edgespec.drafters import HybridDrafter, build_drafter
-from edgespec.eagle import EagleModel, EagleState
-from edgespec.eagle import prefill as eagle_prefill
+from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
+from edgespec.drafting.build import HybridDrafter, build_drafter
+from edgespec.drafting.draft_model import reduced_head
+from edgespec.drafting.eagle import EagleModel, EagleState
+from edgespec.drafting.eagle import prefill as eagle_prefill
 from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
 from edgespec.loop import Drafter, Limits, Step, decode_plain, speculate
@@ -73,7 +73,7 @@ class Engine:
         """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
         (plain decoding only). dtype: the models' float parameters (`loading.load_model`). Raises ModelNotFoundError / ModelLoadError /
         TokenizerMismatchError / CacheNotTrimmableError with one-line messages."""
-        from edgespec.loading import load_pair
+        from edgespec.loading.load import load_pair
 
         t, d = load_pair(
             target,
@@ -151,7 +151,7 @@ class Engine:
         (speculative methods only), then exactly one Finished.
 
         config.spec.method "none" decodes plainly with the target (kind "target"); "draft",
-        "ngram" and "hybrid" pick the drafter (edgespec.drafters). `drafter` replaces it;
+        "ngram" and "hybrid" pick the drafter (edgespec.drafting.build). `drafter` replaces it;
         `k_policy(last_round)` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive). Errors surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from edgespec import fastexp
 from edgespec.config import SamplingConfig
+from edgespec.cpu import fastexp
 
 
 def warp(logits: mx.array, cfg: SamplingConfig) -> mx.array:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgespec.tiny import make_tiny_pair
+from edgespec.loading.tiny import make_tiny_pair
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 

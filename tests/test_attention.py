@@ -1,4 +1,4 @@
-"""Grouped verify attention (edgespec.attention): same values as MLX's attention, taken only by
+"""Grouped verify attention (edgespec.cpu.attention): same values as MLX's attention, taken only by
 caches EdgeSpec marks, and row-exact where the BLAS is (tests/test_blas.py runs a KVState forward
 under the reference BLAS, which goes through this path on the CPU)."""
 
@@ -10,9 +10,9 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
-from edgespec import attention
 from edgespec.cache import KVState
-from edgespec.tiny import llama_config, random_llama_weights
+from edgespec.cpu import attention
+from edgespec.loading.tiny import llama_config, random_llama_weights
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (8, 2)])

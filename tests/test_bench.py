@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.bench import (
+from edgespec.bench.report import format_markdown, format_table, write_report
+from edgespec.bench.runner import (
     DEFAULT_PROMPTS,
     MT_BENCH,
     BenchPlan,
@@ -22,7 +23,6 @@ from edgespec.bench import (
 )
 from edgespec.errors import ConfigError, PromptError
 from edgespec.metrics import RunRecord, Summary, aggregate
-from edgespec.report import format_markdown, format_table, write_report
 
 SHARED = Path(os.environ.get("EDGESPEC_SHARED", Path(__file__).parents[1] / ".." / "shared"))
 SPEC_BENCH = SHARED / "prompts" / "spec_bench_question.jsonl"
@@ -184,14 +184,14 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.fixture(scope="module")
 def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    from edgespec.tiny import make_tiny_pair
+    from edgespec.loading.tiny import make_tiny_pair
 
     root = tmp_path_factory.mktemp("pairs")
     return {kind: make_tiny_pair(root / kind, seed=0, draft=kind) for kind in ("subset", "self")}
 
 
 def _bench(engine, plan: BenchPlan, categories: list[str]) -> BenchResult:
-    from edgespec.bench import compare_greedy, encode_prompts, iter_bench, warm_up
+    from edgespec.bench.runner import compare_greedy, encode_prompts, iter_bench, warm_up
 
     prompts = load_prompts(None, categories=categories, limit=1)
     encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)

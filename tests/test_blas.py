@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from edgespec import blas
+from edgespec.cpu import blas
 
 MKL = "/opt/lib/libmkl_rt.so.3"
 OPENBLAS = "/opt/libopenblas.so"
@@ -77,13 +77,13 @@ def test_openblas_reports_its_kernels():
     the set in use (`kernels`, which the bench records)."""
     lib = blas.openblas_path()
     assert lib is not None and blas.openblas_core(lib) != ""
-    code = f"from edgespec import blas; print(blas.openblas_core({lib!r}))"
+    code = f"from edgespec.cpu import blas; print(blas.openblas_core({lib!r}))"
     env = {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "Sandybridge", out.stderr
     assert blas.openblas_core("/nonexistent/libblas.so.3") == ""
     env.update({"LD_PRELOAD": lib, blas.ACTIVE: "openblas"})
-    code = "from edgespec import blas; import mlx.core; print(blas.kernels())"
+    code = "from edgespec.cpu import blas; import mlx.core; print(blas.kernels())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "Sandybridge", out.stderr
 
@@ -129,7 +129,7 @@ BITS = """
 import mlx.core as mx, numpy as np
 from mlx_lm.models import llama
 from edgespec.cache import KVState
-from edgespec.tiny import llama_config, random_llama_weights
+from edgespec.loading.tiny import llama_config, random_llama_weights
 config = llama_config(vocab_size=4096, layers=2, hidden=576)
 model = llama.Model(llama.ModelArgs.from_dict(config))
 model.load_weights([(k, mx.array(v)) for k, v in random_llama_weights(config, seed=3).items()])

@@ -11,9 +11,9 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models import llama
 
-from edgespec import blocks, rope
-from edgespec.blocks import CompiledBlock
 from edgespec.cache import KVState
+from edgespec.cpu import blocks, rope
+from edgespec.cpu.blocks import CompiledBlock
 
 pytestmark = pytest.mark.skipif(not blocks.compiler_works(), reason="MLX cannot compile here")
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import huggingface_hub.constants as hf_constants
 import pytest
 
-from edgespec import catalog, loading
 from edgespec.commands import models as models_cmd
 from edgespec.errors import ModelNotFoundError
-from edgespec.tiny import make_tiny_pair
+from edgespec.loading import catalog
+from edgespec.loading import load as loading
+from edgespec.loading.tiny import make_tiny_pair
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.tiny import make_tiny_pair
+from edgespec.loading.tiny import make_tiny_pair
 from tests.cli import run_edgespec
 
 

@@ -24,8 +24,8 @@ from edgespec.distill.train import (
     split_data,
     train,
 )
-from edgespec.draft_model import input_embedding, load_draft
-from edgespec.tiny import make_tiny_pair
+from edgespec.drafting.draft_model import input_embedding, load_draft
+from edgespec.loading.tiny import make_tiny_pair
 
 N_INSTR = 120
 PLAN = D.SamplingPlan(max_new_tokens=16, top_k_saved=8)

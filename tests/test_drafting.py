@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgespec.adaptive import (
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.drafting.adaptive import (
     TIE_TOLERANCE,
     AdaptiveK,
     DrafterEstimate,
@@ -23,13 +24,12 @@ from edgespec.adaptive import (
     fit_verify_line,
     verify_curve,
 )
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.drafters import ConfidentDrafter, HybridDrafter, build_drafter
+from edgespec.drafting.build import ConfidentDrafter, HybridDrafter, build_drafter
+from edgespec.drafting.ngram import NgramDrafter, NgramIndex
 from edgespec.errors import ConfigError
 from edgespec.events import Finished, Round, Token
 from edgespec.loop import ModelDrafter, no_proposal
 from edgespec.metrics import expected_tokens_per_round
-from edgespec.ngram import NgramDrafter, NgramIndex
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
 
@@ -899,7 +899,7 @@ def test_replayed_ngram_rounds_are_the_rounds_the_loop_runs(tiny_models, k, n_mi
     lookups, pipelined plain steps and their one-behind proposals, long matches' long proposals
     (long > 0) alike. (On this prompt the tiny target repeats itself enough for accepted,
     rejected and plain rounds to occur at every k.)"""
-    from edgespec.ngram import replay_rounds
+    from edgespec.drafting.ngram import replay_rounds
 
     engine = Engine(tiny_models[0], None)
     ids = engine.encode_raw("1 2 3 4 1 2 3 4 1 2 3 4")

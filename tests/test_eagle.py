@@ -1,4 +1,4 @@
-"""Feature drafts (EAGLE-style, edgespec.eagle) on tiny seeded models.
+"""Feature drafts (EAGLE-style, edgespec.drafting.eagle) on tiny seeded models.
 
 Exactness the same way as for token drafts: greedy output identical to plain decoding (fixed K,
 adaptive, hybrid, multi-turn with cache reuse), and a chi-square test at T > 0 that the first two
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from edgespec import loop
-from edgespec.bench import BenchPlan, check_methods
+from edgespec.bench.runner import BenchPlan, check_methods
+from edgespec.bench.unbiased import verify_pair
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.data import Sequence
 from edgespec.distill.eagle import (
@@ -27,15 +28,20 @@ from edgespec.distill.eagle import (
     new_eagle,
     train_eagle,
 )
-from edgespec.eagle import EagleDrafter, EagleModel, EagleState, save_eagle, target_features
+from edgespec.drafting.eagle import (
+    EagleDrafter,
+    EagleModel,
+    EagleState,
+    save_eagle,
+    target_features,
+)
 from edgespec.errors import ConfigError, ModelLoadError
 from edgespec.events import Round, Token
-from edgespec.loading import load_model, load_pair, load_token_draft
+from edgespec.loading.load import load_model, load_pair, load_token_draft
+from edgespec.loading.tiny import make_tiny_eagle, make_tiny_pair
 from edgespec.loop import no_proposal
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
-from edgespec.tiny import make_tiny_eagle, make_tiny_pair
-from edgespec.verify import verify_pair
 from tests.cli import run_edgespec
 
 GREEDY = SamplingConfig(temperature=0)
@@ -112,7 +118,7 @@ def test_feature_draft_without_or_with_a_wrong_target_is_a_one_line_error(tiny_d
     cfg["hidden_size"] = 32
     wide = tmp_path / "wide32"
     wide.mkdir()
-    from edgespec.tiny import random_llama_weights, write_model
+    from edgespec.loading.tiny import random_llama_weights, write_model
 
     write_model(wide, cfg, random_llama_weights(cfg, 0), tmp_path / "wide" / "tokenizer")
     with pytest.raises(ModelLoadError, match="made for a target with") as e:
@@ -250,7 +256,7 @@ def test_the_chi_square_check_has_power_against_the_draft(tiny_dir, trained):
     test above can fail (a loop that kept draft tokens without the ratio test would be caught)."""
     from scipy.stats import chisquare
 
-    from edgespec.verify import last_distributions
+    from edgespec.bench.unbiased import last_distributions
 
     t, d = load_pair(str(tiny_dir / "target"), str(trained[0]))
     ids = Engine(t, d).encode_raw(PROMPT)
@@ -327,7 +333,7 @@ def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer
     (checked by sha256), and loading it back gives the same model."""
     from edgespec.distill.build import build_draft
     from edgespec.distill.eagle import export_grown, from_token_draft
-    from edgespec.draft_model import save_draft
+    from edgespec.drafting.draft_model import save_draft
 
     t = load_model(str(tiny_dir / "target"))
     cfg = json.loads((tiny_dir / "target" / "config.json").read_text())

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.eagle import EagleModel
+from edgespec.drafting.eagle import EagleModel
 from tests.cli import run_edgespec
 from tests.test_embedded_pair import (
     SHARED,

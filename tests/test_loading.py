@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import ArraysCache
 
-from edgespec import loading
-from edgespec.catalog import parse_catalog
-from edgespec.draft_model import MODEL_TYPE, build, save_draft
+from edgespec.drafting.draft_model import MODEL_TYPE, build, save_draft
 from edgespec.errors import (
     CacheNotTrimmableError,
     ConfigError,
@@ -22,7 +20,9 @@ from edgespec.errors import (
     ModelNotFoundError,
     TokenizerMismatchError,
 )
-from edgespec.tiny import make_tiny_pair
+from edgespec.loading import load as loading
+from edgespec.loading.catalog import parse_catalog
+from edgespec.loading.tiny import make_tiny_pair
 from tests.test_gguf import write_tiny_gguf
 
 
@@ -266,7 +266,7 @@ def test_load_pair_with_missing_draft_fails_clearly_unless_no_spec(pair_dir, tmp
 
 
 def test_load_pair_edgespec_draft_borrows_target_tokenizer(pair_dir, tmp_path):
-    from edgespec.tiny import llama_config
+    from edgespec.loading.tiny import llama_config
 
     target_cfg = json.loads((pair_dir[0] / "config.json").read_text())
     config = {
@@ -291,8 +291,8 @@ def test_load_pair_rejects_mismatched_tokenizers(pair_dir, tmp_path):
 
 
 def test_pair_name_given_as_target_means_that_pair():
-    from edgespec.catalog import load_catalog
-    from edgespec.loading import _pair_specs
+    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.load import _pair_specs
 
     cat = load_catalog()
     assert _pair_specs("smollm2-135m", None, None, cat) == (

@@ -13,9 +13,9 @@ from pathlib import Path
 import huggingface_hub.constants as hf_constants
 import pytest
 
-from edgespec import gguf, paths, pull
-from edgespec.catalog import load_catalog, parse_catalog
 from edgespec.errors import DownloadError
+from edgespec.loading import gguf, paths, pull
+from edgespec.loading.catalog import load_catalog, parse_catalog
 from tests.test_catalog import make_hub_cache
 from tests.test_gguf import write_tiny_gguf
 

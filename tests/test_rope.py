@@ -8,9 +8,9 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from edgespec import rope
 from edgespec.cache import KVState
-from edgespec.rope import TableRoPE
+from edgespec.cpu import rope
+from edgespec.cpu.rope import TableRoPE
 
 OFFSETS = [0, 1, 2, 7, 31, 255, 256, 1000, 4093, 4095, 4096, 5000, 9000]
 

@@ -1,4 +1,4 @@
-"""One-row products run as two rows (edgespec.rowpad): same parameters, same logits, chosen by the
+"""One-row products run as two rows (edgespec.cpu.rowpad): same parameters, same logits, chosen by the
 BLAS, applied by the loader."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from edgespec import blas
 from edgespec.cache import KVState
-from edgespec.loading import load_model
-from edgespec.rowpad import (
+from edgespec.cpu import blas
+from edgespec.cpu.rowpad import (
     RowPadEmbedding,
     RowPadLinear,
     is_padded,
     matmul_t,
     pad_single_rows,
 )
+from edgespec.loading.load import load_model
 
 
 def _close(a: mx.array, b: mx.array) -> None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
+from edgespec.bench.unbiased import chi2_sf, chi_square, last_distributions, simulate, verify_pair
 from edgespec.config import SamplingConfig
-from edgespec.verify import chi2_sf, chi_square, last_distributions, simulate, verify_pair
 from tests.cli import run_edgespec
 
 HOT = SamplingConfig(temperature=2.5, seed=0)

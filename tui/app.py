@@ -20,8 +20,8 @@ from textual.widgets import Footer, Header, Input
 
 from edgespec.config import GenerationConfig
 from edgespec.events import Token
-from tui.engine_thread import EngineThread, Loader
-from tui.messages import (
+from edgespec.tui.engine_thread import EngineThread, Loader
+from edgespec.tui.messages import (
     EngineFailed,
     EngineReady,
     LoadProgress,
@@ -29,9 +29,9 @@ from tui.messages import (
     TurnFailed,
     TurnFinished,
 )
-from tui.screens import LoadingScreen, PastChatsScreen
-from tui.store import ChatMessage, ChatStore, Conversation, stats_to_json
-from tui.widgets import AnswerView, StatsPanel, StatsView, TurnMeter, UserMessage, clean_text
+from edgespec.tui.screens import LoadingScreen, PastChatsScreen
+from edgespec.tui.store import ChatMessage, ChatStore, Conversation, stats_to_json
+from edgespec.tui.widgets import AnswerView, StatsPanel, StatsView, TurnMeter, UserMessage, clean_text
 
 K_RANGE = (1, 16)
 TEMP_RANGE, TEMP_STEP = (0.0, 2.0), 0.1

@@ -40,14 +40,14 @@ def describe(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Open the app; returns 0, or 2 when the models could not be loaded."""
-    from tui.app import ChatApp
-    from tui.engine_thread import ChatEngine, ProgressFn
+    from edgespec.tui.app import ChatApp
+    from edgespec.tui.engine_thread import ChatEngine, ProgressFn
 
     config = generation_from_args(args)  # invalid settings raise ConfigError before the UI starts
 
     def load(on_progress: ProgressFn) -> ChatEngine:
         if args.fake:
-            from tui.fake import FakeEngine, FakeScript
+            from edgespec.tui.fake import FakeEngine, FakeScript
 
             return FakeEngine.load(FakeScript(round_delay=0.05, load_delay=0.2), on_progress)
         from edgespec.runtime import Engine  # imported on the engine thread: it owns MLX

@@ -23,7 +23,7 @@ from textual.message import Message
 from edgespec.config import GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.events import Finished, Round, Token
-from tui.messages import (
+from edgespec.tui.messages import (
     EngineFailed,
     EngineReady,
     LoadProgress,

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
 
-from tui.store import ChatSummary
+from edgespec.tui.store import ChatSummary
 
 
 class LoadingScreen(Screen[None]):

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgespec.bench import (
+from edgespec.bench.report import format_table, write_report
+from edgespec.bench.runner import (
     DEFAULT_METHODS,
     METHODS,
     BenchPlan,
@@ -28,7 +29,6 @@ from edgespec.bench import (
 from edgespec.commands.common import add_model_args
 from edgespec.errors import ConfigError, PromptError
 from edgespec.metrics import RunRecord, aggregate
-from edgespec.report import format_table, write_report
 
 HELP = (
     "Measure decode throughput of plain decoding, EdgeSpec's speculative decoding and mlx-lm's, "
@@ -142,7 +142,7 @@ def _writable_folder(out: Path) -> bool:
 
 
 def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path) -> int:
-    from edgespec.loading import load_token_draft, peer_draft_spec
+    from edgespec.loading.load import load_token_draft, peer_draft_spec
     from edgespec.runtime import Engine
 
     engine = Engine.load(

@@ -27,7 +27,7 @@ def _size(n: int) -> str:
 
 def pair_rows() -> list[dict[str, Any]]:
     """One record per pair: names, platform, and for target and draft presence/path/size."""
-    from edgespec.catalog import load_catalog, model_status
+    from edgespec.loading.catalog import load_catalog, model_status
 
     cat = load_catalog()
     rows = []

@@ -36,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgespec.catalog import load_catalog
-    from edgespec.loading import resolve_model
-    from edgespec.pull import pull
+    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.load import resolve_model
+    from edgespec.loading.pull import pull
 
     cat = load_catalog()
     if args.name in cat.models:

@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     SpecConfig(k=args.k)  # K's checks and message, as everywhere
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    from edgespec.bench.unbiased import verify_pair
     from edgespec.runtime import Engine
-    from edgespec.verify import verify_pair
 
     engine = Engine.load(
         args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype

@@ -12,7 +12,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edgespec.distill.data import Sequence
-from edgespec.draft_model import MODEL_TYPE, DraftModel, build
+from edgespec.drafting.draft_model import MODEL_TYPE, DraftModel, build
 from edgespec.errors import ConfigError
 
 DEFAULT_LAYERS = "0,1,-2,-1"

@@ -1,4 +1,4 @@
-"""Training a feature draft (edgespec.eagle) from the target's own answers.
+"""Training a feature draft (edgespec.drafting.eagle) from the target's own answers.
 
 Data: the distill data shards (prompt + target answer token ids). The target runs once over each
 sequence (teacher-forced) to record its top hidden states f_i; they are cached on disk as fp16
@@ -29,8 +29,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from edgespec.distill.data import Sequence, atomic_write_bytes, atomic_write_npz
-from edgespec.eagle import EagleModel, build, eagle_config, save_eagle
-from edgespec.gguf import sha256_file
+from edgespec.drafting.eagle import EagleModel, build, eagle_config, save_eagle
+from edgespec.loading.gguf import sha256_file
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def extract_features(
 ) -> int:
     """Run the target over `seqs` (in order, skipping those already cached) until `max_tokens`
     tokens have features; one chunk file per batch. Returns the number of tokens cached."""
-    from edgespec.eagle import target_features
+    from edgespec.drafting.eagle import target_features
 
     folder.mkdir(parents=True, exist_ok=True)
     done = {int(p.stem.split("-")[1]) for p in feature_chunks(folder)}

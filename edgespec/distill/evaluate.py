@@ -88,7 +88,7 @@ def decode_ms(model: Any, prompt: list[int], steps: int = 48) -> float:
     reduced-head draft is timed the way the loop runs it: head logits only, argmax mapped to ids."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from edgespec.draft_model import reduced_head
+    from edgespec.drafting.draft_model import reduced_head
 
     head = reduced_head(model)
 

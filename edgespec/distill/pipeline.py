@@ -25,7 +25,7 @@ from edgespec.distill.train import (
     train,
 )
 from edgespec.errors import ConfigError
-from edgespec.loading import dequantize_model, on_cpu
+from edgespec.loading.load import dequantize_model, on_cpu
 
 
 def train_config(a: argparse.Namespace) -> TrainConfig:

@@ -26,7 +26,7 @@ class Target:
 
 def load_target(spec: str) -> Target:
     """Load a target through EdgeSpec's loader (catalogue name, folder, .gguf, repo id)."""
-    from edgespec.loading import load_model
+    from edgespec.loading.load import load_model
 
     lm = load_model(spec)
     return Target(lm.model, lm.tokenizer, spec, dict(lm.config))

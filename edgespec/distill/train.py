@@ -25,7 +25,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from edgespec.distill.build import build_draft, choose_head, freeze_for_training, resolve_layers
 from edgespec.distill.data import Meta, Sequence, atomic_write_bytes
 from edgespec.distill.instructions import is_eval
-from edgespec.draft_model import DraftModel, build
+from edgespec.drafting.draft_model import DraftModel, build
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Train a feature draft (edgespec.eagle) for the embedded target on this machine, from the shipped
+"""Train a feature draft (edgespec.drafting.eagle) for the embedded target on this machine, from the shipped
 draft data (models/smollm2-135m-draft/data, the target's own answers as token ids).
 
 Three phases, each resumable (run it again to continue), selectable with --phase so that the
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         train_eagle,
     )
     from edgespec.distill.export import quantize
-    from edgespec.eagle import save_eagle
+    from edgespec.drafting.eagle import save_eagle
     from edgespec.runtime import Engine
 
     engine = Engine.load()  # the embedded pair: target + token draft (its head ids, its layers)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 # The same table as edgespec/gguf.py's _LAYER_NAMES, written again on purpose: this script runs
-# where MLX is not installed, and edgespec.gguf imports MLX.
+# where MLX is not installed, and edgespec.loading.gguf imports MLX.
 GGUF_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",

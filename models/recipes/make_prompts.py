@@ -16,7 +16,7 @@ import numpy as np
 
 from edgespec.distill.data import prompt_ids
 from edgespec.distill.instructions import instructions, is_eval
-from edgespec.paths import model_dir
+from edgespec.loading.paths import model_dir
 
 
 def pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

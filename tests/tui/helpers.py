@@ -10,9 +10,9 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from tui.app import ChatApp
-from tui.fake import FakeEngine, FakeScript
-from tui.store import ChatStore
+from edgespec.tui.app import ChatApp
+from edgespec.tui.fake import FakeEngine, FakeScript
+from edgespec.tui.store import ChatStore
 
 
 class FakeLoader:

@@ -8,9 +8,9 @@ import time
 from edgespec.config import GenerationConfig
 from edgespec.errors import ModelLoadError
 from edgespec.events import Finished, Stats, Token
-from tui.engine_thread import Batcher, EngineThread, error_line
-from tui.fake import FakeEngine, FakeScript
-from tui.messages import EngineFailed, EngineReady, StreamBatch, TurnFinished
+from edgespec.tui.engine_thread import Batcher, EngineThread, error_line
+from edgespec.tui.fake import FakeEngine, FakeScript
+from edgespec.tui.messages import EngineFailed, EngineReady, StreamBatch, TurnFinished
 
 
 class Inbox:

@@ -8,16 +8,16 @@ import pytest
 
 from edgespec.config import GenerationConfig, SpecConfig
 from tests.tui.helpers import ask, run, wait_for
-from tui.app import ChatApp
-from tui.store import ChatStore
-from tui.widgets import AnswerView
+from edgespec.tui.app import ChatApp
+from edgespec.tui.store import ChatStore
+from edgespec.tui.widgets import AnswerView
 
 pytest.importorskip("mlx.core")
 
 
 def test_real_tiny_pair_end_to_end(tmp_path: Path) -> None:
+    from edgespec.loading.tiny import make_tiny_pair
     from edgespec.runtime import Engine
-    from edgespec.tiny import make_tiny_pair
 
     target, draft = make_tiny_pair(tmp_path / "pair", seed=0, draft="self")
 

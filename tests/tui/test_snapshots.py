@@ -14,7 +14,7 @@ from textual.widgets import Input
 
 from edgespec.errors import TokenizerMismatchError
 from tests.tui.helpers import ask, make_app, wait_for
-from tui.fake import FakeScript
+from edgespec.tui.fake import FakeScript
 
 SIZE = (120, 40)
 

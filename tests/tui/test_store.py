@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.store import ChatMessage, ChatStore, Conversation, atomic_write_text, data_dir
+from edgespec.tui.store import ChatMessage, ChatStore, Conversation, atomic_write_text, data_dir
 
 
 def _conv() -> Conversation:

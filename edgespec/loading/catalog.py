@@ -21,16 +21,13 @@ from edgespec.errors import ModelNotFoundError
 
 
 def models_root() -> Path:
-    """The `models/` folder holding catalog.json and in-repo weights (checkout or installed)."""
-    here = Path(__file__).resolve().parent.parent / "models"
-    if (here / "catalog.json").is_file():
-        return here
-    spec = importlib.util.find_spec("models")
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            if (Path(loc) / "catalog.json").is_file():
-                return Path(loc)
-    return here
+    """The `models/` folder holding catalog.json and in-repo weights: installed as the
+    `edgespec.models` package (the checkout's top-level models/ in an editable install)."""
+    spec = importlib.util.find_spec("edgespec.models")
+    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(loc) / "catalog.json").is_file():
+            return Path(loc)
+    return Path(__file__).resolve().parents[2] / "models"  # a checkout run without installing
 
 
 @dataclass(frozen=True)
@@ -187,8 +184,8 @@ def hub_snapshot(repo: str) -> Path | None:
 
 def model_status(spec: str, cat: Catalog) -> ModelStatus:
     """Whether `spec` (a catalogue name or a hub repo id) is available locally, where, how big."""
-    from edgespec import paths
-    from edgespec.pull import cached
+    from edgespec.loading import paths
+    from edgespec.loading.pull import cached
 
     if spec in cat.models:
         entry = cat.model(spec)

@@ -2,7 +2,7 @@
 
 The `mlx[cpu]` wheel links the unoptimised reference BLAS (FACTS.md: a 1024x1024 fp32 matmul at
 ~5 GFLOP/s). A library cannot swap BLAS after MLX is loaded, so the `edgespec` command (and pytest,
-through edgespec.pytest_blas) re-executes itself once, before importing MLX, with a better one in
+through edgespec.cpu.pytest_blas) re-executes itself once, before importing MLX, with a better one in
 LD_PRELOAD. EDGESPEC_BLAS picks it:
 
 - `auto` (default): Intel MKL in exact mode when the `mkl` wheel is installed (`pip install
@@ -182,7 +182,7 @@ def rows_exact(name: str | None = None) -> bool:
 
 
 def pads_single_rows() -> bool:
-    """Whether one-row matrix products should run as two rows (edgespec.rowpad): only when
+    """Whether one-row matrix products should run as two rows (edgespec.cpu.rowpad): only when
     EDGESPEC_PAD_ROWS=1. Off by default: under MKL a lone forward gets faster, but the pipelined
     decode loop got slower on a 2-core machine (measured; see edgespec/rowpad.py)."""
     return os.environ.get("EDGESPEC_PAD_ROWS", "").strip() == "1"

@@ -1,4 +1,4 @@
-"""pytest plugin (loaded with `-p edgespec.pytest_blas` from pyproject's addopts).
+"""pytest plugin (loaded with `-p edgespec.cpu.pytest_blas` from pyproject's addopts).
 
 Loaded before pytest starts capturing output, it re-executes pytest once with an optimised BLAS
 preloaded (MKL in exact mode, else OpenBLAS; see edgespec/blas.py), so in-process MLX tests run on
@@ -9,6 +9,6 @@ from __future__ import annotations
 
 import sys
 
-from edgespec.blas import reexec_with_blas
+from edgespec.cpu.blas import reexec_with_blas
 
 reexec_with_blas(sys.argv[1:], module="pytest")

@@ -19,7 +19,7 @@ import numpy as np
 
 from edgespec.acceptance import expected_acceptance, verify
 from edgespec.config import SamplingConfig
-from edgespec.eagle import EagleModel, target_features
+from edgespec.drafting.eagle import EagleModel, target_features
 from edgespec.errors import ConfigError
 from edgespec.loop import fit_vocab
 from edgespec.sampling import make_key, sample, split, warp

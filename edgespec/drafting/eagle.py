@@ -37,10 +37,10 @@ from mlx_lm.models.base import create_attention_mask
 
 from edgespec.cache import KVState, common_prefix
 from edgespec.config import SamplingConfig
-from edgespec.draft_model import quantize_as_stored, read_weights
-from edgespec.gguf import sha256_file
+from edgespec.cpu.rowpad import matmul_t
+from edgespec.drafting.draft_model import quantize_as_stored, read_weights
+from edgespec.loading.gguf import sha256_file
 from edgespec.loop import Proposal, full_q, no_proposal, pick_token
-from edgespec.rowpad import matmul_t
 from edgespec.sampling import uniforms
 
 MODEL_TYPE = "edgespec_eagle"
@@ -71,7 +71,7 @@ class EagleModel(nn.Module):
         # saved, never trained, shared with the target rather than copied).
         object.__setattr__(self, "embedding", None)
         object.__setattr__(self, "head_weight", None)
-        # One-row products as two rows (edgespec.rowpad; set by the loader where that is faster).
+        # One-row products as two rows (edgespec.cpu.rowpad; set by the loader where that is faster).
         object.__setattr__(self, "pad_rows", False)
         self.chain = "guess"
         self.feature_scale = 1.0  # features are multiplied by this before the mixer

@@ -22,10 +22,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 
-from edgespec import paths
-from edgespec.blas import pads_single_rows
-from edgespec.catalog import Catalog, is_repo_id, load_catalog
-from edgespec.draft_model import input_embedding
+from edgespec.cpu.blas import pads_single_rows
+from edgespec.cpu.rowpad import pad_single_rows
+from edgespec.drafting.draft_model import input_embedding
 from edgespec.errors import (
     CacheNotTrimmableError,
     ConfigError,
@@ -34,7 +33,8 @@ from edgespec.errors import (
     ModelNotFoundError,
     TokenizerMismatchError,
 )
-from edgespec.rowpad import pad_single_rows
+from edgespec.loading.catalog import Catalog, is_repo_id, load_catalog
+from edgespec.loading import paths
 
 ProgressFn = Callable[[str, "float | None"], None]
 DEFAULT_CONTEXT = 2048
@@ -99,7 +99,7 @@ def resolve_model(
 
 
 def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
-    from edgespec.gguf import convert_gguf, sha256_file
+    from edgespec.loading.gguf import convert_gguf, sha256_file
 
     _report(on_progress, f"hashing {path.name}")
     digest = sha256_file(path)
@@ -114,7 +114,7 @@ def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
 
 
 def _resolve_catalogue(name: str, cat: Catalog, on_progress: ProgressFn | None) -> Path:
-    from edgespec.pull import pull
+    from edgespec.loading.pull import pull
 
     entry = cat.model(name)
     if entry.local is not None:
@@ -258,8 +258,8 @@ def _load_weights(
     """Build the module from config and load its weights; any failure names the folder."""
     from mlx_lm.utils import load_model as mlx_load_model
 
-    from edgespec.draft_model import MODEL_TYPE, load_draft
-    from edgespec.eagle import is_eagle, load_eagle
+    from edgespec.drafting.draft_model import MODEL_TYPE, load_draft
+    from edgespec.drafting.eagle import is_eagle, load_eagle
 
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path} has no *.safetensors weights")
@@ -300,7 +300,7 @@ def load_model(
     """Resolve and load one model for this backend.
 
     embedding: the target's input embedding, for an EdgeSpec draft that shares it.
-    target: the loaded target model, for a feature draft (edgespec.eagle: it uses the target's
+    target: the loaded target model, for a feature draft (edgespec.drafting.eagle: it uses the target's
     embedding and output head).
     quantize_bits: quantize an unquantized model to this many bits (GPU only; ignored when the
     model is dequantized for the CPU). dequantize: None = on the CPU backend only.
@@ -424,7 +424,7 @@ def load_token_draft(
 ) -> LoadedModel:
     """Load a token draft for `target` (for a peer such as mlx-lm when the pair's own draft is a
     feature draft), checked like any draft: same tokenizer, trimmable cache, not a feature draft."""
-    from edgespec.eagle import EagleModel
+    from edgespec.drafting.eagle import EagleModel
 
     cat = load_catalog()
     _check_draft_available(spec, None, cat)

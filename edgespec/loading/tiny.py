@@ -167,10 +167,10 @@ def make_tiny_pair(
 
 
 def make_tiny_eagle(target: str | Path, out: str | Path, seed: int = 0, head: int | None = None):
-    """Write a seeded feature draft (edgespec.eagle) for the tiny target at `target`: one llama
+    """Write a seeded feature draft (edgespec.drafting.eagle) for the tiny target at `target`: one llama
     layer, fc initialised to pass the feature through plus the token's embedding. `head`: score
     only that many token ids (every other one, from 0), so off-head tokens get q = 0."""
-    from edgespec.eagle import eagle_config
+    from edgespec.drafting.eagle import eagle_config
 
     target, out = Path(target), Path(out)
     tcfg = json.loads((target / "config.json").read_text())

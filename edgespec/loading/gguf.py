@@ -25,7 +25,7 @@ import mlx.core as mx
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from edgespec.errors import ModelLoadError, ModelNotFoundError
-from edgespec.paths import atomic_dir
+from edgespec.loading.paths import atomic_dir
 
 # llama.cpp tensor-name fragments -> mlx-lm llama names (applied to the part after "blk.N.").
 _LAYER_NAMES = {

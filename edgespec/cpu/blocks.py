@@ -35,9 +35,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
 
-from edgespec import rope
-from edgespec.attention import MAX_ROWS, cpu_switch
-from edgespec.fastexp import compiler_works
+from edgespec.cpu import rope
+from edgespec.cpu.attention import MAX_ROWS, cpu_switch
+from edgespec.cpu.fastexp import compiler_works
 
 MAX_LENGTH = MAX_ROWS  # longer forwards (prompt chunks) keep mlx-lm's code
 _FNS = "_edgespec_compiled"

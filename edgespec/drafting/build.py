@@ -19,10 +19,10 @@ import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.eagle import EagleDrafter, EagleState
+from edgespec.drafting.eagle import EagleDrafter, EagleState
+from edgespec.drafting.ngram import NgramDrafter
 from edgespec.errors import ConfigError
 from edgespec.loop import Drafter, ModelDrafter, Proposal, no_proposal
-from edgespec.ngram import NgramDrafter
 from edgespec.sampling import sample, uniforms, warp
 
 # A one-token suffix match is a weak guess next to a trained draft: hybrid wants >= 2 tokens.

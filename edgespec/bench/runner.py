@@ -22,15 +22,16 @@ from typing import Any
 
 import mlx.core as mx
 
-from edgespec import attention, blas, blocks, fastexp, leanops, loop, rope
+from edgespec import loop
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.eagle import EagleModel
+from edgespec.cpu import attention, blas, blocks, fastexp, leanops, rope
+from edgespec.drafting.eagle import EagleModel
 from edgespec.errors import ConfigError, PromptError
 from edgespec.events import Finished, Round, Token
-from edgespec.loading import on_cpu
+from edgespec.loading.load import on_cpu
 from edgespec.metrics import PLAIN, RoundTotals, RunRecord, fold_rounds, rounds_from_flags
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "bench_prompts.jsonl"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench_prompts.jsonl"
 # Spec-Bench's eight MT-bench categories; `--categories mt-bench` expands to them.
 MT_BENCH = (
     "writing",

@@ -31,8 +31,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from edgespec import rope
-from edgespec.attention import cpu_switch
+from edgespec.cpu import rope
+from edgespec.cpu.attention import cpu_switch
 
 
 def enabled() -> bool:

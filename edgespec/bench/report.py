@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgespec.bench import BenchResult
+from edgespec.bench.runner import BenchResult
 from edgespec.metrics import (
     PLAIN,
     Summary,
