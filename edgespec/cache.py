@@ -7,19 +7,19 @@ committed token out of both caches: it is the input of the next forward, which c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from edgespec.cpu import blocks, leanops, rope
-from edgespec.cpu.attention import mark
 from edgespec.errors import CacheNotTrimmableError
 
 PREFILL_CHUNK = 512
+CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix. [1, 2, 3], [1, 2, 4, 5] -> 2."""
     n = min(len(a), len(b))
     for i in range(n):
@@ -33,29 +33,43 @@ def vocab_size(model: Any) -> int:
     return int(model.args.vocab_size)
 
 
-def check_trimmable(model: Any, name: str) -> list[Any]:
-    """A fresh prompt cache for `model`; refuse models whose caches cannot be rewound."""
-    cache = make_prompt_cache(model)
+def check_trimmable(cache: list[Any], name: str) -> list[Any]:
+    """`cache` if every layer can be rewound; CacheNotTrimmableError otherwise."""
     if not cache or not can_trim_prompt_cache(cache) or not hasattr(cache[0], "offset"):
         kinds = sorted({type(c).__name__ for c in cache}) or ["none"]
         raise CacheNotTrimmableError(
-            f"{name}: its KV cache ({', '.join(kinds)}) cannot be rewound, so rejected draft "
-            "tokens could not be undone; speculative decoding needs a trimmable (attention) cache"
+            f"{name}: its KV cache ({', '.join(kinds)}) cannot be rewound, so rejected "
+            "draft tokens could not be undone; speculative decoding needs a trimmable (attention) "
+            "cache (run with --no-spec)"
         )
     return cache
 
 
-class KVState:
-    """One model, its KV cache, and the tokens that cache holds."""
+def target_features(model: Any, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
+    """One target forward, [L] -> (top hidden states [L, d], logits [L, V]); the same arithmetic
+    as model(inputs) (mlx-lm's llama-style Model.__call__ is model.model followed by the head).
+    A feature draft (edgespec/drafting/eagle.py) reads the hidden states."""
+    h = model.model(inputs[None], cache=cache)
+    if model.args.tie_word_embeddings:
+        logits = model.model.embed_tokens.as_linear(h)
+    else:
+        logits = model.lm_head(h)
+    return h[0], logits[0]
 
-    def __init__(self, model: Any, name: str = "model"):
+
+class KVState:
+    """One model, its KV cache, and the tokens that cache holds.
+
+    `new_cache(model)` makes a fresh cache (default: mlx-lm's make_prompt_cache; the Engine
+    passes the CPU backend's, which marks it for grouped attention)."""
+
+    def __init__(
+        self, model: Any, name: str = "model", new_cache: CacheFactory = make_prompt_cache
+    ):
         self.model = model
         self.name = name
-        self.cache = check_trimmable(model, name)
-        mark(self.cache)  # short multi-token forwards: grouped attention on the CPU
-        rope.install(model)  # rotary embeddings from tables on the CPU (same bits, fewer ops)
-        leanops.install(model)  # Linear/RMSNorm without per-call transposes/broadcasts (same)
-        blocks.install(model)  # llama blocks in two compiled pieces around the attention (same)
+        self.new_cache = new_cache
+        self.cache = check_trimmable(new_cache(model), name)
         self.tokens: list[int] = []
 
     @property
@@ -66,10 +80,14 @@ class KVState:
     def forward(self, inputs: mx.array, head_only: bool = False) -> mx.array:
         """inputs [L] int32 -> logits [L, V] (lazy). Appends L positions to the cache; the caller
         must `rewind` afterwards so that `tokens` matches again. `head_only`: a reduced-head draft's
-        logits over its head columns, [L, H] (see draft_model.DraftModel.head_logits)."""
+        logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits)."""
         if head_only:
             return self.model.head_logits(inputs[None], cache=self.cache)[0]
         return self.model(inputs[None], cache=self.cache)[0]
+
+    def forward_features(self, inputs: mx.array) -> tuple[mx.array, mx.array]:
+        """`forward`, also returning the top hidden states: (features [L, d], logits [L, V])."""
+        return target_features(self.model, inputs, self.cache)
 
     def rewind(self, context: list[int], keep: int) -> None:
         """Trim the cache to its first `keep` positions, which must equal context[:keep]."""
@@ -96,6 +114,5 @@ class KVState:
 
     def reset(self) -> None:
         """Forget everything (a fresh cache)."""
-        self.cache = make_prompt_cache(self.model)
-        mark(self.cache)
+        self.cache = self.new_cache(self.model)
         self.tokens = []

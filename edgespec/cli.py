@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, _ = _top_parser().parse_known_args(argv or ["--help"])
         return 2
     name, rest = argv[0], argv[1:]
-    reexec_with_blas(argv)
+    reexec_with_blas(argv, report=lambda note: print(note, file=sys.stderr))
     try:
         module = importlib.import_module(COMMANDS[name][0])
         parser = _Parser(prog=f"edgespec {name}", description=module.HELP)

@@ -11,6 +11,7 @@ Threading: MLX streams belong to one thread; load and generate on the same threa
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 import time
@@ -21,18 +22,23 @@ import mlx.core as mx
 
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
+from edgespec.cpu import rewrites
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
-from edgespec.drafting.build import HybridDrafter, build_drafter
+from edgespec.drafting.base import Drafter
+from edgespec.drafting.build import build_drafter
 from edgespec.drafting.draft_model import reduced_head
-from edgespec.drafting.eagle import EagleModel, EagleState
-from edgespec.drafting.eagle import prefill as eagle_prefill
+from edgespec.drafting.eagle import EagleModel
+from edgespec.drafting.features import EagleState
+from edgespec.drafting.features import prefill as eagle_prefill
+from edgespec.drafting.hybrid import HybridDrafter
 from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
-from edgespec.loop import Drafter, Limits, Step, decode_plain, speculate
-from edgespec.stats import summarize
+from edgespec.loading.load import load_pair
+from edgespec.loop import decode_plain, speculate
+from edgespec.metrics import generation_stats
+from edgespec.rounds import KPolicy, Limits, Step
 
 ProgressFn = Callable[[str, float | None], None]
-KPolicy = Callable[[Round | None], int]
 
 
 class Engine:
@@ -49,12 +55,20 @@ class Engine:
         self.context_window = int(target.context_window)
         if draft is not None:
             self.context_window = min(self.context_window, int(draft.context_window))
-        self._target = KVState(target.model, f"target {target.name}")
+        # The CPU backend's rewrites (edgespec/cpu/rewrites.py; each a no-op on a GPU): the models
+        # in place, marked caches, draft steps in pairs, the sampling softmax.
+        for loaded in (target, draft):
+            if loaded is not None:
+                rewrites.optimise(loaded.model)
+        self._pairs = rewrites.draft_pairs()
+        self._softmax = rewrites.sampling_softmax()
+        new_cache = rewrites.new_cache
+        self._target = KVState(target.model, f"target {target.name}", new_cache)
         self._draft: KVState | EagleState | None = None
         if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
-            self._draft = EagleState(draft.model, f"draft {draft.name}")
+            self._draft = EagleState(draft.model, f"draft {draft.name}", new_cache)
         elif draft is not None:
-            self._draft = KVState(draft.model, f"draft {draft.name}")
+            self._draft = KVState(draft.model, f"draft {draft.name}", new_cache)
         self._vocab = vocab_size(target.model)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
 
@@ -73,7 +87,6 @@ class Engine:
         """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
         (plain decoding only). dtype: the models' float parameters (`loading.load_model`). Raises ModelNotFoundError / ModelLoadError /
         TokenizerMismatchError / CacheNotTrimmableError with one-line messages."""
-        from edgespec.loading.load import load_pair
 
         t, d = load_pair(
             target,
@@ -166,11 +179,16 @@ class Engine:
         k_policy: KPolicy | None,
     ) -> Iterator[Step]:
         limits = Limits(config.max_tokens, self._eos, self.context_window)
+        sampling = config.sampling
+        if sampling.softmax is None:  # the backend's softmax (the CPU's fast exp), if it has one
+            sampling = dataclasses.replace(sampling, softmax=self._softmax)
         if not config.spec.enabled:
-            return decode_plain(self._target, prompt, config.sampling, limits, cancel)
+            return decode_plain(self._target, prompt, sampling, limits, cancel)
         spec = config.spec
         if drafter is None:
-            drafter = build_drafter(spec, config.sampling, self._draft, self._vocab, self.name)
+            drafter = build_drafter(
+                spec, sampling, self._draft, self._vocab, self.name, pairs=self._pairs
+            )
         policy = k_policy
         if policy is None:
             # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its
@@ -180,13 +198,13 @@ class Engine:
             policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
             if hybrid is not None and isinstance(policy, AdaptiveK):
                 hybrid.lookup_k = policy.lookup_k
-        return speculate(self._target, drafter, prompt, config.sampling, policy, limits, cancel)
+        return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
         uses_draft = config.spec.method in ("draft", "hybrid") and drafter is None
         # A feature draft needs the prompt's features, the engine's own or a caller's drafter
         # over the engine's feature-draft state alike.
-        wants = uses_draft or bool(getattr(drafter, "wants_features", False))
+        wants = uses_draft or (drafter is not None and drafter.wants_features)
         if wants and isinstance(self._draft, EagleState):
             return eagle_prefill(self._target, self._draft, prompt, PREFILL_CHUNK)
         prefilled = self._target.prefill(prompt)
@@ -225,7 +243,7 @@ class Engine:
                 reason = step.stop
                 break
         detok.finalize()
-        stats = summarize(
+        stats = generation_stats(
             rounds,
             count,
             t_request=t_request,

@@ -20,14 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edgespec.bench.records import PLAIN, Summary, VariantSummary
 from edgespec.bench.runner import BenchResult
-from edgespec.metrics import (
-    PLAIN,
-    Summary,
-    VariantSummary,
-    predicted_speedup,
-    verify_cost_line,
-)
+from edgespec.metrics import predicted_speedup, verify_cost_line
 
 SCHEMA_VERSION = 1
 

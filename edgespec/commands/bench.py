@@ -11,24 +11,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgespec.bench.greedy import compare_greedy
+from edgespec.bench.methods import DEFAULT_METHODS, METHODS
+from edgespec.bench.prompts import encode_prompts, load_prompts
+from edgespec.bench.records import RunRecord, aggregate
 from edgespec.bench.report import format_table, write_report
 from edgespec.bench.runner import (
-    DEFAULT_METHODS,
-    METHODS,
     BenchPlan,
     BenchResult,
     check_methods,
-    compare_greedy,
-    encode_prompts,
     environment,
     iter_bench,
-    load_prompts,
     pair_info,
     warm_up,
 )
 from edgespec.commands.common import add_model_args
 from edgespec.errors import ConfigError, PromptError
-from edgespec.metrics import RunRecord, aggregate
 
 HELP = (
     "Measure decode throughput of plain decoding, EdgeSpec's speculative decoding and mlx-lm's, "

@@ -21,23 +21,16 @@ other caller of mlx-lm in the process (the bench's mlx-lm peer) keeps mlx-lm's o
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import mlx.core as mx
 
+from edgespec.cpu.switch import cpu_switch
+
 FLAG = "_edgespec_grouped"
 MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path
 _ORIGINAL = "_edgespec_original_sdpa"
-
-
-def cpu_switch(variable: str) -> bool:
-    """Whether a CPU graph rewrite applies (this module's, rope.py's, leanops.py's): on for MLX's
-    CPU backend unless the environment sets `variable` to 0. GPUs have fused kernels."""
-    if os.environ.get(variable, "1") == "0":
-        return False
-    return mx.default_device().type == mx.DeviceType.cpu
 
 
 def enabled() -> bool:

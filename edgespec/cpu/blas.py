@@ -22,7 +22,8 @@ LD_PRELOAD. EDGESPEC_BLAS picks it:
 - `openblas`, or `system` (leave the process alone).
 OpenBLAS picks its kernel set for the CPU when it loads, unless OPENBLAS_CORETYPE names one (the
 re-exec leaves that variable alone; `kernels()` reports the set in use, and the bench records it).
-A choice that is not installed falls back down that list with a one-line note on stderr.
+A choice that is not installed falls back down that list with a one-line note (`plan`'s
+`notes`; the command prints it on stderr, the library never prints).
 Scripts that `import edgespec` can export the same variables themselves; `plan()` returns them.
 """
 
@@ -33,6 +34,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 CANDIDATES = (
@@ -78,15 +80,17 @@ def mkl_path() -> str | None:
     return None
 
 
-def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
+def plan(
+    mode: str | None = None, notes: list[str] | None = None
+) -> tuple[str, str, dict[str, str]] | None:
     """(name, library to preload, extra environment) for EDGESPEC_BLAS=mode (default: the
-    variable, else auto), or None for nothing to preload. Prints one line when the choice falls
-    back."""
+    variable, else auto), or None for nothing to preload. When the choice falls back, a one-line
+    note is appended to `notes` (if given)."""
+    said = notes if notes is not None else []
     mode = (mode if mode is not None else os.environ.get("EDGESPEC_BLAS", "auto")).strip() or "auto"
     if mode not in MODES:
-        print(
-            f"edgespec: EDGESPEC_BLAS={mode!r} is not one of {', '.join(MODES)}; using auto",
-            file=sys.stderr,
+        said.append(
+            f"edgespec: EDGESPEC_BLAS={mode!r} is not one of {', '.join(MODES)}; using auto"
         )
         mode = "auto"
     if mode == "system":
@@ -100,18 +104,16 @@ def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
                 env["MKL_CBWR"] = EXACT_CBWR
             return ("mkl-fast" if mode == "mkl-fast" else "mkl", lib, env)
         if mode != "auto":
-            print(
+            said.append(
                 f"edgespec: EDGESPEC_BLAS={mode}: MKL is not installed "
-                "(pip install mkl); trying OpenBLAS",
-                file=sys.stderr,
+                "(pip install mkl); trying OpenBLAS"
             )
     lib = openblas_path()
     if lib is None:
         if mode != "auto":
-            print(
+            said.append(
                 f"edgespec: EDGESPEC_BLAS={mode}: no optimised BLAS installed; "
-                "MLX's CPU backend keeps its reference BLAS",
-                file=sys.stderr,
+                "MLX's CPU backend keeps its reference BLAS"
             )
         return None
     return ("openblas", lib, {})
@@ -203,9 +205,11 @@ def active() -> str:
     return "reference"
 
 
-def reexec_with_blas(argv: list[str], module: str = "edgespec") -> None:
+def reexec_with_blas(
+    argv: list[str], module: str = "edgespec", report: Callable[[str], None] | None = None
+) -> None:
     """On Linux, replace this process with `python -m MODULE *argv` preloading the BLAS that
-    `plan()` picks (once).
+    `plan()` picks (once). `report` is handed plan's notes (a fallback) before that.
 
     No-op on macOS (MLX uses Accelerate/Metal), for EDGESPEC_BLAS=system, when already re-executed
     or already preloaded, when no optimised BLAS is installed, or when MLX is already imported
@@ -218,7 +222,11 @@ def reexec_with_blas(argv: list[str], module: str = "edgespec") -> None:
     preload = os.environ.get("LD_PRELOAD", "")
     if any(("mkl_rt" in p or "blas" in p) for p in preload.split(":") if p):
         return  # the user preloaded a BLAS themselves
-    chosen = plan()
+    notes: list[str] = []
+    chosen = plan(notes=notes)
+    for note in notes:
+        if report is not None:
+            report(note)
     if chosen is None:
         return
     name, lib, extra = chosen

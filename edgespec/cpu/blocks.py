@@ -36,8 +36,9 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 
 from edgespec.cpu import rope
-from edgespec.cpu.attention import MAX_ROWS, cpu_switch
+from edgespec.cpu.attention import MAX_ROWS
 from edgespec.cpu.fastexp import compiler_works
+from edgespec.cpu.switch import cpu_switch
 
 MAX_LENGTH = MAX_ROWS  # longer forwards (prompt chunks) keep mlx-lm's code
 _FNS = "_edgespec_compiled"

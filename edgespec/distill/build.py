@@ -48,7 +48,7 @@ def choose_head(
     """
     mass = np.zeros(vocab, np.float64)
     for s in seqs:
-        if s.topk_ids is not None:
+        if s.topk_ids is not None and s.topk_logprobs is not None:
             np.add.at(mass, s.topk_ids.ravel(), np.exp(s.topk_logprobs.astype(np.float64)).ravel())
         np.add.at(mass, s.ids[s.prompt_len :], 1e-3)  # tie-break: tokens actually emitted
     size = min(size, vocab)

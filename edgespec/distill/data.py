@@ -22,12 +22,15 @@ instruction id already present in a shard.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from edgespec.distill.instructions import instructions, split
+from edgespec.errors import ConfigError
+from edgespec.files import atomic_write_bytes
 
 FORMAT_VERSION = 1
 SHARD_GLOB = "shard-*.npz"
@@ -87,16 +90,6 @@ class Sequence:
     @property
     def n_completion(self) -> int:
         return len(self.ids) - self.prompt_len
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to a temp file beside `path`, fsync, then rename over it (all or nothing)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def shard_path(data_dir: Path, index: int) -> Path:
@@ -205,7 +198,6 @@ def is_greedy(instr_id: int, meta: Meta, held_out: set[int]) -> bool:
 
 def plan_ids(meta: Meta) -> tuple[list[int], set[int]]:
     """(answer order, held-out ids): the first `n_eval` held-out ids first, then training ids."""
-    from edgespec.distill.instructions import split
 
     train, held = split(meta.n_instructions, meta.instruction_seed, meta.eval_fraction)
     held = held[: meta.n_eval]
@@ -331,8 +323,6 @@ def generate_data(
     import mlx.core as mx
     from tqdm import tqdm
 
-    from edgespec.distill.instructions import instructions
-
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     meta = _reconcile_meta(data_dir, meta)
@@ -376,7 +366,6 @@ def _count(meta: Meta, seqs: list[Sequence]) -> Meta:
 
 def _reconcile_meta(data_dir: Path, meta: Meta) -> Meta:
     """Keep the on-disk meta (and its counts) if it matches; refuse to mix different data."""
-    from edgespec.errors import ConfigError
 
     if not (data_dir / "meta.json").exists():
         meta = recount(data_dir, meta)

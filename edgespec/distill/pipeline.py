@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.distill.data import Meta, SamplingPlan, generate_data
-from edgespec.distill.export import DEFAULT_BITS, Card, export_draft
+from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
 from edgespec.distill.target import load_target, load_with_topk
 from edgespec.distill.train import (
     TrainConfig,
@@ -123,6 +123,5 @@ def export_stage(
 
 
 def export_draft_card(dest: Path, card: Card) -> None:
-    from edgespec.distill.export import model_card
 
     (dest / "README.md").write_text(model_card(card))

@@ -14,7 +14,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,7 +25,9 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from edgespec.distill.build import build_draft, choose_head, freeze_for_training, resolve_layers
 from edgespec.distill.data import Meta, Sequence, atomic_write_bytes
 from edgespec.distill.instructions import is_eval
+from edgespec.distill.target import load_with_topk
 from edgespec.drafting.draft_model import DraftModel, build
+from edgespec.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,10 @@ def make_batch(seqs: list[Sequence], hidx: np.ndarray, max_len: int) -> Batch:
         inputs[b, :n] = s.ids[:n]
         a = s.prompt_len - 1
         m = max(n - a, 0)
-        cols = hidx[s.topk_ids[:m]]  # type: ignore[index]
-        pr = np.exp(s.topk_logprobs[:m].astype(np.float32)) * (cols >= 0)  # type: ignore[union-attr]
+        if s.topk_ids is None or s.topk_logprobs is None:
+            raise ValueError("training needs the target's top-k for every sequence")
+        cols = hidx[s.topk_ids[:m]]
+        pr = np.exp(s.topk_logprobs[:m].astype(np.float32)) * (cols >= 0)
         tot = pr.sum(-1, keepdims=True)
         p[b, a : a + m] = np.divide(pr, tot, out=np.zeros_like(pr), where=tot > 0)
         idx[b, a : a + m] = np.maximum(cols, 0)
@@ -173,7 +177,8 @@ def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
 
 def split_data(seqs: list[Sequence], meta: Meta) -> tuple[list[Sequence], list[Sequence]]:
     """(train, held-out) by the instruction split the data was made with."""
-    train, held = [], []
+    train: list[Sequence] = []
+    held: list[Sequence] = []
     for s in seqs:
         ev = is_eval(s.instr_id, meta.instruction_seed, meta.eval_fraction)
         (held if ev else train).append(s)
@@ -227,7 +232,7 @@ def load_checkpoint(
     config = info["draft_config"]
     model = build(config)
     model.load_weights(str(Path(path) / "draft.safetensors"), strict=True)
-    opt_state = mx.load(str(Path(path) / "optimizer.safetensors"))
+    opt_state = cast(dict[str, mx.array], mx.load(str(Path(path) / "optimizer.safetensors")))
     return model, config, opt_state, State(**info["state"]), TrainConfig(**info["train"])
 
 
@@ -290,9 +295,6 @@ def train(
     """
     from tqdm import tqdm
 
-    from edgespec.distill.target import load_with_topk
-    from edgespec.errors import ConfigError
-
     train_dir = Path(out_dir) / "train"
     train_dir.mkdir(parents=True, exist_ok=True)
     meta = Meta.read(Path(data_dir))
@@ -330,8 +332,6 @@ def _start(
 ) -> tuple[DraftModel, dict[str, Any], optim.Optimizer, State, TrainConfig]:
     """Fresh draft + optimizer, or both restored from the latest checkpoint."""
     from dataclasses import replace
-
-    from edgespec.errors import ConfigError
 
     ckpt = latest_checkpoint(train_dir) if resume else None
     if ckpt is not None:
