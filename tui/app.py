@@ -57,7 +57,7 @@ class ChatApp(App[int]):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("f2", "k_down", "K−"),
         Binding("f3", "k_up", "K+"),
-        # Off the footer (it would cut "Past chats" at 120 columns); in the palette, the README,
+        # Off the footer (it would cut "Past chats" at 120 columns); in the palette, docs/cli.md,
         # and named by the notice a K key shows.
         Binding("f6", "toggle_adaptive", "Auto K", show=False),
         Binding("f4", "temp_down", "Temp−"),

@@ -1,6 +1,6 @@
 """Reports of a bench run: terminal table, results.json, results.md and PNG plots.
 
-results.json (schema_version 1) -- see README "Bench results":
+results.json (schema_version 1) -- see docs/bench.md:
     {"schema_version": 1, "complete": bool, "created": ISO-8601 UTC,
      "environment": {...}, "pair": {...}, "settings": {...},
      "methods": [{"method", "k", "temp", "label", "overall": SUMMARY, "categories": {name: SUMMARY}}],

@@ -180,7 +180,7 @@ def environment() -> dict[str, Any]:
         "cpu": blas.cpu_model(),
         "cpu_vendor": blas.cpu_vendor(),
         "blas_rows_exact": blas.rows_exact(),
-        # EdgeSpec's CPU graph rewrites in force (README, "Optimised BLAS" and after): an A/B
+        # EdgeSpec's CPU graph rewrites in force (docs/cpu-backend.md): an A/B
         # with one switched off must say so in its results.
         "cpu_rewrites": rewrites.switches(),
     }

@@ -45,7 +45,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="random seed (same seed => same tokens)")
 
 
-# The command-line default: the fastest setting measured on every input kind (README, "Measured":
+# The command-line default: the fastest setting measured on every input kind (docs/measurements/:
 # MT-bench and grounded inputs alike), and one that tunes K to the machine it runs on.
 DEFAULT_METHOD = "hybrid"
 DEFAULT_ADAPTIVE = True

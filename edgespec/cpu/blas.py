@@ -9,16 +9,16 @@ LD_PRELOAD. EDGESPEC_BLAS picks it:
   edgespec[cpu]`, Linux x86-64), else OpenBLAS when installed (`apt-get install
   libopenblas0-pthread`), else nothing.
 - `mkl`: MKL in exact mode. MKL_CBWR=AUTO,STRICT (its "strict conditional numerical
-  reproducibility"): measured on an Intel CPU, a target forward over L tokens then gives the same
-  bits as L one-token forwards, for every L in 2..15, so greedy speculative output is bit-for-bit
-  plain decoding's, near-ties included. MKL honours that setting on Intel CPUs only: on an AMD EPYC
-  the rows still differ (in the 5th digit), yet it remains the fastest choice measured there (a
-  one-token step 38 ms vs OpenBLAS 59 ms, a 2-token forward 1.05 steps), so it stays the default
-  and greedy output is exact up to floating-point near-ties, as with OpenBLAS. OpenBLAS and MKL's
+  reproducibility"): on an Intel CPU a target forward over L tokens then gives the same bits as L
+  one-token forwards (tests/test_blas.py), so greedy speculative output is bit-for-bit plain
+  decoding's, near-ties included. MKL honours that setting on Intel CPUs only: on an AMD EPYC the
+  rows still differ (in the 5th digit), yet it remains the fastest choice there
+  (docs/cpu-backend.md), so it stays the default and greedy output is exact up to floating-point
+  near-ties, as with OpenBLAS. OpenBLAS and MKL's
   default mode differ in the 5th significant digit (a 1-token product takes a different kernel),
   which can flip a near-tie.
-- `mkl-fast`: MKL without that constraint: the fastest decoding on x86 (~1.45x OpenBLAS per
-  one-token step, measured), but, like OpenBLAS, exact up to floating-point near-ties only.
+- `mkl-fast`: MKL without that constraint: the fastest decoding on x86, but, like OpenBLAS,
+  exact up to floating-point near-ties only.
 - `openblas`, or `system` (leave the process alone).
 OpenBLAS picks its kernel set for the CPU when it loads, unless OPENBLAS_CORETYPE names one (the
 re-exec leaves that variable alone; `kernels()` reports the set in use, and the bench records it).
@@ -140,7 +140,7 @@ def kernels() -> str:
 
 def cpu_model() -> str:
     """The CPU's name, with its family and model numbers where the name alone is vague ("AMD EPYC
-    (family 26, model 2)", a Zen 5: speedups differ between CPU generations; README), or ""."""
+    (family 26, model 2)", a Zen 5: speedups differ between CPU generations), or ""."""
     if sys.platform == "darwin":
         try:
             out = subprocess.run(
@@ -186,7 +186,7 @@ def rows_exact(name: str | None = None) -> bool:
 def pads_single_rows() -> bool:
     """Whether one-row matrix products should run as two rows (edgespec.cpu.rowpad): only when
     EDGESPEC_PAD_ROWS=1. Off by default: under MKL a lone forward gets faster, but the pipelined
-    decode loop got slower on a 2-core machine (measured; see edgespec/rowpad.py)."""
+    decode loop got slower on a 2-core machine (edgespec/cpu/rowpad.py)."""
     return os.environ.get("EDGESPEC_PAD_ROWS", "").strip() == "1"
 
 

@@ -42,11 +42,11 @@ class ModelDrafter(Drafter):
     path (off-head tokens have q = 0 either way; head ids are sorted, so the inverse-CDF sample and
     the argmax tie-break pick the same token), for a fraction of the per-token work.
 
-    Draft steps in pairs (`pairs`, from edgespec.cpu.draft_pairs: MLX's CPU backend under MKL): a step with
-    one new token runs the newest cached position again beside it, so that every draft forward
-    multiplies two rows. Intel MKL runs a one-row product on one thread and a two-row one on both
-    (edgespec/rowpad.py), so on the 2-core machines we measure on the two-position step is the
-    faster one (in the loop: 4.0 ms against 5.7 ms for the embedded draft). The rerun position
+    Draft steps in pairs (`pairs`, from edgespec.cpu.rewrites.draft_pairs: MLX's CPU backend under
+    MKL): a step with one new token runs the newest cached position again beside it, so that every
+    draft forward multiplies two rows. Intel MKL runs a one-row product on one thread and a
+    two-row one on both (edgespec/cpu/rowpad.py), so on a 2-core machine the two-position step is
+    the faster one (docs/cpu-backend.md). The rerun position
     gets the same keys and values back (up to the BLAS's rounding); the proposal is still drawn
     from, and verified against, the q the draft computed, so output is unchanged whatever the
     draft computes.

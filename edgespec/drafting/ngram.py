@@ -136,8 +136,8 @@ def replay_rounds(
     Mirrors loop.speculate and rounds.plain_run: a round looks up K tokens from the whole context;
     a miss starts pipelined plain steps, each of which looks up one token behind
     (NgramDrafter.propose_behind) while it computes, and the first such proposal is verified with
-    that step's token and ends the run. Used to choose the n-gram defaults on real answers (README,
-    "This release"); tests/test_drafting.py checks it against the loop."""
+    that step's token and ends the run. Used to choose the n-gram defaults on real answers (docs/drafting.md); the tests check it
+    against the loop."""
     drafter = NgramDrafter(n_min, n_max, long_n, long_k)
     end = min(max_tokens, len(answer))
     rounds: list[tuple[int, int]] = []
