@@ -25,7 +25,7 @@ the details):
 
 Held-out agreement is printed on the first --held sequences (the training data's own kind of
 answers); measure a result on benchmark answers with `edgespec bench` or `edgespec verify`.
-Run with an optimised BLAS preloaded on Linux (see README).
+Run with an optimised BLAS preloaded on Linux (see docs/cpu-backend.md).
 """
 
 from __future__ import annotations
