@@ -150,7 +150,8 @@ def verify_round(
         feats, logits = target.forward_features(inputs)
         feats, logits = feats[-(d + 1) :], logits[-(d + 1) :]
     else:
-        logits = target.forward(inputs)[-(d + 1) :]
+        # The pending inputs but the newest are committed (refed after a restore): `settled`.
+        logits = target.forward(inputs, settled=int(pending.shape[0]) - 1)[-(d + 1) :]
     n, nxt = accept(prop, logits, cfg, key)
     out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
     return out.astype(mx.int32), feats

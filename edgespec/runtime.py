@@ -185,6 +185,7 @@ class Engine:
         if not config.spec.enabled:
             return decode_plain(self._target, prompt, sampling, limits, cancel)
         spec = config.spec
+        self._target.check_speculation()  # plain decoding above needs no rewinds, so never this
         if drafter is None:
             drafter = build_drafter(
                 spec, sampling, self._draft, self._vocab, self.name, pairs=self._pairs
