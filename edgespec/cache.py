@@ -80,7 +80,7 @@ class KVState:
         self.cache = rewindable(new_cache(model))
         self.layers = Rewinder(self.cache)
         self.tokens: list[int] = []
-        self.refeed = REFEED  # see `forward`'s settled
+        self.refeed = REFEED  # see `settle`
 
     @property
     def offset(self) -> int:
@@ -97,19 +97,22 @@ class KVState:
         """CacheNotTrimmableError unless every layer can go back to an earlier position."""
         check_trimmable(self.cache, self.name)
 
-    def forward(self, inputs: mx.array, head_only: bool = False, settled: int = 0) -> mx.array:
+    def settle(self, pending: mx.array) -> mx.array:
+        """The inputs a verify should feed before its drafts: `pending` [P] (the committed tokens
+        the cache does not hold), or only its newest token after the others ran as a forward of
+        their own. That happens where the cache has recurrent layers and a restore left `refeed`
+        or more committed tokens to feed again: a restore point then marks the committed context,
+        and a rejection in the verify never sends them through again (docs/architectures.md)."""
+        settled = int(pending.shape[0]) - 1
+        if not self.layers.recurrent or settled < max(1, self.refeed):
+            return pending
+        self.forward(pending[:settled])  # lazy: its logits are never computed, only the cache
+        return pending[settled:]
+
+    def forward(self, inputs: mx.array, head_only: bool = False) -> mx.array:
         """inputs [L] int32 -> logits [L, V] (lazy). Appends L positions to the cache; the caller
         must `rewind` afterwards so that `tokens` matches again. `head_only`: a reduced-head draft's
-        logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits).
-
-        `settled`: how many leading inputs are committed tokens whose logits the caller does not
-        read (a verify's pending inputs but the newest). Where the cache has recurrent layers and
-        they are `refeed` or more, they run as a forward of their own, so that a restore point
-        marks the committed context and a rejection never sends them through again; the logits
-        returned are then those of the other L - settled inputs only."""
-        if settled and self.layers.recurrent and settled >= self.refeed:
-            self.forward(inputs[:settled], head_only)  # lazy; only the cache keeps its results
-            inputs = inputs[settled:]
+        logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits)."""
         self.layers.before_forward(int(inputs.shape[0]))
         if head_only:
             return self.model.head_logits(inputs[None], cache=self.cache)[0]

@@ -37,7 +37,7 @@ from edgespec.config import MAX_K
 # pending input, plus a pipelined step queued behind it (edgespec/rounds.py).
 DEPTH = MAX_K + 2
 # A verify refeeds the tokens a restore dropped together with its drafts while they are fewer than
-# this, else in a forward of their own first (KVState.forward's `settled`; docs/architectures.md).
+# this, else in a forward of their own first (KVState.settle; docs/architectures.md).
 REFEED = 8
 HISTORY = 12  # restore points kept besides the oldest (the last commit) and the prompt's end
 

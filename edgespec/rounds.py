@@ -144,14 +144,14 @@ def verify_round(
     host transfer) and, when `features`, the target's top hidden states of the d + 1 verified
     positions (lazy)."""
     d = prop.size
+    pending = target.settle(pending)  # a restored recurrent cache may catch up first (cache.py)
     inputs = mx.concatenate([pending, prop.tokens])
     feats = None
     if features:
         feats, logits = target.forward_features(inputs)
         feats, logits = feats[-(d + 1) :], logits[-(d + 1) :]
     else:
-        # The pending inputs but the newest are committed (refed after a restore): `settled`.
-        logits = target.forward(inputs, settled=int(pending.shape[0]) - 1)[-(d + 1) :]
+        logits = target.forward(inputs)[-(d + 1) :]
     n, nxt = accept(prop, logits, cfg, key)
     out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
     return out.astype(mx.int32), feats
