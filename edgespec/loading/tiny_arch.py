@@ -246,8 +246,9 @@ def seed_weights(model: Any, seed: int, scale: float = 1.5) -> None:
     keep mlx-lm's initial values, except biases, which get small draws."""
     rng = np.random.default_rng(seed)
     new = []
-    for name, value in sorted(tree_flatten(model.parameters())):
-        shape = tuple(value.shape)
+    params: dict[str, mx.array] = dict(tree_flatten(model.parameters()))
+    for name in sorted(params):
+        shape = tuple(params[name].shape)
         if "embed" in name:
             draw = rng.standard_normal(shape)
         elif len(shape) >= 2:
@@ -268,7 +269,7 @@ def calibrate(model: Any, spread: float) -> None:
     or where the head is the tied embedding, the final norm's weight."""
     params = dict(tree_flatten(model.parameters()))
     probe = mx.array([[(7 * i + 3) % 300 + 4 for i in range(12)]])
-    factor = spread / float(mx.std(model(probe)[0, -1]).item())
+    factor = spread / float(mx.std(model(probe)[0, -1]).item())  # type: ignore[arg-type]
     name = next((k for k in params if k.endswith("lm_head.weight")), None)
     if name is None:  # tied: the final norm (outside the layers) scales the logits
         name = next(k for k in params if "layers." not in k and ".norm" in k and "weight" in k)
