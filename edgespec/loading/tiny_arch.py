@@ -91,7 +91,14 @@ def phi3(vocab: int, layers: int) -> dict:
     """Phi-3.5 / Phi-4-mini: fused qkv and gate_up projections, longrope (SuScaledRoPE)."""
     half = 16 // 2
     scaling = {"type": "longrope", "long_factor": [1.5] * half, "short_factor": [1.0] * half}
-    return _base("phi3", vocab, layers, rope_scaling=scaling, original_max_position_embeddings=2048)
+    return _base(
+        "phi3",
+        vocab,
+        layers,
+        rope_scaling=scaling,
+        original_max_position_embeddings=2048,
+        pad_token_id=0,  # transformers' Phi3Config would default to 32000, past this vocabulary
+    )
 
 
 def ministral3(vocab: int, layers: int) -> dict:
