@@ -39,7 +39,11 @@ DEPTH = MAX_K + 2
 # A verify refeeds the tokens a restore dropped together with its drafts while they are fewer than
 # this, else in a forward of their own first (KVState.settle; docs/architectures.md).
 REFEED = 8
-HISTORY = 12  # restore points kept besides the oldest (the last commit) and the prompt's end
+HISTORY = 12
+TRIMMED = (
+    "trim",
+    "window",
+)  # restore points kept besides the oldest (the last commit) and the prompt's end
 
 
 class WindowKVCache(_BaseCache):
@@ -202,6 +206,7 @@ class Rewinder:
         self.layers = leaves(cache)
         kinds = [kind(layer) for layer in self.layers]
         self.windows = [c for c, k in zip(self.layers, kinds, strict=True) if k == "window"]
+        self.trimmed = [c for c, k in zip(self.layers, kinds, strict=True) if k in TRIMMED]
         self.recurrent = [c for c, k in zip(self.layers, kinds, strict=True) if k == "restore"]
         self.unknown = sorted(
             {type(c).__name__ for c, k in zip(self.layers, kinds, strict=True) if k == "unknown"}
@@ -264,21 +269,11 @@ class Rewinder:
         target = self.reachable(keep)
         if target is None:
             return None
-        offset = self.offset
-        if target < offset:
-            for layer in self.layers:
-                if kind(layer) in ("trim", "window"):
-                    layer.trim(offset - target)
-            point = (
-                next(p for p in (*reversed(self.points), self.anchor) if p and p.offset == target)
-                if self.recurrent
-                else None
-            )
-            if point is not None:
-                for layer, (arrays, padding, lengths) in zip(
-                    self.recurrent, point.states, strict=True
-                ):
-                    layer.cache, layer.left_padding, layer.lengths = list(arrays), padding, lengths
+        drop = self.offset - target
+        if drop:
+            for layer in self.trimmed:
+                layer.trim(drop)
+            self._restore(target)
         self.fed = target
         self.points = [p for p in self.points if p.offset <= target]
         newest = max((p.offset for p in self.points), default=None)
@@ -286,3 +281,12 @@ class Rewinder:
         if self.anchor is not None and self.anchor.offset > target:
             self.anchor = None
         return target
+
+    def _restore(self, target: int) -> None:
+        """Put the recurrent layers' state back to the restore point at `target`."""
+        if not self.recurrent:
+            return
+        kept = (*reversed(self.points), self.anchor)
+        point = next(p for p in kept if p is not None and p.offset == target)
+        for layer, (arrays, padding, lengths) in zip(self.recurrent, point.states, strict=True):
+            layer.cache, layer.left_padding, layer.lengths = list(arrays), padding, lengths
