@@ -102,6 +102,7 @@ def family_tokenizer(root: Path, family: str, changed: int | None = None) -> Sim
     return SimpleNamespace(tokenizer=load_tokenizer(out), name=f"{family} tokenizer")
 
 
+@pytest.mark.slow  # a family-sized tokenizer takes seconds to make and load
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_load_check_accepts_one_family_and_refuses_another(made, family):
     size, specials = FAMILIES[family]
@@ -115,6 +116,7 @@ def test_the_load_check_accepts_one_family_and_refuses_another(made, family):
         check_tokenizers(target, made[other, None])
 
 
+@pytest.mark.slow
 def test_the_load_check_finds_one_token_changed(made):
     size = FAMILIES["llama3"][0]
     with pytest.raises(TokenizerMismatchError, match=f"id {size - 7} is"):
