@@ -185,6 +185,10 @@ class Engine:
         if not config.spec.enabled:
             return decode_plain(self._target, prompt, sampling, limits, cancel)
         spec = config.spec
+        # Plain decoding (above) rewinds nothing that cannot start over; speculation must rewind.
+        self._target.check_speculation()
+        if spec.method in ("draft", "hybrid") and isinstance(self._draft, KVState):
+            self._draft.check_speculation()
         if drafter is None:
             drafter = build_drafter(
                 spec, sampling, self._draft, self._vocab, self.name, pairs=self._pairs

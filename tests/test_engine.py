@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import mlx.nn as nn
 import pytest
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import RotatingKVCache
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.errors import CacheNotTrimmableError, PromptError
@@ -178,17 +178,19 @@ def test_prompts_that_are_not_token_ids_are_refused_before_touching_the_caches(e
 
 
 class _Recurrent(nn.Module):
-    """A model whose cache cannot be trimmed (like SSM / hybrid layers)."""
+    """A model whose cache can be neither trimmed nor restored (a ring with sink tokens; SSM /
+    hybrid layers, ArraysCache, are restored: tests/test_architectures.py)."""
 
     def make_cache(self):
-        return [ArraysCache(1)]
+        return [RotatingKVCache(8, keep=4)]
 
 
 def test_untrimmable_cache_is_refused(tiny_models):
     target, _ = tiny_models
     bad = SimpleNamespace(model=_Recurrent(), tokenizer=None, name="ssm", context_window=512)
+    engine = Engine(target, bad)  # plain decoding never needs to refuse a cache
     with pytest.raises(CacheNotTrimmableError, match="ssm"):
-        Engine(target, bad)
+        list(engine.generate([1, 2, 3], GenerationConfig(GREEDY.sampling, SpecConfig(k=2), 4)))
 
 
 @pytest.mark.slow

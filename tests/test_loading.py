@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from edgespec.drafting.draft_model import MODEL_TYPE, build, save_draft
 from edgespec.errors import (
@@ -237,8 +237,13 @@ def test_check_trimmable():
         def make_cache(self):
             return [ArraysCache(2)]
 
-    with pytest.raises(CacheNotTrimmableError, match="ArraysCache"):
-        check_trimmable(Hybrid(), "hybrid")
+    class Sinks(nn.Module):
+        def make_cache(self):
+            return [RotatingKVCache(8, keep=4)]
+
+    check_trimmable(Hybrid(), "hybrid")  # recurrent state is restored (edgespec/rewind.py)
+    with pytest.raises(CacheNotTrimmableError, match="RotatingKVCache"):
+        check_trimmable(Sinks(), "sinks")
     from mlx_lm.models import llama
 
     args = llama.ModelArgs("llama", 32, 1, 64, 2, 1e-5, 50)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import tempfile
 import time
@@ -23,6 +24,7 @@ from edgespec.bench.runner import (
     environment,
     iter_bench,
     pair_info,
+    refused_methods,
     warm_up,
 )
 from edgespec.commands.common import add_model_args
@@ -152,6 +154,12 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path) ->
             peer, engine.target, draft_bits=args.draft_bits, dtype=args.dtype
         )
     check_methods(engine, plan)
+    refused = refused_methods(engine, plan)
+    if refused:
+        gone = {r["method"] for r in refused}
+        plan = dataclasses.replace(plan, methods=tuple(m for m in plan.methods if m not in gone))
+        for r in refused:
+            print(f"edgespec bench: {r['method']} left out: {r['reason']}", file=sys.stderr)
     encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
     if not encoded:
         raise PromptError(f"no prompt fits the context window: {skipped[0]['reason']}")
@@ -169,7 +177,7 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path) ->
         "limit": args.limit, "n_prompts": len(encoded), "warmup": bool(plan.warmup_tokens),
     }  # fmt: skip
     result = BenchResult(
-        records, notes, skipped, settings, pair_info(engine), environment(), complete
+        records, notes, skipped, settings, pair_info(engine), environment(), complete, refused
     )
     variants = aggregate(records)
     print(format_table(variants))  # first: the figures stay on screen whatever happens to the files

@@ -9,10 +9,33 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+
+def _dense_experts(m: QuantizedSwitchLinear) -> nn.Module:
+    """A float32 SwitchLinear twin of a mixture-of-experts layer's quantized experts."""
+    if m.get("global_scale") is not None:  # nvfp4 with a per-expert scale: left quantized
+        return m
+    biases = m.get("biases")
+    w = mx.dequantize(
+        m.weight,
+        m.scales.astype(mx.float32),
+        None if biases is None else biases.astype(mx.float32),
+        group_size=m.group_size,
+        bits=m.bits,
+        mode=m.mode,
+    ).astype(mx.float32)
+    out = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias="bias" in m)
+    out.weight = w
+    if "bias" in m:
+        out.bias = m.bias.astype(mx.float32)
+    return out
 
 
 def _dense(m: nn.Module) -> nn.Module:
     """A float32 dense twin of a quantized layer (other modules returned unchanged)."""
+    if isinstance(m, QuantizedSwitchLinear):
+        return _dense_experts(m)
     if not isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding):
         return m
     biases = m.get("biases")
@@ -36,7 +59,8 @@ def _dense(m: nn.Module) -> nn.Module:
 
 
 def dequantize_model(model: nn.Module) -> nn.Module:
-    """In place: every QuantizedLinear / QuantizedEmbedding -> fp32 dense; fp16/bf16 -> fp32."""
+    """In place: every QuantizedLinear / QuantizedEmbedding -> fp32 dense, quantized experts
+    (QuantizedSwitchLinear) -> fp32 SwitchLinear; fp16/bf16 -> fp32."""
     leaves = tree_map(_dense, model.leaf_modules(), is_leaf=nn.Module.is_module)
     model.update_modules(leaves)
     halfs = (mx.float16, mx.bfloat16)
