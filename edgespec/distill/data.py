@@ -3,13 +3,16 @@
 Format (shared with the GPU script; readers must ignore keys they do not know):
   DIR/meta.json           {"version", "target", "instruction_seed", "n_instructions",
                            "eval_fraction", "n_eval", "sampling": {...}, "n_sequences",
-                           "n_tokens", "n_completion_tokens", "shards"}
+                           "n_tokens", "n_completion_tokens", "shards",
+                           "prompt_set", "id_stride", "kinds"}
   DIR/shard-00000.npz     tokens       uint16 (int32 if vocab > 65535) [n_tokens] flat
                           starts       int64 [n_seq + 1]   sequence s = tokens[starts[s]:starts[s+1]]
                           prompt_lens  int32 [n_seq]       leading tokens of s that are the
                                                            chat-templated prompt
                           instr_ids    int32 [n_seq]       index into instructions(n, seed)
-                optional: topk_ids      int32   [n_completion, k]  the target's top-k next-token
+                optional: kinds         uint8 [n_seq]       request kind, an index into meta's
+                                                           "kinds" (prompt pools, pool.py)
+                          topk_ids      int32   [n_completion, k]  the target's top-k next-token
                           topk_logprobs float16 [n_completion, k]  ids / full-vocab log-probs at
                                                            each completion position, in order
                                                            (sequence by sequence, position
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -60,6 +64,12 @@ class Meta:
     n_completion_tokens: int = 0
     shards: int = 0
     version: int = FORMAT_VERSION
+    # Which prompts the ids index: "instructions" (instructions.py) or "pool:<sha256>" (a prompt
+    # pool file, pool.py). The held-out split is is_eval(instr_id // id_stride). `kinds` names
+    # the codes of a shard's optional `kinds` array. Older meta.json files lack all three.
+    prompt_set: str = "instructions"
+    id_stride: int = 1
+    kinds: list[str] = field(default_factory=list)
 
     @classmethod
     def read(cls, data_dir: Path) -> Meta:
@@ -233,12 +243,13 @@ def _topk(logprobs: list, k: int) -> tuple[np.ndarray, np.ndarray]:
 def answer(
     model: object,
     tokenizer: object,
-    items: list[tuple[int, str, bool]],
+    items: Seq[tuple[int, str | list[int], bool]],
     plan: SamplingPlan,
     batch_size: int,
     on_tokens: object = None,
 ) -> list[Sequence]:
-    """Answer (instr_id, text, greedy) items with the target; keep its top-k at each step.
+    """Answer (instr_id, text or prompt token ids, greedy) items with the target; keep its top-k
+    at each step.
 
     Greedy and sampled items run as two separate batches: mlx-lm samples a batch in one call
     only when every row shares one sampler (mixed rows are sampled one by one, ~2x slower).
@@ -256,7 +267,7 @@ def answer(
 def _answer_group(
     model: object,
     tokenizer: object,
-    items: list[tuple[int, str, bool]],
+    items: Seq[tuple[int, str | list[int], bool]],
     plan: SamplingPlan,
     batch_size: int,
     greedy_group: bool,
@@ -280,7 +291,8 @@ def _answer_group(
     def greedy(lp: mx.array) -> mx.array:
         return mx.argmax(lp, axis=-1)
 
-    prompts = [prompt_ids(tokenizer, text) for _, text, _ in items]
+    # An item's prompt is a user message, or chat-templated token ids already (conversations).
+    prompts = [t if isinstance(t, list) else prompt_ids(tokenizer, t) for _, t, _ in items]
     shared = greedy if greedy_group else sampled  # one object for every row: batched sampling
     uids = gen.insert(prompts, samplers=[shared] * len(items))
     row = {u: i for i, u in enumerate(uids)}
@@ -383,7 +395,8 @@ def _reconcile_meta(data_dir: Path, meta: Meta) -> Meta:
         meta.write(data_dir)
         return meta
     old = Meta.read(data_dir)
-    for key in ("target", "instruction_seed", "n_instructions", "eval_fraction", "n_eval"):
+    keys = ("target", "prompt_set", "instruction_seed", "n_instructions", "eval_fraction", "n_eval")
+    for key in (*keys, "id_stride"):
         if getattr(old, key) != getattr(meta, key):
             raise ConfigError(
                 f"{data_dir} holds data with {key}={getattr(old, key)!r}, not "
@@ -418,8 +431,9 @@ def export_tokens(data_dir: Path, dest: Path) -> Meta:
     for old in shard_paths(dest):
         old.unlink()
     for src in shard_paths(data_dir):
-        seqs = [Sequence(s.instr_id, s.prompt_len, s.ids) for s in read_shard(src)]
-        write_shard(dest, int(src.stem.split("-")[1]), seqs)
+        with np.load(src) as z:  # every array but the teacher's (e.g. a pool's `kinds`) is kept
+            arrays = {k: z[k] for k in z.files if k not in ("topk_ids", "topk_logprobs")}
+        atomic_write_npz(shard_path(dest, int(src.stem.split("-")[1])), arrays)
     meta = recount(dest, Meta.read(data_dir))
     meta.write(dest)
     return meta
