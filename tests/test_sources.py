@@ -329,3 +329,20 @@ def test_passages_are_short_enough_to_answer_cheaply(pool) -> None:  # type: ign
     roots = [p for p in pool.prompts if p.parent < 0]
     assert max(len(p.user) for p in roots) < 2 * 2600 + 400
     assert np.median([len(p.user) for p in roots]) < MAX_CHARS
+
+
+def test_manifest_lists_the_origin_and_licence_of_every_answered_prompt(answered, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    from models.recipes.real_data import card_tables, write_manifest
+
+    _, pool, _, data_dir, meta = answered
+    pool_path = tmp_path / "pool.jsonl.gz"
+    write_pool(pool, pool_path)
+    n = write_manifest(pool_path, data_dir, tmp_path / "sources.tsv.gz")
+    rows = gzip.decompress((tmp_path / "sources.tsv.gz").read_bytes()).decode().splitlines()[2:]
+    assert len(rows) == n and {int(r.split("\t")[0]) for r in rows} == D.done_ids(data_dir)
+    quoting = [r.split("\t") for r in rows if r.split("\t")[2]]
+    assert quoting and all(len(r) == 5 and r[4] for r in quoting)
+    card = card_tables(pool_path, data_dir)
+    assert f"| all | {meta.n_sequences:,} | {meta.n_completion_tokens:,} |" in card

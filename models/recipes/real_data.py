@@ -116,11 +116,33 @@ def cmd_card(a: argparse.Namespace) -> int:
     return 0
 
 
+def write_manifest(pool_path: Path, data_dir: Path, dest: Path) -> int:
+    """dest: gzip'd TSV (id, kind, source, origin, licence), one row per passage an answered
+    prompt quotes (a prompt quoting nothing gets one row with empty fields); returns the rows.
+    With the shards' token ids this says where every committed prompt came from."""
+    import gzip
+
+    from edgespec.distill.data import atomic_write_bytes, done_ids
+    from edgespec.distill.pool import read_pool
+
+    pool, sha = read_pool(pool_path)
+    done = done_ids(data_dir)
+    rows = [f"# pool sha256 {sha}", "id\tkind\tsource\torigin\tlicence"]
+    for p in pool.prompts:
+        if p.id in done:
+            rows += [f"{p.id}\t{p.kind}\t" + "\t".join(s) for s in p.sources or [("", "", "")]]
+    atomic_write_bytes(dest, gzip.compress(("\n".join(rows) + "\n").encode(), mtime=0))
+    return len(rows) - 2
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from edgespec.distill.data import export_tokens
 
     meta = export_tokens(Path(a.data), Path(a.dest))
     print(f"{meta.n_sequences} answers, {meta.n_completion_tokens} completion tokens -> {a.dest}")
+    if a.pool:
+        n = write_manifest(Path(a.pool), Path(a.data), Path(a.dest) / "sources.tsv.gz")
+        print(f"{n} source rows -> {Path(a.dest) / 'sources.tsv.gz'}")
     return 0
 
 
@@ -154,6 +176,7 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="token ids only (compact), e.g. into models/")
     e.add_argument("--data", required=True)
     e.add_argument("--dest", required=True)
+    e.add_argument("--pool", help="also write dest/sources.tsv.gz (origin, licence per prompt)")
     return ap
 
 
