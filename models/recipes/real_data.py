@@ -30,6 +30,10 @@ def cmd_pool(a: argparse.Namespace) -> int:
     from edgespec.distill.pool import benchmark_turns, build_pool, kind_counts, write_pool
     from edgespec.distill.sources import collect
 
+    if Path(a.out).exists() and not a.force:
+        # A data folder names its pool by hash: overwriting the file would orphan its answers.
+        print(f"{a.out} exists; a data job may be answering it (pass --force to replace it)")
+        return 1
     t0 = time.time()
     passages = collect(a.seed, man=not a.no_man)
     bench = benchmark_turns(Path(a.exclude_prompts)) if a.exclude_prompts else []
@@ -156,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-fraction", type=float, default=0.02)
     p.add_argument("--followup-rate", type=float, default=0.2)
     p.add_argument("--no-man", action="store_true", help="skip manual pages (faster)")
+    p.add_argument("--force", action="store_true", help="replace an existing pool file")
     p.add_argument(
         "--exclude-prompts", default=str(DEFAULT_BENCH) if DEFAULT_BENCH.is_dir() else ""
     )
