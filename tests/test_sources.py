@@ -323,6 +323,9 @@ def test_export_keeps_token_ids_and_kinds_only(answered, tmp_path) -> None:  # t
         assert set(b.files) == {"tokens", "starts", "prompt_lens", "instr_ids", "kinds"}
         assert all((a[k] == b[k]).all() for k in b.files)
     assert D.Meta.read(tmp_path / "compact").kinds == list(KINDS)
+    before = {p: p.stat().st_mtime_ns for p in D.shard_paths(tmp_path / "compact")}
+    D.export_tokens(data_dir, tmp_path / "compact")  # again: unchanged shards are not rewritten
+    assert {p: p.stat().st_mtime_ns for p in D.shard_paths(tmp_path / "compact")} == before
 
 
 def test_passages_are_short_enough_to_answer_cheaply(pool) -> None:  # type: ignore[no-untyped-def]
