@@ -89,7 +89,7 @@ Q_CLOSED = _s(
     "Which tool would you use to {desc_lc}?|what is the python module {module} for|"
     "Who created the {licence}?|What is the difference between the {licence} and the {licence2}?|"
     "is {title} free software|What is the capital of {country}?|when was {concept} discovered|"
-    "How does {concept} work?|what does {desc_lc} mean|What is a {animal}?|"
+    "How does {concept} work?|what does {desc_lc} mean|How long do {animal} live?|"
     "Why is {concept} important?|what year did {concept} become widely known|"
     "How do I install {title} on Debian?|What does the {module} module do in Python?"
 )
