@@ -90,6 +90,13 @@ def test_licences_are_read_from_metadata_and_copyright_files() -> None:
     assert package_licence("", "UNKNOWN", []) == ""
     assert debian_licence("This program is free software under the GNU General Public "
                           "License, version 2.") == "GPL-2"  # fmt: skip
+    dep5 = "Format: x\n\nFiles: debian/*\nLicense: GPL-2+\n\nFiles: *\nLicense: MIT\n"
+    assert debian_licence(dep5) == "MIT"  # the Files: * stanza, not debian/'s
+    assert debian_licence("Files: *\nLicense: BSD-3-clause or GPL-2\n") == "BSD-3-clause or GPL-2"
+    # A License: line with prose (or nothing) after it is no licence name; the text decides.
+    assert debian_licence("License:\n tests/a.c\n") == ""
+    assert debian_licence("License: Different licenses apply to different files here.\n"
+                          "Permission is hereby granted, free of charge, to any person") == "Expat"  # fmt: skip
 
 
 def test_collections_are_deterministic_and_record_origin_and_licence(passages) -> None:  # type: ignore[no-untyped-def]

@@ -234,7 +234,10 @@ def package_licence(expression: str, licence: str, classifiers: list[str]) -> st
     return ""
 
 
-_DEP5 = re.compile(r"^License:\s*(\S.*)$", re.M)
+# A DEP-5 licence field: "License: GPL-2+", "License: BSD-3-clause or GPL-2", on one line.
+_DEP5 = re.compile(
+    r"^License:[ \t]*([A-Za-z0-9][\w.+-]*(?:[ \t]+(?:or|and|with)[ \t]+[\w.+ -]+)?)[ \t]*$", re.M
+)
 _KNOWN = (
     ("GPL-3", r"GNU General Public License.{0,40}version 3|GPL-?3"),
     ("GPL-2", r"GNU General Public License.{0,40}version 2|GPL-?2"),
@@ -249,12 +252,20 @@ _KNOWN = (
 
 
 def debian_licence(copyright_text: str) -> str:
-    """The main licence named by a Debian copyright file (DEP-5's first License: field, else the
-    first well-known licence mentioned); "" when none is recognisable.
+    """The main licence named by a Debian copyright file: DEP-5's License: field of the
+    `Files: *` stanza (else the first short License: field), else the first well-known licence
+    mentioned; "" when none is recognisable.
 
-    >>> debian_licence("Format: ...\\n\\nFiles: *\\nCopyright: 2001 A\\nLicense: GPL-2+\\n")
-    'GPL-2+'
+    >>> debian_licence("Format: ...\\n\\nFiles: debian/*\\nLicense: GPL-2+\\n\\nFiles: *\\nLicense: MIT\\n")
+    'MIT'
+    >>> debian_licence("License:\\n Different licenses apply to different files.\\n") == ""
+    True
     """
+    for stanza in re.split(r"\n\s*\n", copyright_text):
+        if re.match(r"Files:[ \t]*\*[ \t]*$", stanza.strip(), re.M):
+            m = _DEP5.search(stanza)
+            if m:
+                return m.group(1).strip()
     m = _DEP5.search(copyright_text)
     if m:
         return m.group(1).strip()
