@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence as Seq
 from pathlib import Path
 
 import mlx.core as mx
@@ -67,12 +68,13 @@ def _topk(logprobs: list, k: int) -> tuple[np.ndarray, np.ndarray]:
 def answer(
     model: object,
     tokenizer: object,
-    items: list[tuple[int, str, bool]],
+    items: Seq[tuple[int, str | list[int], bool]],
     plan: SamplingPlan,
     batch_size: int,
     on_tokens: object = None,
 ) -> list[Sequence]:
-    """Answer (instr_id, text, greedy) items with the target; keep its top-k at each step.
+    """Answer (instr_id, text or prompt token ids, greedy) items with the target; keep its top-k
+    at each step.
 
     Greedy and sampled items run as two separate batches: mlx-lm samples a batch in one call
     only when every row shares one sampler (mixed rows are sampled one by one, ~2x slower).
@@ -90,7 +92,7 @@ def answer(
 def _answer_group(
     model: object,
     tokenizer: object,
-    items: list[tuple[int, str, bool]],
+    items: Seq[tuple[int, str | list[int], bool]],
     plan: SamplingPlan,
     batch_size: int,
     greedy_group: bool,
@@ -110,7 +112,8 @@ def _answer_group(
     def greedy(lp: mx.array) -> mx.array:
         return mx.argmax(lp, axis=-1)
 
-    prompts = [prompt_ids(tokenizer, text) for _, text, _ in items]
+    # An item's prompt is a user message, or chat-templated token ids already (conversations).
+    prompts = [t if isinstance(t, list) else prompt_ids(tokenizer, t) for _, t, _ in items]
     shared = greedy if greedy_group else sampled  # one object for every row: batched sampling
     uids = gen.insert(prompts, samplers=[shared] * len(items))
     row = {u: i for i, u in enumerate(uids)}
@@ -160,7 +163,7 @@ def generate_data(
     """
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    meta = _reconcile_meta(data_dir, meta)
+    meta = reconcile_meta(data_dir, meta)
     order, held = plan_ids(meta)
     done = done_ids(data_dir)
     todo = [i for i in order if i not in done]
@@ -185,7 +188,7 @@ def generate_data(
     return meta
 
 
-def _reconcile_meta(data_dir: Path, meta: Meta) -> Meta:
+def reconcile_meta(data_dir: Path, meta: Meta) -> Meta:
     """Keep the on-disk meta (and its counts) if it matches; refuse to mix different data."""
 
     if not (data_dir / "meta.json").exists():
@@ -193,7 +196,8 @@ def _reconcile_meta(data_dir: Path, meta: Meta) -> Meta:
         meta.write(data_dir)
         return meta
     old = Meta.read(data_dir)
-    for key in ("target", "instruction_seed", "n_instructions", "eval_fraction", "n_eval"):
+    keys = ("target", "prompt_set", "instruction_seed", "n_instructions", "eval_fraction", "n_eval")
+    for key in (*keys, "id_stride"):
         if getattr(old, key) != getattr(meta, key):
             raise ConfigError(
                 f"{data_dir} holds data with {key}={getattr(old, key)!r}, not "

@@ -3,13 +3,16 @@
 Format (shared with the GPU script; readers must ignore keys they do not know):
   DIR/meta.json           {"version", "target", "instruction_seed", "n_instructions",
                            "eval_fraction", "n_eval", "sampling": {...}, "n_sequences",
-                           "n_tokens", "n_completion_tokens", "shards"}
+                           "n_tokens", "n_completion_tokens", "shards",
+                           "prompt_set", "id_stride", "kinds"}
   DIR/shard-00000.npz     tokens       uint16 (int32 if vocab > 65535) [n_tokens] flat
                           starts       int64 [n_seq + 1]   sequence s = tokens[starts[s]:starts[s+1]]
                           prompt_lens  int32 [n_seq]       leading tokens of s that are the
                                                            chat-templated prompt
                           instr_ids    int32 [n_seq]       index into instructions(n, seed)
-                optional: topk_ids      int32   [n_completion, k]  the target's top-k next-token
+                optional: kinds         uint8 [n_seq]       request kind, an index into meta's
+                                                           "kinds" (prompt pools, pool.py)
+                          topk_ids      int32   [n_completion, k]  the target's top-k next-token
                           topk_logprobs float16 [n_completion, k]  ids / full-vocab log-probs at
                                                            each completion position, in order
                                                            (sequence by sequence, position
@@ -62,6 +65,12 @@ class Meta:
     n_completion_tokens: int = 0
     shards: int = 0
     version: int = FORMAT_VERSION
+    # Which prompts the ids index: "instructions" (instructions.py) or "pool:<sha256>" (a prompt
+    # pool file, pool.py). The held-out split is is_eval(instr_id // id_stride). `kinds` names
+    # the codes of a shard's optional `kinds` array. Older meta.json files lack all three.
+    prompt_set: str = "instructions"
+    id_stride: int = 1
+    kinds: list[str] = field(default_factory=list)
 
     @classmethod
     def read(cls, data_dir: Path) -> Meta:
@@ -205,20 +214,35 @@ def recount(data_dir: Path, meta: Meta) -> Meta:
     return meta
 
 
+def _same_arrays(path: Path, arrays: dict[str, np.ndarray]) -> bool:
+    with np.load(path) as z:
+        return set(z.files) == set(arrays) and all(
+            z[k].dtype == v.dtype and np.array_equal(z[k], v) for k, v in arrays.items()
+        )
+
+
 def export_tokens(data_dir: Path, dest: Path) -> Meta:
     """Copy the data as token ids only (no teacher top-k: ~2 bytes a token instead of ~100).
 
     This is the compact form committed with a draft, so generated text accumulates across
     sessions; the trainer recomputes the top-k (as sidecar files) when it reads such shards.
-    Shards already in `dest` are replaced; `dest/meta.json` gets the source's meta.
+    A shard already in `dest` with the same arrays is left as it is (a re-export after more data
+    adds files instead of rewriting every shard, which would grow a git history); others are
+    replaced or removed. `dest/meta.json` gets the source's meta.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for old in shard_paths(dest):
-        old.unlink()
+    written: set[Path] = set()
     for src in shard_paths(data_dir):
-        seqs = [Sequence(s.instr_id, s.prompt_len, s.ids) for s in read_shard(src)]
-        write_shard(dest, int(src.stem.split("-")[1]), seqs)
+        with np.load(src) as z:  # every array but the teacher's (e.g. a pool's `kinds`) is kept
+            arrays = {k: z[k] for k in z.files if k not in ("topk_ids", "topk_logprobs")}
+        path = shard_path(dest, int(src.stem.split("-")[1]))
+        written.add(path)
+        if not (path.exists() and _same_arrays(path, arrays)):
+            atomic_write_npz(path, arrays)
+    for old in shard_paths(dest):
+        if old not in written:
+            old.unlink()
     meta = recount(dest, Meta.read(data_dir))
     meta.write(dest)
     return meta

@@ -151,11 +151,14 @@ def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
 
 
 def split_data(seqs: list[Sequence], meta: Meta) -> tuple[list[Sequence], list[Sequence]]:
-    """(train, held-out) by the instruction split the data was made with."""
+    """(train, held-out) by the instruction split the data was made with (prompt pools split by
+    group: id // id_stride)."""
     train: list[Sequence] = []
     held: list[Sequence] = []
     for s in seqs:
-        ev = is_eval(s.instr_id, meta.instruction_seed, meta.eval_fraction)
+        ev = is_eval(
+            s.instr_id // max(1, meta.id_stride), meta.instruction_seed, meta.eval_fraction
+        )
         (held if ev else train).append(s)
     return train, held
 
