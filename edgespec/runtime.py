@@ -15,7 +15,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -30,6 +30,9 @@ from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
 from edgespec.loop import Drafter, Limits, Step, decode_plain, speculate
 from edgespec.stats import summarize
+
+if TYPE_CHECKING:
+    from edgespec.distributed.group import Agreement, Group
 
 ProgressFn = Callable[[str, float | None], None]
 KPolicy = Callable[[Round | None], int]
@@ -57,6 +60,10 @@ class Engine:
             self._draft = KVState(draft.model, f"draft {draft.name}")
         self._vocab = vocab_size(target.model)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
+        # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
+        # and the ranks compare what each step committed (Agreement). None: a lone process.
+        self.group: Group | None = None
+        self.agreement: Agreement | None = None
 
     @classmethod
     def load(
@@ -69,10 +76,15 @@ class Engine:
         on_progress: ProgressFn | None = None,
         with_draft: bool = True,
         dtype: str | None = None,
+        group: Group | None = None,
+        shard: str = "tensor",
     ) -> Engine:
         """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
         (plain decoding only). dtype: the models' float parameters (`loading.load_model`). Raises ModelNotFoundError / ModelLoadError /
-        TokenizerMismatchError / CacheNotTrimmableError with one-line messages."""
+        TokenizerMismatchError / CacheNotTrimmableError with one-line messages. group: this
+        process's group (edgespec.distributed.group.init_group); more than one rank splits the
+        target `shard` ("tensor" / "pipeline") parallel, and every rank must load and generate
+        alike."""
         from edgespec.loading.load import load_pair
 
         t, d = load_pair(
@@ -83,8 +95,15 @@ class Engine:
             on_progress=on_progress,
             with_draft=with_draft,
             dtype=dtype,
+            group=group,
+            shard=shard,
         )
-        return cls(t, d)
+        engine = cls(t, d)
+        if group is not None:
+            from edgespec.distributed.group import agreement_for
+
+            engine.group, engine.agreement = group, agreement_for(group)
+        return engine
 
     # ------------------------------------------------------------------ prompts
 
@@ -155,6 +174,10 @@ class Engine:
         `k_policy(last_round)` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive). Errors surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)
+        if self.group is not None and k_policy is None:
+            from edgespec.distributed.group import check_config
+
+            check_config(config, self.group)
         return self._run(prompt, config, cancel, drafter, k_policy)
 
     def _steps(
@@ -221,9 +244,15 @@ class Engine:
             if step.round is not None:
                 rounds.append(step.round)
                 yield step.round
+            if self.agreement is not None:  # a sharded target: all ranks committed the same?
+                r = step.round
+                shape = (r.drafted, r.accepted) if r is not None else (None, None)
+                self.agreement.observe(step.tokens, *shape)
             if step.stop:
                 reason = step.stop
                 break
+        if self.agreement is not None:
+            self.agreement.settle()
         detok.finalize()
         stats = summarize(
             rounds,

@@ -219,6 +219,13 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
                     break
                 timer.token(resp.token)
                 flags.append(bool(resp.from_draft))
+        # mlx-lm queues its next step before yielding a token, on its own stream: after an early
+        # stop that step is still running. Let it finish here, so that it never overlaps the next
+        # run: under a sharded target (edgespec.distributed) the all-reduces of two streams
+        # would interleave differently on each rank and corrupt each other.
+        from mlx_lm.generate import generation_stream
+
+        mx.synchronize(generation_stream)
         rounds = rounds_from_flags(flags, point.k) if use_draft else RoundTotals()
         return timer.done(reason, rounds, timed=False)
 

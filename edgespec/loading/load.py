@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,8 +33,11 @@ from edgespec.errors import (
     ModelNotFoundError,
     TokenizerMismatchError,
 )
-from edgespec.loading.catalog import Catalog, is_repo_id, load_catalog
 from edgespec.loading import paths
+from edgespec.loading.catalog import Catalog, is_repo_id, load_catalog
+
+if TYPE_CHECKING:
+    from edgespec.distributed.group import Group
 
 ProgressFn = Callable[[str, "float | None"], None]
 DEFAULT_CONTEXT = 2048
@@ -470,18 +473,29 @@ def load_pair(
     with_draft: bool = True,
     catalog: Catalog | None = None,
     dtype: str | None = None,
+    group: Group | None = None,
+    shard: str = "tensor",
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load a target and (unless with_draft=False or none is named) its draft, then check that
     they can speculate: same tokenizer, trimmable caches. All None -> the catalogue's default pair.
 
     A draft without its own tokenizer files borrows the target's. draft_bits: quantize an
     unquantized draft at load on GPU backends (None or 0 = leave it). dtype: both models' float
-    parameters (see `load_model`)."""
+    parameters (see `load_model`). group: a group of more than one rank splits the target over
+    it, `shard` "tensor" or "pipeline" parallel (edgespec.distributed.shard); the draft stays
+    whole on every rank."""
     cat = catalog or load_catalog()
     target_spec, draft_spec, pair_name = _pair_specs(target, draft, pair, cat)
     if with_draft and draft_spec is not None:
         _check_draft_available(draft_spec, pair_name, cat)
-    t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
+    if group is not None and group.size > 1:
+        from edgespec.distributed.shard import load_sharded
+
+        t = load_sharded(
+            target_spec, group, shard, on_progress=on_progress, catalog=cat, dtype=dtype
+        )
+    else:
+        t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
     if not with_draft or draft_spec is None:
         return t, None
     d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)
