@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Commands that run as one rank of an mlx.launch group (the target sharded; edgespec.distributed).
+GROUP_COMMANDS = ("generate", "bench")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as a single line (exit 2), not usage + error."""
 
@@ -62,6 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     reexec_with_blas(argv)
     rank = env_rank()
     who = f"edgespec {name}" + (f" [rank {rank}]" if rank else "")  # rank 0 reads as usual
+    if launched and name not in GROUP_COMMANDS:
+        print(
+            f"{who}: error: {name} does not run under mlx.launch; "
+            f"use {' or '.join(GROUP_COMMANDS)} there",
+            file=sys.stderr,
+        )
+        return 2
     try:
         module = importlib.import_module(COMMANDS[name][0])
         parser = _Parser(prog=f"edgespec {name}", description=module.HELP)

@@ -180,6 +180,16 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
     assert p_value > 1e-3, (stat, dof, p_value)
 
 
+def test_ranks_that_disagree_all_stop(tmp_path):
+    """The agreement check can fail: a step committed differently on one rank stops every rank."""
+    cmd = [sys.executable, "-c", LAUNCH, "--backend", "ring", "-n", "2", "-p", str(free_ports(2)),
+           "--", sys.executable, str(ROOT / "tests" / "dist_agreement.py")]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
+    caught = sorted(line for line in r.stdout.splitlines() if "caught" in line)
+    assert len(caught) == 2, r.stdout + r.stderr
+    assert caught[0].startswith("rank 0 caught: the 2 ranks disagree on the tokens of step 2")
+
+
 def test_killed_rank_stops_rank_0_with_one_line(tiny_pair, tmp_path):
     """Rank 1 is killed mid-answer; rank 0 (no launcher to stop it) must end on its own, within
     the timeout, with a one-line error that says what happened."""
@@ -224,6 +234,18 @@ def test_heads_that_do_not_divide_give_one_line(tiny_pair):
         "edgespec generate: error: target has 4 attention heads, 2 KV heads and an MLP of 128: "
         "tensor parallelism needs all three divisible by the group size 3 (sizes that fit: 2)"
     ], r.stderr
+
+
+def test_commands_without_a_group_path_refuse_the_launcher(tmp_path):
+    hostfile = write_hostfile(tmp_path / "hosts.json", 2)
+    r = subprocess.run(
+        [sys.executable, "-m", "edgespec", "verify"], capture_output=True, text=True, cwd=ROOT,
+        env=env(MLX_HOSTFILE=str(hostfile), MLX_RANK="0"), timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "edgespec verify: error: verify does not run under mlx.launch; use generate or bench there"
+    )
 
 
 # ----------------------------------------------------------------------------- the real target

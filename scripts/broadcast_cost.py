@@ -1,0 +1,72 @@
+"""What drafting on rank 0 alone would cost: broadcasting a round's proposal to the other ranks.
+
+EdgeSpec runs the (small, whole) draft on every rank, so that every rank has the proposal and its
+q rows without a message. The alternative, rank 0 drafting and broadcasting, needs per round an
+all_sum of the K drafted tokens (greedy) and, at T > 0, of the K x V draft distributions q that
+the ratio test reads. This times both on the group it is launched into, next to one step of the
+draft on this rank:
+
+    mlx.launch --backend ring -n 3 -- python scripts/broadcast_cost.py [DRAFT] [K]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mlx.core as mx  # noqa: E402
+
+from edgespec.cache import KVState  # noqa: E402
+from edgespec.distributed.group import init_group  # noqa: E402
+from edgespec.loading.load import load_model  # noqa: E402
+
+
+def median_ms(fn, repeats: int = 30) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def main(draft: str = "smollm2-135m-draft", k: str = "4") -> None:
+    group = init_group()
+    if group is None:
+        raise SystemExit("run me under mlx.launch")
+    kk = int(k)
+    model = load_model(draft).model
+    state = KVState(model, "draft")
+    context = list(range(100, 164))
+    state.prefill(context)
+    vocab = 49152
+
+    def step() -> None:
+        mx.eval(state.forward(mx.array(context[-1:], dtype=mx.int32)))
+        state.rewind(context, len(context) - 1)
+
+    tokens = mx.zeros((kk,), dtype=mx.int32)
+    q = mx.zeros((kk, vocab), dtype=mx.float32)
+    figures = {
+        "draft step (ms)": median_ms(step),
+        f"all_sum of {kk} token ids (ms)": median_ms(
+            lambda: mx.eval(mx.distributed.all_sum(tokens, group=group.group))
+        ),
+        f"all_sum of {kk} x {vocab} q rows (ms)": median_ms(
+            lambda: mx.eval(mx.distributed.all_sum(q, group=group.group))
+        ),
+    }
+    if group.is_primary:
+        print(f"ranks {group.size}, backend {group.backend}")
+        for name, value in figures.items():
+            print(f"{name:40s} {value:8.3f}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
