@@ -6,7 +6,7 @@ all_sum of the K drafted tokens (greedy) and, at T > 0, of the K x V draft distr
 the ratio test reads. This times both on the group it is launched into, next to one step of the
 draft on this rank:
 
-    mlx.launch --backend ring -n 3 -- python scripts/broadcast_cost.py [DRAFT] [K]
+    mlx.launch --backend ring -n 2 -- python scripts/broadcast_cost.py [PAIR] [K]
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import mlx.core as mx  # noqa: E402
 
 from edgespec.cache import KVState  # noqa: E402
 from edgespec.distributed.group import init_group  # noqa: E402
-from edgespec.loading.load import load_model  # noqa: E402
+from edgespec.drafting.draft_model import reduced_head  # noqa: E402
+from edgespec.loading.load import load_pair  # noqa: E402
 
 
 def median_ms(fn, repeats: int = 30) -> float:
@@ -36,19 +37,22 @@ def median_ms(fn, repeats: int = 30) -> float:
     return 1000 * statistics.median(times)
 
 
-def main(draft: str = "smollm2-135m-draft", k: str = "4") -> None:
+def main(pair: str = "smollm2-135m", k: str = "4") -> None:
     group = init_group()
     if group is None:
         raise SystemExit("run me under mlx.launch")
     kk = int(k)
-    model = load_model(draft).model
+    _, loaded = load_pair(pair=pair)  # every rank: the pair's whole draft (and target)
+    assert loaded is not None
+    model = loaded.model
     state = KVState(model, "draft")
+    head_only = reduced_head(model) is not None
     context = list(range(100, 164))
     state.prefill(context)
     vocab = 49152
 
     def step() -> None:
-        mx.eval(state.forward(mx.array(context[-1:], dtype=mx.int32)))
+        mx.eval(state.forward(mx.array(context[-1:], dtype=mx.int32), head_only=head_only))
         state.rewind(context, len(context) - 1)
 
     tokens = mx.zeros((kk,), dtype=mx.int32)

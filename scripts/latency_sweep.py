@@ -12,9 +12,10 @@ Each delay's bench writes OUT/delay-<ms>/results.json (its `environment.distribu
 measured all_sum and forward latencies); the sweep writes OUT/sweep.json, OUT/sweep.md and
 OUT/speedup_vs_latency.png. The plot's curve is the prediction from the no-delay run alone:
 spec over plain = tau * (t_plain + d) / (t_round + d), where d is the latency a forward gains
-(measured per delay), t_plain the plain time per token and t_round the speculative time per
-round without delay, and tau the tokens per round: every forward pays d, and speculation runs
-1 / tau as many target forwards per token. As d grows the speedup tends to tau.
+((collectives per forward + 1 agreement check) x the growth of a lone all_sum's measured
+latency), t_plain the plain time per token and t_round the speculative time per round without
+delay, and tau the tokens per round: every forward pays d, and speculation runs 1 / tau as many
+target forwards per token. As d grows the speedup tends to tau.
 """
 
 from __future__ import annotations
@@ -112,6 +113,13 @@ def row(delay_ms: float, result: dict, k: int) -> dict:
     }
 
 
+def added_latency(rows: list[dict]) -> np.ndarray:
+    """Seconds each target forward gains at each row's delay: (collectives + 1) x the growth of
+    a lone all_sum's latency (the + 1: the agreement check's all_gather, once per step)."""
+    base = rows[0]["all_sum_us"]
+    return np.array([(r["collectives"] + 1) * (r["all_sum_us"] - base) for r in rows]) / 1e6
+
+
 def predict(rows: list[dict], added: np.ndarray) -> np.ndarray:
     """Speedup at added per-forward latency `added` (s), from the first (no-delay) row alone."""
     base = rows[0]
@@ -126,7 +134,7 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    added = np.array([r["forward_1_ms"] - rows[0]["forward_1_ms"] for r in rows]) / 1000.0
+    added = added_latency(rows)
     grid = np.linspace(0.0, max(added.max(), 1e-3) * 1.3, 100)
     fig, ax = plt.subplots(figsize=(5.2, 3.4), dpi=110)
     ax.plot(1000 * grid, predict(rows, grid), "-", color="0.6", label="predicted from 0 ms")
@@ -146,7 +154,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def markdown(rows: list[dict], k: int) -> str:
     head = ("| one-way delay (ms) | all_sum (us) | forward L=1 (ms) | forward L=K+1 (ms) | "
             "plain tok/s | spec tok/s | speedup | tau | predicted |")  # fmt: skip
-    added = np.array([r["forward_1_ms"] - rows[0]["forward_1_ms"] for r in rows]) / 1000.0
+    added = added_latency(rows)
     lines = [head, "|" + "---|" * 9]
     for r, p in zip(rows, predict(rows, added), strict=True):
         lines.append(

@@ -150,7 +150,7 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
 
     from tests.dist_sample import PROMPT, samples
 
-    tiny_pair, count, out = two_layer_pair, 200, tmp_path / "samples.json"
+    tiny_pair, count, out = two_layer_pair, 100, tmp_path / "samples.json"
     port = free_ports(2)
     cmd = [sys.executable, "-c", LAUNCH, "--backend", "ring", "-n", "2", "-p", str(port), "--",
            sys.executable, str(ROOT / "tests" / "dist_sample.py"), str(tiny_pair[0]),
