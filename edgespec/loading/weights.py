@@ -32,7 +32,7 @@ def _dense_experts(m: QuantizedSwitchLinear) -> nn.Module:
     return out
 
 
-def _dense(m: nn.Module) -> nn.Module:
+def dense_twin(m: nn.Module) -> nn.Module:
     """A float32 dense twin of a quantized layer (other modules returned unchanged)."""
     if isinstance(m, QuantizedSwitchLinear):
         return _dense_experts(m)
@@ -61,7 +61,7 @@ def _dense(m: nn.Module) -> nn.Module:
 def dequantize_model(model: nn.Module) -> nn.Module:
     """In place: every QuantizedLinear / QuantizedEmbedding -> fp32 dense, quantized experts
     (QuantizedSwitchLinear) -> fp32 SwitchLinear; fp16/bf16 -> fp32."""
-    leaves = tree_map(_dense, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    leaves = tree_map(dense_twin, model.leaf_modules(), is_leaf=nn.Module.is_module)
     model.update_modules(leaves)
     halfs = (mx.float16, mx.bfloat16)
     model.update(
