@@ -12,19 +12,25 @@ from mlx.utils import tree_map
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 
-def _dense_experts(m: QuantizedSwitchLinear) -> nn.Module:
-    """A float32 SwitchLinear twin of a mixture-of-experts layer's quantized experts."""
-    if m.get("global_scale") is not None:  # nvfp4 with a per-expert scale: left quantized
-        return m
+def _float32_weight(m: nn.Module) -> mx.array:
+    """A quantized layer's weight as float32. fp16 arithmetic is slow on the CPU: dequantize with
+    fp32 scales and biases (3x faster)."""
     biases = m.get("biases")
-    w = mx.dequantize(
+    return mx.dequantize(
         m.weight,
         m.scales.astype(mx.float32),
         None if biases is None else biases.astype(mx.float32),
         group_size=m.group_size,
         bits=m.bits,
-        mode=m.mode,
+        mode=getattr(m, "mode", "affine"),
     ).astype(mx.float32)
+
+
+def _dense_experts(m: QuantizedSwitchLinear) -> nn.Module:
+    """A float32 SwitchLinear twin of a mixture-of-experts layer's quantized experts."""
+    if m.get("global_scale") is not None:  # nvfp4 with a per-expert scale: left quantized
+        return m
+    w = _float32_weight(m)
     out = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias="bias" in m)
     out.weight = w
     if "bias" in m:
@@ -38,16 +44,7 @@ def dense_twin(m: nn.Module) -> nn.Module:
         return _dense_experts(m)
     if not isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding):
         return m
-    biases = m.get("biases")
-    # fp16 arithmetic is slow on the CPU: dequantize with fp32 scales/biases (3x faster)
-    w = mx.dequantize(
-        m.weight,
-        m.scales.astype(mx.float32),
-        None if biases is None else biases.astype(mx.float32),
-        group_size=m.group_size,
-        bits=m.bits,
-        mode=getattr(m, "mode", "affine"),
-    ).astype(mx.float32)
+    w = _float32_weight(m)
     if isinstance(m, nn.QuantizedEmbedding):
         out: nn.Module = nn.Embedding(w.shape[0], w.shape[1])
     else:
