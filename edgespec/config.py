@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgespec.errors import ConfigError
+from edgespec.tree import parse_tree_spec
 
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
 # round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
@@ -74,6 +75,9 @@ class SpecConfig:
     ngram_k: int = 1
     ngram_long: int = 8
     ngram_long_k: int = 5
+    # Draft trees (docs/drafting.md, Trees): "" for chains (the default loop), else "chain", a
+    # width list such as "3,2,1,1", "dynamic" or "auto" (the adaptive policy's choice per round).
+    tree: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= MAX_K:
@@ -97,6 +101,10 @@ class SpecConfig:
             raise ConfigError(f"k-max must be <= {MAX_K}, got {self.k_max}")
         if self.k_max < self.k:
             object.__setattr__(self, "k_max", self.k)
+        if self.tree:
+            object.__setattr__(self, "tree", parse_tree_spec(self.tree))
+            if self.method not in ("draft", "hybrid"):
+                raise ConfigError(f"--tree needs --method draft or hybrid, not {self.method}")
 
     @property
     def enabled(self) -> bool:

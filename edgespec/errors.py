@@ -33,3 +33,7 @@ class PromptError(EdgeSpecError):
 
 class DownloadError(EdgeSpecError):
     """Fetching a model failed (no network, bad checksum, disk full, interrupted)."""
+
+
+class TreeUnsupportedError(ConfigError):
+    """Tree drafting asked of a model or cache the tree forward cannot run (not llama-style)."""

@@ -31,12 +31,14 @@ from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.features import EagleState
 from edgespec.drafting.features import prefill as eagle_prefill
 from edgespec.drafting.hybrid import HybridDrafter
+from edgespec.drafting.tree_build import build_tree_drafter, make_shape_policy
 from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
 from edgespec.loading.load import load_pair
 from edgespec.loop import decode_plain, speculate
 from edgespec.metrics import generation_stats
 from edgespec.rounds import KPolicy, Limits, Step
+from edgespec.treeloop import speculate_tree
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -185,6 +187,12 @@ class Engine:
         if not config.spec.enabled:
             return decode_plain(self._target, prompt, sampling, limits, cancel)
         spec = config.spec
+        if spec.tree:  # draft trees (edgespec/treeloop.py); chains keep the loop below
+            tree_drafter = build_tree_drafter(spec, sampling, self._draft, self._vocab, self.name)
+            shapes = make_shape_policy(spec)
+            return speculate_tree(
+                self._target, tree_drafter, prompt, sampling, shapes, limits, cancel
+            )
         if drafter is None:
             drafter = build_drafter(
                 spec, sampling, self._draft, self._vocab, self.name, pairs=self._pairs
