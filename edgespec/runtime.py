@@ -16,7 +16,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -38,7 +38,7 @@ from edgespec.loading.load import load_pair
 from edgespec.loop import decode_plain, speculate
 from edgespec.metrics import generation_stats
 from edgespec.rounds import KPolicy, Limits, Step
-from edgespec.treeloop import speculate_tree
+from edgespec.treeloop import ShapePolicy, speculate_tree
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -189,7 +189,8 @@ class Engine:
         spec = config.spec
         if spec.tree:  # draft trees (edgespec/treeloop.py); chains keep the loop below
             tree_drafter = build_tree_drafter(spec, sampling, self._draft, self._vocab, self.name)
-            shapes = make_shape_policy(spec)
+            # k_policy, when given with a tree, is a shape policy (treeloop.ShapePolicy).
+            shapes = cast(ShapePolicy, k_policy) if k_policy else make_shape_policy(spec)
             return speculate_tree(
                 self._target, tree_drafter, prompt, sampling, shapes, limits, cancel
             )

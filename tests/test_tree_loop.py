@@ -9,11 +9,15 @@ first two sampled tokens follow the target at T > 0, which fails with a planted 
 
 from __future__ import annotations
 
+import mlx.core as mx
+import numpy as np
 import pytest
+from scipy.stats import chisquare
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Round, Token
 from edgespec.runtime import Engine
+from edgespec.sampling import warp
 from edgespec.tree import chain_shape, widths_shape
 from tests.reference_tree import reference_tree
 
@@ -90,3 +94,106 @@ def test_chain_shaped_tree_emits_the_chain_loops_tokens(tiny_models, sampling):
     tree = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft", tree="chain"), 32, sampling))
     assert tree == chain
     assert list(widths_shape([1, 1, 1])) == list(chain_shape(3))
+
+
+N_SEEDS = 250
+
+
+def _p_value(engine: Engine, samples: list[int], context: list[int], sampling) -> float:
+    p = np.array(warp(engine.target.model(mx.array(context)[None])[0, -1], sampling), np.float64)
+    counts = np.bincount(samples, minlength=p.size).astype(np.float64)
+    if counts[p == 0].sum():
+        return 0.0
+    exp = p / p.sum() * len(samples)
+    big = exp >= 5
+    obs, e = np.append(counts[big], counts[~big].sum()), np.append(exp[big], exp[~big].sum())
+    keep = e > 0
+    return float(chisquare(obs[keep], e[keep] * obs[keep].sum() / e[keep].sum()).pvalue)
+
+
+@pytest.mark.parametrize("bug", [None, "against-p"])
+def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, bug):
+    """T = 2 over many seeds: the first emitted token follows p(. | prompt) and the second, given
+    the most frequent first, p(. | prompt, first) (EOS included: a round may end on it). With a
+    planted bug (siblings tried against p instead of the residual) the same check must fail."""
+    from edgespec import treeloop
+    from edgespec.tree_acceptance import verify_tree
+
+    if bug:
+        monkeypatch.setattr(treeloop, "verify_tree", lambda *a: verify_tree(*a, bug=bug))
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    (eos,) = engine.tokenizer.eos_token_ids
+    firsts, seconds, branches = [], {}, 0
+    for seed in range(N_SEEDS):
+        sampling = SamplingConfig(temperature=2.0, seed=seed)
+        events = _gen(engine, ids, SpecConfig(k=2, method="draft", tree="4,2"), 2, sampling)
+        toks = _ids(events) + [eos, eos]  # EOS ends the answer without a Token event
+        firsts.append(toks[0])
+        seconds.setdefault(toks[0], []).append(toks[1])
+        branches += sum(e.branch > 0 for e in events if isinstance(e, Round))
+    assert branches > 20  # second-ranked candidates were accepted: the residual path is exercised
+    sampling = SamplingConfig(temperature=2.0)
+    top = max(seconds, key=lambda t: len(seconds[t]))
+    p_first = _p_value(engine, firsts, ids, sampling)
+    p_second = _p_value(engine, seconds[top], ids + [top], sampling)
+    if bug:
+        assert p_first < 1e-6
+    else:
+        assert min(p_first, p_second) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def eagle_pair(tiny_pair, tmp_path_factory):
+    from edgespec.loading.load import load_pair
+    from edgespec.loading.tiny import make_tiny_eagle
+
+    out = make_tiny_eagle(tiny_pair[0], tmp_path_factory.mktemp("eagle") / "eagle", head=150)
+    return load_pair(str(tiny_pair[0]), str(out))
+
+
+@pytest.mark.parametrize(
+    "tree,method", [("3,2,1", "draft"), ("dynamic", "draft"), ("2,2", "hybrid")]
+)
+def test_feature_draft_trees_keep_greedy_output(eagle_pair, tree, method):
+    """A feature draft drafts trees from the target's features (drafting/tree_eagle.py); two
+    answers in a row also check that its state follows the committed context."""
+    engine = Engine(*eagle_pair)
+    plain = Engine(eagle_pair[0], None)
+    for prompt in (PROMPT, "the river and the moon and the river"):
+        ids = engine.encode_raw(prompt)
+        want = _ids(_gen(plain, ids, SpecConfig(method="none"), 30))
+        events = _gen(engine, ids, SpecConfig(k=3, method=method, tree=tree), 30)
+        assert _ids(events) == want
+        assert any(e.accepted > 0 for e in events if isinstance(e, Round))
+        state = engine._draft
+        assert state.kv.offset <= state.n_features <= len(state.context)
+        assert state.context[: state.n_features] == (ids + want)[: state.n_features]
+
+
+def test_feature_draft_tree_samples_like_the_chain_with_a_chain_shape(eagle_pair):
+    engine = Engine(*eagle_pair)
+    ids = engine.encode_raw(PROMPT)
+    sampling = SamplingConfig(temperature=0.9, seed=4)
+    chain = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft"), 24, sampling))
+    tree = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft", tree="chain"), 24, sampling))
+    assert tree == chain
+
+
+def test_cli_generate_json_reports_tree_rounds(tiny_pair):
+    import json
+
+    from tests.cli import run_edgespec
+
+    target, draft = (str(p) for p in tiny_pair)
+    args = ["generate", "the cat", "--raw", "--target", target, "--draft", draft]
+    proc = run_edgespec(*args, "--draft-bits", "0", "--tree", "3,2,1", "--no-adaptive", "-k", "3",
+                        "--max-tokens", "12", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    rounds = [r for r in records if r["type"] == "round"]
+    assert rounds and all(r["nodes"] == 6 and r["k"] == 3 and r["method"] == "tree" for r in rounds)
+    assert all("branch" in r for r in rounds)
+    bad = run_edgespec(*args, "--tree", "3,x", "--max-tokens", "4")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "--tree must be" in bad.stderr

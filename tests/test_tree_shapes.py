@@ -1,0 +1,172 @@
+"""Tree shapes, the tree closed form and the adaptive shape policy (pure: no models)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from edgespec.config import SpecConfig
+from edgespec.drafting.tree_policy import AcceptanceTable, AdaptiveTree
+from edgespec.errors import ConfigError
+from edgespec.events import Round
+from edgespec.metrics import expected_tokens_per_round
+from edgespec.tree import (
+    FixedShape,
+    Tree,
+    best_shape,
+    chain_shape,
+    expected_accepted,
+    parse_tree_spec,
+    path_probability,
+    shape_tree,
+    widths_shape,
+)
+
+
+def test_widths_and_tree_golden():
+    paths = widths_shape([3, 2, 1])
+    assert paths == ((0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0))
+    tree = shape_tree(paths)
+    assert tree.parents == (-1, -1, -1, 0, 0, 3)
+    assert tree.depths == (1, 1, 1, 2, 2, 3) and tree.ranks == (0, 1, 2, 0, 1, 0)
+    assert tree.path(5) == [0, 3, 5] and tree.rank_path(4) == (0, 1)
+    assert tree.child_table().tolist() == [
+        [1, 2, 3],
+        [4, 5, -1],
+        [-1] * 3,
+        [-1] * 3,
+        [6, -1, -1],
+        [-1] * 3,
+        [-1] * 3,
+    ]
+    with pytest.raises(ValueError, match="parent or an earlier sibling"):
+        shape_tree([(0,), (2,)])
+    with pytest.raises(ValueError, match="must come before"):
+        Tree((-1, 2, 0))
+
+
+@pytest.mark.parametrize("text", ["3,2,1,1", " 2,2 ", "chain", "Dynamic", "auto"])
+def test_tree_specs_accepted(text):
+    assert SpecConfig(tree=text).tree == text.strip().lower().replace(" ", "")
+
+
+@pytest.mark.parametrize("text", ["3,0", "wide", "1,1,1,1,1,1,1,1,1", "64,1", "3;2"])
+def test_bad_tree_specs_are_one_line_errors(text):
+    with pytest.raises(ConfigError) as err:
+        parse_tree_spec(text)
+    assert "\n" not in str(err.value) and "--tree" in str(err.value)
+
+
+def test_tree_needs_a_draft_method():
+    with pytest.raises(ConfigError, match="--method draft or hybrid"):
+        SpecConfig(method="ngram", tree="2,1")
+
+
+def test_closed_form_golden_and_chain_case():
+    accept = [[0.6, 0.5]]
+    assert path_probability((1,), accept) == pytest.approx(0.2)
+    assert expected_accepted(widths_shape([2, 1]), accept) == pytest.approx(0.6 + 0.2 + 0.36)
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for k in (1, 4):
+            want = expected_tokens_per_round(alpha, k) - 1
+            assert expected_accepted(chain_shape(k), [[alpha]]) == pytest.approx(want)
+
+
+def _walk(rng: np.random.Generator, tree: Tree, accept) -> int:
+    """Simulate the acceptance walk: at each node try the children in rank order."""
+    cur, n = -1, 0
+    while True:
+        for c in tree.kids[cur + 1]:
+            row = accept[min(tree.depths[c] - 1, len(accept) - 1)]
+            if rng.random() < row[tree.ranks[c]]:
+                cur, n = c, n + 1
+                break
+        else:
+            return n
+
+
+def test_closed_form_matches_simulated_walks():
+    rng = np.random.default_rng(0)
+    accept = [[0.7, 0.4, 0.3], [0.6, 0.35, 0.2], [0.5, 0.3, 0.1]]
+    for widths in ([1, 1, 1], [3, 2, 1], [2, 2, 2]):
+        paths = widths_shape(widths)
+        tree = shape_tree(paths)
+        sim = np.mean([_walk(rng, tree, accept) for _ in range(40_000)])
+        assert sim == pytest.approx(expected_accepted(paths, accept), abs=0.02)
+
+
+def _valid(paths: set) -> bool:
+    return all(
+        (len(p) == 1 or p[:-1] in paths) and (p[-1] == 0 or p[:-1] + (p[-1] - 1,) in paths)
+        for p in paths
+    )
+
+
+def test_best_shape_is_optimal_by_brute_force():
+    accept = [[0.8, 0.5], [0.6, 0.3], [0.4, 0.2]]
+    universe = [p for d in (1, 2, 3) for p in itertools.product(range(2), repeat=d)]
+    best_by_size: dict[int, float] = {}
+    for mask in range(1, 1 << len(universe)):
+        paths = {p for i, p in enumerate(universe) if mask >> i & 1}
+        if _valid(paths):
+            value = expected_accepted(list(paths), accept)
+            best_by_size[len(paths)] = max(best_by_size.get(len(paths), 0.0), value)
+    for n, value in best_by_size.items():
+        got = best_shape(accept, n, 3, 2)
+        assert _valid(set(got)) and len(got) == n
+        assert expected_accepted(got, accept) == pytest.approx(value)
+
+
+def _round(nodes: int, depth: int, t_draft: float, t_verify: float) -> Round:
+    return Round(0, nodes, 0, depth, t_draft, t_verify, "tree", True, 0, nodes, 0)
+
+
+def _trained(verify_slope: float, rank1: float) -> AdaptiveTree:
+    """A policy fed synthetic outcomes: rank-0 candidates accepted 60% of the time, rank-1 ones
+    `rank1` of the time after a rejection; a verify of L tokens costs 1 + slope (L - 1)."""
+    policy = AdaptiveTree(k_init=2, k_max=4)
+    tree = shape_tree(widths_shape([2, 2, 2, 2]))
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        policy.observe_path(tree, tree.path(_sim_path(rng, tree, rank1)))
+    for length in (1, 2, 5, 9, 17):
+        for _ in range(3):
+            policy.observe(
+                _round(
+                    length - 1, max(1, min(4, length - 1)), 0.05, 1 + verify_slope * (length - 1)
+                )
+            )
+    return policy
+
+
+def _sim_path(rng, tree: Tree, rank1: float) -> int:
+    cur = -1
+    while True:
+        for c in tree.kids[cur + 1]:
+            if rng.random() < (0.6 if tree.ranks[c] == 0 else rank1):
+                cur = c
+                break
+        else:
+            return cur
+
+
+def test_adaptive_picks_trees_where_wide_verifies_are_cheap():
+    shape = _trained(verify_slope=0.0, rank1=0.5)(None)
+    assert isinstance(shape, FixedShape) and shape.size > shape.depth  # a tree, not a chain
+
+
+def test_adaptive_falls_back_to_a_chain_where_wide_verifies_are_dear():
+    shape = _trained(verify_slope=0.3, rank1=0.5)(None)
+    assert shape.size == shape.depth  # a chain (or a plain step)
+
+
+def test_acceptance_table_counts_tries_and_successes():
+    table = AcceptanceTable(3, 2)
+    tree = shape_tree(widths_shape([2, 2]))  # (0,), (1,), (0, 0), (0, 1)
+    table.observe(tree, [1])  # rank 0 rejected, rank 1 accepted, nothing below node 1
+    assert table.cells[0][0] == [0.0, 1.0] and table.cells[0][1] == [1.0, 1.0]
+    table.observe(tree, [0])  # rank 0 accepted; both its children rejected
+    assert table.cells[0][0][0] == pytest.approx(1.0) and table.cells[1][0][1] == pytest.approx(1.0)
+    assert table.cells[1][1][1] == pytest.approx(1.0)
