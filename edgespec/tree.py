@@ -25,7 +25,7 @@ from edgespec.errors import ConfigError
 
 RankPath = tuple[int, ...]
 MAX_TREE_NODES = 64  # one verify forward of a tree: its nodes plus the pending token
-TREE_SPECS = "'chain', a width list such as '3,2,1,1', 'dynamic' or 'auto'"
+TREE_SPECS = "'chain', a width list such as '3,2,1,1', 'dynamic', 'dynamic:NODES' or 'auto'"
 
 
 @dataclass(frozen=True)
@@ -157,11 +157,17 @@ def widths_shape(widths: Sequence[int]) -> tuple[RankPath, ...]:
 
 
 def parse_tree_spec(text: str) -> str:
-    """Validate a --tree value: 'chain', 'dynamic', 'auto' or widths '3,2,1,1' (1..8 deep,
-    at most MAX_TREE_NODES nodes). Returns it normalised; ConfigError otherwise."""
-    text = text.strip().lower()
+    """Validate a --tree value: 'chain', 'dynamic' (or 'dynamic:N', keeping N nodes), 'auto' or
+    widths '3,2,1,1' (1..8 deep, at most MAX_TREE_NODES nodes). Returns it normalised;
+    ConfigError otherwise."""
+    text = text.strip().lower().replace(" ", "")
     if text in ("chain", "dynamic", "auto"):
         return text
+    found = re.fullmatch(r"dynamic:(\d+)", text)
+    if found:
+        if not 1 <= int(found[1]) <= MAX_TREE_NODES:
+            raise ConfigError(f"--tree dynamic:N needs 1 <= N <= {MAX_TREE_NODES}, got {text!r}")
+        return f"dynamic:{int(found[1])}"
     if not re.fullmatch(r"\d+(,\d+)*", text):
         raise ConfigError(f"--tree must be {TREE_SPECS}, got {text!r}")
     widths = [int(w) for w in text.split(",")]
@@ -251,13 +257,24 @@ class DynamicShape:
     because of its own value would bias the ratio test, tree_acceptance.py)."""
 
     depth: int
-    beam: int = 2
-    width: int = 2
-    nodes: int = 8
+    beam: int = 4
+    width: int = 4
+    nodes: int = 24
 
     @property
     def size(self) -> int:
+        """The nodes drafted before any is dropped."""
         return self.width + (self.depth - 1) * self.beam * self.width
+
+    def sampled(self) -> DynamicShape:
+        """The shape drafted at T > 0, where nothing is dropped: beam = width = the largest w
+        (at most `width`) whose tree has at most `nodes` nodes. Example: depth 4, nodes 24 ->
+        w = 2 (2 + 3 * 4 = 14 nodes; w = 3 would draw 30)."""
+        w = max(
+            [1]
+            + [w for w in range(1, self.width + 1) if w + (self.depth - 1) * w * w <= self.nodes]
+        )
+        return DynamicShape(self.depth, w, w, self.nodes)
 
 
 Shape = FixedShape | DynamicShape

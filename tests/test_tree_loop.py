@@ -111,8 +111,8 @@ def _p_value(engine: Engine, samples: list[int], context: list[int], sampling) -
     return float(chisquare(obs[keep], e[keep] * obs[keep].sum() / e[keep].sum()).pvalue)
 
 
-@pytest.mark.parametrize("bug", [None, "against-p"])
-def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, bug):
+@pytest.mark.parametrize("tree,bug", [("4,2", None), ("dynamic:6", None), ("4,2", "against-p")])
+def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, bug):
     """T = 2 over many seeds: the first emitted token follows p(. | prompt) and the second, given
     the most frequent first, p(. | prompt, first) (EOS included: a round may end on it). With a
     planted bug (siblings tried against p instead of the residual) the same check must fail."""
@@ -127,7 +127,7 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, bug):
     firsts, seconds, branches = [], {}, 0
     for seed in range(N_SEEDS):
         sampling = SamplingConfig(temperature=2.0, seed=seed)
-        events = _gen(engine, ids, SpecConfig(k=2, method="draft", tree="4,2"), 2, sampling)
+        events = _gen(engine, ids, SpecConfig(k=2, method="draft", tree=tree), 2, sampling)
         toks = _ids(events) + [eos, eos]  # EOS ends the answer without a Token event
         firsts.append(toks[0])
         seconds.setdefault(toks[0], []).append(toks[1])

@@ -13,6 +13,7 @@ from edgespec.errors import ConfigError
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
 from edgespec.tree import (
+    DynamicShape,
     FixedShape,
     Tree,
     best_shape,
@@ -47,16 +48,25 @@ def test_widths_and_tree_golden():
         Tree((-1, 2, 0))
 
 
-@pytest.mark.parametrize("text", ["3,2,1,1", " 2,2 ", "chain", "Dynamic", "auto"])
+@pytest.mark.parametrize("text", ["3,2,1,1", " 2,2 ", "chain", "Dynamic", "auto", "dynamic:12"])
 def test_tree_specs_accepted(text):
     assert SpecConfig(tree=text).tree == text.strip().lower().replace(" ", "")
 
 
-@pytest.mark.parametrize("text", ["3,0", "wide", "1,1,1,1,1,1,1,1,1", "64,1", "3;2"])
+@pytest.mark.parametrize(
+    "text", ["3,0", "wide", "1,1,1,1,1,1,1,1,1", "64,1", "3;2", "dynamic:0", "dynamic:99"]
+)
 def test_bad_tree_specs_are_one_line_errors(text):
     with pytest.raises(ConfigError) as err:
         parse_tree_spec(text)
     assert "\n" not in str(err.value) and "--tree" in str(err.value)
+
+
+def test_dynamic_shapes_at_a_temperature_keep_within_their_node_budget():
+    assert DynamicShape(4).size == 4 + 3 * 16  # drawn at T = 0, then the best 24 kept
+    sampled = DynamicShape(4).sampled()  # nothing may be dropped at T > 0
+    assert (sampled.beam, sampled.width, sampled.size) == (2, 2, 14)
+    assert DynamicShape(3, nodes=2).sampled().size == 3  # a chain when nothing wider fits
 
 
 def test_tree_needs_a_draft_method():

@@ -24,11 +24,13 @@ from edgespec.treeloop import FixedPolicy, ShapePolicy
 
 def tree_shape(spec: SpecConfig) -> Shape:
     """The fixed or dynamic shape of spec.tree: "chain" is K drafts in a row, "3,2,1" those
-    widths (tree.widths_shape), "dynamic" a DynamicShape K deep."""
+    widths (tree.widths_shape), "dynamic" a DynamicShape K deep ("dynamic:N": keeping N nodes)."""
     if spec.tree in ("chain", "auto"):
         return FixedShape(chain_shape(spec.k))
     if spec.tree == "dynamic":
         return DynamicShape(depth=spec.k)
+    if spec.tree.startswith("dynamic:"):
+        return DynamicShape(depth=spec.k, nodes=int(spec.tree.split(":")[1]))
     return FixedShape(widths_shape(spec_widths(spec.tree)))
 
 

@@ -4,7 +4,7 @@ Each depth expands the `beam` nodes of highest cumulative draft probability (the
 draft's probabilities along the path: softmax of its logits at temperature 0, the warped q at
 T > 0) with `width` candidates each; at temperature 0 the `nodes` most probable nodes are then
 kept (a node is never more probable than its parent, so they form a tree). At T > 0 every drawn
-node is kept: which nodes get children may depend on anything the draft computed, but dropping
+node is kept (with beam and width cut so that they are at most `nodes`, DynamicShape.sampled): which nodes get children may depend on anything the draft computed, but dropping
 a sampled sibling because of its own value would bias the ratio test (tree_acceptance.py).
 
 Costs one host read per depth (the probabilities decide the next forward's nodes).
@@ -36,6 +36,7 @@ def propose_dynamic(
     if root is None:
         return empty_proposal()
     greedy = drafter.sampling.greedy
+    shape = shape if greedy else shape.sampled()
     u = None if greedy else uniforms(key, shape.size)
     parents: list[int] = []
     score: list[float] = []
