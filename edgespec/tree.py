@@ -55,6 +55,11 @@ class Tree:
     def depth(self) -> int:
         return max(self.depths, default=0)
 
+    @property
+    def is_chain(self) -> bool:
+        """Node i's parent is node i - 1 (or the root): a chain, whose mask is the causal one."""
+        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+
     @cached_property
     def kids(self) -> tuple[tuple[int, ...], ...]:
         """kids[j + 1]: the children of node j in rank order; kids[0]: the root's."""

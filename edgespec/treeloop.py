@@ -72,10 +72,13 @@ def verify_tree_round(
     one host transfer) and, when `features`, the target's top hidden states of the root and every
     node ([N + 1, d], lazy)."""
     tree, p_len = prop.tree, int(pending.shape[0])
-    allowed = mx.array(tree_mask(tree, target.offset, p_len))
-    positions = mx.array(tree_positions(tree, target.offset, p_len))
     inputs = mx.concatenate([pending, prop.tokens])
-    feats, logits = tree_forward(target.model, inputs, positions, allowed, target.cache)
+    if tree.is_chain:  # the causal mask: the target's own forward (the same logits, faster)
+        feats, logits = target.forward_features(inputs)
+    else:
+        allowed = mx.array(tree_mask(tree, target.offset, p_len))
+        positions = mx.array(tree_positions(tree, target.offset, p_len))
+        feats, logits = tree_forward(target.model, inputs, positions, allowed, target.cache)
     logits = logits[p_len - 1 :]
     if cfg.greedy:
         row, n, nxt = verify_tree_greedy(tree, prop.tokens, logits)

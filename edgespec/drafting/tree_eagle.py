@@ -56,17 +56,25 @@ class EagleTreeDrafter(ModelTreeDrafter):
         return st.model.head_logits(guess)
 
     def _forward_nodes(
-        self, draft: _Draft, tree: Tree, nodes: list[int], positions: mx.array, allowed: mx.array
+        self,
+        draft: _Draft,
+        tree: Tree,
+        nodes: list[int],
+        positions: mx.array,
+        allowed: mx.array | None,
     ) -> mx.array:
         model = self.eagle.model
         guesses = mx.stack([self._guess[tree.parents[i]] for i in nodes])
         if model.chain != "guess":
             guesses = mx.zeros_like(guesses)
-        if model.feature_scale != 1.0:
-            guesses = guesses * model.feature_scale
         toks = mx.stack([draft.tokens[i] for i in nodes]).astype(mx.int32)  # type: ignore[misc]
-        h = model.fc(mx.concatenate([guesses, model.embedding(toks)], axis=-1))[None]
-        h = model.norm(run_layers(model.layers, h, positions, allowed, self.state.cache))[0]
+        if allowed is None:  # one node seeing the whole cache: the draft's own step
+            h = model(guesses[None], toks[None], cache=self.state.cache)[0]
+        else:
+            if model.feature_scale != 1.0:
+                guesses = guesses * model.feature_scale
+            h = model.fc(mx.concatenate([guesses, model.embedding(toks)], axis=-1))[None]
+            h = model.norm(run_layers(model.layers, h, positions, allowed, self.state.cache))[0]
         for r, node in enumerate(nodes):
             self._guess[node] = h[r]
         return model.head_logits(h)
