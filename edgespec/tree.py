@@ -215,24 +215,32 @@ def expected_accepted(paths: Sequence[RankPath], accept: Sequence[Sequence[float
     return sum(path_probability(p, accept) for p in paths)
 
 
+def greedy_nodes(
+    accept: Sequence[Sequence[float]], nodes: int, max_depth: int, max_rank: int
+) -> list[tuple[RankPath, float]]:
+    """Up to `nodes` (rank path, path probability) pairs, each the likeliest node whose parent
+    and elder sibling came before it (depth <= max_depth, ranks < max_rank). Its first n form
+    the shape of n nodes with the largest expected accepted length: a node's probability never
+    exceeds its parent's or its elder sibling's, so the best n nodes are a valid shape."""
+    chosen: list[tuple[RankPath, float]] = []
+    frontier: dict[RankPath, float] = {(0,): path_probability((0,), accept)}
+    while frontier and len(chosen) < nodes:
+        best = max(frontier, key=lambda p: (frontier[p], -len(p), [-r for r in p]))
+        chosen.append((best, frontier.pop(best)))
+        grown = [best + (0,)] if len(best) < max_depth else []
+        grown += [best[:-1] + (best[-1] + 1,)] if best[-1] + 1 < max_rank else []
+        for p in grown:
+            frontier[p] = path_probability(p, accept)
+    return chosen
+
+
 def best_shape(
     accept: Sequence[Sequence[float]], nodes: int, max_depth: int, max_rank: int
 ) -> tuple[RankPath, ...]:
-    """The shape of at most `nodes` nodes (depth <= max_depth, ranks < max_rank) with the largest
-    expected accepted length: greedily the candidate node of highest path probability. Optimal,
-    because a node's probability never exceeds its parent's or its elder sibling's, so the best
-    n nodes are a valid shape. Example: accept [[0.9, 0.5]], 2 nodes -> (0,), (0, 0)."""
-    chosen: list[RankPath] = []
-    frontier: set[RankPath] = {(0,)}
-    while frontier and len(chosen) < nodes:
-        best = max(frontier, key=lambda p: (path_probability(p, accept), -len(p), [-r for r in p]))
-        frontier.discard(best)
-        chosen.append(best)
-        if len(best) < max_depth:
-            frontier.add(best + (0,))
-        if best[-1] + 1 < max_rank:
-            frontier.add(best[:-1] + (best[-1] + 1,))
-    return tuple(sorted(chosen, key=lambda p: (len(p), p)))
+    """The shape of at most `nodes` nodes with the largest expected accepted length
+    (greedy_nodes). Example: accept [[0.9, 0.5]], 2 nodes -> (0,), (0, 0)."""
+    paths = [p for p, _ in greedy_nodes(accept, nodes, max_depth, max_rank)]
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
 @dataclass(frozen=True)

@@ -180,3 +180,12 @@ def test_acceptance_table_counts_tries_and_successes():
     table.observe(tree, [0])  # rank 0 accepted; both its children rejected
     assert table.cells[0][0][0] == pytest.approx(1.0) and table.cells[1][0][1] == pytest.approx(1.0)
     assert table.cells[1][1][1] == pytest.approx(1.0)
+
+
+def test_policy_candidates_carry_their_closed_form():
+    policy = _trained(verify_slope=0.05, rank1=0.4)
+    table = policy.accept.table()
+    candidates = policy.candidates()
+    assert any(shape.size > shape.depth for _, shape in candidates)  # trees among them
+    for expected, shape in candidates:
+        assert expected == pytest.approx(expected_accepted(shape.paths, table))

@@ -32,7 +32,7 @@ from edgespec.drafting.adaptive import (
     verify_curve,
 )
 from edgespec.events import Round
-from edgespec.tree import FixedShape, Shape, Tree, best_shape, chain_shape, expected_accepted
+from edgespec.tree import FixedShape, Shape, Tree, chain_shape, greedy_nodes
 
 PRIOR_RANK = (0.5, 0.3, 0.2, 0.15)  # acceptance of a rank-r candidate before any is seen
 PRIOR_WEIGHT = 2.0
@@ -102,26 +102,36 @@ class AdaptiveTree:
         if r.timed:
             self.verify_costs.setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
 
-    def candidates(self) -> list[FixedShape]:
-        """Chains of depth 1..k_max and the best tree of every node budget up to max_nodes."""
+    def candidates(self) -> list[tuple[float, FixedShape]]:
+        """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
+        every node budget up to max_nodes (the greedy order's prefixes, tree.greedy_nodes)."""
         table = self.accept.table()
-        shapes = {chain_shape(k) for k in range(1, self.k_max + 1)}
-        for n in range(2, self.max_nodes + 1):
-            shapes.add(best_shape(table, n, self.k_max, self.ranks))
-        return [FixedShape(s) for s in sorted(shapes, key=lambda s: (len(s), s))]
+        out, chain_e, reach = [], 0.0, 1.0
+        for k in range(1, self.k_max + 1):
+            reach *= table[min(k, len(table)) - 1][0]
+            chain_e += reach
+            out.append((chain_e, FixedShape(chain_shape(k))))
+        order = greedy_nodes(table, self.max_nodes, self.k_max, self.ranks)
+        total = 0.0
+        for n, (_, prob) in enumerate(order, 1):
+            total += prob
+            paths = sorted((p for p, _ in order[:n]), key=lambda p: (len(p), p))
+            if n > 1 and any(p[-1] for p in paths):  # chains are above
+                out.append((total, FixedShape(tuple(paths))))
+        return out
 
     def rates(self) -> list[tuple[float, FixedShape]] | None:
-        """(predicted tokens per second, shape) of every candidate; None before costs exist."""
+        """(predicted tokens per second, shape) of every candidate, the plain step last; None
+        before the costs were measured."""
         c = self.draft_cost.value
         means = {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
         if c is None or not means:
             return None
         v = verify_curve(means)
-        table = self.accept.table()
-        out = []
-        for shape in self.candidates():
-            tokens = 1.0 + expected_accepted(shape.paths, table)
-            out.append((tokens / (shape.depth * c + v(shape.size + 1)), shape))
+        out = [
+            ((1.0 + e) / (shape.depth * c + v(shape.size + 1)), shape)
+            for e, shape in self.candidates()
+        ]
         out.append((1.0 / v(1), FixedShape(())))
         return out
 
