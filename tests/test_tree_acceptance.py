@@ -36,8 +36,13 @@ def _rows(rng: np.random.Generator, depth: int, alpha: float) -> list[np.ndarray
     ]
 
 
-def _simulate(tree: Tree, p_rows, q_rows, seed: int, bug: str | None = None, point: bool = False):
+def _simulate(
+    tree: Tree, p_rows, q_rows, seed: int, bug: str | None = None, point: bool | str = False
+):
     """N_ROUNDS rounds: draft the tree from q (per prefix), verify against p (per prefix).
+    point=True: every candidate deterministic (the draft's top tokens); "last": each node's last
+    child a deterministic lookup-like candidate (a fixed function of the prefix, which may repeat
+    a sampled sibling), after siblings drawn without replacement.
     Returns (emitted tokens [B, depth + 1] with -1 past the round's end)."""
     kd, kv = split(make_key(seed), 2)
     ud = mx.random.uniform(shape=(N_ROUNDS, tree.size), key=kd)
@@ -51,9 +56,15 @@ def _simulate(tree: Tree, p_rows, q_rows, seed: int, bug: str | None = None, poi
             continue
         level = tree.depths[parent] if parent >= 0 else 0
         q = mx.array(q_rows[level])[prefix[parent]]
-        if point:  # deterministic candidates: the draft's top tokens, q = onehot
+        if point is True:  # deterministic candidates: the draft's top tokens, q = onehot
             toks = top_siblings(q, len(kids))
             rows = (mx.arange(V) == toks[..., None]).astype(mx.float32)
+        elif point == "last" and len(kids) > 1:
+            toks, rows = draw_siblings(q, ud[:, kids[0] : kids[-1]], len(kids) - 1)
+            fixed = ((prefix[parent] * 7 + 3) % V).astype(mx.int32)[:, None]
+            hot = (mx.arange(V) == fixed).astype(mx.float32)[:, None, :]
+            toks = mx.concatenate([toks, fixed], axis=-1)
+            rows = mx.concatenate([rows, hot], axis=-2)
         else:
             toks, rows = draw_siblings(
                 q, ud[:, kids[0] : kids[-1] + 1], len(kids), replace=bug == "replace"
@@ -134,11 +145,14 @@ def test_emitted_tokens_follow_the_target(name, p_alpha, q_alpha):
     assert _p_value(tree, p_rows, q_rows, seed=1) > 1e-3
 
 
-def test_deterministic_candidates_follow_the_target():
+@pytest.mark.parametrize("point", [True, "last"])
+def test_deterministic_candidates_follow_the_target(point):
+    """Point-mass candidates (the draft's top-k at T = 0 semantics, or an n-gram branch's
+    token after sampled siblings) verify exactly too."""
     rng = np.random.default_rng(7)
     tree = shape_tree(PATHS)
     p_rows, q_rows = _rows(rng, tree.depth, 0.5), _rows(rng, tree.depth, 0.5)
-    assert _p_value(tree, p_rows, q_rows, seed=2, point=True) > 1e-3
+    assert _p_value(tree, p_rows, q_rows, seed=2, point=point) > 1e-3
 
 
 @pytest.mark.parametrize("bug", ["against-p", "replace"])
