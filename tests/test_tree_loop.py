@@ -197,3 +197,18 @@ def test_cli_generate_json_reports_tree_rounds(tiny_pair):
     bad = run_edgespec(*args, "--tree", "3,x", "--max-tokens", "4")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "--tree must be" in bad.stderr
+
+
+def test_hybrid_tree_adds_lookup_branches_at_a_temperature(tiny_models):
+    """An n-gram match adds a branch of deterministic candidates after the draft's sampled
+    siblings (exact: tests/test_tree_acceptance.py); the caches stay consistent."""
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(" ".join([PROMPT] * 4))
+    sampling = SamplingConfig(temperature=0.3, seed=2)
+    events = _gen(engine, ids, SpecConfig(k=2, method="hybrid", tree="2,1"), 40, sampling)
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert any(r.match > 0 and r.nodes > 3 for r in rounds)  # lookup nodes beyond the 3 drafted
+    target_cached, draft_cached = engine.cached_tokens()
+    context = ids + _ids(events)
+    assert target_cached == context[: len(target_cached)]
+    assert draft_cached == context[: len(draft_cached)]
