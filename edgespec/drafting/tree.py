@@ -71,7 +71,7 @@ class TreeDrafter(Drafter):
 
 
 @dataclass
-class _Draft:
+class TreeDraft:
     """A tree being drafted: per node its token, q row (head columns when the draft has a reduced
     head) and draft-cache position, and the draft's logits row of each node that was run."""
 
@@ -89,14 +89,14 @@ class ModelTreeDrafter(TreeDrafter):
         check_tree_cache(state.cache, state.name)
         self.state, self.sampling, self.vocab = state, sampling, vocab
         self.head_ids = reduced_head(state.model)
-        self._prefix = 0  # cache positions every node sees (set by _root)
+        self._prefix = 0  # cache positions every node sees (set by root_logits)
 
     # --------------------------------------------------------------------- drafting
 
     def _fit(self, logits: mx.array) -> mx.array:
         return logits if self.head_ids is not None else fit_vocab(logits, self.vocab)
 
-    def _root(self, context: list[int]) -> mx.array | None:
+    def root_logits(self, context: list[int]) -> mx.array | None:
         """The draft's logits after the context (it runs what its cache lacks); None when it
         cannot draft this round. Sets `_prefix`, the cache positions every node may see."""
         st = self.state
@@ -105,8 +105,8 @@ class ModelTreeDrafter(TreeDrafter):
         self._prefix = st.offset
         return logits
 
-    def _children(
-        self, draft: _Draft, parent: int, kids: list[int], u: mx.array | None
+    def draft_children(
+        self, draft: TreeDraft, parent: int, kids: list[int], u: mx.array | None
     ) -> tuple[mx.array, mx.array]:
         """Draft the children `kids` (consecutive node indices) of `parent` from its logits.
         Returns their column indices in the logits and the distribution they were ranked by
@@ -127,7 +127,7 @@ class ModelTreeDrafter(TreeDrafter):
 
     def _forward_nodes(
         self,
-        draft: _Draft,
+        draft: TreeDraft,
         tree: Tree,
         nodes: list[int],
         positions: mx.array,
@@ -143,7 +143,7 @@ class ModelTreeDrafter(TreeDrafter):
         _, logits = tree_forward(st.model, inputs, positions, allowed, st.cache)
         return self._fit(logits)
 
-    def _run_nodes(self, draft: _Draft, tree: Tree, nodes: list[int]) -> None:
+    def run_nodes(self, draft: TreeDraft, tree: Tree, nodes: list[int]) -> None:
         """One draft forward over `nodes` (all at one depth, their ancestors already run): each
         sees the cache's first `_prefix` positions, its own ancestors and itself."""
         offset, prefix = self._cache_offset(), self._prefix
@@ -168,7 +168,7 @@ class ModelTreeDrafter(TreeDrafter):
     def _cache_offset(self) -> int:
         return self.state.offset
 
-    def _full_q(self, rows: list[mx.array | None]) -> mx.array:
+    def full_q(self, rows: list[mx.array | None]) -> mx.array:
         q = mx.stack(rows)  # type: ignore[arg-type]
         if self.head_ids is None:
             return q
@@ -185,22 +185,22 @@ class ModelTreeDrafter(TreeDrafter):
 
     def _propose_fixed(self, context: list[int], shape: FixedShape, key: mx.array) -> TreeProposal:
         tree, n = shape.tree, shape.size
-        root = self._root(context)
+        root = self.root_logits(context)
         if root is None:
             return empty_proposal()
         u = None if self.sampling.greedy else uniforms(key, n)
-        draft = _Draft([None] * n, [None] * n, [-1] * n)
+        draft = TreeDraft([None] * n, [None] * n, [-1] * n)
         draft.logits[-1] = root
         for depth in range(1, tree.depth + 1):
             level = [i for i in range(n) if tree.depths[i] == depth]
             for parent in sorted({tree.parents[i] for i in level}):
-                self._children(draft, parent, list(tree.kids[parent + 1]), u)
+                self.draft_children(draft, parent, list(tree.kids[parent + 1]), u)
             grow = [i for i in level if tree.kids[i + 1]]
             if grow:
-                self._run_nodes(draft, tree, grow)
+                self.run_nodes(draft, tree, grow)
         tokens = mx.stack(draft.tokens).astype(mx.int32)  # type: ignore[arg-type]
         mx.async_eval(tokens)
-        q = None if u is None else self._full_q(draft.rows)
+        q = None if u is None else self.full_q(draft.rows)
         return TreeProposal(tree, tokens, q, tuple(draft.fed))
 
     # --------------------------------------------------------------------- after the round

@@ -17,7 +17,7 @@ from typing import cast
 
 import mlx.core as mx
 
-from edgespec.drafting.tree import ModelTreeDrafter, TreeProposal, _Draft, empty_proposal
+from edgespec.drafting.tree import ModelTreeDrafter, TreeDraft, TreeProposal, empty_proposal
 from edgespec.sampling import uniforms
 from edgespec.tree import DynamicShape, Tree
 
@@ -32,7 +32,7 @@ def propose_dynamic(
     drafter: ModelTreeDrafter, context: list[int], shape: DynamicShape, key: mx.array
 ) -> TreeProposal:
     """Draft a dynamic tree with `drafter` (module docstring)."""
-    root = drafter._root(context)
+    root = drafter.root_logits(context)
     if root is None:
         return empty_proposal()
     greedy = drafter.sampling.greedy
@@ -40,7 +40,7 @@ def propose_dynamic(
     u = None if greedy else uniforms(key, shape.size)
     parents: list[int] = []
     score: list[float] = []
-    draft = _Draft([], [], [])
+    draft = TreeDraft([], [], [])
     draft.logits[-1] = root
     frontier = [-1]
     for depth in range(1, shape.depth + 1):
@@ -52,7 +52,7 @@ def propose_dynamic(
             draft.tokens += [None] * shape.width
             draft.rows += [None] * shape.width
             draft.fed += [-1] * shape.width
-            picks, q = drafter._children(draft, parent, kids, u)
+            picks, q = drafter.draft_children(draft, parent, kids, u)
             confs.append(q[picks])
             level += kids
         probs = cast(list[float], mx.concatenate(confs).tolist())
@@ -62,7 +62,7 @@ def propose_dynamic(
         if depth == shape.depth:
             break
         frontier = _best(level, score, shape.beam)
-        drafter._run_nodes(draft, Tree(tuple(parents)), frontier)
+        drafter.run_nodes(draft, Tree(tuple(parents)), frontier)
     keep = list(range(len(parents)))
     if greedy:
         keep = sorted(sorted(keep, key=lambda i: (-score[i], i))[: shape.nodes])
@@ -70,7 +70,7 @@ def propose_dynamic(
 
 
 def _pruned(
-    drafter: ModelTreeDrafter, draft: _Draft, parents: list[int], keep: list[int]
+    drafter: ModelTreeDrafter, draft: TreeDraft, parents: list[int], keep: list[int]
 ) -> TreeProposal:
     """The proposal of the nodes `keep` (closed under parents), renumbered in order."""
     new_index = {old: new for new, old in enumerate(keep)}
@@ -79,5 +79,5 @@ def _pruned(
     mx.async_eval(tokens)
     q = None
     if draft.rows and draft.rows[0] is not None:
-        q = drafter._full_q([draft.rows[i] for i in keep])
+        q = drafter.full_q([draft.rows[i] for i in keep])
     return TreeProposal(tree, tokens, q, tuple(draft.fed[i] for i in keep))

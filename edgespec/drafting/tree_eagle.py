@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from edgespec.config import SamplingConfig
 from edgespec.drafting.features import EagleState
-from edgespec.drafting.tree import ModelTreeDrafter, TreeProposal, _Draft
+from edgespec.drafting.tree import ModelTreeDrafter, TreeDraft, TreeProposal
 from edgespec.tree import Tree
 from edgespec.treeforward import check_tree_cache, run_layers, tree_layers
 
@@ -39,7 +39,7 @@ class EagleTreeDrafter(ModelTreeDrafter):
     def wants_features(self) -> bool:
         return True
 
-    def _root(self, context: list[int]) -> mx.array | None:
+    def root_logits(self, context: list[int]) -> mx.array | None:
         st, kv = self.eagle, self.eagle.kv
         p = st.n_features
         if p == 0 or p != len(context) - 1 or st.context[:p] != context[:p]:
@@ -57,7 +57,7 @@ class EagleTreeDrafter(ModelTreeDrafter):
 
     def _forward_nodes(
         self,
-        draft: _Draft,
+        draft: TreeDraft,
         tree: Tree,
         nodes: list[int],
         positions: mx.array,
