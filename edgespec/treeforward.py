@@ -148,6 +148,13 @@ def _block(layer: Any, x: mx.array, rotary: Rotary, allowed: mx.array, cache: An
     positions to `cache`."""
     attn = layer.self_attn
     b, length, _ = x.shape
+    compiled = getattr(layer, "_compiled", None)  # the CPU's compiled llama block (cpu/blocks.py)
+    if compiled is not None and length <= GROUPED_MAX_ROWS and x.dtype == mx.float32:
+        before, after = compiled()  # its cache-free parts, traced per length: fewer graph ops
+        q, k, v = before(x)
+        q, k = rotary(attn.rope, q), rotary(attn.rope, k)
+        k, v = cache.update_and_fetch(k, v)
+        return after(x, tree_attention(q, k, v, attn.scale, allowed, cache))
     h = layer.input_layernorm(x)
     q = attn.q_proj(h).reshape(b, length, attn.n_heads, -1)
     k = attn.k_proj(h).reshape(b, length, attn.n_kv_heads, -1)
