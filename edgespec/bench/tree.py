@@ -10,11 +10,16 @@ The closed form: from every round of a variant, the (tree, accepted path) outcom
 a rank-r candidate at depth d was accepted when tried (a chain round is a tree of rank-0 nodes);
 then predicted tau = the mean over the variant's rounds of 1 + the sum over that round's tree's
 nodes of P(path to the node accepted) (edgespec/tree.py `expected_accepted`).
+
+CPU time per token is reported beside wall-clock tokens/s: on a machine shared with other jobs
+the wall clock measures the neighbours as much as the method, while the process's CPU time (with
+one BLAS thread, MKL_NUM_THREADS=1) stays close to the work done.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +76,7 @@ class Run:
     tokens_per_s: float
     decode_time: float
     outcomes: list[tuple[Tree, list[int]]] = field(default_factory=list)
+    cpu_seconds: float = 0.0  # process CPU time of the whole generation (prefill included)
 
     @property
     def tau(self) -> float:
@@ -91,6 +97,7 @@ def run_one(engine: Any, ids: list[int], variant: Variant, sampling: SamplingCon
     rounds: list[Round] = []
     stats = None
     config = GenerationConfig(sampling, spec, max_tokens=n)
+    cpu0 = time.process_time()
     for event in engine.generate(ids, config, k_policy=recorder):
         if isinstance(event, Token):
             tokens.append(event.id)
@@ -101,7 +108,10 @@ def run_one(engine: Any, ids: list[int], variant: Variant, sampling: SamplingCon
     assert stats is not None
     outcomes = recorder.outcomes if recorder else [chain_outcome(r) for r in rounds if r.drafted]
     n_rounds = len(rounds) if rounds else len(tokens)
-    return Run(variant.name, "", tokens, n_rounds, stats.tokens_per_s, stats.decode_time, outcomes)
+    cpu = time.process_time() - cpu0
+    return Run(
+        variant.name, "", tokens, n_rounds, stats.tokens_per_s, stats.decode_time, outcomes, cpu
+    )
 
 
 def iter_runs(
@@ -161,6 +171,7 @@ class Summary:
     predicted: float | None  # the closed form's tau
     identical: int  # prompts whose greedy output equals plain decoding's
     prompts: int
+    cpu_ms_per_token: float = 0.0  # process CPU time per generated token, prefill included
 
 
 def summarise(runs: Sequence[Run], greedy: bool) -> list[Summary]:
@@ -183,6 +194,7 @@ def summarise(runs: Sequence[Run], greedy: bool) -> list[Summary]:
                 predicted_tau(outcomes) if name != "plain" else None,
                 same,
                 len(mine),
-            )  # fmt: skip
+                1000 * sum(r.cpu_seconds for r in mine) / max(tokens, 1),
+            )
         )
     return out

@@ -37,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _table(summaries, chain_tau: float | None, plain_tps: float | None) -> list[str]:
-    head = f"{'method':<18}{'tau':>7}{'x chain':>9}{'closed form':>13}{'tok/s':>8}{'speedup':>9}{'greedy same':>13}"
+    head = (
+        f"{'method':<18}{'tau':>7}{'x chain':>9}{'closed form':>13}{'tok/s':>8}{'speedup':>9}"
+        f"{'CPU ms/tok':>12}{'greedy same':>13}"
+    )
     lines = [head, "-" * len(head)]
     for s in summaries:
         ratio = f"{s.tau / chain_tau:.2f}" if chain_tau and s.variant != "plain" else "-"
@@ -45,7 +48,8 @@ def _table(summaries, chain_tau: float | None, plain_tps: float | None) -> list[
         speed = f"{s.tokens_per_s / plain_tps:.2f}" if plain_tps else "-"
         same = f"{s.identical}/{s.prompts}"
         lines.append(
-            f"{s.variant:<18}{s.tau:>7.2f}{ratio:>9}{pred:>13}{s.tokens_per_s:>8.2f}{speed:>9}{same:>13}"
+            f"{s.variant:<18}{s.tau:>7.2f}{ratio:>9}{pred:>13}{s.tokens_per_s:>8.2f}{speed:>9}"
+            f"{s.cpu_ms_per_token:>12.1f}{same:>13}"
         )
     return lines
 
