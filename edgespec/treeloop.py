@@ -24,6 +24,7 @@ import mlx.core as mx
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.tree import TreeDrafter, TreeProposal
+from edgespec.drafting.tree_ngram import cut_depth
 from edgespec.events import Round
 from edgespec.rounds import Limits, Progress, Step, cancelled, is_set, plain_run
 from edgespec.sampling import make_key, round_keys, uniforms, warp
@@ -131,6 +132,8 @@ def _tree_round(target, drafter, run: Progress, shape: Shape, cfg, policy) -> St
     run.key, draft_key, verify_key = round_keys(run.key)
     t0 = time.perf_counter()
     prop = drafter.propose_tree(run.context, shape, draft_key)
+    if prop.tree.depth >= run.room():  # a lookup branch may reach past the context window
+        prop = cut_depth(prop, run.room() - 1)
     host, feats, t_draft, t_verify = run_tree_round(
         target, run.context, prop, t0, cfg, verify_key, drafter.wants_features
     )

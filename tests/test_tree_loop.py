@@ -212,3 +212,18 @@ def test_hybrid_tree_adds_lookup_branches_at_a_temperature(tiny_models):
     context = ids + _ids(events)
     assert target_cached == context[: len(target_cached)]
     assert draft_cached == context[: len(draft_cached)]
+
+
+def test_trees_stop_at_the_context_window(tiny_models):
+    """Near the end of the context window shapes (and lookup branches) are cut to fit, and the
+    generation ends with "length" like the chain loop's."""
+    from types import SimpleNamespace
+
+    target, draft = tiny_models
+    ids = Engine(target, draft).encode_raw(" ".join([PROMPT] * 3))
+    small = SimpleNamespace(**{**vars(target), "context_window": len(ids) + 9})
+    engine = Engine(small, draft)
+    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 40))
+    for tree, method in [("3,2,1,1", "draft"), ("2,1", "hybrid"), ("dynamic", "draft")]:
+        events = _gen(engine, ids, SpecConfig(k=4, method=method, tree=tree), 40)
+        assert _ids(events) == plain and events[-1].reason == "length"

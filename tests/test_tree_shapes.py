@@ -189,3 +189,20 @@ def test_policy_candidates_carry_their_closed_form():
     assert any(shape.size > shape.depth for _, shape in candidates)  # trees among them
     for expected, shape in candidates:
         assert expected == pytest.approx(expected_accepted(shape.paths, table))
+
+
+def test_lookup_branch_merges_then_hangs_below_and_depth_cut():
+    import mlx.core as mx
+
+    from edgespec.drafting.tree import TreeProposal
+    from edgespec.drafting.tree_ngram import add_branch, cut_depth
+
+    prop = TreeProposal(Tree((-1, -1, 0)), mx.array([5, 6, 7]), None, (10, -1, -1))
+    merged = add_branch(prop, [5, 8, 9], match=3, vocab=20)
+    assert merged.tree.parents == (-1, -1, 0, 0, 3) and merged.tokens.tolist() == [5, 6, 7, 8, 9]
+    assert merged.tree.ranks[3] == 1 and merged.match == 3 and merged.fed == (10, -1, -1, -1, -1)
+    q = mx.full((3, 20), 0.05)
+    rows = add_branch(TreeProposal(prop.tree, prop.tokens, q, prop.fed), [6, 1], 2, 20).q
+    assert rows is not None and rows.shape == (5, 20) and rows[4].tolist() == np.eye(20)[1].tolist()
+    cut = cut_depth(merged, 2)
+    assert cut.tree.parents == (-1, -1, 0, 0) and cut.tokens.tolist() == [5, 6, 7, 8]
