@@ -203,6 +203,7 @@ def test_lookup_branch_merges_then_hangs_below_and_depth_cut():
     assert merged.tree.ranks[3] == 1 and merged.match == 3 and merged.fed == (10, -1, -1, -1, -1)
     q = mx.full((3, 20), 0.05)
     rows = add_branch(TreeProposal(prop.tree, prop.tokens, q, prop.fed), [6, 1], 2, 20).q
-    assert rows is not None and rows.shape == (5, 20) and rows[4].tolist() == np.eye(20)[1].tolist()
+    assert rows is not None and rows.shape == (4, 20)  # 6 is node 1; only 1 is new
+    assert rows[3].tolist() == np.eye(20)[1].tolist()
     cut = cut_depth(merged, 2)
     assert cut.tree.parents == (-1, -1, 0, 0) and cut.tokens.tolist() == [5, 6, 7, 8]
