@@ -18,7 +18,6 @@ one BLAS thread, MKL_NUM_THREADS=1) stays close to the work done.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -147,18 +146,19 @@ def acceptance_table(outcomes: Sequence[tuple[Tree, list[int]]], depths: int, ra
     ]
 
 
-def predicted_tau(outcomes: Sequence[tuple[Tree, list[int]]]) -> float | None:
-    """The closed form's tau for these rounds (module docstring); None without rounds."""
+def predicted_tau(outcomes: Sequence[tuple[Tree, list[int]]], plain_rounds: int = 0):
+    """The closed form's tau for these rounds (module docstring), plain steps (tau 1) included;
+    None without rounds."""
     if not outcomes:
         return None
     depth = max(t.depth for t, _ in outcomes)
     ranks = max((max(t.ranks, default=0) for t, _ in outcomes), default=0) + 1
     table = acceptance_table(outcomes, max(depth, 1), ranks)
-    values = []
+    total = float(plain_rounds)
     for tree, _ in outcomes:
         paths = [tree.rank_path(i) for i in range(tree.size)]
-        values.append(1.0 + expected_accepted(paths, table))
-    return statistics.fmean(values)
+        total += 1.0 + expected_accepted(paths, table)
+    return total / (len(outcomes) + plain_rounds)
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def summarise(runs: Sequence[Run], greedy: bool) -> list[Summary]:
                 name,
                 tokens / rounds if rounds else 0.0,
                 decoded / decode if decode else 0.0,
-                predicted_tau(outcomes) if name != "plain" else None,
+                predicted_tau(outcomes, rounds - len(outcomes)) if name != "plain" else None,
                 same,
                 len(mine),
                 1000 * sum(r.cpu_seconds for r in mine) / max(tokens, 1),
