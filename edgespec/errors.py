@@ -37,3 +37,8 @@ class DownloadError(EdgeSpecError):
 
 class TreeUnsupportedError(ConfigError):
     """Tree drafting asked of a model or cache the tree forward cannot run (not llama-style)."""
+
+
+class GroupError(EdgeSpecError):
+    """A sharded run (edgespec.distributed) whose ranks cannot go on together: a rank was lost,
+    the ranks disagree on what was committed, or the group cannot shard the model."""

@@ -144,6 +144,7 @@ def verify_round(
     host transfer) and, when `features`, the target's top hidden states of the d + 1 verified
     positions (lazy)."""
     d = prop.size
+    pending = target.settle(pending)  # a restored recurrent cache may catch up first (cache.py)
     inputs = mx.concatenate([pending, prop.tokens])
     feats = None
     if features:

@@ -23,6 +23,7 @@ import mlx.core as mx
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu import rewrites
+from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.build import build_drafter
@@ -73,6 +74,10 @@ class Engine:
             self._draft = KVState(draft.model, f"draft {draft.name}", new_cache)
         self._vocab = vocab_size(target.model)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
+        # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
+        # and the ranks compare what each step committed (Agreement). None: a lone process.
+        self.group: Group | None = None
+        self.agreement: Agreement | None = None
 
     @classmethod
     def load(
@@ -85,21 +90,23 @@ class Engine:
         on_progress: ProgressFn | None = None,
         with_draft: bool = True,
         dtype: str | None = None,
+        group: Group | None = None,
+        shard: str = "tensor",
     ) -> Engine:
         """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
-        (plain decoding only). dtype: the models' float parameters (`loading.load_model`). Raises ModelNotFoundError / ModelLoadError /
-        TokenizerMismatchError / CacheNotTrimmableError with one-line messages."""
-
+        (plain decoding only). dtype: the models' float parameters (`loading.load_model`).
+        group: this process's group (edgespec.distributed.group.init_group); more than one rank
+        splits the target `shard` ("tensor" / "pipeline") parallel, and every rank must load and
+        generate alike. Raises ModelNotFoundError / ModelLoadError / TokenizerMismatchError /
+        CacheNotTrimmableError with one-line messages."""
         t, d = load_pair(
-            target,
-            draft,
-            pair,
-            draft_bits=draft_bits,
-            on_progress=on_progress,
-            with_draft=with_draft,
-            dtype=dtype,
-        )
-        return cls(t, d)
+            target, draft, pair, draft_bits=draft_bits, on_progress=on_progress,
+            with_draft=with_draft, dtype=dtype, group=group, shard=shard,
+        )  # fmt: skip
+        engine = cls(t, d)
+        if group is not None:
+            engine.group, engine.agreement = group, agreement_for(group)
+        return engine
 
     # ------------------------------------------------------------------ prompts
 
@@ -170,6 +177,8 @@ class Engine:
         `k_policy(last_round)` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive). Errors surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)
+        if self.group is not None and k_policy is None:
+            check_config(config, self.group)
         return self._run(prompt, config, cancel, drafter, k_policy)
 
     def _steps(
@@ -187,6 +196,10 @@ class Engine:
         if not config.spec.enabled:
             return decode_plain(self._target, prompt, sampling, limits, cancel)
         spec = config.spec
+        # Plain decoding (above) rewinds nothing that cannot start over; speculation must rewind.
+        self._target.check_speculation()
+        if spec.method in ("draft", "hybrid") and isinstance(self._draft, KVState):
+            self._draft.check_speculation()
         if spec.tree:  # draft trees (edgespec/treeloop.py); chains keep the loop below
             tree_drafter = build_tree_drafter(spec, sampling, self._draft, self._vocab, self.name)
             # k_policy, when given with a tree, is a shape policy (treeloop.ShapePolicy).
@@ -248,9 +261,15 @@ class Engine:
             if step.round is not None:
                 rounds.append(step.round)
                 yield step.round
+            if self.agreement is not None:  # a sharded target: all ranks committed the same?
+                r = step.round
+                shape = (r.drafted, r.accepted) if r is not None else (None, None)
+                self.agreement.observe(step.tokens, *shape)
             if step.stop:
                 reason = step.stop
                 break
+        if self.agreement is not None:
+            self.agreement.settle()
         detok.finalize()
         stats = generation_stats(
             rounds,

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm import stream_generate
+from mlx_lm.generate import generation_stream
+from mlx_lm.sample_utils import make_sampler
 
 from edgespec.bench.records import PLAIN, rounds_from_flags
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
@@ -109,9 +112,6 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
     """mlx-lm's stream_generate on the engine's own model objects (same weights, fresh caches)."""
 
     def run(engine: Any, prompt_ids: list[int], point: Point) -> Measured:
-        from mlx_lm import stream_generate
-        from mlx_lm.sample_utils import make_sampler
-
         engine.reset()
         mx.random.seed(point.seed)  # mlx-lm samples from MLX's global random state
         kwargs: dict[str, Any] = {"sampler": make_sampler(temp=point.temp)}
@@ -130,6 +130,11 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
                     break
                 timer.token(resp.token)
                 flags.append(bool(resp.from_draft))
+        # mlx-lm queues its next step before yielding a token, on its own stream: after an early
+        # stop that step is still running. Let it finish here, so that it never overlaps the next
+        # run: under a sharded target (edgespec.distributed) the all-reduces of two streams
+        # would interleave differently on each rank and corrupt each other.
+        mx.synchronize(generation_stream)
         rounds = rounds_from_flags(flags, point.k) if use_draft else RoundTotals()
         return timer.done(reason, rounds, timed=False)
 

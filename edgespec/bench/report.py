@@ -6,7 +6,8 @@ results.json (schema_version 1) -- see docs/bench.md:
      "methods": [{"method", "k", "temp", "label", "overall": SUMMARY, "categories": {name: SUMMARY}}],
      "mismatches": [{"method", "k", "prompt_id", "category", "repeat", "position",
                      "plain_token", "other_token", "logit_gap", "near_tie"}],
-     "skipped": [{"prompt_id", "reason"}], "runs": [RUN, ...]}
+     "skipped": [{"prompt_id", "reason"}], "refused": [{"method", "reason"}],
+     "runs": [RUN, ...]}
 SUMMARY holds the fields of metrics.Summary; RUN those of metrics.RunRecord plus tokens_per_s.
 Plots need matplotlib (the `plot` extra); without it the other files are still written.
 """
@@ -56,6 +57,7 @@ def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dic
         ],
         "mismatches": [asdict(n) for n in result.notes],
         "skipped": result.skipped,
+        "refused": result.refused,
         "runs": [r.to_json() for r in result.records],
     }
 

@@ -78,6 +78,28 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
         )
 
 
+def refused_methods(engine: Any, plan: BenchPlan) -> list[dict[str, str]]:
+    """The methods of `plan` that cannot run on this pair, each {"method", "reason"}: mlx-lm's
+    speculative decoding refuses a target whose prompt cache it cannot trim (recurrent layers:
+    Qwen3.5, Qwen3-Next, Mamba...; mlx_lm.generate.speculative_generate_step). The bench leaves
+    them out and says so in results.json (`refused`) instead of failing."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    out = []
+    if "mlx-lm" in plan.methods:
+        cache = make_prompt_cache(engine.target.model)
+        stuck = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
+        if stuck:
+            out.append(
+                {
+                    "method": "mlx-lm",
+                    "reason": "mlx-lm's speculative decoding requires a trimmable prompt cache; "
+                    f"this target's has {', '.join(stuck)} layers",
+                }
+            )
+    return out
+
+
 # Input lengths whose kernels a GPU warm-up compiles: every verify / draft-step size the loop can
 # ask for (K + 1 up to 16, hybrid lookups, adaptive K), and the catch-up and prefill chunks.
 KERNEL_LENGTHS = (*range(1, 18), 32, 64, 128)
@@ -151,6 +173,7 @@ class BenchResult:
     pair: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     complete: bool = True
+    refused: list[dict[str, str]] = field(default_factory=list)  # refused_methods
 
 
 def environment() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cpu import attention, blas, blocks, fastexp, leanops, rope, rowpad
 from edgespec.cpu.switch import cpu_switch, on_cpu
+from edgespec.rewind import rewindable
 
 __all__ = ["draft_pairs", "new_cache", "on_cpu", "optimise", "sampling_softmax", "switches"]
 
@@ -39,9 +40,10 @@ def optimise(model: Any) -> Any:
 
 
 def new_cache(model: Any) -> list[Any]:
-    """make_prompt_cache(model), marked so that its short multi-token forwards (verifies,
-    catch-ups) take grouped attention (edgespec/cpu/attention.py) when that is switched on."""
-    cache = make_prompt_cache(model)
+    """make_prompt_cache(model) with rewindable window layers (edgespec/rewind.py), marked so that
+    its short multi-token forwards (verifies, catch-ups) take grouped attention
+    (edgespec/cpu/attention.py) when that is switched on."""
+    cache = rewindable(make_prompt_cache(model))
     attention.mark(cache)
     return cache
 

@@ -70,12 +70,17 @@ def _swap(m: nn.Module) -> nn.Module:
 
 def pad_single_rows(model: nn.Module) -> nn.Module:
     """In place: every dense nn.Linear / nn.Embedding of `model` -> its row-padding twin; a module
-    with a `pad_rows` attribute (a feature draft's own matrix products) gets it set True."""
+    with a `head_product` attribute (a feature draft's head, drafting/eagle.py) gets the padded
+    product x @ w.T."""
     model.update_modules(tree_map(_swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
     for _, m in model.named_modules():
-        if hasattr(m, "pad_rows"):
-            object.__setattr__(m, "pad_rows", True)
+        if hasattr(m, "head_product"):
+            object.__setattr__(m, "head_product", _padded_product)
     return model
+
+
+def _padded_product(x: mx.array, w: mx.array) -> mx.array:
+    return matmul_t(x, w, pad=True)
 
 
 def is_padded(model: nn.Module) -> bool:

@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from edgespec.distill.data import Sequence
+from edgespec.distill.shards import Sequence
 from edgespec.drafting.draft_model import MODEL_TYPE, DraftModel, build
 from edgespec.errors import ConfigError
 

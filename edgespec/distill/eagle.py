@@ -29,9 +29,9 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from edgespec.cache import target_features
-from edgespec.distill.data import Sequence, atomic_write_bytes, atomic_write_npz
+from edgespec.distill.shards import Sequence, atomic_write_npz
 from edgespec.drafting.eagle import EagleModel, build, eagle_config, save_eagle
-from edgespec.files import sha256_file
+from edgespec.files import atomic_write_bytes, sha256_file
 
 
 @dataclass(frozen=True)

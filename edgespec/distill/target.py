@@ -11,8 +11,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edgespec.distill.data import Sequence, atomic_write_bytes, read_shard, shard_paths
+from edgespec.distill.shards import Sequence, read_shard, shard_paths
 from edgespec.errors import ConfigError
+from edgespec.files import atomic_write_bytes
 from edgespec.loading.load import load_model
 
 

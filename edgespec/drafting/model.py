@@ -57,7 +57,7 @@ class ModelDrafter(Drafter):
     def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int, pairs: bool = False):
         self.state, self.sampling, self.vocab = state, sampling, vocab
         self.head_ids = reduced_head(state.model)
-        self.pairs = pairs
+        self.pairs = pairs and state.trims  # pairs trim the cache: no restore points to keep
 
     def _logits(self, inputs: mx.array) -> mx.array:
         if self.head_ids is not None:

@@ -67,6 +67,19 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class PairVocab:
+    """What a pair declares about its vocabularies: the tokenizer both models ship (a family
+    name: the same name means the same tokenizer files) and each model's embedding rows
+    (config.json `vocab_size`, often padded past the tokenizer). EdgeSpec checks the real
+    tokenizers when it loads the pair (loading/checks.py) and cuts or pads the draft's logits to
+    the target's width (drafting/model.py fit_vocab)."""
+
+    tokenizer: str
+    target_rows: int
+    draft_rows: int
+
+
+@dataclass(frozen=True)
 class Pair:
     """A named target/draft pair; `target` and `draft` are model names or HF repo ids."""
 
@@ -78,6 +91,7 @@ class Pair:
     # A token draft for tools that cannot run `draft` when it is a feature draft (mlx-lm's
     # speculative decoding, which the bench compares against); None when `draft` is one already.
     token_draft: str | None = None
+    vocab: PairVocab | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,7 @@ def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
             description=p.get("description", ""),
             platform=p.get("platform", "any"),
             token_draft=p.get("token_draft"),
+            vocab=PairVocab(**p["vocab"]) if "vocab" in p else None,
         )
         for n, p in raw.get("pairs", {}).items()
     }

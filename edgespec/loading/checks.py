@@ -1,4 +1,5 @@
-"""Whether a target and a draft can speculate together: the same tokenizer, rewindable caches."""
+"""Whether a target and a draft can speculate together: the same tokenizer, caches that can go
+back to an earlier position."""
 
 from __future__ import annotations
 
@@ -52,5 +53,6 @@ def check_tokenizers(target: Any, draft: Any, probes: tuple[str, ...] = PROBES) 
 
 
 def check_trimmable(model: nn.Module, name: str = "model") -> None:
-    """Raise CacheNotTrimmableError if the model's prompt caches cannot be rewound (SSM/hybrid)."""
+    """Raise CacheNotTrimmableError if the model's prompt cache has layers that can be neither
+    rewound nor restored (edgespec/rewind.py: attention, sliding-window and recurrent layers can)."""
     check_cache(make_prompt_cache(model), name)

@@ -6,23 +6,22 @@ GPU). Resolving a spec to a folder: edgespec/loading/resolve.py.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mlx.nn as nn
 from mlx_lm.utils import load_model as mlx_load_model
-from mlx_lm.utils import load_tokenizer
 
 from edgespec.cpu.switch import on_cpu
+from edgespec.distributed.group import Group
 from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draft
 from edgespec.drafting.eagle import EagleModel, is_eagle, load_eagle
 from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError
 from edgespec.loading.catalog import Catalog, load_catalog
 from edgespec.loading.checks import check_tokenizers, check_trimmable
+from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer, read_config
 from edgespec.loading.progress import ProgressFn, one_line, report
 from edgespec.loading.resolve import resolve_model
+from edgespec.loading.shard import load_sharded
 from edgespec.loading.weights import (
     DTYPES,
     cast_floats,
@@ -30,30 +29,6 @@ from edgespec.loading.weights import (
     is_quantized,
     quantize_model,
 )
-
-DEFAULT_CONTEXT = 2048
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-
-
-@dataclass
-class LoadedModel:
-    """A model ready to run: weights, tokenizer, where it came from and its context window."""
-
-    model: nn.Module
-    tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
-    name: str
-    path: Path
-    context_window: int
-    config: dict
-
-
-def _read_config(path: Path) -> dict:
-    try:
-        return json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path} has no config.json (not a model folder)") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{path / 'config.json'} is not valid JSON: {one_line(e)}") from None
 
 
 def _load_weights(
@@ -71,17 +46,6 @@ def _load_weights(
         return mlx_load_model(path)
     except Exception as e:  # mlx / safetensors / mlx-lm raise many kinds, often multi-line
         raise ModelLoadError(f"cannot load weights from {path}: {one_line(e)}") from None
-
-
-def _load_tokenizer(path: Path, config: dict, fallback: Path | None) -> Any:
-
-    source = path if any((path / f).is_file() for f in _TOKENIZER_FILES) else fallback
-    if source is None:
-        raise ModelLoadError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json)")
-    try:
-        return load_tokenizer(source, eos_token_ids=config.get("eos_token_id"))
-    except Exception as e:
-        raise ModelLoadError(f"cannot load the tokenizer of {source}: {one_line(e)}") from None
 
 
 def load_model(
@@ -111,20 +75,17 @@ def load_model(
         raise ConfigError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     report(on_progress, f"loading {spec}")
-    config = _read_config(path)
+    config = read_config(path)
     model, config = _load_weights(path, config, embedding, target)
-    tokenizer = _load_tokenizer(path, config, tokenizer_fallback)
+    tokenizer = load_tokenizer(path, config, tokenizer_fallback)
     if on_cpu() if dequantize is None else dequantize:
         dequantize_model(model)
     elif quantize_bits and not is_quantized(model):
         quantize_model(model, quantize_bits)
     if dtype in DTYPES:
         cast_floats(model, dtype)
-    context = config.get("max_position_embeddings") or config.get("text_config", {}).get(
-        "max_position_embeddings"
-    )
     report(on_progress, f"loaded {spec}", 1.0)
-    return LoadedModel(model, tokenizer, spec, path, int(context or DEFAULT_CONTEXT), config)
+    return LoadedModel(model, tokenizer, spec, path, context_window(config), config)
 
 
 def _pair_specs(
@@ -213,18 +174,27 @@ def load_pair(
     with_draft: bool = True,
     catalog: Catalog | None = None,
     dtype: str | None = None,
+    group: Group | None = None,
+    shard: str = "tensor",
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """Load a target and (unless with_draft=False or none is named) its draft, then check that
     they can speculate: same tokenizer, trimmable caches. All None -> the catalogue's default pair.
 
     A draft without its own tokenizer files borrows the target's. draft_bits: quantize an
     unquantized draft at load on GPU backends (None or 0 = leave it). dtype: both models' float
-    parameters (see `load_model`)."""
+    parameters (see `load_model`). group: a group of more than one rank splits the target over
+    it, `shard` "tensor" or "pipeline" parallel (loading/shard.py); the draft stays whole on
+    every rank."""
     cat = catalog or load_catalog()
     target_spec, draft_spec, pair_name = _pair_specs(target, draft, pair, cat)
     if with_draft and draft_spec is not None:
         _check_draft_available(draft_spec, pair_name, cat)
-    t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
+    if group is not None and group.size > 1:
+        t = load_sharded(
+            target_spec, group, shard, on_progress=on_progress, catalog=cat, dtype=dtype
+        )
+    else:
+        t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
     if not with_draft or draft_spec is None:
         return t, None
     d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)

@@ -9,15 +9,14 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 
-def _dense(m: nn.Module) -> nn.Module:
-    """A float32 dense twin of a quantized layer (other modules returned unchanged)."""
-    if not isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding):
-        return m
+def _float32_weight(m: nn.Module) -> mx.array:
+    """A quantized layer's weight as float32. fp16 arithmetic is slow on the CPU: dequantize with
+    fp32 scales and biases (3x faster)."""
     biases = m.get("biases")
-    # fp16 arithmetic is slow on the CPU: dequantize with fp32 scales/biases (3x faster)
-    w = mx.dequantize(
+    return mx.dequantize(
         m.weight,
         m.scales.astype(mx.float32),
         None if biases is None else biases.astype(mx.float32),
@@ -25,6 +24,27 @@ def _dense(m: nn.Module) -> nn.Module:
         bits=m.bits,
         mode=getattr(m, "mode", "affine"),
     ).astype(mx.float32)
+
+
+def _dense_experts(m: QuantizedSwitchLinear) -> nn.Module:
+    """A float32 SwitchLinear twin of a mixture-of-experts layer's quantized experts."""
+    if m.get("global_scale") is not None:  # nvfp4 with a per-expert scale: left quantized
+        return m
+    w = _float32_weight(m)
+    out = SwitchLinear(w.shape[2], w.shape[1], w.shape[0], bias="bias" in m)
+    out.weight = w
+    if "bias" in m:
+        out.bias = m.bias.astype(mx.float32)
+    return out
+
+
+def dense_twin(m: nn.Module) -> nn.Module:
+    """A float32 dense twin of a quantized layer (other modules returned unchanged)."""
+    if isinstance(m, QuantizedSwitchLinear):
+        return _dense_experts(m)
+    if not isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding):
+        return m
+    w = _float32_weight(m)
     if isinstance(m, nn.QuantizedEmbedding):
         out: nn.Module = nn.Embedding(w.shape[0], w.shape[1])
     else:
@@ -36,8 +56,9 @@ def _dense(m: nn.Module) -> nn.Module:
 
 
 def dequantize_model(model: nn.Module) -> nn.Module:
-    """In place: every QuantizedLinear / QuantizedEmbedding -> fp32 dense; fp16/bf16 -> fp32."""
-    leaves = tree_map(_dense, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    """In place: every QuantizedLinear / QuantizedEmbedding -> fp32 dense, quantized experts
+    (QuantizedSwitchLinear) -> fp32 SwitchLinear; fp16/bf16 -> fp32."""
+    leaves = tree_map(dense_twin, model.leaf_modules(), is_leaf=nn.Module.is_module)
     model.update_modules(leaves)
     halfs = (mx.float16, mx.bfloat16)
     model.update(

@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if any(n % a.eval_every for n in (a.chunk, a.until or 0)):
         raise SystemExit("--chunk and --until must be multiples of --eval-every (checkpoints)")
-    from edgespec.distill.data import read_shard
     from edgespec.distill.eagle import (
         EagleTrainConfig,
         agreement,
@@ -103,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         train_eagle,
     )
     from edgespec.distill.export import quantize
+    from edgespec.distill.shards import read_shard
     from edgespec.drafting.eagle import save_eagle
     from edgespec.runtime import Engine
 

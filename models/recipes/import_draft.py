@@ -25,7 +25,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edgespec.distill.build import draft_config
-from edgespec.distill.data import (
+from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
+from edgespec.distill.shards import (
     Meta,
     iter_sequences,
     next_index,
@@ -33,11 +34,10 @@ from edgespec.distill.data import (
     recount,
     write_shard,
 )
-from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
 from edgespec.distill.target import load_target, teacher_topk
 from edgespec.distill.train import agreement, head_index, split_data
 from edgespec.drafting.draft_model import build
-from edgespec.loading.load import dequantize_model
+from edgespec.loading.weights import dequantize_model
 
 
 def curve_rows(reports: list[dict], column: int) -> list[dict[str, float]]:
