@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from edgespec.errors import ConfigError
-from edgespec.tree import parse_tree_spec
 
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
 # round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
 MAX_K = 64
+MAX_TREE_NODES = 64  # one verify forward of a draft tree: its nodes plus the pending token
+TREE_SPECS = "'chain', a width list such as '3,2,1,1', 'dynamic', 'dynamic:NODES' or 'auto'"
 SEED_LIMIT = 2**64  # MLX keys are two uint32 words: seeds are in [0, 2**64)
 
 
@@ -52,6 +54,34 @@ class SamplingConfig:
 
 # Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", or "none" (plain target).
 METHODS = ("draft", "ngram", "hybrid", "none")
+
+
+def parse_tree_spec(text: str) -> str:
+    """Validate a --tree value: 'chain', 'dynamic' (or 'dynamic:N', keeping N nodes), 'auto' or
+    widths '3,2,1,1' (1..8 deep, at most MAX_TREE_NODES nodes). Returns it normalised;
+    ConfigError otherwise."""
+    text = text.strip().lower().replace(" ", "")
+    if text in ("chain", "dynamic", "auto"):
+        return text
+    found = re.fullmatch(r"dynamic:(\d+)", text)
+    if found:
+        if not 1 <= int(found[1]) <= MAX_TREE_NODES:
+            raise ConfigError(f"--tree dynamic:N needs 1 <= N <= {MAX_TREE_NODES}, got {text!r}")
+        return f"dynamic:{int(found[1])}"
+    if not re.fullmatch(r"\d+(,\d+)*", text):
+        raise ConfigError(f"--tree must be {TREE_SPECS}, got {text!r}")
+    widths = [int(w) for w in text.split(",")]
+    if not 1 <= len(widths) <= 8 or min(widths) < 1 or sum(widths) > MAX_TREE_NODES:
+        raise ConfigError(
+            f"--tree widths need 1..8 depths of >= 1 candidates and at most {MAX_TREE_NODES} "
+            f"nodes in all, got {text!r}"
+        )
+    return ",".join(str(w) for w in widths)
+
+
+def spec_widths(text: str) -> list[int]:
+    """The widths of a validated width-list spec: '3,2,1' -> [3, 2, 1]."""
+    return [int(w) for w in text.split(",")]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 No KV caches and no tree masks: every draft and target distribution comes from a full forward over
 the context plus the path to the node; the maths (warps, sampling siblings without replacement,
 recursive rejection over siblings, inverse-CDF sampling) is plain numpy in float64, node by node.
-It follows the engine's key schedule (edgespec/treeloop.py: per round a draft key giving one
+It follows the engine's key schedule (edgespec/trees/loop.py: per round a draft key giving one
 uniform per node, a verify key giving N + 1), so the MLX loop must emit the same tokens.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from edgespec.config import SamplingConfig
 from edgespec.sampling import make_key, round_keys, uniforms
-from edgespec.tree import RankPath, Tree, shape_tree
+from edgespec.trees.shapes import RankPath, Tree, shape_tree
 from tests.reference_loop import _take, full_logits, sample_np, warp_np
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.bench.tree import acceptance_table, chain_outcome, predicted_tau, variants
 from edgespec.events import Round
-from edgespec.tree import shape_tree, widths_shape
+from edgespec.trees.shapes import shape_tree, widths_shape
 
 
 def test_acceptance_by_depth_and_rank():

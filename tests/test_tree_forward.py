@@ -1,4 +1,4 @@
-"""The tree forward (edgespec/treeforward.py): exact against the ordinary forward, masks and
+"""The tree forward (edgespec/trees/forward.py): exact against the ordinary forward, masks and
 positions right for branching trees, caches compacted to the accepted path, and a one-line refusal
 of what it cannot run.
 """
@@ -15,8 +15,22 @@ from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 from edgespec.cache import KVState
 from edgespec.cpu import rewrites
 from edgespec.errors import TreeUnsupportedError
-from edgespec.tree import Tree, chain_shape, shape_tree, tree_mask, tree_positions, widths_shape
-from edgespec.treeforward import check_tree_cache, compact, tree_forward, tree_layers
+from edgespec.trees.forward import (
+    PLAIN,
+    Kernels,
+    check_tree_cache,
+    compact,
+    tree_forward,
+    tree_layers,
+)
+from edgespec.trees.shapes import (
+    Tree,
+    chain_shape,
+    shape_tree,
+    tree_mask,
+    tree_positions,
+    widths_shape,
+)
 
 IDS = list(range(3, 40))
 
@@ -28,11 +42,15 @@ def _state(model, optimised: bool) -> KVState:
     return state
 
 
+CPU_KERNELS = Kernels(rewrites.masked_attention, rewrites.block_parts)  # as the Engine passes
+
+
 def _tree_logits(state: KVState, tree: Tree, tokens: list[int], pending: list[int]):
     mask = tree_mask(tree, state.offset, len(pending))
     pos = tree_positions(tree, state.offset, len(pending))
     inputs = mx.array(pending + tokens, dtype=mx.int32)
-    return tree_forward(state.model, inputs, mx.array(pos), mx.array(mask), state.cache)
+    kernels = CPU_KERNELS if state.new_cache is rewrites.new_cache else PLAIN
+    return tree_forward(state.model, inputs, mx.array(pos), mx.array(mask), state.cache, kernels)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["mlx-modules", "cpu-rewrites"])
@@ -132,10 +150,3 @@ def test_other_architectures_and_caches_are_refused_in_one_line():
     assert "\n" not in str(err.value) and "--tree chain" in str(err.value)
     with pytest.raises(TreeUnsupportedError, match="RotatingKVCache"):
         check_tree_cache([RotatingKVCache(max_size=16)], "target x")
-
-
-def test_grouped_attention_constants_mirror_the_cpu_backends():
-    from edgespec.cpu import attention
-    from edgespec.treeforward import GROUPED_FLAG, GROUPED_MAX_ROWS
-
-    assert (GROUPED_FLAG, GROUPED_MAX_ROWS) == (attention.FLAG, attention.MAX_ROWS)

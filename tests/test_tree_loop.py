@@ -1,4 +1,4 @@
-"""Tree speculation end to end on tiny seeded models (edgespec/treeloop.py).
+"""Tree speculation end to end on tiny seeded models (edgespec/trees/loop.py).
 
 Greedy output identical to plain decoding for every shape (fixed, dynamic, adaptive, with an
 n-gram branch, with a feature draft); token-for-token agreement with the numpy reference
@@ -18,7 +18,7 @@ from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Round, Token
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
-from edgespec.tree import chain_shape, widths_shape
+from edgespec.trees.shapes import chain_shape, widths_shape
 from tests.reference_tree import reference_tree
 
 PROMPT = "the cat and the dog in the house"
@@ -116,8 +116,8 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, b
     """T = 2 over many seeds: the first emitted token follows p(. | prompt) and the second, given
     the most frequent first, p(. | prompt, first) (EOS included: a round may end on it). With a
     planted bug (siblings tried against p instead of the residual) the same check must fail."""
-    from edgespec import treeloop
-    from edgespec.tree_acceptance import verify_tree
+    from edgespec.trees import loop as treeloop
+    from edgespec.trees.acceptance import verify_tree
 
     if bug:
         monkeypatch.setattr(treeloop, "verify_tree", lambda *a: verify_tree(*a, bug=bug))
@@ -156,7 +156,7 @@ def eagle_pair(tiny_pair, tmp_path_factory):
     "tree,method", [("3,2,1", "draft"), ("dynamic", "draft"), ("2,2", "hybrid")]
 )
 def test_feature_draft_trees_keep_greedy_output(eagle_pair, tree, method):
-    """A feature draft drafts trees from the target's features (drafting/tree_eagle.py); two
+    """A feature draft drafts trees from the target's features (trees/eagle.py); two
     answers in a row also check that its state follows the committed context."""
     engine = Engine(*eagle_pair)
     plain = Engine(eagle_pair[0], None)

@@ -7,19 +7,18 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.config import SpecConfig
-from edgespec.drafting.tree_policy import AcceptanceTable, AdaptiveTree
+from edgespec.config import SpecConfig, parse_tree_spec
 from edgespec.errors import ConfigError
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
-from edgespec.tree import (
+from edgespec.trees.policy import AcceptanceTable, AdaptiveTree
+from edgespec.trees.shapes import (
     DynamicShape,
     FixedShape,
     Tree,
     best_shape,
     chain_shape,
     expected_accepted,
-    parse_tree_spec,
     path_probability,
     shape_tree,
     widths_shape,
@@ -194,16 +193,17 @@ def test_policy_candidates_carry_their_closed_form():
 def test_lookup_branch_merges_then_hangs_below_and_depth_cut():
     import mlx.core as mx
 
-    from edgespec.drafting.tree import TreeProposal
-    from edgespec.drafting.tree_ngram import add_branch, cut_depth
+    from edgespec.trees.ngram import add_branch
+    from edgespec.trees.proposal import TreeProposal
 
-    prop = TreeProposal(Tree((-1, -1, 0)), mx.array([5, 6, 7]), None, (10, -1, -1))
+    prop = TreeProposal(mx.array([5, 6, 7]), tree=Tree((-1, -1, 0)), fed=(10, -1, -1))
     merged = add_branch(prop, [5, 8, 9], match=3, vocab=20)
     assert merged.tree.parents == (-1, -1, 0, 0, 3) and merged.tokens.tolist() == [5, 6, 7, 8, 9]
     assert merged.tree.ranks[3] == 1 and merged.match == 3 and merged.fed == (10, -1, -1, -1, -1)
     q = mx.full((3, 20), 0.05)
-    rows = add_branch(TreeProposal(prop.tree, prop.tokens, q, prop.fed), [6, 1], 2, 20).q
+    rows = add_branch(TreeProposal(prop.tokens, q, tree=prop.tree, fed=prop.fed), [6, 1], 2, 20).q
     assert rows is not None and rows.shape == (4, 20)  # 6 is node 1; only 1 is new
     assert rows[3].tolist() == np.eye(20)[1].tolist()
-    cut = cut_depth(merged, 2)
+    cut = merged.cut(2)
+    assert merged.cut(5) is merged and cut.method == "tree" and cut.match == 3
     assert cut.tree.parents == (-1, -1, 0, 0) and cut.tokens.tolist() == [5, 6, 7, 8]

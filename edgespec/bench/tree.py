@@ -9,7 +9,7 @@ the chain loop with K = depth ("chain"); each tree shape at that depth ("tree <s
 The closed form: from every round of a variant, the (tree, accepted path) outcome counts how often
 a rank-r candidate at depth d was accepted when tried (a chain round is a tree of rank-0 nodes);
 then predicted tau = the mean over the variant's rounds of 1 + the sum over that round's tree's
-nodes of P(path to the node accepted) (edgespec/tree.py `expected_accepted`).
+nodes of P(path to the node accepted) (edgespec/trees/shapes.py `expected_accepted`).
 
 CPU time per token is reported beside wall-clock tokens/s: on a machine shared with other jobs
 the wall clock measures the neighbours as much as the method, while the process's CPU time (with
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.drafting.tree_build import make_shape_policy
 from edgespec.events import Finished, Round, Token
-from edgespec.tree import Shape, Tree, chain_shape, expected_accepted, shape_tree
-from edgespec.treeloop import ShapePolicy
+from edgespec.trees.build import make_shape_policy
+from edgespec.trees.loop import ShapePolicy
+from edgespec.trees.shapes import Shape, Tree, chain_shape, expected_accepted, shape_tree
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from edgespec.commands.common import add_model_args, add_sampling_args, sampling_from_args
-from edgespec.tree import parse_tree_spec
+from edgespec.config import parse_tree_spec
 
 HELP = (
     "Measure tau (tokens per round) and tokens/s of the chain loop against draft trees at the same "

@@ -14,18 +14,13 @@ one for the third. As a Tree its parents are (-1, -1, -1, 0, 0, 3) and its depth
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from edgespec.errors import ConfigError
-
 RankPath = tuple[int, ...]
-MAX_TREE_NODES = 64  # one verify forward of a tree: its nodes plus the pending token
-TREE_SPECS = "'chain', a width list such as '3,2,1,1', 'dynamic', 'dynamic:NODES' or 'auto'"
 
 
 @dataclass(frozen=True)
@@ -161,34 +156,6 @@ def widths_shape(widths: Sequence[int]) -> tuple[RankPath, ...]:
     return tuple((0,) * (d - 1) + (r,) for d, w in enumerate(widths, 1) for r in range(w))
 
 
-def parse_tree_spec(text: str) -> str:
-    """Validate a --tree value: 'chain', 'dynamic' (or 'dynamic:N', keeping N nodes), 'auto' or
-    widths '3,2,1,1' (1..8 deep, at most MAX_TREE_NODES nodes). Returns it normalised;
-    ConfigError otherwise."""
-    text = text.strip().lower().replace(" ", "")
-    if text in ("chain", "dynamic", "auto"):
-        return text
-    found = re.fullmatch(r"dynamic:(\d+)", text)
-    if found:
-        if not 1 <= int(found[1]) <= MAX_TREE_NODES:
-            raise ConfigError(f"--tree dynamic:N needs 1 <= N <= {MAX_TREE_NODES}, got {text!r}")
-        return f"dynamic:{int(found[1])}"
-    if not re.fullmatch(r"\d+(,\d+)*", text):
-        raise ConfigError(f"--tree must be {TREE_SPECS}, got {text!r}")
-    widths = [int(w) for w in text.split(",")]
-    if not 1 <= len(widths) <= 8 or min(widths) < 1 or sum(widths) > MAX_TREE_NODES:
-        raise ConfigError(
-            f"--tree widths need 1..8 depths of >= 1 candidates and at most {MAX_TREE_NODES} "
-            f"nodes in all, got {text!r}"
-        )
-    return ",".join(str(w) for w in widths)
-
-
-def spec_widths(text: str) -> list[int]:
-    """The widths of a validated width-list spec: '3,2,1' -> [3, 2, 1]."""
-    return [int(w) for w in text.split(",")]
-
-
 # ---------------------------------------------------------------------------- the closed form
 
 
@@ -267,7 +234,7 @@ class DynamicShape:
     """EAGLE-2 style, built per round from the draft's confidence: `width` candidates below each
     of the `beam` nodes of highest cumulative draft probability at every depth, `depth` deep;
     at temperature 0 the `nodes` most probable are kept (at T > 0 all: pruning a sampled sibling
-    because of its own value would bias the ratio test, tree_acceptance.py)."""
+    because of its own value would bias the ratio test, trees/acceptance.py)."""
 
     depth: int
     beam: int = 4

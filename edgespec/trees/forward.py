@@ -7,9 +7,10 @@ them), with
 - per-node positions: the rotary module is called on the nodes as a batch of one-row sequences,
   each with its own offset (`mx.fast.rope` takes a vector of offsets; the same bits as a scalar
   offset), once per forward for a plain RoPE (`Rotary`);
-- an explicit boolean mask [L, S] (edgespec/tree.py `tree_mask`), in the attention the chain's
-  forward would use on the same cache: the CPU backend's grouped verify attention where the cache
-  is marked for it, else MLX's kernel (its fused one on a GPU) with the mask.
+- an explicit boolean mask [L, S] (edgespec/trees/shapes.py `tree_mask`), in the attention the chain's
+  forward would use on the same cache: MLX's kernel (its fused one on a GPU) with the mask, or
+  what the backend hands in (`Kernels`: the Engine passes the CPU's grouped verify attention and
+  compiled blocks from edgespec/cpu/rewrites.py; this package never imports edgespec.cpu).
 A chain-shaped tree therefore gives the logits of the ordinary forward (tested bit for bit).
 
 Supported: llama-style blocks (mlx-lm's llama, mistral, qwen2, qwen3; EdgeSpec's token and
@@ -25,6 +26,7 @@ so they equal what a chain forward over the path would have stored.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -67,39 +69,36 @@ def check_tree_cache(cache: Sequence[Any], name: str) -> None:
         )
 
 
-# The CPU backend's grouped verify attention (edgespec/cpu/attention.py: its FLAG on marked cache
-# layers, its MAX_ROWS): the tree forward computes as the chain's forward would on the same cache,
-# so that a chain-shaped tree keeps its bits (tests/test_tree_forward.py checks these agree).
-GROUPED_FLAG = "_edgespec_grouped"
-GROUPED_MAX_ROWS = 32
-
-
-def tree_attention(
-    queries: mx.array,
-    keys: mx.array,
-    values: mx.array,
-    scale: float,
-    allowed: mx.array,
-    cache: Any = None,
+def mlx_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, allowed: mx.array, cache: Any
 ) -> mx.array:
-    """softmax(q k^T * scale, masked) v. queries [1, H, L, D], keys / values [1, G, S, D] (H a
-    multiple of G), allowed bool [L, S] -> [1, H, L, D]. Where the chain's forward would take
-    the CPU backend's grouped attention (a marked cache, 2..32 rows), the query heads of one KV
-    head are rows of one product, as there; elsewhere MLX's kernel (or its fallback) with the
-    mask."""
-    b, h, length, d = queries.shape
-    grouped = getattr(cache, GROUPED_FLAG, False) and 1 < length <= GROUPED_MAX_ROWS
-    if not grouped or h % keys.shape[1]:
-        return mx.fast.scaled_dot_product_attention(
-            queries, keys, values, scale=scale, mask=allowed
-        )
-    g, s = keys.shape[1], keys.shape[2]
-    r = h // g
-    q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
-    scores = (q @ keys.swapaxes(-1, -2)).reshape(b, g, r, length, s)
-    scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
-    weights = mx.softmax(scores.reshape(b, g, r * length, s), axis=-1, precise=True)
-    return (weights @ values).reshape(b, h, length, d)
+    """softmax(q k^T * scale, masked) v by MLX's kernel. queries [1, H, L, D], keys / values
+    [1, G, S, D] (H a multiple of G), allowed bool [L, S] -> [1, H, L, D]; `cache` unused."""
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=allowed)
+
+
+def no_parts(layer: Any, x: mx.array) -> tuple[Any, Any] | None:
+    """No compiled block parts: every block runs module by module."""
+    return None
+
+
+Attention = Callable[[mx.array, mx.array, mx.array, float, mx.array, Any], mx.array]
+BlockParts = Callable[[Any, mx.array], "tuple[Any, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What a backend may put into a tree forward: `attention(q, k, v, scale, allowed, cache)`
+    (as `mlx_attention`) and `parts(layer, x)`, a block's compiled (before, after) functions
+    around the attention or None. The Engine passes the CPU's (cpu/rewrites.py masked_attention,
+    block_parts), which keep the bits of the chain's forward on the same cache; the defaults are
+    MLX's own."""
+
+    attention: Attention = mlx_attention
+    parts: BlockParts = no_parts
+
+
+PLAIN = Kernels()
 
 
 def _rope(rope: Any, x: mx.array, positions: mx.array) -> mx.array:
@@ -143,18 +142,20 @@ class Rotary:
         return c, s
 
 
-def _block(layer: Any, x: mx.array, rotary: Rotary, allowed: mx.array, cache: Any):
+def _block(
+    layer: Any, x: mx.array, rotary: Rotary, allowed: mx.array, cache: Any, kernels: Kernels
+) -> mx.array:
     """One llama-style block over x [1, L, d] with per-row positions and a mask; appends L
     positions to `cache`."""
     attn = layer.self_attn
     b, length, _ = x.shape
-    compiled = getattr(layer, "_compiled", None)  # the CPU's compiled llama block (cpu/blocks.py)
-    if compiled is not None and length <= GROUPED_MAX_ROWS and x.dtype == mx.float32:
-        before, after = compiled()  # its cache-free parts, traced per length: fewer graph ops
+    compiled = kernels.parts(layer, x)  # the backend's compiled cache-free parts, if any
+    if compiled is not None:
+        before, after = compiled
         q, k, v = before(x)
         q, k = rotary(attn.rope, q), rotary(attn.rope, k)
         k, v = cache.update_and_fetch(k, v)
-        return after(x, tree_attention(q, k, v, attn.scale, allowed, cache))
+        return after(x, kernels.attention(q, k, v, attn.scale, allowed, cache))
     h = layer.input_layernorm(x)
     q = attn.q_proj(h).reshape(b, length, attn.n_heads, -1)
     k = attn.k_proj(h).reshape(b, length, attn.n_kv_heads, -1)
@@ -164,18 +165,23 @@ def _block(layer: Any, x: mx.array, rotary: Rotary, allowed: mx.array, cache: An
     q = rotary(attn.rope, q.transpose(0, 2, 1, 3))
     k = rotary(attn.rope, k.transpose(0, 2, 1, 3))
     k, v = cache.update_and_fetch(k, v)
-    heads = tree_attention(q, k, v, attn.scale, allowed, cache)
+    heads = kernels.attention(q, k, v, attn.scale, allowed, cache)
     h = x + attn.o_proj(heads.transpose(0, 2, 1, 3).reshape(b, length, -1))
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
 def run_layers(
-    layers: Sequence[Any], h: mx.array, positions: mx.array, allowed: mx.array, cache: Sequence[Any]
+    layers: Sequence[Any],
+    h: mx.array,
+    positions: mx.array,
+    allowed: mx.array,
+    cache: Sequence[Any],
+    kernels: Kernels = PLAIN,
 ) -> mx.array:
     """The blocks over hidden states h [1, L, d] (positions [L] int32, allowed [L, S])."""
     rotary = Rotary(positions)
     for layer, c in zip(layers, cache, strict=True):
-        h = _block(layer, h, rotary, allowed, c)
+        h = _block(layer, h, rotary, allowed, c, kernels)
     return h
 
 
@@ -190,14 +196,19 @@ def head_of(model: Any) -> Callable[[mx.array], mx.array]:
 
 
 def tree_forward(
-    model: Any, inputs: mx.array, positions: mx.array, allowed: mx.array, cache: Sequence[Any]
+    model: Any,
+    inputs: mx.array,
+    positions: mx.array,
+    allowed: mx.array,
+    cache: Sequence[Any],
+    kernels: Kernels = PLAIN,
 ) -> tuple[mx.array, mx.array]:
     """One forward of a token model over inputs [L] at positions [L] under mask allowed [L, S]
     (S = cache offset + L): (top hidden states [L, d], logits [L, V or the draft's head]).
     Appends L positions to the cache (then `compact` it)."""
     trunk = model.model
     h = trunk.embed_tokens(inputs[None])
-    h = trunk.norm(run_layers(tree_layers(model), h, positions, allowed, cache))
+    h = trunk.norm(run_layers(tree_layers(model), h, positions, allowed, cache, kernels))
     return h[0], head_of(model)(h)[0]
 
 

@@ -1,93 +1,52 @@
 """Tree drafting with a token draft model: a tree of candidate continuations per round, drafted
 depth by depth, each depth one draft forward over the nodes that get children (a tree mask,
-edgespec/treeforward.py). A fixed shape (edgespec/tree.py) is drafted without any host read;
+edgespec/trees/forward.py). A fixed shape (edgespec/trees/shapes.py) is drafted without any host read;
 a dynamic one (EAGLE-2 style) reads the candidates' probabilities once per depth.
 
 Candidates: at temperature 0 a node's children are the draft's top tokens in order; at T > 0
-they are drawn WITHOUT replacement from the draft's warped q (tree_acceptance.draw_siblings), one
+they are drawn WITHOUT replacement from the draft's warped q (trees/acceptance.py draw_siblings), one
 uniform per node from `uniforms(key, N)` (node i takes u[i]), and each carries the distribution
 it was drawn from, as the recursive rejection test needs.
 
 Draft-cache invariant (as ModelDrafter's): after `keep_path` and `commit` the draft's cache holds
 a prefix of the committed context. The tree's nodes the draft ran sit after the context in its
-cache; `keep_path` moves the accepted ones down (treeforward.compact), so the next round need
+cache; `keep_path` moves the accepted ones down (forward.compact), so the next round need
 not run them again.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Drafter
 from edgespec.drafting.draft_model import reduced_head
 from edgespec.drafting.model import fit_vocab
 from edgespec.sampling import uniforms, warp
-from edgespec.tree import DynamicShape, FixedShape, Shape, Tree
-from edgespec.tree_acceptance import draw_siblings, top_siblings
-from edgespec.treeforward import check_tree_cache, compact, tree_forward, tree_layers
-
-
-@dataclass(frozen=True)
-class TreeProposal:
-    """A drafted tree: tokens [N] int32 (may be lazy) in node order, q [N, V] the distribution
-    each was drawn from (None: all deterministic candidates, as at temperature 0), `fed[i]` the
-    draft-cache position of node i when the draft ran it (-1 otherwise), `match` the n-gram
-    suffix length behind a lookup branch (0: none)."""
-
-    tree: Tree
-    tokens: mx.array
-    q: mx.array | None = None
-    fed: tuple[int, ...] = ()
-    method: str = "tree"
-    match: int = 0
-
-    @property
-    def size(self) -> int:
-        return self.tree.size
-
-
-def empty_proposal() -> TreeProposal:
-    """No tree: the round is a plain target step."""
-    return TreeProposal(Tree(()), mx.array([], dtype=mx.int32))
-
-
-class TreeDrafter(Drafter):
-    """A drafter that proposes trees (loop: edgespec/treeloop.py). `keep_path` is told the
-    accepted path before `commit`."""
-
-    method = "tree"
-
-    def propose_tree(self, context: list[int], shape: Shape, key: mx.array) -> TreeProposal:
-        raise NotImplementedError
-
-    def keep_path(self, base: int, prop: TreeProposal, path: list[int]) -> None:
-        """The round accepted `path` (node indices) of `prop`, drafted after the first `base`
-        context tokens; `commit` follows."""
-
-
-@dataclass
-class TreeDraft:
-    """A tree being drafted: per node its token, q row (head columns when the draft has a reduced
-    head) and draft-cache position, and the draft's logits row of each node that was run."""
-
-    tokens: list[mx.array | None]
-    rows: list[mx.array | None]
-    fed: list[int]
-    logits: dict[int, mx.array] = field(default_factory=dict)  # node (-1: root) -> [H or V]
+from edgespec.trees.acceptance import draw_siblings, top_siblings
+from edgespec.trees.dynamic import propose_dynamic
+from edgespec.trees.forward import (
+    PLAIN,
+    Kernels,
+    check_tree_cache,
+    compact,
+    tree_forward,
+    tree_layers,
+)
+from edgespec.trees.proposal import TreeDraft, TreeDrafter, TreeProposal, empty_tree
+from edgespec.trees.shapes import DynamicShape, FixedShape, Shape, Tree
 
 
 class ModelTreeDrafter(TreeDrafter):
     """Trees from a token draft model and its own KV cache (module docstring)."""
 
-    def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int):
+    def __init__(
+        self, state: KVState, sampling: SamplingConfig, vocab: int, kernels: Kernels = PLAIN
+    ):
         tree_layers(state.model)
         check_tree_cache(state.cache, state.name)
-        self.state, self.sampling, self.vocab = state, sampling, vocab
+        self.state, self.sampling, self.vocab, self.kernels = state, sampling, vocab, kernels
         self.head_ids = reduced_head(state.model)
         self._prefix = 0  # cache positions every node sees (set by root_logits)
 
@@ -140,7 +99,7 @@ class ModelTreeDrafter(TreeDrafter):
         st = self.state
         if allowed is None:
             return self._fit(st.forward(inputs, head_only=self.head_ids is not None))
-        _, logits = tree_forward(st.model, inputs, positions, allowed, st.cache)
+        _, logits = tree_forward(st.model, inputs, positions, allowed, st.cache, self.kernels)
         return self._fit(logits)
 
     def run_nodes(self, draft: TreeDraft, tree: Tree, nodes: list[int]) -> None:
@@ -178,8 +137,6 @@ class ModelTreeDrafter(TreeDrafter):
 
     def propose_tree(self, context: list[int], shape: Shape, key: mx.array) -> TreeProposal:
         if isinstance(shape, DynamicShape):
-            from edgespec.drafting.tree_dynamic import propose_dynamic
-
             return propose_dynamic(self, context, shape, key)
         return self._propose_fixed(context, shape, key)
 
@@ -187,7 +144,7 @@ class ModelTreeDrafter(TreeDrafter):
         tree, n = shape.tree, shape.size
         root = self.root_logits(context)
         if root is None:
-            return empty_proposal()
+            return empty_tree()
         u = None if self.sampling.greedy else uniforms(key, n)
         draft = TreeDraft([None] * n, [None] * n, [-1] * n)
         draft.logits[-1] = root
@@ -201,7 +158,7 @@ class ModelTreeDrafter(TreeDrafter):
         tokens = mx.stack(draft.tokens).astype(mx.int32)  # type: ignore[arg-type]
         mx.async_eval(tokens)
         q = None if u is None else self.full_q(draft.rows)
-        return TreeProposal(tree, tokens, q, tuple(draft.fed))
+        return TreeProposal(tokens, q, tree=tree, fed=tuple(draft.fed))
 
     # --------------------------------------------------------------------- after the round
 

@@ -5,7 +5,7 @@ draft's probabilities along the path: softmax of its logits at temperature 0, th
 T > 0) with `width` candidates each; at temperature 0 the `nodes` most probable nodes are then
 kept (a node is never more probable than its parent, so they form a tree). At T > 0 every drawn
 node is kept (with beam and width cut so that they are at most `nodes`, DynamicShape.sampled): which nodes get children may depend on anything the draft computed, but dropping
-a sampled sibling because of its own value would bias the ratio test (tree_acceptance.py).
+a sampled sibling because of its own value would bias the ratio test (trees/acceptance.py).
 
 Costs one host read per depth (the probabilities decide the next forward's nodes).
 """
@@ -13,13 +13,30 @@ Costs one host read per depth (the probabilities decide the next forward's nodes
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Protocol, cast
 
 import mlx.core as mx
 
-from edgespec.drafting.tree import ModelTreeDrafter, TreeDraft, TreeProposal, empty_proposal
+from edgespec.config import SamplingConfig
 from edgespec.sampling import uniforms
-from edgespec.tree import DynamicShape, Tree
+from edgespec.trees.proposal import TreeDraft, TreeProposal, empty_tree
+from edgespec.trees.shapes import DynamicShape, Tree
+
+
+class Expander(Protocol):
+    """What dynamic drafting asks of a tree drafter (trees/draft.py ModelTreeDrafter)."""
+
+    sampling: SamplingConfig
+
+    def root_logits(self, context: list[int]) -> mx.array | None: ...
+
+    def draft_children(
+        self, draft: TreeDraft, parent: int, kids: list[int], u: mx.array | None
+    ) -> tuple[mx.array, mx.array]: ...
+
+    def run_nodes(self, draft: TreeDraft, tree: Tree, nodes: list[int]) -> None: ...
+
+    def full_q(self, rows: list[mx.array | None]) -> mx.array: ...
 
 
 def _best(nodes: list[int], score: list[float], count: int) -> list[int]:
@@ -29,12 +46,12 @@ def _best(nodes: list[int], score: list[float], count: int) -> list[int]:
 
 
 def propose_dynamic(
-    drafter: ModelTreeDrafter, context: list[int], shape: DynamicShape, key: mx.array
+    drafter: Expander, context: list[int], shape: DynamicShape, key: mx.array
 ) -> TreeProposal:
     """Draft a dynamic tree with `drafter` (module docstring)."""
     root = drafter.root_logits(context)
     if root is None:
-        return empty_proposal()
+        return empty_tree()
     greedy = drafter.sampling.greedy
     shape = shape if greedy else shape.sampled()
     u = None if greedy else uniforms(key, shape.size)
@@ -70,7 +87,7 @@ def propose_dynamic(
 
 
 def _pruned(
-    drafter: ModelTreeDrafter, draft: TreeDraft, parents: list[int], keep: list[int]
+    drafter: Expander, draft: TreeDraft, parents: list[int], keep: list[int]
 ) -> TreeProposal:
     """The proposal of the nodes `keep` (closed under parents), renumbered in order."""
     new_index = {old: new for new, old in enumerate(keep)}
@@ -80,4 +97,4 @@ def _pruned(
     q = None
     if draft.rows and draft.rows[0] is not None:
         q = drafter.full_q([draft.rows[i] for i in keep])
-    return TreeProposal(tree, tokens, q, tuple(draft.fed[i] for i in keep))
+    return TreeProposal(tokens, q, tree=tree, fed=tuple(draft.fed[i] for i in keep))

@@ -1,11 +1,11 @@
 """An n-gram lookup's continuation as one more branch of a drafted tree (method "hybrid" with
---tree), and cutting a tree to a depth.
+--tree).
 
 The lookup's tokens follow the tree's own nodes while they agree (a lookup that guesses what the
 draft guessed adds nothing), then hang below as a chain of deterministic candidates, each its
 parent's last-ranked child. Exact at any temperature: a deterministic candidate's q is a point
 mass, tried after the draft's siblings, and whether it is added depends only on tokens drafted
-before it (edgespec/tree_acceptance.py).
+before it (edgespec/trees/acceptance.py).
 
 Cost: merging reads the drafted tokens back (one host sync the draft-only tree does not need), so
 it runs only when the lookup matched.
@@ -17,9 +17,10 @@ from typing import cast
 
 import mlx.core as mx
 
+from edgespec.config import MAX_TREE_NODES
 from edgespec.drafting.ngram import NgramDrafter
-from edgespec.drafting.tree import TreeDrafter, TreeProposal
-from edgespec.tree import MAX_TREE_NODES, Shape, Tree
+from edgespec.trees.proposal import TreeDrafter, TreeProposal
+from edgespec.trees.shapes import Shape, Tree
 
 
 def add_branch(prop: TreeProposal, branch: list[int], match: int, vocab: int) -> TreeProposal:
@@ -46,21 +47,7 @@ def add_branch(prop: TreeProposal, branch: list[int], match: int, vocab: int) ->
         q = mx.concatenate([q, hot.astype(q.dtype)])
     fed = prop.fed + (-1,) * len(added)
     new = mx.array(tokens, dtype=mx.int32)
-    return TreeProposal(Tree(tuple(parents)), new, q, fed, prop.method, match)
-
-
-def cut_depth(prop: TreeProposal, depth: int) -> TreeProposal:
-    """`prop` without its nodes deeper than `depth` (their descendants are deeper too)."""
-    tree = prop.tree
-    keep = [i for i in range(tree.size) if tree.depths[i] <= depth]
-    if len(keep) == tree.size:
-        return prop
-    new_index = {old: new for new, old in enumerate(keep)}
-    parents = tuple(-1 if tree.parents[i] < 0 else new_index[tree.parents[i]] for i in keep)
-    index = mx.array(keep, dtype=mx.int32)
-    q = None if prop.q is None else prop.q[index]
-    fed = tuple(prop.fed[i] for i in keep) if prop.fed else ()
-    return TreeProposal(Tree(parents), prop.tokens[index], q, fed, prop.method, prop.match)
+    return TreeProposal(new, q, prop.method, match, Tree(tuple(parents)), fed)
 
 
 class NgramBranch(TreeDrafter):

@@ -44,7 +44,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from edgespec.sampling import sample
-from edgespec.tree import Tree
+from edgespec.trees.shapes import Tree
 
 
 def _rows(a: mx.array, index: mx.array) -> mx.array:

@@ -1,6 +1,6 @@
 """The draft-verify loop for trees: loop.speculate's twin, where a round drafts a tree
-(edgespec/drafting/tree.py), verifies all its nodes in one target forward with a tree mask
-(edgespec/treeforward.py) and keeps the longest accepted path (edgespec/tree_acceptance.py).
+(edgespec/trees/draft.py), verifies all its nodes in one target forward with a tree mask
+(edgespec/trees/forward.py) and keeps the longest accepted path (edgespec/trees/acceptance.py).
 
 Cache invariants after every round, as the chain loop's: the target's cache holds context[:-1]
 (its tree positions compacted to the accepted path, then rewound); the drafter's state a prefix of
@@ -17,20 +17,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Protocol, cast
+from functools import partial
+from typing import Protocol
 
 import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.tree import TreeDrafter, TreeProposal
-from edgespec.drafting.tree_ngram import cut_depth
 from edgespec.events import Round
-from edgespec.rounds import Limits, Progress, Step, cancelled, is_set, plain_run
+from edgespec.rounds import Limits, Progress, Step, cancelled, is_set, plain_run, run_round
 from edgespec.sampling import make_key, round_keys, uniforms, warp
-from edgespec.tree import FixedShape, Shape, Tree, tree_mask, tree_positions
-from edgespec.tree_acceptance import verify_tree, verify_tree_greedy
-from edgespec.treeforward import check_tree_cache, compact, tree_forward, tree_layers
+from edgespec.trees.acceptance import verify_tree, verify_tree_greedy
+from edgespec.trees.forward import (
+    PLAIN,
+    Kernels,
+    check_tree_cache,
+    compact,
+    tree_forward,
+    tree_layers,
+)
+from edgespec.trees.proposal import TreeDrafter, TreeProposal
+from edgespec.trees.shapes import FixedShape, Shape, Tree, tree_mask, tree_positions
 
 
 class ShapePolicy(Protocol):
@@ -67,8 +74,10 @@ def verify_tree_round(
     cfg: SamplingConfig,
     key: mx.array,
     features: bool,
+    kernels: Kernels = PLAIN,
 ) -> tuple[mx.array, mx.array | None]:
-    """One target forward over [pending..., the tree's nodes] and the acceptance walk, lazy.
+    """One target forward over [pending..., the tree's nodes] and the acceptance walk, lazy
+    (rounds.verify_round's twin: rounds.run_round runs it).
     Returns [deepest accepted p row, n_accepted, next_token, node tokens...] (int32, the round's
     one host transfer) and, when `features`, the target's top hidden states of the root and every
     node ([N + 1, d], lazy)."""
@@ -79,7 +88,9 @@ def verify_tree_round(
     else:
         allowed = mx.array(tree_mask(tree, target.offset, p_len))
         positions = mx.array(tree_positions(tree, target.offset, p_len))
-        feats, logits = tree_forward(target.model, inputs, positions, allowed, target.cache)
+        feats, logits = tree_forward(
+            target.model, inputs, positions, allowed, target.cache, kernels
+        )
     logits = logits[p_len - 1 :]
     if cfg.greedy:
         row, n, nxt = verify_tree_greedy(tree, prop.tokens, logits)
@@ -89,31 +100,6 @@ def verify_tree_round(
     head = mx.stack([row, n, nxt]).astype(mx.int32)
     out = mx.concatenate([head, prop.tokens.astype(mx.int32)])
     return out, (feats[p_len - 1 :] if features else None)
-
-
-def run_tree_round(
-    target: KVState,
-    context: list[int],
-    prop: TreeProposal,
-    t0: float,
-    cfg: SamplingConfig,
-    key: mx.array,
-    features: bool,
-) -> tuple[list[int], mx.array | None, float, float]:
-    """rounds.run_round for a tree: the verify is built while the draft computes, one host sync.
-    Returns the host list of verify_tree_round, the features, t_draft and t_verify."""
-    drafted = [a for a in (prop.tokens, prop.q) if a is not None]
-    mx.async_eval(drafted)
-    t_built_draft = time.perf_counter()
-    pending = mx.array(context[target.offset :], dtype=mx.int32)
-    out, feats = verify_tree_round(target, pending, prop, cfg, key, features)
-    mx.async_eval([a for a in (out, feats) if a is not None])
-    t_built_verify = time.perf_counter()
-    mx.eval(drafted)
-    t_draft_ready = time.perf_counter()
-    host = cast(list[int], out.tolist())
-    t_draft = (t_draft_ready - t0) - (t_built_verify - t_built_draft)
-    return host, feats, t_draft, time.perf_counter() - t0 - t_draft
 
 
 def _fit(shape: Shape, room: int) -> Shape:
@@ -127,15 +113,23 @@ def _fit(shape: Shape, room: int) -> Shape:
     )
 
 
-def _tree_round(target, drafter, run: Progress, shape: Shape, cfg, policy) -> Step:
+def _tree_round(
+    target: KVState,
+    drafter: TreeDrafter,
+    run: Progress,
+    shape: Shape,
+    cfg: SamplingConfig,
+    policy: ShapePolicy,
+    kernels: Kernels,
+) -> Step:
     """Draft, verify and commit one tree round."""
     run.key, draft_key, verify_key = round_keys(run.key)
     t0 = time.perf_counter()
     prop = drafter.propose_tree(run.context, shape, draft_key)
-    if prop.tree.depth >= run.room():  # a lookup branch may reach past the context window
-        prop = cut_depth(prop, run.room() - 1)
-    host, feats, t_draft, t_verify = run_tree_round(
-        target, run.context, prop, t0, cfg, verify_key, drafter.wants_features
+    prop = prop.cut(run.room() - 1)  # a lookup branch may reach past the context window
+    verify = partial(verify_tree_round, kernels=kernels)
+    host, feats, t_draft, t_verify = run_round(
+        target, run.context, prop, t0, cfg, verify_key, drafter.wants_features, verify
     )
     row, n, nxt, tokens = host[0], host[1], host[2], host[3:]
     path = prop.tree.path(row - 1)
@@ -163,9 +157,11 @@ def speculate_tree(
     policy: ShapePolicy,
     limits: Limits,
     cancel: threading.Event | None = None,
+    kernels: Kernels = PLAIN,
 ) -> Iterator[Step]:
     """Speculative decoding with draft trees. Both states must already hold a prefix of `prompt`
-    (Engine.prefill). Raises TreeUnsupportedError for a target the tree forward cannot run."""
+    (Engine.prefill). `kernels`: the backend's pieces of the tree forward (the Engine passes the
+    CPU's). Raises TreeUnsupportedError for a target the tree forward cannot run."""
     tree_layers(target.model)
     check_tree_cache(target.cache, target.name)
     run = Progress(list(prompt), make_key(cfg.seed), limits)
@@ -187,7 +183,7 @@ def speculate_tree(
                 decided = yield from plain_run(target, drafter, run, cfg, plain_k, cancel)
                 chosen = last_shape[0] if decided is not None and last_shape else None
                 continue
-            step = _tree_round(target, drafter, run, shape, cfg, policy)
+            step = _tree_round(target, drafter, run, shape, cfg, policy, kernels)
             yield step
             if step.stop:
                 return

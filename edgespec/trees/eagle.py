@@ -17,19 +17,22 @@ import mlx.core as mx
 
 from edgespec.config import SamplingConfig
 from edgespec.drafting.features import EagleState
-from edgespec.drafting.tree import ModelTreeDrafter, TreeDraft, TreeProposal
-from edgespec.tree import Tree
-from edgespec.treeforward import check_tree_cache, run_layers, tree_layers
+from edgespec.trees.draft import ModelTreeDrafter
+from edgespec.trees.forward import PLAIN, Kernels, check_tree_cache, run_layers, tree_layers
+from edgespec.trees.proposal import TreeDraft, TreeProposal
+from edgespec.trees.shapes import Tree
 
 
 class EagleTreeDrafter(ModelTreeDrafter):
     """Trees from a feature draft (module docstring)."""
 
-    def __init__(self, state: EagleState, sampling: SamplingConfig, vocab: int):
+    def __init__(
+        self, state: EagleState, sampling: SamplingConfig, vocab: int, kernels: Kernels = PLAIN
+    ):
         tree_layers(state.model)
         check_tree_cache(state.kv.cache, state.kv.name)
         self.eagle, self.state = state, state.kv
-        self.sampling, self.vocab = sampling, vocab
+        self.sampling, self.vocab, self.kernels = sampling, vocab, kernels
         self.head_ids = state.model.head_ids
         self._prefix = 0
         self._valid = state.kv.offset
@@ -74,7 +77,8 @@ class EagleTreeDrafter(ModelTreeDrafter):
             if model.feature_scale != 1.0:
                 guesses = guesses * model.feature_scale
             h = model.fc(mx.concatenate([guesses, model.embedding(toks)], axis=-1))[None]
-            h = model.norm(run_layers(model.layers, h, positions, allowed, self.state.cache))[0]
+            layers, cache = model.layers, self.state.cache
+            h = model.norm(run_layers(layers, h, positions, allowed, cache, self.kernels))[0]
         for r, node in enumerate(nodes):
             self._guess[node] = h[r]
         return model.head_logits(h)

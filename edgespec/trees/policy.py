@@ -2,7 +2,7 @@
 second, from measured acceptance per depth and rank and measured costs (AdaptiveK's for chains,
 edgespec/drafting/adaptive.py, extended to trees).
 
-The closed form for a tree (edgespec/tree.py `expected_accepted`): the expected number of accepted
+The closed form for a tree (edgespec/trees/shapes.py `expected_accepted`): the expected number of accepted
 drafts is the sum over the tree's nodes of the probability that the path to the node is accepted,
 where a rank-r candidate at depth d is accepted with a[d][r] once its elder siblings were rejected.
 A chain is the tree of rank-0 nodes, and with a[d][0] = alpha this is the chain's
@@ -11,7 +11,7 @@ first over the pending tokens, then one per depth below) and one verify of N + 1
 
     rate(shape) = (1 + E[accepted]) / (D * c + v(N + 1)),      plain step: 1 / v(1)
 
-For each node budget n the best shape is found greedily (tree.best_shape); the policy takes the
+For each node budget n the best shape is found greedily (shapes.best_shape); the policy takes the
 best rate over all budgets and chains (near-ties to the smaller tree), so where a wide verify costs
 much more than a short one (this CPU) it falls back to a chain, or to plain steps, by itself.
 
@@ -32,7 +32,7 @@ from edgespec.drafting.adaptive import (
     verify_curve,
 )
 from edgespec.events import Round
-from edgespec.tree import FixedShape, Shape, Tree, chain_shape, greedy_nodes
+from edgespec.trees.shapes import FixedShape, Shape, Tree, chain_shape, greedy_nodes
 
 PRIOR_RANK = (0.5, 0.3, 0.2, 0.15)  # acceptance of a rank-r candidate before any is seen
 PRIOR_WEIGHT = 2.0
@@ -80,7 +80,7 @@ class AcceptanceTable:
 
 
 class AdaptiveTree:
-    """ShapePolicy (edgespec/treeloop.py) choosing chains, trees or plain steps per round."""
+    """ShapePolicy (edgespec/trees/loop.py) choosing chains, trees or plain steps per round."""
 
     def __init__(self, k_init: int = 4, k_max: int = 8, max_nodes: int = MAX_NODES, ranks: int = 4):
         self.k_init, self.k_max, self.max_nodes, self.ranks = k_init, k_max, max_nodes, ranks
@@ -104,7 +104,7 @@ class AdaptiveTree:
 
     def candidates(self) -> list[tuple[float, FixedShape]]:
         """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
-        every node budget up to max_nodes (the greedy order's prefixes, tree.greedy_nodes)."""
+        every node budget up to max_nodes (the greedy order's prefixes, shapes.greedy_nodes)."""
         table = self.accept.table()
         out, chain_e, reach = [], 0.0, 1.0
         for k in range(1, self.k_max + 1):
