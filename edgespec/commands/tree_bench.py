@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "summary": [vars(s) for s in summaries],
             "runs": [{"variant": r.variant, "prompt": r.prompt_id, "tokens": len(r.tokens),
-                      "rounds": r.rounds, "tokens_per_s": r.tokens_per_s} for r in runs],
+                      "rounds": r.rounds, "tokens_per_s": r.tokens_per_s,
+                      "cpu_seconds": r.cpu_seconds} for r in runs],
         }  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1))
     return 0
