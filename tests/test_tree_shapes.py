@@ -171,6 +171,15 @@ def test_adaptive_falls_back_to_a_chain_where_wide_verifies_are_dear():
     assert shape.size == shape.depth  # a chain (or a plain step)
 
 
+def test_first_round_at_each_length_is_left_out_of_the_costs():
+    """The first verify of a length pays its trace; one such outlier must not price it out."""
+    policy = AdaptiveTree(k_init=2, k_max=4)
+    policy.observe(_round(3, 2, 0.05, 9.0))  # first (4, 2): traced, left out
+    assert policy.verify_costs == {} and policy.draft_cost.value is None
+    policy.observe(_round(3, 2, 0.05, 1.0))
+    assert policy.verify_costs[4].value == 1.0 and policy.draft_cost.value == 0.025
+
+
 def test_acceptance_table_counts_tries_and_successes():
     table = AcceptanceTable(3, 2)
     tree = shape_tree(widths_shape([2, 2]))  # (0,), (1,), (0, 0), (0, 1)

@@ -90,16 +90,22 @@ class AdaptiveTree:
         self.chosen: list[Shape] = []
         self._seen: Round | None = None
         self._after_plain = False
+        self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of past rounds
         self._plain_run, self._probe_gap = 0, PROBE_EVERY
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
 
     def observe(self, r: Round) -> None:
-        if r.drafted > 0 and r.timed and not self._after_plain:
+        """One round's costs. The first round at each verify length is left out: it traces that
+        length's compiled blocks on the CPU (kernels on a GPU), and with the many lengths trees
+        reach, one such outlier kept as a length's only sample priced it out for good."""
+        first = r.drafted > 0 and (r.drafted + 1, r.k) not in self._lengths_seen
+        self._lengths_seen.add((r.drafted + 1, r.k))
+        if r.drafted > 0 and r.timed and not self._after_plain and not first:
             self.draft_cost.add(r.t_draft / max(r.k, 1))
         self._after_plain = r.drafted == 0
-        if r.timed:
+        if r.timed and not first:
             self.verify_costs.setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
 
     def candidates(self) -> list[tuple[float, FixedShape]]:
