@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("edgespec.tui.command", "chat in the terminal app, tokens coloured by provenance"),
     "bench": ("edgespec.commands.bench", "measure plain vs speculative decoding on this machine"),
     "verify": ("edgespec.commands.verify", "check empirically that speculation is unbiased"),
+    "tree-bench": ("edgespec.commands.tree_bench", "chains against draft trees, side by side"),
     "pull": ("edgespec.commands.pull", "download and convert a model into the cache"),
     "models": ("edgespec.commands.models", "list model pairs and what is cached"),
     "distill": ("edgespec.commands.distill", "train a draft model for a target"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,8 @@ from edgespec.errors import ConfigError
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
 # round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
 MAX_K = 64
+MAX_TREE_NODES = 64  # one verify forward of a draft tree: its nodes plus the pending token
+TREE_SPECS = "'chain', a width list such as '3,2,1,1', 'dynamic', 'dynamic:NODES' or 'auto'"
 SEED_LIMIT = 2**64  # MLX keys are two uint32 words: seeds are in [0, 2**64)
 
 
@@ -53,6 +56,34 @@ class SamplingConfig:
 METHODS = ("draft", "ngram", "hybrid", "none")
 
 
+def parse_tree_spec(text: str) -> str:
+    """Validate a --tree value: 'chain', 'dynamic' (or 'dynamic:N', keeping N nodes), 'auto' or
+    widths '3,2,1,1' (1..8 deep, at most MAX_TREE_NODES nodes). Returns it normalised;
+    ConfigError otherwise."""
+    text = text.strip().lower().replace(" ", "")
+    if text in ("chain", "dynamic", "auto"):
+        return text
+    found = re.fullmatch(r"dynamic:(\d+)", text)
+    if found:
+        if not 1 <= int(found[1]) <= MAX_TREE_NODES:
+            raise ConfigError(f"--tree dynamic:N needs 1 <= N <= {MAX_TREE_NODES}, got {text!r}")
+        return f"dynamic:{int(found[1])}"
+    if not re.fullmatch(r"\d+(,\d+)*", text):
+        raise ConfigError(f"--tree must be {TREE_SPECS}, got {text!r}")
+    widths = [int(w) for w in text.split(",")]
+    if not 1 <= len(widths) <= 8 or min(widths) < 1 or sum(widths) > MAX_TREE_NODES:
+        raise ConfigError(
+            f"--tree widths need 1..8 depths of >= 1 candidates and at most {MAX_TREE_NODES} "
+            f"nodes in all, got {text!r}"
+        )
+    return ",".join(str(w) for w in widths)
+
+
+def spec_widths(text: str) -> list[int]:
+    """The widths of a validated width-list spec: '3,2,1' -> [3, 2, 1]."""
+    return [int(w) for w in text.split(",")]
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """How speculation runs. k is the (maximum) number of drafted tokens per round, except that a
@@ -74,6 +105,9 @@ class SpecConfig:
     ngram_k: int = 1
     ngram_long: int = 8
     ngram_long_k: int = 5
+    # Draft trees (docs/drafting.md, Trees): "" for chains (the default loop), else "chain", a
+    # width list such as "3,2,1,1", "dynamic" or "auto" (the adaptive policy's choice per round).
+    tree: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.k <= MAX_K:
@@ -97,6 +131,10 @@ class SpecConfig:
             raise ConfigError(f"k-max must be <= {MAX_K}, got {self.k_max}")
         if self.k_max < self.k:
             object.__setattr__(self, "k_max", self.k)
+        if self.tree:
+            object.__setattr__(self, "tree", parse_tree_spec(self.tree))
+            if self.method not in ("draft", "hybrid"):
+                raise ConfigError(f"--tree needs --method draft or hybrid, not {self.method}")
 
     @property
     def enabled(self) -> bool:

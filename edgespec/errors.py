@@ -35,6 +35,10 @@ class DownloadError(EdgeSpecError):
     """Fetching a model failed (no network, bad checksum, disk full, interrupted)."""
 
 
+class TreeUnsupportedError(ConfigError):
+    """Tree drafting asked of a model or cache the tree forward cannot run (not llama-style)."""
+
+
 class GroupError(EdgeSpecError):
     """A sharded run (edgespec.distributed) whose ranks cannot go on together: a rank was lost,
     the ranks disagree on what was committed, or the group cannot shard the model."""

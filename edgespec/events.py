@@ -48,6 +48,12 @@ class Round:
     timed: bool = True
     # The n-gram suffix match behind an n-gram round's proposal (tokens; 0 for other rounds).
     match: int = 0
+    # Tree rounds (edgespec/trees/loop.py): the tree's node count (0 for a chain round; `drafted`
+    # is it too, `k` the tree's depth), and which branch won: 0 when every accepted node was its
+    # parent's first candidate (the path a chain would have drafted), else the rank (1 = second
+    # candidate, ...) of the first accepted node that was not.
+    nodes: int = 0
+    branch: int = 0
     type: str = field(default="round", init=False)
 
 

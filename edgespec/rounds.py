@@ -157,6 +157,11 @@ def verify_round(
     return out.astype(mx.int32), feats
 
 
+# verify_round's signature: (target, pending, proposal, cfg, key, features) -> (out, features);
+# the tree loop passes its own (edgespec/trees/loop.py).
+Verify = Callable[..., tuple[mx.array, mx.array | None]]
+
+
 def run_round(
     target: KVState,
     context: list[int],
@@ -165,9 +170,11 @@ def run_round(
     cfg: SamplingConfig,
     key: mx.array,
     features: bool,
+    verify: Verify = verify_round,
 ) -> tuple[list[int], mx.array | None, float, float]:
     """Verify a proposal whose draft may still be computing; one host sync. Returns the host list
-    [x_1..x_d, n_accepted, next_token], the features (or None), t_draft, t_verify.
+    [x_1..x_d, n_accepted, next_token] (`verify`'s output), the features (or None), t_draft,
+    t_verify.
 
     The verify's graph is built while the draft computes (on Metal the GPU runs the draft while
     the CPU builds the target graph; a sync in between would leave the device idle for that long),
@@ -179,7 +186,7 @@ def run_round(
     mx.async_eval(drafted)  # its own event: awaiting it below waits for the draft alone
     t_built_draft = time.perf_counter()
     pending = mx.array(context[target.offset :], dtype=mx.int32)
-    out, feats = verify_round(target, pending, prop, cfg, key, features)
+    out, feats = verify(target, pending, prop, cfg, key, features)
     mx.async_eval([a for a in (out, feats) if a is not None])
     t_built_verify = time.perf_counter()
     mx.eval(drafted)

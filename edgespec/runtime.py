@@ -16,7 +16,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -38,6 +38,9 @@ from edgespec.loading.load import load_pair
 from edgespec.loop import decode_plain, speculate
 from edgespec.metrics import generation_stats
 from edgespec.rounds import KPolicy, Limits, Step
+from edgespec.trees.build import build_tree_drafter, make_shape_policy
+from edgespec.trees.forward import Kernels
+from edgespec.trees.loop import ShapePolicy, speculate_tree
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -63,6 +66,8 @@ class Engine:
                 rewrites.optimise(loaded.model)
         self._pairs = rewrites.draft_pairs()
         self._softmax = rewrites.sampling_softmax()
+        # The draft-tree forward's pieces: the CPU's grouped attention and compiled blocks.
+        self._tree_kernels = Kernels(rewrites.masked_attention, rewrites.block_parts)
         new_cache = rewrites.new_cache
         self._target = KVState(target.model, f"target {target.name}", new_cache)
         self._draft: KVState | EagleState | None = None
@@ -198,6 +203,16 @@ class Engine:
         self._target.check_speculation()
         if spec.method in ("draft", "hybrid") and isinstance(self._draft, KVState):
             self._draft.check_speculation()
+        if spec.tree:  # draft trees (edgespec/trees/loop.py); chains keep the loop below
+            kernels = self._tree_kernels
+            tree_drafter = build_tree_drafter(
+                spec, sampling, self._draft, self._vocab, self.name, kernels
+            )
+            # k_policy, when given with a tree, is a shape policy (trees.loop.ShapePolicy).
+            shapes = cast(ShapePolicy, k_policy) if k_policy else make_shape_policy(spec)
+            return speculate_tree(
+                self._target, tree_drafter, prompt, sampling, shapes, limits, cancel, kernels
+            )
         if drafter is None:
             drafter = build_drafter(
                 spec, sampling, self._draft, self._vocab, self.name, pairs=self._pairs

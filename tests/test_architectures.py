@@ -24,6 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from edgespec.cache import KVState
 from edgespec.config import SpecConfig
 from edgespec.cpu import attention, blas, blocks, leanops, rewrites, rope
+from edgespec.errors import TreeUnsupportedError
 from edgespec.loading.load import load_model
 from edgespec.loading.tiny_arch import FAMILIES
 from edgespec.rewind import Rewinder, WindowKVCache
@@ -89,6 +90,29 @@ def test_the_family_drafts_for_another_familys_target(families, plain_answers, f
     engine = Engine(families.pair(other)[0], families.pair(family)[0])
     assert first_difference(_greedy(engine, 3), plain_answers[other]) is None
     assert first_difference(_greedy(engine, 2, "hybrid"), plain_answers[other]) is None
+
+
+TREES = ("llama", "qwen2", "qwen3")  # the blocks the tree forward runs (edgespec/trees/forward.py)
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_trees_run_where_supported_and_are_refused_in_one_line_elsewhere(
+    families, plain_answers, family
+):
+    """Draft trees on every family: greedy output identical to plain decoding where the tree
+    forward runs the blocks (Llama 3's scaled rope included); elsewhere (sliding windows,
+    recurrent layers, other blocks) a one-line TreeUnsupportedError, never a traceback."""
+    engine = families.engine(family)
+    ids = engine.encode_raw("the cat and the dog in the house")
+    spec = SpecConfig(k=3, method="draft", tree="3,2,1")
+    if family in TREES:
+        tokens, _ = generate(engine, ids, spec, GREEDY_TOKENS)
+        assert first_difference(tokens, plain_answers[family]) is None
+        return
+    with pytest.raises(TreeUnsupportedError, match="--tree chain") as err:
+        generate(engine, ids, spec, 8)
+    assert "\n" not in str(err.value)
+    assert first_difference(_greedy(engine, 2), plain_answers[family]) is None  # nothing lost
 
 
 @pytest.mark.parametrize("family", ALL)

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from edgespec.bench.unbiased import chi_square
-from edgespec.config import SamplingConfig
-from edgespec.distributed.group import Agreement, fold
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.distributed.group import Agreement, Group, check_config, fold
 from edgespec.distributed.launch import env_rank, launched_backend, local_ranks, share_threads
-from edgespec.errors import GroupError
+from edgespec.errors import ConfigError, GroupError
 from edgespec.loading.shard import check_shardable, divisible_sizes
 from edgespec.loading.tiny import llama_config, make_tiny_pair, random_llama_weights, write_model
 from tests.cli import ROOT, run_edgespec
@@ -99,6 +99,20 @@ def test_shardable_checks_name_the_fix():
         check_shardable(smollm, "smollm", {"tensor": False, "pipeline": False}, "tensor", 3)
     with pytest.raises(GroupError, match="30 layers, fewer than the 32 pipeline stages"):
         check_shardable(smollm, "smollm", {"tensor": False, "pipeline": True}, "pipeline", 32)
+
+
+def test_timing_driven_choices_are_refused_for_a_sharded_target():
+    """Adaptive K and --tree auto pick from each rank's own timings: refused for two ranks."""
+
+    class Two:
+        def size(self) -> int:
+            return 2
+
+    group = Group(Two(), "ring")
+    for spec in (SpecConfig(adaptive=True), SpecConfig(method="draft", tree="auto")):
+        with pytest.raises(ConfigError, match="differ between ranks"):
+            check_config(GenerationConfig(spec=spec), group)
+    check_config(GenerationConfig(spec=SpecConfig(method="draft", tree="3,2,1")), group)
 
 
 def test_agreement_on_a_group_of_one():

@@ -210,9 +210,10 @@ class ChatApp(App[int]):
                 self.plain_tps = fin.stats.tokens_per_s
         per_round = [] if self._meter is None else self._meter.rounds_in_order()
         k_now = None if self._meter is None else self._meter.k_now
+        branches = (0, 0) if self._meter is None else self._meter.branches  # tree rounds
         self.waiting, self._meter = None, None
         self._save()
-        self._show_stats(final=(fin, per_round, k_now))
+        self._show_stats(final=(fin, per_round, k_now, branches))
 
     def on_turn_failed(self, message: TurnFailed) -> None:
         if message.turn != self.waiting:
@@ -250,8 +251,8 @@ class ChatApp(App[int]):
             spec_tps=self.spec_tps,
         )
         if final is not None:
-            fin, per_round, k_now = final
-            view.with_stats(fin.stats, per_round, k_now)
+            fin, per_round, k_now, branches = final
+            view.with_stats(fin.stats, per_round, k_now).branches = branches
         elif self._meter is not None:
             view.with_meter(self._meter)
         elif self._last_view is not None:  # keep the last turn's numbers, new settings

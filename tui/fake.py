@@ -154,6 +154,9 @@ class FakeEngine:
                 t_draft=t_draft,
                 t_verify=t_verify,
                 method=config.spec.method if spec else "none",
+                # --tree: a tree of 2K nodes, won by a second-ranked branch every third round
+                nodes=2 * k if spec and config.spec.tree else 0,
+                branch=int(spec and bool(config.spec.tree) and rounds % 3 == 1),
             )
             decode += t_draft + t_verify
             rounds += 1

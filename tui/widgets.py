@@ -197,6 +197,7 @@ class TurnMeter:
     per_round: dict[int, int] = field(default_factory=dict)  # round index -> tokens committed
     hist: list[int] = field(default_factory=list)  # hist[i] = rounds that accepted i drafts
     k_now: int | None = None  # K of the latest speculative round (adaptive K: the chosen one)
+    branches: tuple[int, int] = (0, 0)  # tree rounds, and those won by a non-first branch
 
     def rounds_in_order(self) -> list[int]:
         """Tokens committed by each round so far, in round order."""
@@ -216,6 +217,7 @@ class TurnMeter:
                 self.k_now = r.k
             if r.method == "none" or r.drafted == 0:
                 continue
+            self.branches = (self.branches[0] + (r.nodes > 0), self.branches[1] + (r.branch > 0))
             self.drafted += r.drafted
             self.accepted += r.accepted
             if len(self.hist) <= r.accepted:
@@ -259,6 +261,7 @@ class StatsView:
     per_round: list[int] = field(default_factory=list)
     hist: list[int] = field(default_factory=list)
     live: bool = False
+    branches: tuple[int, int] = (0, 0)  # tree rounds, and those won by a non-first branch
 
     def with_meter(self, meter: TurnMeter) -> StatsView:
         """Fill the turn's numbers from a live meter."""
@@ -270,7 +273,7 @@ class StatsView:
         self.ttft = meter.ttft
         self.per_round = [meter.per_round[i] for i in sorted(meter.per_round)]
         self.hist = list(meter.hist)
-        self.k_now = meter.k_now
+        self.k_now, self.branches = meter.k_now, meter.branches
         self.live = True
         return self
 
@@ -328,6 +331,8 @@ def stats_table(v: StatsView) -> Text:
         ("Spec tok/s", _fmt(v.spec_tps, ".1f")),
         ("Speedup", speedup),
     ]
+    if v.branches[0]:  # draft trees: how often a branch other than the first-ranked path won
+        rows.insert(5, ("Other branch", f"{v.branches[1]} of {v.branches[0]} rounds"))
     text = Text()
     for i, (key, value) in enumerate(rows):
         text.append(f"{key:<13}", "dim")

@@ -152,6 +152,11 @@ class Method:
     run: Callable[[Any, list[int], Point], Measured]
 
 
+# The `tree` method's shape (SpecConfig.tree): EAGLE-2 style dynamic trees, K deep
+# (docs/drafting.md, Trees).
+BENCH_TREE = "dynamic"
+
+
 def _registry() -> dict[str, Method]:
     """The methods `--methods` can name. A new EdgeSpec method is one line here: a SpecConfig
     (the Engine builds its drafter and K policy), or extras(engine, point) returning drafter=... /
@@ -172,6 +177,10 @@ def _registry() -> dict[str, Method]:
                _engine_runner(lambda p: SpecConfig(method="ngram", adaptive=True))),
         Method("adaptive-hybrid", "EdgeSpec, hybrid drafting, K chosen per round", True, False,
                _engine_runner(lambda p: SpecConfig(method="hybrid", adaptive=True))),
+        Method("tree", f"EdgeSpec, draft trees {BENCH_TREE} K deep", True, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="draft", tree=BENCH_TREE))),
+        Method("adaptive-tree", "EdgeSpec, chain or tree chosen per round", True, False,
+               _engine_runner(lambda p: SpecConfig(method="draft", tree="auto"))),
         Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
         Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
                _mlx_lm_runner(False)),

@@ -113,6 +113,15 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         default=SpecConfig.ngram_long_k,
         help=f"tokens a long n-gram match proposes, at least K (default {SpecConfig.ngram_long_k})",
     )
+    g.add_argument(
+        "--tree",
+        default="",
+        metavar="SHAPE",
+        help="draft a tree of candidates per round, verified in one forward: widths such as "
+        "3,2,1,1 (candidates per depth below the first-ranked path), 'dynamic' (EAGLE-2 style, "
+        "-k deep), 'auto' (chain or tree chosen per round from measured costs) or 'chain' "
+        "(default: chains, no tree)",
+    )
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
 
 
@@ -134,6 +143,7 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         ngram_max=getattr(args, "ngram_max", SpecConfig.ngram_max),
         ngram_long=getattr(args, "ngram_long", SpecConfig.ngram_long),
         ngram_long_k=getattr(args, "ngram_long_k", SpecConfig.ngram_long_k),
+        tree="" if method == "none" else getattr(args, "tree", ""),
     )
 
 

@@ -75,6 +75,28 @@ def grouped_attention(
     return (weights @ values).reshape(b, h, length, d)
 
 
+def masked_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, allowed: mx.array, cache: Any
+) -> mx.array:
+    """Attention under an explicit boolean mask allowed [L, S] (a draft tree's, edgespec/trees/),
+    computed as a causal forward on the same cache would be: grouped where the cache is marked
+    and the forward has 2..MAX_ROWS rows (the same products, the mask in place of the causal one,
+    so a chain-shaped tree keeps the chain's bits), else MLX's kernel with the mask.
+    queries [1, H, L, D], keys / values [1, G, S, D] -> [1, H, L, D]."""
+    b, h, length, d = queries.shape
+    g, s = keys.shape[1], keys.shape[2]
+    if not (getattr(cache, FLAG, False) and 1 < length <= MAX_ROWS) or h % g:
+        return mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=scale, mask=allowed
+        )
+    r = h // g
+    q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
+    scores = (q @ keys.swapaxes(-1, -2)).reshape(b, g, r, length, s)
+    scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
+    weights = mx.softmax(scores.reshape(b, g, r * length, s), axis=-1, precise=True)
+    return (weights @ values).reshape(b, h, length, d)
+
+
 def _wrap(original: Any) -> Any:
     def scaled_dot_product_attention(
         queries: mx.array,

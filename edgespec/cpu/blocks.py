@@ -129,6 +129,18 @@ class CompiledBlock(llama.TransformerBlock):
         return after(x, heads)
 
 
+def parts(layer: Any, x: mx.array) -> tuple[Any, Any] | None:
+    """A compiled block's two cache-free parts for inputs x [1, L, d] (before: x -> q, k, v
+    unrotated; after: (x, attention heads) -> block output), for a forward that rotates and
+    attends its own way (a draft tree's, edgespec/trees/forward.py); None where `layer` is not a
+    CompiledBlock or the input would not take its compiled path."""
+    if not isinstance(layer, CompiledBlock) or rope.in_native():
+        return None
+    if x.shape[0] != 1 or x.shape[1] > MAX_LENGTH or x.dtype != mx.float32:
+        return None
+    return layer._compiled()
+
+
 def install(model: Any) -> int:
     """Make `model`'s exact llama blocks compiled ones, in place (when enabled). Returns how many
     were changed (0 when off, or already done)."""

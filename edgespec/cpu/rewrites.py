@@ -5,6 +5,8 @@
 - `new_cache(model)`: a prompt cache whose short multi-token forwards take grouped attention.
 - `draft_pairs()`: whether draft steps should run two positions at a time (Intel MKL).
 - `sampling_softmax()`: the faster, more accurate softmax for sampling (fastexp), or None.
+- `block_parts(layer, x)`, `masked_attention(...)`: a compiled block's cache-free parts and the
+  grouped attention under an explicit mask, for the draft-tree forward (edgespec/trees/forward.py).
 - `switches()`: which of these are in force (the bench records it).
 
 The Engine (edgespec/runtime.py) applies them and the bench records `switches()`; the decoding
@@ -25,7 +27,21 @@ from edgespec.cpu import attention, blas, blocks, fastexp, leanops, rope, rowpad
 from edgespec.cpu.switch import cpu_switch, on_cpu
 from edgespec.rewind import rewindable
 
-__all__ = ["draft_pairs", "new_cache", "on_cpu", "optimise", "sampling_softmax", "switches"]
+__all__ = [
+    "block_parts",
+    "draft_pairs",
+    "masked_attention",
+    "new_cache",
+    "on_cpu",
+    "optimise",
+    "sampling_softmax",
+    "switches",
+]
+
+# The draft-tree forward's pieces (the Engine hands them to edgespec/trees/forward.py): a compiled
+# llama block's parts around the attention, and the grouped attention under a tree mask.
+block_parts = blocks.parts
+masked_attention = attention.masked_attention
 
 
 def optimise(model: Any) -> Any:

@@ -114,6 +114,11 @@ def check_config(config: GenerationConfig, group: Group) -> None:
             "adaptive K picks K from each rank's own timings, which differ between ranks; "
             "a sharded target needs a fixed K (--no-adaptive --k N)"
         )
+    if group.size > 1 and config.spec.enabled and config.spec.tree == "auto":
+        raise ConfigError(
+            "--tree auto picks shapes from each rank's own timings, which differ between ranks; "
+            "a sharded target needs a fixed shape (--tree 3,2,1,1, dynamic or chain)"
+        )
 
 
 def fold(digest: int, values: list[int]) -> int:

@@ -1,0 +1,170 @@
+"""Adaptive tree shapes: before each round, the chain or tree of highest predicted tokens per
+second, from measured acceptance per depth and rank and measured costs (AdaptiveK's for chains,
+edgespec/drafting/adaptive.py, extended to trees).
+
+The closed form for a tree (edgespec/trees/shapes.py `expected_accepted`): the expected number of accepted
+drafts is the sum over the tree's nodes of the probability that the path to the node is accepted,
+where a rank-r candidate at depth d is accepted with a[d][r] once its elder siblings were rejected.
+A chain is the tree of rank-0 nodes, and with a[d][0] = alpha this is the chain's
+(1 - alpha^(K+1)) / (1 - alpha) - 1. A shape of N nodes and depth D costs D draft forwards (the
+first over the pending tokens, then one per depth below) and one verify of N + 1 tokens:
+
+    rate(shape) = (1 + E[accepted]) / (D * c + v(N + 1)),      plain step: 1 / v(1)
+
+For each node budget n the best shape is found greedily (shapes.best_shape); the policy takes the
+best rate over all budgets and chains (near-ties to the smaller tree), so where a wide verify costs
+much more than a short one (this CPU) it falls back to a chain, or to plain steps, by itself.
+
+a[d][r] is a decayed count of how often a rank-r candidate at depth d was accepted when tried,
+shrunk towards the same rank's count over all depths (deep nodes are tried rarely), which is
+shrunk towards a prior. The choice uses only past outcomes and measured costs, never the target's
+view of the coming tokens, so exactness holds whatever it picks.
+"""
+
+from __future__ import annotations
+
+from edgespec.drafting.adaptive import (
+    ALPHA_DECAY,
+    PROBE_EVERY,
+    PROBE_MAX,
+    TIE_TOLERANCE,
+    RecentMedian,
+    verify_curve,
+)
+from edgespec.events import Round
+from edgespec.trees.shapes import FixedShape, Shape, Tree, chain_shape, greedy_nodes
+
+PRIOR_RANK = (0.5, 0.3, 0.2, 0.15)  # acceptance of a rank-r candidate before any is seen
+PRIOR_WEIGHT = 2.0
+DEPTH_WEIGHT = 3.0  # a depth's own counts weigh against this many trials of the rank's pool
+MAX_NODES = 16
+
+
+class AcceptanceTable:
+    """Decayed (accepted, tried) counts per (depth, rank) and per rank."""
+
+    def __init__(self, depths: int, ranks: int):
+        self.depths, self.ranks = depths, ranks
+        self.cells = [[[0.0, 0.0] for _ in range(ranks)] for _ in range(depths)]
+        self.pool = [[PRIOR_RANK[r] * PRIOR_WEIGHT, PRIOR_WEIGHT] for r in range(ranks)]
+
+    def observe(self, tree: Tree, path: list[int]) -> None:
+        """One round's outcome: along the path each node's elder siblings were tried and
+        rejected and the node accepted; below the path's end all children were rejected."""
+        for cells in [*self.cells, self.pool]:
+            for cell in cells:
+                cell[0] *= ALPHA_DECAY
+                cell[1] *= ALPHA_DECAY
+        stop = path[-1] if path else -1
+        tried = [(node, True) for node in path]
+        tried += [(kid, False) for kid in tree.kids[stop + 1]]
+        for node, ok in tried:
+            d, r = tree.depths[node] - 1, tree.ranks[node]
+            if d < self.depths and r < self.ranks:
+                for cell in (self.cells[d][r], self.pool[r]):
+                    cell[0] += 1.0 if ok else 0.0
+                    cell[1] += 1.0
+            for elder in tree.kids[tree.parents[node] + 1][: tree.ranks[node]] if ok else ():
+                d2, r2 = tree.depths[elder] - 1, tree.ranks[elder]
+                if d2 < self.depths and r2 < self.ranks:
+                    self.cells[d2][r2][1] += 1.0
+                    self.pool[r2][1] += 1.0
+
+    def table(self) -> list[list[float]]:
+        """a[d][r]: each depth's counts shrunk towards the rank's pooled estimate."""
+        pooled = [acc / tried for acc, tried in self.pool]
+        return [
+            [(c[0] + DEPTH_WEIGHT * pooled[r]) / (c[1] + DEPTH_WEIGHT) for r, c in enumerate(row)]
+            for row in self.cells
+        ]
+
+
+class AdaptiveTree:
+    """ShapePolicy (edgespec/trees/loop.py) choosing chains, trees or plain steps per round."""
+
+    def __init__(self, k_init: int = 4, k_max: int = 8, max_nodes: int = MAX_NODES, ranks: int = 4):
+        self.k_init, self.k_max, self.max_nodes, self.ranks = k_init, k_max, max_nodes, ranks
+        self.accept = AcceptanceTable(k_max, ranks)
+        self.draft_cost = RecentMedian()  # seconds per draft forward (one per depth)
+        self.verify_costs: dict[int, RecentMedian] = {}
+        self.chosen: list[Shape] = []
+        self._seen: Round | None = None
+        self._after_plain = False
+        self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of past rounds
+        self._plain_run, self._probe_gap = 0, PROBE_EVERY
+
+    def observe_path(self, tree: Tree, path: list[int]) -> None:
+        self.accept.observe(tree, path)
+
+    def observe(self, r: Round) -> None:
+        """One round's costs. The first round at each verify length is left out: it traces that
+        length's compiled blocks on the CPU (kernels on a GPU), and with the many lengths trees
+        reach, one such outlier kept as a length's only sample priced it out for good."""
+        first = r.drafted > 0 and (r.drafted + 1, r.k) not in self._lengths_seen
+        self._lengths_seen.add((r.drafted + 1, r.k))
+        if r.drafted > 0 and r.timed and not self._after_plain and not first:
+            self.draft_cost.add(r.t_draft / max(r.k, 1))
+        self._after_plain = r.drafted == 0
+        if r.timed and not first:
+            self.verify_costs.setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
+
+    def candidates(self) -> list[tuple[float, FixedShape]]:
+        """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
+        every node budget up to max_nodes (the greedy order's prefixes, shapes.greedy_nodes)."""
+        table = self.accept.table()
+        out, chain_e, reach = [], 0.0, 1.0
+        for k in range(1, self.k_max + 1):
+            reach *= table[min(k, len(table)) - 1][0]
+            chain_e += reach
+            out.append((chain_e, FixedShape(chain_shape(k))))
+        order = greedy_nodes(table, self.max_nodes, self.k_max, self.ranks)
+        total = 0.0
+        for n, (_, prob) in enumerate(order, 1):
+            total += prob
+            paths = sorted((p for p, _ in order[:n]), key=lambda p: (len(p), p))
+            if n > 1 and any(p[-1] for p in paths):  # chains are above
+                out.append((total, FixedShape(tuple(paths))))
+        return out
+
+    def rates(self) -> list[tuple[float, FixedShape]] | None:
+        """(predicted tokens per second, shape) of every candidate, the plain step last; None
+        before the costs were measured."""
+        c = self.draft_cost.value
+        means = {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
+        if c is None or not means:
+            return None
+        v = verify_curve(means)
+        out = [
+            ((1.0 + e) / (shape.depth * c + v(shape.size + 1)), shape)
+            for e, shape in self.candidates()
+        ]
+        out.append((1.0 / v(1), FixedShape(())))
+        return out
+
+    def choose(self) -> Shape:
+        """The best candidate, near-ties to the smaller one; a plain step only where it beats the
+        best by the tolerance, with probe rounds (as AdaptiveK) while it does."""
+        rated = self.rates()
+        if rated is None:
+            return FixedShape(chain_shape(self.k_init))
+        plain = rated[-1]
+        drafting = rated[:-1]
+        best = max(rate for rate, _ in drafting)
+        floor = best * (1 - TIE_TOLERANCE) * (1 - 1e-12)
+        shape = min((s for r, s in drafting if r >= floor), key=lambda s: (s.size, s.depth))
+        if plain[0] < best * (1 + TIE_TOLERANCE):
+            self._plain_run, self._probe_gap = 0, PROBE_EVERY
+            return shape
+        self._plain_run += 1
+        if self._plain_run <= self._probe_gap:
+            return plain[1]
+        self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
+        return shape  # a probe: refresh the acceptance and the draft's cost
+
+    def __call__(self, last: Round | None) -> Shape:
+        if last is not None and last is not self._seen:
+            self._seen = last
+            self.observe(last)
+        shape = self.choose()
+        self.chosen.append(shape)
+        return shape

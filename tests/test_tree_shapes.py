@@ -1,0 +1,218 @@
+"""Tree shapes, the tree closed form and the adaptive shape policy (pure: no models)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from edgespec.config import SpecConfig, parse_tree_spec
+from edgespec.errors import ConfigError
+from edgespec.events import Round
+from edgespec.metrics import expected_tokens_per_round
+from edgespec.trees.policy import AcceptanceTable, AdaptiveTree
+from edgespec.trees.shapes import (
+    DynamicShape,
+    FixedShape,
+    Tree,
+    best_shape,
+    chain_shape,
+    expected_accepted,
+    path_probability,
+    shape_tree,
+    widths_shape,
+)
+
+
+def test_widths_and_tree_golden():
+    paths = widths_shape([3, 2, 1])
+    assert paths == ((0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0))
+    tree = shape_tree(paths)
+    assert tree.parents == (-1, -1, -1, 0, 0, 3)
+    assert tree.depths == (1, 1, 1, 2, 2, 3) and tree.ranks == (0, 1, 2, 0, 1, 0)
+    assert tree.path(5) == [0, 3, 5] and tree.rank_path(4) == (0, 1)
+    assert tree.child_table().tolist() == [
+        [1, 2, 3],
+        [4, 5, -1],
+        [-1] * 3,
+        [-1] * 3,
+        [6, -1, -1],
+        [-1] * 3,
+        [-1] * 3,
+    ]
+    with pytest.raises(ValueError, match="parent or an earlier sibling"):
+        shape_tree([(0,), (2,)])
+    with pytest.raises(ValueError, match="must come before"):
+        Tree((-1, 2, 0))
+
+
+@pytest.mark.parametrize("text", ["3,2,1,1", " 2,2 ", "chain", "Dynamic", "auto", "dynamic:12"])
+def test_tree_specs_accepted(text):
+    assert SpecConfig(tree=text).tree == text.strip().lower().replace(" ", "")
+
+
+@pytest.mark.parametrize(
+    "text", ["3,0", "wide", "1,1,1,1,1,1,1,1,1", "64,1", "3;2", "dynamic:0", "dynamic:99"]
+)
+def test_bad_tree_specs_are_one_line_errors(text):
+    with pytest.raises(ConfigError) as err:
+        parse_tree_spec(text)
+    assert "\n" not in str(err.value) and "--tree" in str(err.value)
+
+
+def test_dynamic_shapes_at_a_temperature_keep_within_their_node_budget():
+    assert DynamicShape(4).size == 4 + 3 * 16  # drawn at T = 0, then the best 24 kept
+    sampled = DynamicShape(4).sampled()  # nothing may be dropped at T > 0
+    assert (sampled.beam, sampled.width, sampled.size) == (2, 2, 14)
+    assert DynamicShape(3, nodes=2).sampled().size == 3  # a chain when nothing wider fits
+
+
+def test_tree_needs_a_draft_method():
+    with pytest.raises(ConfigError, match="--method draft or hybrid"):
+        SpecConfig(method="ngram", tree="2,1")
+
+
+def test_closed_form_golden_and_chain_case():
+    accept = [[0.6, 0.5]]
+    assert path_probability((1,), accept) == pytest.approx(0.2)
+    assert expected_accepted(widths_shape([2, 1]), accept) == pytest.approx(0.6 + 0.2 + 0.36)
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for k in (1, 4):
+            want = expected_tokens_per_round(alpha, k) - 1
+            assert expected_accepted(chain_shape(k), [[alpha]]) == pytest.approx(want)
+
+
+def _walk(rng: np.random.Generator, tree: Tree, accept) -> int:
+    """Simulate the acceptance walk: at each node try the children in rank order."""
+    cur, n = -1, 0
+    while True:
+        for c in tree.kids[cur + 1]:
+            row = accept[min(tree.depths[c] - 1, len(accept) - 1)]
+            if rng.random() < row[tree.ranks[c]]:
+                cur, n = c, n + 1
+                break
+        else:
+            return n
+
+
+def test_closed_form_matches_simulated_walks():
+    rng = np.random.default_rng(0)
+    accept = [[0.7, 0.4, 0.3], [0.6, 0.35, 0.2], [0.5, 0.3, 0.1]]
+    for widths in ([1, 1, 1], [3, 2, 1], [2, 2, 2]):
+        paths = widths_shape(widths)
+        tree = shape_tree(paths)
+        sim = np.mean([_walk(rng, tree, accept) for _ in range(40_000)])
+        assert sim == pytest.approx(expected_accepted(paths, accept), abs=0.02)
+
+
+def _valid(paths: set) -> bool:
+    return all(
+        (len(p) == 1 or p[:-1] in paths) and (p[-1] == 0 or p[:-1] + (p[-1] - 1,) in paths)
+        for p in paths
+    )
+
+
+def test_best_shape_is_optimal_by_brute_force():
+    accept = [[0.8, 0.5], [0.6, 0.3], [0.4, 0.2]]
+    universe = [p for d in (1, 2, 3) for p in itertools.product(range(2), repeat=d)]
+    best_by_size: dict[int, float] = {}
+    for mask in range(1, 1 << len(universe)):
+        paths = {p for i, p in enumerate(universe) if mask >> i & 1}
+        if _valid(paths):
+            value = expected_accepted(list(paths), accept)
+            best_by_size[len(paths)] = max(best_by_size.get(len(paths), 0.0), value)
+    for n, value in best_by_size.items():
+        got = best_shape(accept, n, 3, 2)
+        assert _valid(set(got)) and len(got) == n
+        assert expected_accepted(got, accept) == pytest.approx(value)
+
+
+def _round(nodes: int, depth: int, t_draft: float, t_verify: float) -> Round:
+    return Round(0, nodes, 0, depth, t_draft, t_verify, "tree", True, 0, nodes, 0)
+
+
+def _trained(verify_slope: float, rank1: float) -> AdaptiveTree:
+    """A policy fed synthetic outcomes: rank-0 candidates accepted 60% of the time, rank-1 ones
+    `rank1` of the time after a rejection; a verify of L tokens costs 1 + slope (L - 1)."""
+    policy = AdaptiveTree(k_init=2, k_max=4)
+    tree = shape_tree(widths_shape([2, 2, 2, 2]))
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        policy.observe_path(tree, tree.path(_sim_path(rng, tree, rank1)))
+    for length in (1, 2, 5, 9, 17):
+        for _ in range(3):
+            policy.observe(
+                _round(
+                    length - 1, max(1, min(4, length - 1)), 0.05, 1 + verify_slope * (length - 1)
+                )
+            )
+    return policy
+
+
+def _sim_path(rng, tree: Tree, rank1: float) -> int:
+    cur = -1
+    while True:
+        for c in tree.kids[cur + 1]:
+            if rng.random() < (0.6 if tree.ranks[c] == 0 else rank1):
+                cur = c
+                break
+        else:
+            return cur
+
+
+def test_adaptive_picks_trees_where_wide_verifies_are_cheap():
+    shape = _trained(verify_slope=0.0, rank1=0.5)(None)
+    assert isinstance(shape, FixedShape) and shape.size > shape.depth  # a tree, not a chain
+
+
+def test_adaptive_falls_back_to_a_chain_where_wide_verifies_are_dear():
+    shape = _trained(verify_slope=0.3, rank1=0.5)(None)
+    assert shape.size == shape.depth  # a chain (or a plain step)
+
+
+def test_first_round_at_each_length_is_left_out_of_the_costs():
+    """The first verify of a length pays its trace; one such outlier must not price it out."""
+    policy = AdaptiveTree(k_init=2, k_max=4)
+    policy.observe(_round(3, 2, 0.05, 9.0))  # first (4, 2): traced, left out
+    assert policy.verify_costs == {} and policy.draft_cost.value is None
+    policy.observe(_round(3, 2, 0.05, 1.0))
+    assert policy.verify_costs[4].value == 1.0 and policy.draft_cost.value == 0.025
+
+
+def test_acceptance_table_counts_tries_and_successes():
+    table = AcceptanceTable(3, 2)
+    tree = shape_tree(widths_shape([2, 2]))  # (0,), (1,), (0, 0), (0, 1)
+    table.observe(tree, [1])  # rank 0 rejected, rank 1 accepted, nothing below node 1
+    assert table.cells[0][0] == [0.0, 1.0] and table.cells[0][1] == [1.0, 1.0]
+    table.observe(tree, [0])  # rank 0 accepted; both its children rejected
+    assert table.cells[0][0][0] == pytest.approx(1.0) and table.cells[1][0][1] == pytest.approx(1.0)
+    assert table.cells[1][1][1] == pytest.approx(1.0)
+
+
+def test_policy_candidates_carry_their_closed_form():
+    policy = _trained(verify_slope=0.05, rank1=0.4)
+    table = policy.accept.table()
+    candidates = policy.candidates()
+    assert any(shape.size > shape.depth for _, shape in candidates)  # trees among them
+    for expected, shape in candidates:
+        assert expected == pytest.approx(expected_accepted(shape.paths, table))
+
+
+def test_lookup_branch_merges_then_hangs_below_and_depth_cut():
+    import mlx.core as mx
+
+    from edgespec.trees.ngram import add_branch
+    from edgespec.trees.proposal import TreeProposal
+
+    prop = TreeProposal(mx.array([5, 6, 7]), tree=Tree((-1, -1, 0)), fed=(10, -1, -1))
+    merged = add_branch(prop, [5, 8, 9], match=3, vocab=20)
+    assert merged.tree.parents == (-1, -1, 0, 0, 3) and merged.tokens.tolist() == [5, 6, 7, 8, 9]
+    assert merged.tree.ranks[3] == 1 and merged.match == 3 and merged.fed == (10, -1, -1, -1, -1)
+    q = mx.full((3, 20), 0.05)
+    rows = add_branch(TreeProposal(prop.tokens, q, tree=prop.tree, fed=prop.fed), [6, 1], 2, 20).q
+    assert rows is not None and rows.shape == (4, 20)  # 6 is node 1; only 1 is new
+    assert rows[3].tolist() == np.eye(20)[1].tolist()
+    cut = merged.cut(2)
+    assert merged.cut(5) is merged and cut.method == "tree" and cut.match == 3
+    assert cut.tree.parents == (-1, -1, 0, 0) and cut.tokens.tolist() == [5, 6, 7, 8]
