@@ -49,12 +49,7 @@ class Engine:
         self.context_window = int(target.context_window)
         if draft is not None:
             self.context_window = min(self.context_window, int(draft.context_window))
-        self._target = KVState(target.model, f"target {target.name}")
-        self._draft: KVState | EagleState | None = None
-        if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
-            self._draft = EagleState(draft.model, f"draft {draft.name}")
-        elif draft is not None:
-            self._draft = KVState(draft.model, f"draft {draft.name}")
+        self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
 
@@ -258,6 +253,36 @@ class Engine:
         self._target.reset()
         if self._draft is not None:
             self._draft.reset()
+
+    # ------------------------------------------------------------------ cache sets
+
+    def new_states(self) -> tuple[KVState, KVState | EagleState | None]:
+        """Empty caches for both models (target, draft or None), e.g. for one more conversation
+        kept aside (edgespec.server.prefix); `swap_states` installs them."""
+        target, draft = self.target, self.draft
+        state: KVState | EagleState | None = None
+        if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
+            state = EagleState(draft.model, f"draft {draft.name}")
+        elif draft is not None:
+            state = KVState(draft.model, f"draft {draft.name}")
+        return KVState(target.model, f"target {target.name}"), state
+
+    def swap_states(
+        self, target: KVState, draft: KVState | EagleState | None
+    ) -> tuple[KVState, KVState | EagleState | None]:
+        """Hold these caches (from `new_states`, or returned by an earlier swap) from now on and
+        return the ones held until now. The next request reuses the longest common prefix with
+        what the new caches hold, as always."""
+        if (draft is None) != (self._draft is None) or type(draft) is not type(self._draft):
+            raise ValueError("swap_states: the draft state does not match this engine's draft")
+        held = self._target, self._draft
+        self._target, self._draft = target, draft
+        return held
+
+    def check_prompt(self, prompt_ids: Iterable[int]) -> list[int]:
+        """The prompt as a list of ints, or the PromptError generate() would raise (empty, not
+        token ids of the target, longer than the context window). Touches no MLX state."""
+        return self._check_prompt(prompt_ids)
 
     def cached_tokens(self) -> tuple[list[int], list[int] | None]:
         """The token ids each KV cache holds (target, draft); for tests and the TUI's status."""
