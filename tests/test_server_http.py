@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from edgespec.server.process import ServerProcess
 from tests.cli import run_edgespec
-from tests.server import ServerProcess
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -202,9 +202,21 @@ def test_routes_and_methods(server):
     )
 
 
-def test_api_key_then_sigterm_mid_stream(tiny_pair):
-    srv = ServerProcess(*models(tiny_pair), env={"EDGESPEC_API_KEY": "sesame"})
+def test_api_key_cors_then_sigterm_mid_stream(tiny_pair):
+    origin = "http://localhost:3000"
+    srv = ServerProcess(
+        *models(tiny_pair), "--allow-origin", origin, env={"EDGESPEC_API_KEY": "sesame"}
+    )
     try:
+        preflight = httpx.options(
+            f"{srv.base}/chat/completions",
+            headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+            timeout=10,
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == origin
+        other = httpx.get(f"{srv.url}/health", headers={"Origin": "http://evil.test"}, timeout=10)
+        assert "access-control-allow-origin" not in other.headers
         for key in ("none", "wrong"):
             with pytest.raises(openai.AuthenticationError):
                 client(srv, key).models.list()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from edgespec.commands.common import (
     add_spec_args,
     generation_from_args,
 )
+from edgespec.config import GenerationConfig
 from edgespec.errors import ConfigError, EdgeSpecError
 
 HELP = (
@@ -61,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-queue", type=int, default=64, help="requests that may wait (default 64; then 503)"
+    )
+    g.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let scripts on this web origin call the API (CORS), e.g. http://localhost:3000; "
+        "repeat for several, '*' for any",
     )
     g.add_argument("--verbose", action="store_true", help="log every request (uvicorn's log)")
 
@@ -108,35 +118,26 @@ def _progress(stage: str, fraction: float | None) -> None:
         print(f"\r{stage}".ljust(60), end="", file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+def _require_extra() -> None:
     try:
-        import uvicorn
-
-        from edgespec.server.app import create_app
-        from edgespec.server.protocol import Defaults
-        from edgespec.server.worker import Worker
+        import sse_starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         raise EdgeSpecError(
             f"edgespec serve needs its extra ({exc.name} is missing): pip install 'edgespec[serve]'"
         ) from None
-    _check(args)
-    random_seed = args.seed is None
-    args.seed = 0 if random_seed else args.seed
-    config = generation_from_args(args)  # validate before loading anything
-    sock = _listen(args.host, args.port)
+
+
+def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[Any, Any]:
+    """Load the pair on the worker thread (it owns MLX); (worker, engine) or a one-line error."""
+    from edgespec.server.worker import Worker
 
     def load() -> Any:
-        from edgespec.runtime import Engine  # on the worker thread: it owns MLX
+        from edgespec.runtime import Engine
 
-        return Engine.load(
-            args.target,
-            args.draft,
-            args.pair,
-            draft_bits=args.draft_bits,
-            dtype=args.dtype,
-            on_progress=_progress,
-        )
+        return Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits,
+                           dtype=args.dtype, on_progress=_progress)  # fmt: skip
 
     budget = args.cache_mb << 20
     worker = Worker(load, budget_bytes=budget, max_slots=args.cache_slots, max_queue=args.max_queue)
@@ -146,32 +147,43 @@ def run(args: argparse.Namespace) -> int:
     if config.spec.method in ("draft", "hybrid") and not engine.has_draft:
         worker.shutdown()
         raise ConfigError(f"--method {config.spec.method} needs a draft model; none was loaded")
+    return worker, engine
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    _require_extra()
+    from edgespec.server.app import create_app
+    from edgespec.server.protocol import Defaults
+
+    _check(args)
+    random_seed = args.seed is None
+    args.seed = 0 if random_seed else args.seed
+    config = generation_from_args(args)  # validate before loading anything
+    sock = _listen(args.host, args.port)
+    try:
+        worker, engine = _start_worker(args, config)
+    except BaseException:
+        sock.close()
+        raise
     model_id = _model_id(args)
     defaults = Defaults(model_id, config, random_seed=random_seed, has_draft=engine.has_draft)
-    app = create_app(
-        worker, defaults, api_key=args.api_key, description=engine.name, budget_bytes=budget
-    )
-    uconfig = uvicorn.Config(
-        app,
-        log_level="info" if args.verbose else "warning",
-        access_log=args.verbose,
-        timeout_graceful_shutdown=5,
-        lifespan="off",
-    )
-    server = _make_server(uconfig, worker)
+    app = create_app(worker, defaults, api_key=args.api_key, description=engine.name,
+                     budget_bytes=args.cache_mb << 20, allow_origins=tuple(args.allow_origin))  # fmt: skip
+    server = _make_server(app, worker, args.verbose)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(
-        f"edgespec serve: {engine.name} at http://{shown}:{port}/v1 (model {model_id!r}; "
-        "Ctrl-C stops)",
-        flush=True,
-    )
+    print(f"edgespec serve: {engine.name} at http://{shown}:{port}/v1 (model {model_id!r}; "
+          "Ctrl-C stops)", flush=True)  # fmt: skip
+    if not args.api_key and not ipaddress.ip_address(host).is_loopback:
+        print(f"edgespec serve: warning: listening on {host} without --api-key: anyone who can "
+              "reach this machine can use it", file=sys.stderr)  # fmt: skip
     _serve(server, sock, worker)
     print("edgespec serve: stopped", file=sys.stderr)
     return 0
 
 
-def _make_server(config: Any, worker: Any) -> Any:
+def _make_server(app: Any, worker: Any, verbose: bool) -> Any:
     """uvicorn's Server, whose exit signal also stops the worker (running and queued jobs)."""
     import uvicorn
 
@@ -180,6 +192,13 @@ def _make_server(config: Any, worker: Any) -> Any:
             worker.close()
             super().handle_exit(sig, frame)
 
+    config = uvicorn.Config(
+        app,
+        log_level="info" if verbose else "warning",
+        access_log=verbose,
+        timeout_graceful_shutdown=5,
+        lifespan="off",
+    )
     return Server(config)
 
 

@@ -15,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -59,6 +61,9 @@ class ServerState:
     description: str
     created: int
     budget_bytes: int
+    # Tokenization runs in a thread pool; a Hugging Face fast tokenizer may refuse concurrent
+    # calls ("Already borrowed"), so requests take turns (each takes a millisecond or so).
+    tokenizing: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Channel:
@@ -83,8 +88,10 @@ def create_app(
     api_key: str | None = None,
     description: str = "",
     budget_bytes: int = 0,
+    allow_origins: tuple[str, ...] = (),
 ) -> Starlette:
-    """The ASGI app. `worker` must be started (its engine loaded)."""
+    """The ASGI app. `worker` must be started (its engine loaded). `allow_origins`: web pages
+    (origins) whose scripts may call the API (CORS); none by default."""
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -103,6 +110,13 @@ def create_app(
     app.state.edgespec = ServerState(worker, defaults, description, R.now(), budget_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
+    if allow_origins:  # added last, so outermost: a preflight is answered before the key check
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allow_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     return app
 
 
@@ -142,7 +156,7 @@ async def _complete(request: Request, kind: str) -> Response:
     s = _state(request)
     body = parse_body(await request.body())
     parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
-    ids = await anyio.to_thread.run_sync(tokenize, s.worker.engine, parsed)
+    ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
     channel = Channel(asyncio.get_running_loop())
     job = Job(ids, parsed.config, parsed.stop, channel.emit)
     s.worker.submit(job)
@@ -151,6 +165,11 @@ async def _complete(request: Request, kind: str) -> Response:
         events = _stream(parsed, job, channel, rid, created)
         return EventSourceResponse(events, sep="\n", ping=15)
     return await _collect(request, parsed, job, channel, rid, created)
+
+
+def _tokenize_locked(s: ServerState, parsed: ParsedRequest) -> list[int]:
+    with s.tokenizing:
+        return tokenize(s.worker.engine, parsed)
 
 
 def tokenize(engine: Any, parsed: ParsedRequest) -> list[int]:
