@@ -137,6 +137,27 @@ def test_a_client_that_disconnects_cancels_its_generation(server):
     assert again == want  # caches stayed consistent
 
 
+def test_a_client_gone_while_queued_is_skipped(server):
+    """B waits behind A's long answer and hangs up: B never runs; A, cancelled too, ends."""
+    before = health(server)["requests"]
+    long_body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 480}
+    url = f"{server.base}/chat/completions"
+    with httpx.stream("POST", url, json=dict(long_body, stream=True), timeout=30) as a:
+        lines = a.iter_lines()
+        next(line for line in lines if '"content":"' in line and '"content":""' not in line)
+        assert health(server)["busy"]
+        body_b = {"messages": [{"role": "user", "content": "me next"}], "stream": True}
+        with httpx.stream("POST", url, json=body_b, timeout=30) as b:
+            assert '"role":"assistant"' in next(line for line in b.iter_lines() if line)
+            assert health(server)["queued"] == 1
+    deadline = time.monotonic() + 30
+    while health(server)["requests"]["cancelled"] < before["cancelled"] + 2:
+        assert time.monotonic() < deadline, health(server)
+        time.sleep(0.1)
+    after = health(server)
+    assert after["requests"]["completed"] == before["completed"] and after["queued"] == 0
+
+
 def test_four_clients_at_once_all_get_their_own_answer(server):
     prompts = [
         f"question {i}: why is the {w} light" for i, w in enumerate("sun moon star fire".split())

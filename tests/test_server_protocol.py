@@ -166,6 +166,7 @@ def test_responses_parse_with_the_official_client_types():
     assert extra["prefilled_tokens"] == 6
     assert extra["speculation"]["tokens_per_round"] == 3.0
     assert extra["speculation"]["acceptance"] == 0.8
+    assert (extra["speculation"]["ttft_s"], extra["speculation"]["decode_s"]) == (0.05, 0.5)
     segs = [Segment("he", "accepted"), Segment("llo", "bonus")]
     c = ChatCompletionChunk.model_validate(R.chunk("chat", "c", 1, "pair", segments=segs))
     assert c.choices[0].delta.content == "hello"

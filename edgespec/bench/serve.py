@@ -7,6 +7,9 @@
    reset first) and through `edgespec serve --cache-slots 0` (a subprocess, the official openai
    client, streaming), so both sides prefill every prompt whole. Tokens/s = answer tokens / time
    from the request to the last token. Both sides must give the same text (checked).
+   The same requests also split the server's time: the engine's own (TTFT + decode time, from
+   `usage.speculation`) against the client's wall time, request to last token; the rest is the
+   server's overhead, measured within each request, so it holds on a noisy machine too.
 2. Second-turn time to first token: turn one, then turn two (turn one + its answer + a follow-up)
    on a server with the prefix cache (the default pool), against turn two on the server without.
 
@@ -46,6 +49,7 @@ class Timed:
     text: str
     prefilled: int = 0
     prompt_tokens: int = 0
+    engine_s: float = 0.0  # through the server: the engine's own time (its TTFT + decode time)
 
     @property
     def tokens_per_s(self) -> float:
@@ -91,8 +95,11 @@ def through_server(
     seconds = time.perf_counter() - t0
     tokens = usage.completion_tokens if usage else 0
     prompt = usage.prompt_tokens if usage else 0
-    prefilled = usage.model_extra.get("prefilled_tokens", prompt) if usage else 0
-    return Timed(tokens, seconds, first or seconds, "".join(parts), prefilled, prompt)
+    extra = usage.model_extra if usage else {}
+    prefilled = extra.get("prefilled_tokens", prompt)
+    spec = extra.get("speculation", {})
+    engine_s = spec.get("ttft_s", 0.0) + spec.get("decode_s", 0.0)
+    return Timed(tokens, seconds, first or seconds, "".join(parts), prefilled, prompt, engine_s)
 
 
 def overhead(
@@ -212,6 +219,11 @@ def _report(
     print(
         f"overall: in-process {local:.2f} tok/s, server {served:.2f} tok/s, "
         f"overhead {100 * (1 - served / local):.1f}% of tokens/s"
+    )
+    inside = sum(b.engine_s for _, b in pairs) / sum(b.seconds for _, b in pairs)
+    print(
+        f"within each server request: the engine's own time is {100 * inside:.1f}% of the "
+        f"client's, so HTTP, tokenizing, queueing and streaming cost {100 * (1 - inside):.1f}%"
     )
     diff = sum(a.text != b.text for a, b in pairs)
     print(f"answers that differ in-process vs server: {diff} of {len(pairs)}")

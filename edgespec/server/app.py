@@ -163,8 +163,23 @@ async def _complete(request: Request, kind: str) -> Response:
     rid, created = R.new_id(kind), R.now()
     if parsed.stream:
         events = _stream(parsed, job, channel, rid, created)
-        return EventSourceResponse(events, sep="\n", ping=15)
+        return JobStream(job, events, sep="\n", ping=15)
     return await _collect(request, parsed, job, channel, rid, created)
+
+
+class JobStream(EventSourceResponse):
+    """The event stream of one job; however the response ends (done, the client gone before or
+    after the first event, shutdown), the job is told to stop."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str], **kw: Any):
+        super().__init__(content, **kw)
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel.set()
 
 
 def _tokenize_locked(s: ServerState, parsed: ParsedRequest) -> list[int]:

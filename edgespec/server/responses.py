@@ -51,6 +51,7 @@ def usage_json(u: Usage) -> dict[str, Any]:
             "tokens_per_round": round(s.tau, 4),
             "tokens_per_second": round(s.tokens_per_s, 2),
             "ttft_s": round(s.ttft, 4),
+            "decode_s": round(s.decode_time, 4),
         },
     }
 
