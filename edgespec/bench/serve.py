@@ -221,9 +221,13 @@ def _report(
         f"overhead {100 * (1 - served / local):.1f}% of tokens/s"
     )
     inside = sum(b.engine_s for _, b in pairs) / sum(b.seconds for _, b in pairs)
+    outside = [b.seconds - b.engine_s for _, b in pairs]
+    per_token = sum(outside) / sum(b.tokens for _, b in pairs)
     print(
         f"within each server request: the engine's own time is {100 * inside:.1f}% of the "
-        f"client's, so HTTP, tokenizing, queueing and streaming cost {100 * (1 - inside):.1f}%"
+        f"client's, so HTTP, tokenizing, queueing and streaming cost {100 * (1 - inside):.1f}% "
+        f"(median {1000 * statistics.median(outside):.0f} ms a request, "
+        f"{1000 * per_token:.2f} ms a token)"
     )
     diff = sum(a.text != b.text for a, b in pairs)
     print(f"answers that differ in-process vs server: {diff} of {len(pairs)}")
