@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     """`edgespec.Engine` without importing MLX at `import edgespec` (the CLI must be able to
-    re-execute itself with an optimised BLAS before MLX loads; see edgespec/blas.py)."""
+    re-execute itself with an optimised BLAS before MLX loads; see edgespec/cpu/blas.py)."""
     if name == "Engine":
         from edgespec.runtime import Engine
 

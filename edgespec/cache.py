@@ -7,19 +7,20 @@ committed token out of both caches: it is the input of the next forward, which c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
-from edgespec.cpu import blocks, leanops, rope
-from edgespec.cpu.attention import mark
 from edgespec.errors import CacheNotTrimmableError
+from edgespec.rewind import REFEED, Rewinder, rewindable
 
 PREFILL_CHUNK = 512
+CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix. [1, 2, 3], [1, 2, 4, 5] -> 2."""
     n = min(len(a), len(b))
     for i in range(n):
@@ -29,54 +30,108 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def vocab_size(model: Any) -> int:
-    """Width of the model's output logits (its `args.vocab_size`)."""
-    return int(model.args.vocab_size)
+    """Width of the model's output logits: its `args.vocab_size`, or its text part's for a
+    conditional-generation model (Qwen3.5's `args.text_config`)."""
+    args = model.args
+    if hasattr(args, "vocab_size"):
+        return int(args.vocab_size)
+    return int(args.text_config["vocab_size"])
 
 
-def check_trimmable(model: Any, name: str) -> list[Any]:
-    """A fresh prompt cache for `model`; refuse models whose caches cannot be rewound."""
-    cache = make_prompt_cache(model)
-    if not cache or not can_trim_prompt_cache(cache) or not hasattr(cache[0], "offset"):
-        kinds = sorted({type(c).__name__ for c in cache}) or ["none"]
+def check_trimmable(cache: list[Any], name: str) -> list[Any]:
+    """`cache` if every layer can go back to an earlier position (trimmed, or restored: see
+    edgespec/rewind.py); CacheNotTrimmableError otherwise."""
+    unknown = Rewinder(rewindable(cache)).unknown if cache else ["none"]
+    if unknown:
         raise CacheNotTrimmableError(
-            f"{name}: its KV cache ({', '.join(kinds)}) cannot be rewound, so rejected draft "
-            "tokens could not be undone; speculative decoding needs a trimmable (attention) cache"
+            f"{name}: its cache layers ({', '.join(unknown)}) can be neither rewound nor restored, "
+            "so rejected draft tokens could not be undone; speculative decoding does not support "
+            "this model (run with --no-spec)"
         )
     return cache
 
 
-class KVState:
-    """One model, its KV cache, and the tokens that cache holds."""
+def target_features(model: Any, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
+    """One target forward, [L] -> (top hidden states [L, d], logits [L, V]); the same arithmetic
+    as model(inputs) (mlx-lm's llama-style Model.__call__ is model.model followed by the head).
+    A feature draft (edgespec/drafting/eagle.py) reads the hidden states."""
+    h = model.model(inputs[None], cache=cache)
+    if model.args.tie_word_embeddings:
+        logits = model.model.embed_tokens.as_linear(h)
+    else:
+        logits = model.lm_head(h)
+    return h[0], logits[0]
 
-    def __init__(self, model: Any, name: str = "model"):
+
+class KVState:
+    """One model, its KV cache, and the tokens that cache holds.
+
+    `new_cache(model)` makes a fresh cache (default: mlx-lm's make_prompt_cache; the Engine
+    passes the CPU backend's, which marks it for grouped attention). Sliding-window layers become
+    rewindable ones (edgespec/rewind.py). Any cache decodes plainly; `check_speculation` says
+    whether this one can also speculate."""
+
+    def __init__(
+        self, model: Any, name: str = "model", new_cache: CacheFactory = make_prompt_cache
+    ):
         self.model = model
         self.name = name
-        self.cache = check_trimmable(model, name)
-        mark(self.cache)  # short multi-token forwards: grouped attention on the CPU
-        rope.install(model)  # rotary embeddings from tables on the CPU (same bits, fewer ops)
-        leanops.install(model)  # Linear/RMSNorm without per-call transposes/broadcasts (same)
-        blocks.install(model)  # llama blocks in two compiled pieces around the attention (same)
+        self.new_cache = new_cache
+        self.cache = rewindable(new_cache(model))
+        self.layers = Rewinder(self.cache)
         self.tokens: list[int] = []
+        self.refeed = REFEED  # see `settle`
 
     @property
     def offset(self) -> int:
         """Positions held by the cache (a Python int: reading it never syncs the device)."""
-        return int(self.cache[0].offset)
+        return self.layers.offset
+
+    @property
+    def trims(self) -> bool:
+        """Whether every layer goes back by trimming (no restore points): a drafter may then
+        trim the cache itself (drafting/model.py's draft steps in pairs)."""
+        return self.layers.trims
+
+    def check_speculation(self) -> None:
+        """CacheNotTrimmableError unless every layer can go back to an earlier position."""
+        check_trimmable(self.cache, self.name)
+
+    def settle(self, pending: mx.array) -> mx.array:
+        """The inputs a verify should feed before its drafts: `pending` [P] (the committed tokens
+        the cache does not hold), or only its newest token after the others ran as a forward of
+        their own. That happens where the cache has recurrent layers and a restore left `refeed`
+        or more committed tokens to feed again: a restore point then marks the committed context,
+        and a rejection in the verify never sends them through again (docs/architectures.md)."""
+        settled = int(pending.shape[0]) - 1
+        if not self.layers.recurrent or settled < max(1, self.refeed):
+            return pending
+        self.forward(pending[:settled])  # lazy: its logits are never computed, only the cache
+        return pending[settled:]
 
     def forward(self, inputs: mx.array, head_only: bool = False) -> mx.array:
         """inputs [L] int32 -> logits [L, V] (lazy). Appends L positions to the cache; the caller
         must `rewind` afterwards so that `tokens` matches again. `head_only`: a reduced-head draft's
-        logits over its head columns, [L, H] (see draft_model.DraftModel.head_logits)."""
+        logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits)."""
+        self.layers.before_forward(int(inputs.shape[0]))
         if head_only:
             return self.model.head_logits(inputs[None], cache=self.cache)[0]
         return self.model(inputs[None], cache=self.cache)[0]
 
+    def forward_features(self, inputs: mx.array) -> tuple[mx.array, mx.array]:
+        """`forward`, also returning the top hidden states: (features [L, d], logits [L, V])."""
+        self.layers.before_forward(int(inputs.shape[0]))
+        return target_features(self.model, inputs, self.cache)
+
     def rewind(self, context: list[int], keep: int) -> None:
-        """Trim the cache to its first `keep` positions, which must equal context[:keep]."""
+        """Go back to the first `keep` positions, which must equal context[:keep]. A cache with
+        recurrent layers may land earlier, at its latest restore point (or at 0, a fresh cache):
+        the loop feeds context[offset:] next, so that costs time, never exactness."""
         if keep > self.offset:
             raise ValueError(f"{self.name}: cannot rewind forward ({self.offset} -> {keep})")
-        trim_prompt_cache(self.cache, self.offset - keep)
-        self.tokens = list(context[:keep])
+        if self.layers.go_back(keep) is None:
+            self.reset()
+        self.tokens = list(context[: self.offset])
 
     def prefill(self, prompt: list[int]) -> int:
         """Make the cache hold prompt[:-1], reusing the longest common prefix with what it holds.
@@ -87,15 +142,17 @@ class KVState:
         """
         keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         self.rewind(self.tokens, keep)
-        for start in range(keep, len(prompt) - 1, PREFILL_CHUNK):
+        first = self.offset  # keep, or an earlier restore point
+        for start in range(first, len(prompt) - 1, PREFILL_CHUNK):
             chunk = prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)]
             self.forward(mx.array(chunk, dtype=mx.int32))
             mx.eval([c.state for c in self.cache])
         self.tokens = list(prompt[:-1])
-        return len(prompt) - keep
+        self.layers.mark_anchor()
+        return len(prompt) - first
 
     def reset(self) -> None:
         """Forget everything (a fresh cache)."""
-        self.cache = make_prompt_cache(self.model)
-        mark(self.cache)
+        self.cache = rewindable(self.new_cache(self.model))
+        self.layers = Rewinder(self.cache)
         self.tokens = []

@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 from edgespec.cpu.blas import reexec_with_blas
-from edgespec.errors import EdgeSpecError
+from edgespec.distributed.launch import env_rank, launched_backend, share_threads
+from edgespec.errors import EdgeSpecError, GroupError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("edgespec.commands.models", "list model pairs and what is cached"),
     "distill": ("edgespec.commands.distill", "train a draft model for a target"),
 }
+
+
+# Commands that run as one rank of an mlx.launch group (the target sharded; edgespec.distributed).
+GROUP_COMMANDS = ("generate", "bench")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,7 +60,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, _ = _top_parser().parse_known_args(argv or ["--help"])
         return 2
     name, rest = argv[0], argv[1:]
-    reexec_with_blas(argv)
+    launched = launched_backend() is not None  # one rank of an mlx.launch group
+    if launched:
+        share_threads()  # ranks sharing a machine share its cores (before the BLAS loads)
+        signal.signal(signal.SIGTERM, _stopped_by_launcher)
+    reexec_with_blas(argv, report=lambda note: print(note, file=sys.stderr))
+    rank = env_rank()
+    who = f"edgespec {name}" + (f" [rank {rank}]" if rank else "")  # rank 0 reads as usual
+    if launched and name not in GROUP_COMMANDS:
+        print(
+            f"{who}: error: {name} does not run under mlx.launch; "
+            f"use {' or '.join(GROUP_COMMANDS)} there",
+            file=sys.stderr,
+        )
+        return 2
     try:
         module = importlib.import_module(COMMANDS[name][0])
         parser = _Parser(prog=f"edgespec {name}", description=module.HELP)
@@ -61,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(rest)
         return int(module.run(args) or 0)
     except EdgeSpecError as exc:
-        print(f"edgespec {name}: error: {exc}", file=sys.stderr)
+        print(f"{who}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"edgespec {name}: stopped", file=sys.stderr)
@@ -71,13 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the backend failed (out of memory, a kernel that did not compile)
         if os.environ.get("EDGESPEC_DEBUG"):
             raise
+        if launched:  # a peer lost mid-collective: say so in words
+            from edgespec.distributed.group import lost
+
+            group_error = lost(exc)
+            if group_error is not None:
+                print(f"{who}: error: {group_error}", file=sys.stderr)
+                return 2
         first = next((line for line in str(exc).splitlines() if line.strip()), "")
         print(
-            f"edgespec {name}: error: {type(exc).__name__}: {first.strip()} "
+            f"{who}: error: {type(exc).__name__}: {first.strip()} "
             "(EDGESPEC_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
         return 1
+
+
+def _stopped_by_launcher(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM under mlx.launch: the launcher ends every rank once one has failed."""
+    raise GroupError("stopped by mlx.launch (another rank ended first; its error line says why)")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgespec.errors import ConfigError
 
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
-# round's cost grows with K while its expected gain stops growing long before (README, adaptive K).
+# round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
 MAX_K = 64
 SEED_LIMIT = 2**64  # MLX keys are two uint32 words: seeds are in [0, 2**64)
 
@@ -19,6 +21,8 @@ class SamplingConfig:
 
     temperature == 0 means greedy (argmax); the other warps are then irrelevant.
     top_k == 0 and min_p == 0 and top_p == 1 disable those warps.
+    `softmax` is not a user setting: the backend's softmax(z, scale) for `sampling.warp`, which
+    the Engine sets from edgespec.cpu.rewrites.sampling_softmax (None: MLX's own).
     """
 
     temperature: float = 0.0
@@ -26,6 +30,7 @@ class SamplingConfig:
     top_k: int = 0
     min_p: float = 0.0
     seed: int = 0
+    softmax: Callable[[Any, float], Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < math.inf:
@@ -53,16 +58,18 @@ class SpecConfig:
     """How speculation runs. k is the (maximum) number of drafted tokens per round, except that a
     hybrid round drafted by the n-gram lookup proposes up to max(k, ngram_k) tokens (a lookup
     costs no draft steps; ngram_k 1 by default, because on the CPU a verify of 3+ tokens costs
-    much more than one of 2: README, "Previous release"). Adaptive K picks the lookup length itself.
+    much more than one of 2: docs/drafting.md). Adaptive K picks the lookup length itself.
     Whatever the K, a lookup whose suffix match is at least ngram_long tokens long (or ngram_max,
     if shorter; 0 turns this off) proposes up to max(K, ngram_long_k) tokens: a long match is a copy
-    in progress (README, "This release")."""
+    in progress (docs/drafting.md)."""
 
     k: int = 4
     method: str = "draft"
     adaptive: bool = False
     ngram_max: int = 8
-    ngram_min: int = 1  # a 2-token verify costs ~1 step now, so one-token matches pay (README)
+    ngram_min: int = (
+        1  # a 2-token verify costs ~1 step now, so one-token matches pay (docs/drafting.md)
+    )
     k_max: int = 8
     ngram_k: int = 1
     ngram_long: int = 8

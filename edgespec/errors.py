@@ -33,3 +33,8 @@ class PromptError(EdgeSpecError):
 
 class DownloadError(EdgeSpecError):
     """Fetching a model failed (no network, bad checksum, disk full, interrupted)."""
+
+
+class GroupError(EdgeSpecError):
+    """A sharded run (edgespec.distributed) whose ranks cannot go on together: a rank was lost,
+    the ranks disagree on what was committed, or the group cannot shard the model."""

@@ -11,6 +11,7 @@ Threading: MLX streams belong to one thread; load and generate on the same threa
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 import time
@@ -21,18 +22,24 @@ import mlx.core as mx
 
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
+from edgespec.cpu import rewrites
+from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
-from edgespec.drafting.build import HybridDrafter, build_drafter
+from edgespec.drafting.base import Drafter
+from edgespec.drafting.build import build_drafter
 from edgespec.drafting.draft_model import reduced_head
-from edgespec.drafting.eagle import EagleModel, EagleState
-from edgespec.drafting.eagle import prefill as eagle_prefill
+from edgespec.drafting.eagle import EagleModel
+from edgespec.drafting.features import EagleState
+from edgespec.drafting.features import prefill as eagle_prefill
+from edgespec.drafting.hybrid import HybridDrafter
 from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
-from edgespec.loop import Drafter, Limits, Step, decode_plain, speculate
-from edgespec.stats import summarize
+from edgespec.loading.load import load_pair
+from edgespec.loop import decode_plain, speculate
+from edgespec.metrics import generation_stats
+from edgespec.rounds import KPolicy, Limits, Step
 
 ProgressFn = Callable[[str, float | None], None]
-KPolicy = Callable[[Round | None], int]
 
 
 class Engine:
@@ -49,9 +56,21 @@ class Engine:
         self.context_window = int(target.context_window)
         if draft is not None:
             self.context_window = min(self.context_window, int(draft.context_window))
+        # The CPU backend's rewrites (edgespec/cpu/rewrites.py; each a no-op on a GPU): the models
+        # in place, marked caches, draft steps in pairs, the sampling softmax.
+        for loaded in (target, draft):
+            if loaded is not None:
+                rewrites.optimise(loaded.model)
+        self._pairs = rewrites.draft_pairs()
+        self._softmax = rewrites.sampling_softmax()
+        self._draft: KVState | EagleState | None
         self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
+        # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
+        # and the ranks compare what each step committed (Agreement). None: a lone process.
+        self.group: Group | None = None
+        self.agreement: Agreement | None = None
 
     @classmethod
     def load(
@@ -64,22 +83,23 @@ class Engine:
         on_progress: ProgressFn | None = None,
         with_draft: bool = True,
         dtype: str | None = None,
+        group: Group | None = None,
+        shard: str = "tensor",
     ) -> Engine:
         """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
-        (plain decoding only). dtype: the models' float parameters (`loading.load_model`). Raises ModelNotFoundError / ModelLoadError /
-        TokenizerMismatchError / CacheNotTrimmableError with one-line messages."""
-        from edgespec.loading.load import load_pair
-
+        (plain decoding only). dtype: the models' float parameters (`loading.load_model`).
+        group: this process's group (edgespec.distributed.group.init_group); more than one rank
+        splits the target `shard` ("tensor" / "pipeline") parallel, and every rank must load and
+        generate alike. Raises ModelNotFoundError / ModelLoadError / TokenizerMismatchError /
+        CacheNotTrimmableError with one-line messages."""
         t, d = load_pair(
-            target,
-            draft,
-            pair,
-            draft_bits=draft_bits,
-            on_progress=on_progress,
-            with_draft=with_draft,
-            dtype=dtype,
-        )
-        return cls(t, d)
+            target, draft, pair, draft_bits=draft_bits, on_progress=on_progress,
+            with_draft=with_draft, dtype=dtype, group=group, shard=shard,
+        )  # fmt: skip
+        engine = cls(t, d)
+        if group is not None:
+            engine.group, engine.agreement = group, agreement_for(group)
+        return engine
 
     # ------------------------------------------------------------------ prompts
 
@@ -150,6 +170,8 @@ class Engine:
         `k_policy(last_round)` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive). Errors surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)
+        if self.group is not None and k_policy is None:
+            check_config(config, self.group)
         return self._run(prompt, config, cancel, drafter, k_policy)
 
     def _steps(
@@ -161,11 +183,20 @@ class Engine:
         k_policy: KPolicy | None,
     ) -> Iterator[Step]:
         limits = Limits(config.max_tokens, self._eos, self.context_window)
+        sampling = config.sampling
+        if sampling.softmax is None:  # the backend's softmax (the CPU's fast exp), if it has one
+            sampling = dataclasses.replace(sampling, softmax=self._softmax)
         if not config.spec.enabled:
-            return decode_plain(self._target, prompt, config.sampling, limits, cancel)
+            return decode_plain(self._target, prompt, sampling, limits, cancel)
         spec = config.spec
+        # Plain decoding (above) rewinds nothing that cannot start over; speculation must rewind.
+        self._target.check_speculation()
+        if spec.method in ("draft", "hybrid") and isinstance(self._draft, KVState):
+            self._draft.check_speculation()
         if drafter is None:
-            drafter = build_drafter(spec, config.sampling, self._draft, self._vocab, self.name)
+            drafter = build_drafter(
+                spec, sampling, self._draft, self._vocab, self.name, pairs=self._pairs
+            )
         policy = k_policy
         if policy is None:
             # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its
@@ -175,13 +206,13 @@ class Engine:
             policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
             if hybrid is not None and isinstance(policy, AdaptiveK):
                 hybrid.lookup_k = policy.lookup_k
-        return speculate(self._target, drafter, prompt, config.sampling, policy, limits, cancel)
+        return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
         uses_draft = config.spec.method in ("draft", "hybrid") and drafter is None
         # A feature draft needs the prompt's features, the engine's own or a caller's drafter
         # over the engine's feature-draft state alike.
-        wants = uses_draft or bool(getattr(drafter, "wants_features", False))
+        wants = uses_draft or (drafter is not None and drafter.wants_features)
         if wants and isinstance(self._draft, EagleState):
             return eagle_prefill(self._target, self._draft, prompt, PREFILL_CHUNK)
         prefilled = self._target.prefill(prompt)
@@ -216,11 +247,17 @@ class Engine:
             if step.round is not None:
                 rounds.append(step.round)
                 yield step.round
+            if self.agreement is not None:  # a sharded target: all ranks committed the same?
+                r = step.round
+                shape = (r.drafted, r.accepted) if r is not None else (None, None)
+                self.agreement.observe(step.tokens, *shape)
             if step.stop:
                 reason = step.stop
                 break
+        if self.agreement is not None:
+            self.agreement.settle()
         detok.finalize()
-        stats = summarize(
+        stats = generation_stats(
             rounds,
             count,
             t_request=t_request,
@@ -259,13 +296,13 @@ class Engine:
     def new_states(self) -> tuple[KVState, KVState | EagleState | None]:
         """Empty caches for both models (target, draft or None), e.g. for one more conversation
         kept aside (edgespec.server.prefix); `swap_states` installs them."""
-        target, draft = self.target, self.draft
+        target, draft, new_cache = self.target, self.draft, rewrites.new_cache
         state: KVState | EagleState | None = None
         if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
-            state = EagleState(draft.model, f"draft {draft.name}")
+            state = EagleState(draft.model, f"draft {draft.name}", new_cache)
         elif draft is not None:
-            state = KVState(draft.model, f"draft {draft.name}")
-        return KVState(target.model, f"target {target.name}"), state
+            state = KVState(draft.model, f"draft {draft.name}", new_cache)
+        return KVState(target.model, f"target {target.name}", new_cache), state
 
     def swap_states(
         self, target: KVState, draft: KVState | EagleState | None

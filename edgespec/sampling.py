@@ -11,7 +11,6 @@ from __future__ import annotations
 import mlx.core as mx
 
 from edgespec.config import SamplingConfig
-from edgespec.cpu import fastexp
 
 
 def warp(logits: mx.array, cfg: SamplingConfig) -> mx.array:
@@ -33,9 +32,9 @@ def warp(logits: mx.array, cfg: SamplingConfig) -> mx.array:
         z, t = logits / cfg.temperature, 1.0
         kth = mx.sort(z, axis=-1)[..., vocab - cfg.top_k : vocab - cfg.top_k + 1]
         z = mx.where(z >= kth, z, -mx.inf)
-    # On the CPU: a compiled softmax with a faster, more accurate exp (fastexp.py), the
-    # temperature applied inside it.
-    probs = fastexp.softmax(z, 1.0 / t) if fastexp.enabled() else mx.softmax(z / t, axis=-1)
+    # The backend's softmax when it has one (the CPU's: a compiled, faster, more accurate exp,
+    # edgespec/cpu/fastexp.py), the temperature applied inside it.
+    probs = cfg.softmax(z, 1.0 / t) if cfg.softmax is not None else mx.softmax(z / t, axis=-1)
     if cfg.top_p >= 1.0 and cfg.min_p <= 0.0:
         return probs  # nothing cut: the softmax is already normalised
     if cfg.top_p < 1.0:

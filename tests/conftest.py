@@ -1,7 +1,10 @@
 """Shared fixtures: tiny seeded model pairs written once per test session (milliseconds to make).
 
-tiny_pair      -> (target_path, draft_path): 4-layer target, draft = its embedding + first layer
-tiny_self_pair -> (target_path, draft_path): the draft is an exact copy of the target
+tiny_pair        -> (target_path, draft_path): 4-layer target, draft = its embedding + first layer
+tiny_self_pair   -> (target_path, draft_path): the draft is an exact copy of the target
+tiny_models      -> (target, draft) records loaded once per session (tiny_self_models likewise)
+engine           -> a fresh Engine (empty caches) over tiny_models; self_engine over
+                    tiny_self_models; target_engine: the tiny target alone (no draft)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from edgespec.loading.tiny import make_tiny_pair
+from edgespec.runtime import Engine
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 
@@ -46,3 +50,21 @@ def tiny_models(tiny_pair) -> tuple[SimpleNamespace, SimpleNamespace]:
 @pytest.fixture(scope="session")
 def tiny_self_models(tiny_self_pair) -> tuple[SimpleNamespace, SimpleNamespace]:
     return _loaded(tiny_self_pair[0]), _loaded(tiny_self_pair[1])
+
+
+@pytest.fixture
+def engine(tiny_models) -> Engine:
+    """A fresh Engine over the tiny pair: empty caches (the models are shared, and stateless)."""
+    return Engine(*tiny_models)
+
+
+@pytest.fixture
+def self_engine(tiny_self_models) -> Engine:
+    """A fresh Engine whose draft is an exact copy of its target."""
+    return Engine(*tiny_self_models)
+
+
+@pytest.fixture
+def target_engine(tiny_models) -> Engine:
+    """A fresh Engine over the tiny target alone (n-gram drafting and plain decoding only)."""
+    return Engine(tiny_models[0], None)

@@ -11,8 +11,9 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import KVState
-from edgespec.cpu import attention
+from edgespec.cpu import attention, rewrites
 from edgespec.loading.tiny import llama_config, random_llama_weights
+from tests.helpers import engine_state
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (8, 2)])
@@ -58,7 +59,7 @@ def test_only_marked_caches_take_the_grouped_path(monkeypatch):
     monkeypatch.setattr(attention, "grouped_attention", spy)
     monkeypatch.delenv("EDGESPEC_GROUPED_ATTENTION", raising=False)
     model = _tiny_llama()
-    state = KVState(model)  # marks its cache (the tests run on the CPU)
+    state = engine_state(model)  # the Engine's cache is marked (the tests run on the CPU)
     assert all(getattr(c, attention.FLAG, False) for c in state.cache)
     state.prefill(list(range(1, 20)))
     calls.clear()
@@ -71,15 +72,15 @@ def test_only_marked_caches_take_the_grouped_path(monkeypatch):
     model(mx.array([[1, 2, 3]]), cache=other)
     assert calls == []
     monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")
-    assert not any(getattr(c, attention.FLAG, False) for c in KVState(model).cache)
+    assert not any(getattr(c, attention.FLAG, False) for c in rewrites.new_cache(model))
 
 
 def test_a_marked_forward_equals_mlx_attention():
     model = _tiny_llama()
     prompt, toks = list(range(1, 30)), mx.array([7, 8, 9, 10], dtype=mx.int32)
-    a, b = KVState(model), KVState(model)
-    for c in b.cache:
-        setattr(c, attention.FLAG, False)
+    a, b = engine_state(model), KVState(model)  # b: mlx-lm's own cache, unmarked
+    assert all(getattr(c, attention.FLAG, False) for c in a.cache)
+    assert not any(getattr(c, attention.FLAG, False) for c in b.cache)
     a.prefill(prompt)
     b.prefill(prompt)
     np.testing.assert_allclose(

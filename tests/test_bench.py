@@ -11,18 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.bench.greedy import MismatchNote, first_difference
+from edgespec.bench.prompts import DEFAULT_PROMPTS, MT_BENCH, load_prompts
+from edgespec.bench.records import RunRecord, Summary, aggregate
 from edgespec.bench.report import format_markdown, format_table, write_report
-from edgespec.bench.runner import (
-    DEFAULT_PROMPTS,
-    MT_BENCH,
-    BenchPlan,
-    BenchResult,
-    MismatchNote,
-    first_difference,
-    load_prompts,
-)
+from edgespec.bench.runner import BenchPlan, BenchResult
 from edgespec.errors import ConfigError, PromptError
-from edgespec.metrics import RunRecord, Summary, aggregate
 
 SHARED = Path(os.environ.get("EDGESPEC_SHARED", Path(__file__).parents[1] / ".." / "shared"))
 SPEC_BENCH = SHARED / "prompts" / "spec_bench_question.jsonl"
@@ -191,7 +185,9 @@ def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
 
 
 def _bench(engine, plan: BenchPlan, categories: list[str]) -> BenchResult:
-    from edgespec.bench.runner import compare_greedy, encode_prompts, iter_bench, warm_up
+    from edgespec.bench.greedy import compare_greedy
+    from edgespec.bench.prompts import encode_prompts
+    from edgespec.bench.runner import iter_bench, warm_up
 
     prompts = load_prompts(None, categories=categories, limit=1)
     encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)

@@ -14,6 +14,7 @@ from mlx_lm.models import llama
 from edgespec.cache import KVState
 from edgespec.cpu import blocks, rope
 from edgespec.cpu.blocks import CompiledBlock
+from tests.helpers import engine_state, same_bits
 
 pytestmark = pytest.mark.skipif(not blocks.compiler_works(), reason="MLX cannot compile here")
 
@@ -21,10 +22,6 @@ pytestmark = pytest.mark.skipif(not blocks.compiler_works(), reason="MLX cannot 
 @pytest.fixture(autouse=True)
 def blocks_on(monkeypatch):
     monkeypatch.delenv("EDGESPEC_COMPILED_BLOCKS", raising=False)
-
-
-def same_bits(a: mx.array, b: mx.array) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and mx.array_equal(a, b).item()
 
 
 def fresh_target(tiny_pair) -> nn.Module:
@@ -47,11 +44,11 @@ def run(state: KVState, prefix: list[int], lengths: list[int], ids: list[int]) -
 
 
 def test_compiled_blocks_keep_the_logits_bit_for_bit(tiny_pair, monkeypatch):
-    compiled_state = KVState(fresh_target(tiny_pair), "target")
+    compiled_state = engine_state(fresh_target(tiny_pair), "target")
     kinds = {type(layer) for layer in compiled_state.model.model.layers}
     assert kinds == {CompiledBlock}
     monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
-    plain_state = KVState(fresh_target(tiny_pair), "target")
+    plain_state = engine_state(fresh_target(tiny_pair), "target")
     assert {type(layer) for layer in plain_state.model.model.layers} == {llama.TransformerBlock}
     prefix = [1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11]
     ids = [(7 * i + 3) % 300 + 4 for i in range(40)]
@@ -65,7 +62,7 @@ def test_compiled_blocks_keep_the_logits_bit_for_bit(tiny_pair, monkeypatch):
 
 
 def test_prompt_chunks_native_and_cache_free_calls_keep_mlx_lm_code(tiny_pair):
-    state = KVState(fresh_target(tiny_pair), "target")
+    state = engine_state(fresh_target(tiny_pair), "target")
     block = state.model.model.layers[0]
     long = mx.array(list(range(4, 4 + blocks.MAX_LENGTH + 1)), dtype=mx.int32)
     mx.eval(state.forward(long))  # a prompt chunk: no trace made
@@ -80,9 +77,9 @@ def test_prompt_chunks_native_and_cache_free_calls_keep_mlx_lm_code(tiny_pair):
 
 
 def test_a_replaced_weight_is_used_at_once(tiny_pair, monkeypatch):
-    compiled = KVState(fresh_target(tiny_pair), "target")
+    compiled = engine_state(fresh_target(tiny_pair), "target")
     monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
-    plain = KVState(fresh_target(tiny_pair), "target")
+    plain = engine_state(fresh_target(tiny_pair), "target")
     prefix, ids = [1, 5, 9, 2], [7, 3, 8]
     run(compiled, prefix, [1, 2], ids)  # traced with the first weights
     mx.random.seed(7)
@@ -124,10 +121,10 @@ def test_a_head_size_other_than_hidden_over_heads_keeps_the_logits(monkeypatch):
     mx.eval(compiled_model.parameters())
     plain_model = llama.Model(args)
     plain_model.update(compiled_model.parameters())
-    compiled = KVState(compiled_model, "target")
+    compiled = engine_state(compiled_model, "target")
     assert {type(layer) for layer in compiled_model.model.layers} == {CompiledBlock}
     monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
-    plain = KVState(plain_model, "target")
+    plain = engine_state(plain_model, "target")
     prefix, ids = [1, 5, 9, 2, 7], [3, 8, 4, 6, 10, 11]
     got, want = run(compiled, prefix, [1, 2, 3], ids), run(plain, prefix, [1, 2, 3], ids)
     assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))

@@ -15,6 +15,7 @@ from edgespec.commands import models as models_cmd
 from edgespec.errors import ModelNotFoundError
 from edgespec.loading import catalog
 from edgespec.loading import load as loading
+from edgespec.loading.status import model_status
 from edgespec.loading.tiny import make_tiny_pair
 
 REV = "0123456789abcdef0123456789abcdef01234567"
@@ -122,7 +123,7 @@ def test_preset_resolves_loads_and_checks_offline_from_hub_cache(offline_hub, tm
     )
     assert d is not None and d.path == snap and t.name == "mlx-community/Tiny-Target-4bit"
     assert any("Hugging Face" in s for s in seen) and "checking the pair" in seen
-    st = catalog.model_status("mlx-community/Tiny-Draft-4bit", cat)
+    st = model_status("mlx-community/Tiny-Draft-4bit", cat)
     assert st.present and st.kind == "hub" and st.size_bytes > 10_000
 
 
@@ -131,7 +132,7 @@ def test_preset_missing_from_cache_offline_is_a_clear_error(offline_hub, tmp_pat
     with pytest.raises(ModelNotFoundError, match="Tiny-Target-4bit.*HF_HUB_OFFLINE") as err:
         loading.load_pair(pair="tiny-preset", catalog=cat)
     assert "\n" not in str(err.value)
-    assert not catalog.model_status("mlx-community/Tiny-Target-4bit", cat).present
+    assert not model_status("mlx-community/Tiny-Target-4bit", cat).present
 
 
 def test_models_command_json_reports_cache_state(offline_hub, capsys):

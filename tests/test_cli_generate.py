@@ -41,7 +41,9 @@ def test_json_stream_schema(tiny_pair):
 
 
 def test_no_spec_raw_matches_speculative_greedy(tiny_pair):
-    args = ["the cat and the dog", *models(tiny_pair), "--raw", "--json", "--max-tokens", "16"]
+    # The prompt repeats: its suffix occurred before, so the hybrid's first round is a lookup.
+    prompt = "the cat and the dog, the cat and the dog"
+    args = [prompt, *models(tiny_pair), "--raw", "--json", "--max-tokens", "16"]
     plain = edgespec(*args, "--no-spec")
     spec = edgespec(*args, "-k", "5")
     assert plain.returncode == spec.returncode == 0, plain.stderr + spec.stderr
@@ -57,7 +59,7 @@ def test_no_spec_raw_matches_speculative_greedy(tiny_pair):
     # The default is hybrid drafting with adaptive K (-k is the first rounds' K): lookups and the
     # draft model both draft, K varies; --no-adaptive --method draft keeps every round at -k.
     default = rounds_of(spec)
-    assert {r["method"] for r in default} == {"draft", "ngram"}, default
+    assert {r["method"] for r in default if r["drafted"]} == {"draft", "ngram"}, default
     assert len({r["k"] for r in default}) > 1
     fixed = edgespec(*args, "-k", "5", "--method", "draft", "--no-adaptive")
     assert fixed.returncode == 0, fixed.stderr

@@ -12,23 +12,16 @@ import numpy as np
 import pytest
 
 from edgespec.distill import data as D
+from edgespec.distill import shards as S
+from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint
 from edgespec.distill.instructions import instructions, split
 from edgespec.distill.target import Target, load_target, load_with_topk
-from edgespec.distill.train import (
-    TrainConfig,
-    head_index,
-    kl_loss,
-    latest_checkpoint,
-    make_batch,
-    new_draft,
-    split_data,
-    train,
-)
+from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data, train
 from edgespec.drafting.draft_model import input_embedding, load_draft
 from edgespec.loading.tiny import make_tiny_pair
 
 N_INSTR = 120
-PLAN = D.SamplingPlan(max_new_tokens=16, top_k_saved=8)
+PLAN = S.SamplingPlan(max_new_tokens=16, top_k_saved=8)
 CFG = TrainConfig(
     layers="0,-1", head_size=96, steps=6, batch_tokens=384, lr=3e-3, warmup=1, eval_every=3,
     ckpt_every=3,
@@ -41,7 +34,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Target, Path]:
     root = tmp_path_factory.mktemp("distill")
     target_dir, _ = make_tiny_pair(root / "pair", seed=3)
     target = load_target(str(target_dir))
-    meta = D.Meta(target=str(target_dir), n_instructions=N_INSTR, sampling=PLAN)
+    meta = S.Meta(target=str(target_dir), n_instructions=N_INSTR, sampling=PLAN)
     D.generate_data(
         target.model, target.tokenizer, root / "data", meta, tokens=250, batch_size=8,
         shard_size=10, progress=False,
@@ -84,15 +77,15 @@ def test_instructions_never_contain_benchmark_prompts() -> None:
 
 def test_shards_round_trip_and_match_the_format(tiny: tuple[Target, Path]) -> None:
     _, data_dir = tiny
-    meta = D.Meta.read(data_dir)
-    shards = D.shard_paths(data_dir)
+    meta = S.Meta.read(data_dir)
+    shards = S.shard_paths(data_dir)
     assert [p.name for p in shards] == ["shard-00000.npz", "shard-00001.npz"]
     with np.load(shards[0]) as z:
         assert z["tokens"].dtype == np.uint16 and z["starts"].dtype == np.int64
         assert z["prompt_lens"].dtype == np.int32 and z["instr_ids"].dtype == np.int32
         assert len(z["starts"]) == len(z["prompt_lens"]) + 1 == len(z["instr_ids"]) + 1
         assert z["topk_ids"].shape == (int(sum(np.diff(z["starts"]) - z["prompt_lens"])), 8)
-    seqs = list(D.iter_sequences(data_dir))
+    seqs = list(S.iter_sequences(data_dir))
     assert meta.n_sequences == len(seqs) == 20
     assert meta.n_completion_tokens == sum(s.n_completion for s in seqs) >= 250
     # Held-out instructions are answered first and greedily: top-1 == the emitted token.
@@ -102,13 +95,13 @@ def test_shards_round_trip_and_match_the_format(tiny: tuple[Target, Path]) -> No
 
 def test_generation_resumes_without_regenerating(tiny: tuple[Target, Path]) -> None:
     target, data_dir = tiny
-    before = {p: p.stat().st_mtime_ns for p in D.shard_paths(data_dir)}
-    meta = D.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
+    before = {p: p.stat().st_mtime_ns for p in S.shard_paths(data_dir)}
+    meta = S.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
     again = D.generate_data(
         target.model, target.tokenizer, data_dir, meta, tokens=250, batch_size=8, shard_size=10,
         progress=False,
     )  # fmt: skip
-    assert {p: p.stat().st_mtime_ns for p in D.shard_paths(data_dir)} == before
+    assert {p: p.stat().st_mtime_ns for p in S.shard_paths(data_dir)} == before
     assert again.n_sequences == 20
 
 
@@ -116,13 +109,13 @@ def test_generation_continues_with_new_ids_only(tmp_path: Path, tiny: tuple[Targ
     target, data_dir = tiny
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
-    D.shard_paths(copy)[-1].unlink()  # as if killed before the second shard was written
-    meta = D.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
+    S.shard_paths(copy)[-1].unlink()  # as if killed before the second shard was written
+    meta = S.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
     meta = D.generate_data(
         target.model, target.tokenizer, copy, meta, tokens=400, batch_size=8, shard_size=10,
         progress=False,
     )  # fmt: skip
-    ids = [s.instr_id for s in D.iter_sequences(copy)]
+    ids = [s.instr_id for s in S.iter_sequences(copy)]
     assert len(ids) == len(set(ids)) > 20
 
 
@@ -130,7 +123,7 @@ def test_mismatched_data_folder_is_refused(tiny: tuple[Target, Path]) -> None:
     from edgespec.errors import ConfigError
 
     target, data_dir = tiny
-    other = D.Meta(target=target.name, instruction_seed=7, n_instructions=N_INSTR)
+    other = S.Meta(target=target.name, instruction_seed=7, n_instructions=N_INSTR)
     with pytest.raises(ConfigError, match="instruction_seed"):
         D.generate_data(target.model, target.tokenizer, data_dir, other, tokens=10)
 
@@ -158,7 +151,7 @@ def test_kl_of_the_target_itself_is_only_the_topk_truncation(tiny: tuple[Target,
 
 def test_training_lowers_the_loss(tmp_path: Path, tiny: tuple[Target, Path]) -> None:
     target, data_dir = tiny
-    meta = D.Meta.read(data_dir)
+    meta = S.Meta.read(data_dir)
     seqs, _ = split_data(load_with_topk(data_dir, None), meta)
     before_model, config = new_draft(target, seqs, CFG)
     hidx = head_index(np.array(before_model.head_ids), config["vocab_size"])
@@ -247,7 +240,7 @@ def test_evaluate_reports_agreement_cost_and_identical_greedy_output(
 
 
 def test_export_tokens_keeps_ids_and_drops_topk(tmp_path):
-    from edgespec.distill.data import (
+    from edgespec.distill.shards import (
         Meta,
         Sequence,
         export_tokens,

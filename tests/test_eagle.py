@@ -18,8 +18,8 @@ import pytest
 from edgespec import loop
 from edgespec.bench.runner import BenchPlan, check_methods
 from edgespec.bench.unbiased import verify_pair
+from edgespec.cache import target_features
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.distill.data import Sequence
 from edgespec.distill.eagle import (
     EagleTrainConfig,
     agreement,
@@ -28,37 +28,28 @@ from edgespec.distill.eagle import (
     new_eagle,
     train_eagle,
 )
-from edgespec.drafting.eagle import (
-    EagleDrafter,
-    EagleModel,
-    EagleState,
-    save_eagle,
-    target_features,
-)
+from edgespec.distill.shards import Sequence
+from edgespec.drafting.eagle import EagleModel, save_eagle
+from edgespec.drafting.features import EagleDrafter, EagleState
 from edgespec.errors import ConfigError, ModelLoadError
-from edgespec.events import Round, Token
+from edgespec.events import Token
 from edgespec.loading.load import load_model, load_pair, load_token_draft
 from edgespec.loading.tiny import make_tiny_eagle, make_tiny_pair
-from edgespec.loop import no_proposal
 from edgespec.runtime import Engine
-from edgespec.sampling import warp
 from tests.cli import run_edgespec
+from tests.helpers import (
+    GREEDY,
+    PROMPT,
+    RoundByRound,
+    chi2_pvalue,
+    gen,
+    plain_ids,
+    rounds_of,
+    target_probs,
+    token_ids,
+)
 
-GREEDY = SamplingConfig(temperature=0)
 TRAIN = EagleTrainConfig(steps=200, batch=8, lr=3e-3, warmup=10, eval_every=100)
-PROMPT = "the cat and the dog in the house"
-
-
-def _gen(engine, ids, spec, n, sampling=GREEDY):
-    return list(engine.generate(ids, GenerationConfig(sampling, spec, max_tokens=n)))
-
-
-def _ids(events):
-    return [e.id for e in events if isinstance(e, Token)]
-
-
-def _rounds(events):
-    return [e for e in events if isinstance(e, Round)]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +69,7 @@ def trained(tiny_dir) -> tuple[Path, list[dict], list[Sequence]]:
     seqs = []
     for i in range(40):
         prompt = [int(t) for t in rng.integers(3, target.model.args.vocab_size, size=12)]
-        answer = _ids(_gen(engine, prompt, SpecConfig(method="none"), 40))
+        answer = plain_ids(engine, prompt, 40)
         seqs.append(Sequence(i, len(prompt), np.array(prompt + answer)))
     cached = extract_features(target.model, seqs, tiny_dir / "features", 10**9, log=lambda s: None)
     assert cached == sum(len(s.ids) for s in seqs)
@@ -152,9 +143,9 @@ def test_greedy_output_equals_plain_decoding(tiny_dir, trained, spec, which):
     draft = tiny_dir / "eagle" if which == "random" else trained[0]
     engine = Engine.load(target=str(tiny_dir / "target"), draft=str(draft))
     ids = engine.encode_raw(PROMPT)
-    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 48))
-    events = _gen(engine, ids, spec, 48)
-    assert _ids(events) == plain and len(plain) == 48
+    plain = plain_ids(engine, ids, 48)
+    events = gen(engine, ids, spec, 48)
+    assert token_ids(events) == plain and len(plain) == 48
 
 
 def test_the_loop_accepts_what_the_feature_draft_learnt(tiny_dir, trained):
@@ -164,10 +155,10 @@ def test_the_loop_accepts_what_the_feature_draft_learnt(tiny_dir, trained):
     accepted = drafted = 0
     for s in trained[2][8:12]:
         prompt = s.ids[: s.prompt_len].tolist()
-        events = _gen(engine, prompt, SpecConfig(k=2), 30)
-        assert _ids(events) == s.ids[s.prompt_len : s.prompt_len + 30].tolist()
-        accepted += sum(r.accepted for r in _rounds(events))
-        drafted += sum(r.drafted for r in _rounds(events))
+        events = gen(engine, prompt, SpecConfig(k=2), 30)
+        assert token_ids(events) == s.ids[s.prompt_len : s.prompt_len + 30].tolist()
+        accepted += sum(r.accepted for r in rounds_of(events))
+        drafted += sum(r.drafted for r in rounds_of(events))
     assert accepted / drafted > 0.3, (accepted, drafted)
 
 
@@ -180,9 +171,9 @@ def test_multi_turn_chat_reuses_features_and_stays_exact(tiny_dir, trained):
     msgs = [{"role": "user", "content": PROMPT}]
     for turn in range(3):
         ids = engine.encode_chat(msgs)
-        got = _gen(engine, ids, spec, 24)
-        want = _ids(_gen(plain_engine, ids, SpecConfig(method="none"), 24))
-        assert _ids(got) == want
+        got = gen(engine, ids, spec, 24)
+        want = plain_ids(plain_engine, ids, 24)
+        assert token_ids(got) == want
         state = engine._draft
         assert state.n_features == len(state.context) - 1
         assert state.kv.offset <= state.n_features
@@ -199,26 +190,25 @@ def test_multi_turn_chat_reuses_features_and_stays_exact(tiny_dir, trained):
 def test_early_stop_then_new_prompt_keeps_caches_consistent(tiny_dir, trained):
     engine = Engine.load(target=str(tiny_dir / "target"), draft=str(trained[0]))
     ids = engine.encode_raw(PROMPT)
-    gen = engine.generate(ids, GenerationConfig(GREEDY, SpecConfig(k=4), max_tokens=40))
+    stream = engine.generate(ids, GenerationConfig(GREEDY, SpecConfig(k=4), max_tokens=40))
     for _ in range(5):  # the consumer walks away mid-answer (Ctrl-C in the app)
-        next(gen)
-    gen.close()
+        next(stream)
+    stream.close()
     state = engine._draft
     assert state.kv.offset <= state.n_features <= len(state.context)
     other = engine.encode_raw("the river and the moon")
     plain = Engine.load(target=str(tiny_dir / "target"), with_draft=False)
-    want = _ids(_gen(plain, other, SpecConfig(method="none"), 30))
-    assert _ids(_gen(engine, other, SpecConfig(k=4), 30)) == want
+    want = plain_ids(plain, other, 30)
+    assert token_ids(gen(engine, other, SpecConfig(k=4), 30)) == want
 
 
 N_SEEDS = 500
+MIN_SECONDS = 100  # second tokens after the likeliest first token (495 of the 500 here)
 
 
 def test_sampled_tokens_follow_the_target_distribution(tiny_dir, trained):
     """T = 1: over many seeds, the first emitted token follows p(. | prompt), and the second,
     given the first, follows p(. | prompt, first), whether drafted, corrected or bonus."""
-    from scipy.stats import chisquare
-
     engine = Engine.load(target=str(tiny_dir / "target"), draft=str(trained[0]))
     sampling = SamplingConfig(temperature=1.0, top_p=1.0)
     ids = engine.encode_raw(PROMPT)
@@ -233,29 +223,16 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_dir, trained):
         kinds |= {t.kind for t in toks}
         seconds.setdefault(toks[0].id, []).append(toks[1].id)
     assert {"accepted", "corrected"} <= kinds
-
-    def pvalue(samples, context):
-        p = np.array(
-            warp(engine.target.model(mx.array(context)[None])[0, -1], sampling), np.float64
-        )
-        counts = np.bincount(samples, minlength=p.size).astype(np.float64)
-        exp = p * len(samples)
-        big = exp >= 5
-        assert counts[p == 0].sum() == 0
-        obs, e = np.append(counts[big], counts[~big].sum()), np.append(exp[big], exp[~big].sum())
-        keep = e > 0
-        return chisquare(obs[keep], e[keep] * obs[keep].sum() / e[keep].sum()).pvalue
-
-    assert pvalue(firsts, ids) > 1e-3
+    model = engine.target.model
+    assert chi2_pvalue(firsts, target_probs(model, ids, sampling), min_samples=N_SEEDS) > 1e-3
     top = max(seconds, key=lambda t: len(seconds[t]))
-    assert pvalue(seconds[top], ids + [top]) > 1e-3
+    p = target_probs(model, ids + [top], sampling)
+    assert chi2_pvalue(seconds[top], p, min_samples=MIN_SECONDS) > 1e-3
 
 
 def test_the_chi_square_check_has_power_against_the_draft(tiny_dir, trained):
     """The same check rejects tokens drawn from the draft's q instead of the target's p, so the
     test above can fail (a loop that kept draft tokens without the ratio test would be caught)."""
-    from scipy.stats import chisquare
-
     from edgespec.bench.unbiased import last_distributions
 
     t, d = load_pair(str(tiny_dir / "target"), str(trained[0]))
@@ -264,11 +241,7 @@ def test_the_chi_square_check_has_power_against_the_draft(tiny_dir, trained):
     p, q = np.array(p, np.float64), np.array(q, np.float64)
     rng = np.random.default_rng(0)
     samples = rng.choice(p.size, size=N_SEEDS, p=q / q.sum())
-    counts = np.bincount(samples, minlength=p.size).astype(np.float64)
-    exp = p / p.sum() * N_SEEDS
-    big = exp >= 5
-    obs, e = np.append(counts[big], counts[~big].sum()), np.append(exp[big], exp[~big].sum())
-    assert chisquare(obs, e * obs.sum() / e.sum()).pvalue < 1e-3
+    assert chi2_pvalue(samples, p, min_samples=N_SEEDS) < 1e-3
 
 
 def test_verify_command_maths_accepts_a_feature_draft(tiny_dir, trained):
@@ -356,36 +329,13 @@ def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer
     assert d2.model.chain == "zero"
     engine = Engine(t2, d2)
     ids = engine.encode_raw(PROMPT)
-    plain = _ids(_gen(engine, ids, SpecConfig(method="none"), 30))
-    assert _ids(_gen(engine, ids, SpecConfig(k=3), 30)) == plain
+    plain = plain_ids(engine, ids, 30)
+    assert token_ids(gen(engine, ids, SpecConfig(k=3), 30)) == plain
     # a changed base is refused in one line
     save_draft(build_draft(t.model, cfg, [1, 2], head, "tiny")[0], tcfg, tmp_path / "token")
     with pytest.raises(ModelLoadError, match="changed since") as e:
         load_pair(str(tiny_dir / "target"), str(tmp_path / "grown"))
     assert "\n" not in str(e.value)
-
-
-class RoundByRound:
-    """A feature drafter whose K = 0 rounds go through speculate's round path (a drafter with a
-    `propose_free` is not pipelined): the reference for the pipelined plain runs."""
-
-    method = "draft"
-    wants_features = True
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def propose(self, context, k, key):
-        return self.inner.propose(context, k, key)
-
-    def take_features(self, context, start, features):
-        self.inner.take_features(context, start, features)
-
-    def commit(self, context):
-        self.inner.commit(context)
-
-    def propose_free(self, context, key):
-        return no_proposal()
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(0.8, seed=5)], ids=["greedy", "t0.8"])
@@ -400,8 +350,8 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
     prompt = s.ids[: s.prompt_len].tolist()
     script = [2, 0, 0, 0, 0, 2, 0, 0, 1, 2]
     plain_runs: list = []
-    real = loop._plain_run
-    monkeypatch.setattr(loop, "_plain_run", lambda *a: plain_runs.append(1) or real(*a))
+    real = loop.plain_run  # the loop calls it by the name it imported from edgespec.rounds
+    monkeypatch.setattr(loop, "plain_run", lambda *a: plain_runs.append(1) or real(*a))
     runs = {}
     for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
         drafter = wrap(EagleDrafter(engine._draft, sampling, engine._vocab))
@@ -412,11 +362,11 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
             calls.append(last)
             return script[(len(calls) - 1) % len(script)]
 
-        events = list(engine.generate(prompt, GenerationConfig(sampling, SpecConfig(k=2),
-                      max_tokens=40), drafter=drafter, k_policy=policy))  # fmt: skip
+        events = gen(engine, prompt, SpecConfig(k=2), 40, sampling, drafter=drafter,
+                     k_policy=policy)  # fmt: skip
         runs[name] = (
             [(e.id, e.kind) for e in events if isinstance(e, Token)],
-            [(r.drafted, r.accepted, r.k) for r in _rounds(events)],
+            [(r.drafted, r.accepted, r.k) for r in rounds_of(events)],
         )
         assert engine._draft.n_features == len(engine._target.tokens)  # every committed position
         if name == "pipelined":

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.events import Finished, Token
+from edgespec.events import Finished
 from tests.cli import run_edgespec
+from tests.helpers import token_ids
 
 pytestmark = pytest.mark.slow
 SHARED = Path(os.environ.get("EDGESPEC_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -43,11 +44,9 @@ def assert_greedy_speculative_equals_plain(engine, k: int, n_prompts: int = 3) -
     """On MT-bench first turns, greedy speculative decoding at K = k emits plain decoding's
     tokens, and it did draft."""
     for prompt in mt_bench_prompts(n_prompts):
-        plain = [
-            e.id for e in answer(engine, prompt, SpecConfig(method="none")) if isinstance(e, Token)
-        ]
+        plain = token_ids(answer(engine, prompt, SpecConfig(method="none")))
         events = answer(engine, prompt, SpecConfig(k=k))
-        assert [e.id for e in events if isinstance(e, Token)] == plain, prompt
+        assert token_ids(events) == plain, prompt
         assert isinstance(events[-1], Finished) and events[-1].stats.drafted > 0
         assert events[-1].stats.tau >= 1.0
 
@@ -96,23 +95,23 @@ def test_grounded_lookups_accept_copies_and_keep_greedy_output(engine, spec, mon
     output is still plain decoding's."""
     from edgespec.drafting.ngram import NgramDrafter
 
-    behind: list[list[int]] = []
+    behind: list[int] = []  # the size of every lookup made one token behind
     real = NgramDrafter.propose_behind
 
     def spy(self, context, k, n_min=None):
-        behind.append(real(self, context, k, n_min))
-        return behind[-1]
+        prop = real(self, context, k, n_min)
+        behind.append(prop.size)
+        return prop
 
     monkeypatch.setattr(NgramDrafter, "propose_behind", spy)
     prompt = spec_bench_prompt("summarization")
-    plain = [e.id for e in answer(engine, prompt, SpecConfig(method="none"), n=96)
-             if isinstance(e, Token)]  # fmt: skip
+    plain = token_ids(answer(engine, prompt, SpecConfig(method="none"), n=96))
     events = answer(engine, prompt, spec, n=96)
-    assert [e.id for e in events if isinstance(e, Token)] == plain
+    assert token_ids(events) == plain
     lookups = [e for e in events if getattr(e, "method", None) == "ngram" and e.drafted > 0]
     assert sum(r.accepted for r in lookups) > 0
     if spec.method == "ngram":  # (adaptive hybrid mostly drafts with the model here)
-        assert any(behind)  # some lookups were made one token behind
+        assert any(behind)  # some lookups made one token behind proposed tokens
 
 
 def test_generate_cli_streams_all_token_kinds_on_default_pair():

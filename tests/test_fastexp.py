@@ -1,6 +1,7 @@
 """The CPU's fast exp and softmax (edgespec/fastexp.py): accurate to float32 rounding against
 float64, exact zeros where e^x leaves float32's normal range (masked -inf entries included),
-used by warp on the CPU and switched off by EDGESPEC_FAST_EXP=0."""
+handed to warp by the Engine on the CPU (rewrites.sampling_softmax) and switched off by
+EDGESPEC_FAST_EXP=0."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingConfig
-from edgespec.cpu import fastexp
+from edgespec.cpu import fastexp, rewrites
 from edgespec.sampling import warp
 
 pytestmark = pytest.mark.skipif(not fastexp.compiler_works(), reason="MLX cannot compile here")
@@ -56,20 +57,27 @@ def test_softmax_matches_float64_and_keeps_masked_entries_at_zero(shape):
     assert err.max() <= mlx_err.max() and err.mean() <= mlx_err.mean()
 
 
-def test_warp_uses_it_on_the_cpu_and_the_switch_turns_it_off(monkeypatch):
+def test_warp_uses_it_on_the_cpu_and_the_switch_turns_it_off(monkeypatch, engine):
     mx.random.seed(3)
     logits = mx.random.normal((2, 1000)) * 4
-    cfg = SamplingConfig(temperature=0.7)
+
+    def cfg() -> SamplingConfig:  # as the Engine fills it in
+        return SamplingConfig(temperature=0.7, softmax=rewrites.sampling_softmax())
 
     assert fastexp.enabled()  # the CPU backend, a compiler (else the module is skipped)
-    fast = warp(logits, cfg)
+    assert rewrites.sampling_softmax() is fastexp.softmax
+    assert engine._softmax is fastexp.softmax  # the Engine hands it to warp
+    fast = warp(logits, cfg())
     # Nothing cut (no top-k/top-p/min-p): the softmax is warp's result, not renormalised again,
     # and the temperature scales the row inside the compiled function.
     assert mx.array_equal(fast, fastexp.softmax(logits, 1 / 0.7)).item()
     assert mx.allclose(fast, fastexp.softmax(logits / 0.7), rtol=1e-5, atol=1e-12).item()
     monkeypatch.setenv("EDGESPEC_FAST_EXP", "0")
-    assert not fastexp.enabled()
-    slow = warp(logits, cfg)
+    assert not fastexp.enabled() and rewrites.sampling_softmax() is None
+    slow = warp(logits, cfg())
     assert mx.array_equal(slow, mx.softmax(logits / 0.7, axis=-1)).item()
+    # warp itself never picks a softmax: without one it is MLX's, switch or not
+    monkeypatch.delenv("EDGESPEC_FAST_EXP")
+    assert mx.array_equal(warp(logits, SamplingConfig(temperature=0.7)), slow).item()
     assert not mx.array_equal(fast, slow).item()  # MLX's exp differs in the last digits
     assert mx.allclose(fast, slow, rtol=1e-5, atol=1e-9).item()

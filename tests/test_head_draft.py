@@ -11,14 +11,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from edgespec.cache import KVState
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.cpu import rewrites
 from edgespec.distill.build import build_draft
-from edgespec.drafting.build import ConfidentDrafter
-from edgespec.events import Token
-from edgespec.loop import ModelDrafter
+from edgespec.drafting.model import ConfidentDrafter, ModelDrafter
 from edgespec.runtime import Engine
 from edgespec.sampling import make_key, round_keys
+from tests.helpers import engine_state, gen, plain_ids, token_ids
 
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
 
@@ -42,9 +41,9 @@ def _drafters(draft_model, vocab: int, sampling: SamplingConfig, prompt: list[in
     """The same draft twice: head-only (default) and forced through the full-width logits."""
     out = []
     for head_only in (True, False):
-        state = KVState(draft_model, "draft")
+        state = engine_state(draft_model, "draft")  # as the Engine builds it
         state.prefill(prompt)
-        d = cls(state, sampling, vocab, **kw)
+        d = cls(state, sampling, vocab, **kw, pairs=rewrites.draft_pairs())
         assert d.head_ids is not None  # the draft is detected as reduced-head
         if not head_only:
             d.head_ids = None
@@ -88,12 +87,8 @@ def test_head_draft_greedy_output_equals_plain_decoding(head_pair):
     engine = Engine(*head_pair)
     ids = engine.encode_raw(PROMPT)
 
-    def run(spec: SpecConfig) -> list[int]:
-        cfg = GenerationConfig(sampling=SamplingConfig(temperature=0.0), spec=spec, max_tokens=40)
-        return [e.id for e in engine.generate(ids, cfg) if isinstance(e, Token)]
-
-    plain = run(SpecConfig(method="none"))
-    assert run(SpecConfig(k=3)) == plain and len(plain) == 40
+    plain = plain_ids(engine, ids, 40)
+    assert token_ids(gen(engine, ids, SpecConfig(k=3), 40)) == plain and len(plain) == 40
 
 
 def test_exported_draft_shares_the_target_embedding_through_load_pair(head_pair, tmp_path):

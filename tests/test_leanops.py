@@ -13,19 +13,15 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from edgespec.cache import KVState
 from edgespec.cpu import leanops, rope
 from edgespec.cpu.leanops import LeanLinear, LeanRMSNorm
 from edgespec.cpu.rowpad import RowPadLinear
+from tests.helpers import engine_state, same_bits
 
 
 @pytest.fixture(autouse=True)
 def lean_on(monkeypatch):
     monkeypatch.delenv("EDGESPEC_LEAN_OPS", raising=False)
-
-
-def same_bits(a: mx.array, b: mx.array) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and mx.array_equal(a, b).item()
 
 
 def lean(module: nn.Module) -> nn.Module:
@@ -141,7 +137,7 @@ def test_a_real_forward_keeps_its_logits_and_builds_fewer_operations(
 
     monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")  # the lean layers alone (test_blocks.py)
     target = SimpleNamespace(model=load(str(tiny_pair[0]))[0])
-    state = KVState(target.model, "target")  # installs the lean layers (CPU)
+    state = engine_state(target.model, "target")  # the Engine's rewrites: the lean layers (CPU)
     kinds = {type(m) for _, m in target.model.named_modules()}
     assert {LeanLinear, LeanRMSNorm} <= kinds and not {nn.Linear, nn.RMSNorm} & kinds
     ids = mx.array([1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11, 12], dtype=mx.int32)

@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from edgespec.drafting.draft_model import MODEL_TYPE, build, save_draft
 from edgespec.errors import (
@@ -22,7 +22,10 @@ from edgespec.errors import (
 )
 from edgespec.loading import load as loading
 from edgespec.loading.catalog import parse_catalog
+from edgespec.loading.checks import check_tokenizers, check_trimmable
+from edgespec.loading.resolve import resolve_model
 from edgespec.loading.tiny import make_tiny_pair
+from edgespec.loading.weights import DTYPES, is_quantized, quantize_model
 from tests.test_gguf import write_tiny_gguf
 
 
@@ -60,9 +63,9 @@ def test_load_local_folder(pair_dir):
 
 def test_unknown_specs_raise_model_not_found(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no-such-model"):
-        loading.resolve_model("no-such-model")
+        resolve_model("no-such-model")
     with pytest.raises(ModelNotFoundError, match="nope"):
-        loading.resolve_model(str(tmp_path / "nope"))
+        resolve_model(str(tmp_path / "nope"))
 
 
 @pytest.mark.parametrize(
@@ -104,15 +107,15 @@ def test_broken_folders_raise_model_load_error(pair_dir, tmp_path, damage, match
 def test_non_model_file_raises(tmp_path):
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(ModelLoadError, match="not a .gguf"):
-        loading.resolve_model(str(tmp_path / "notes.txt"))
+        resolve_model(str(tmp_path / "notes.txt"))
 
 
 def test_gguf_spec_converts_once_into_cache_keyed_by_hash(tmp_path):
     write_tiny_gguf(tmp_path / "tiny.gguf")
-    first = loading.resolve_model(str(tmp_path / "tiny.gguf"))
+    first = resolve_model(str(tmp_path / "tiny.gguf"))
     assert first.parent == tmp_path / "home" / "gguf" and (first / "config.json").is_file()
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert loading.resolve_model(str(tmp_path / "tiny.gguf")) == first
+    assert resolve_model(str(tmp_path / "tiny.gguf")) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # not converted again
     lm = loading.load_model(str(tmp_path / "tiny.gguf"))
     assert lm.tokenizer.eos_token == "<|im_end|>"
@@ -135,7 +138,7 @@ def _quantized_copy(src: Path, dst: Path) -> Path:
 
 
 def _has_quantized(model: nn.Module) -> bool:
-    return loading.is_quantized(model)
+    return is_quantized(model)
 
 
 def test_cpu_policy_dequantizes_to_fp32_and_keeps_logits(pair_dir, tmp_path):
@@ -162,10 +165,10 @@ def test_dtype_casts_every_float_parameter_and_keeps_packed_weights(pair_dir, tm
     cast = loading.load_model(str(folder), dequantize=False, dtype=dtype)
     assert _has_quantized(cast.model)
     dtypes = {p.dtype for _, p in nn.utils.tree_flatten(cast.model.parameters())}
-    assert dtypes == {loading.DTYPES[dtype], mx.uint32}
+    assert dtypes == {DTYPES[dtype], mx.uint32}
     ids = mx.array([[5, 9, 33, 101, 7]])
     out = cast.model(ids)
-    assert out.dtype == loading.DTYPES[dtype]  # activations follow the parameters
+    assert out.dtype == DTYPES[dtype]  # activations follow the parameters
     a, b = np.array(out.astype(mx.float32)), np.array(ref.model(ids))
     # the same model, rounded (bfloat16 keeps 8 significant bits; garbage would be ~1.4)
     assert np.abs(a - b).mean() < {"float16": 0.02, "bfloat16": 0.25}[dtype] * np.abs(b).mean()
@@ -181,7 +184,7 @@ def test_dtype_auto_is_float32_on_the_cpu_and_unknown_dtypes_are_refused(pair_di
 
 def test_quantize_skips_layers_that_do_not_divide_the_group():
     model = nn.Sequential(nn.Linear(64, 8), nn.Linear(96, 8), nn.Linear(40, 8))
-    loading.quantize_model(model, 4)
+    quantize_model(model, 4)
     kinds = [type(m).__name__ for m in model.layers]
     assert kinds == ["QuantizedLinear", "QuantizedLinear", "Linear"]
     assert model.layers[1].group_size == 32  # 96 is not a multiple of 64
@@ -189,10 +192,10 @@ def test_quantize_skips_layers_that_do_not_divide_the_group():
 
 def test_check_tokenizers_accepts_same_and_rejects_different(pair_dir, tmp_path):
     t = loading.load_model(str(pair_dir[0]))
-    loading.check_tokenizers(t, loading.load_model(str(pair_dir[1])))
+    check_tokenizers(t, loading.load_model(str(pair_dir[1])))
     other, _ = make_tiny_pair(tmp_path / "other", seed=5)
     with pytest.raises(TokenizerMismatchError, match="target .* and draft .*") as err:
-        loading.check_tokenizers(t, loading.load_model(str(other)))
+        check_tokenizers(t, loading.load_model(str(other)))
     assert "\n" not in str(err.value)
 
 
@@ -205,7 +208,7 @@ def test_check_tokenizers_finds_vocab_difference_the_probes_miss(pair_dir, tmp_p
     (folder / "tokenizer.json").write_text(json.dumps(tok))
     t, d = loading.load_model(str(pair_dir[0])), loading.load_model(str(folder))
     with pytest.raises(TokenizerMismatchError, match=f"id {min(vocab[a], vocab[b])} "):
-        loading.check_tokenizers(t, d)
+        check_tokenizers(t, d)
 
 
 def test_check_tokenizers_ignores_padding_past_shared_range(pair_dir, tmp_path):
@@ -224,7 +227,7 @@ def test_check_tokenizers_ignores_padding_past_shared_range(pair_dir, tmp_path):
         }
     )
     (folder / "tokenizer.json").write_text(json.dumps(tok))
-    loading.check_tokenizers(loading.load_model(str(pair_dir[0])), loading.load_model(str(folder)))
+    check_tokenizers(loading.load_model(str(pair_dir[0])), loading.load_model(str(folder)))
 
 
 def test_check_trimmable():
@@ -234,12 +237,17 @@ def test_check_trimmable():
         def make_cache(self):
             return [ArraysCache(2)]
 
-    with pytest.raises(CacheNotTrimmableError, match="ArraysCache"):
-        loading.check_trimmable(Hybrid(), "hybrid")
+    class Sinks(nn.Module):
+        def make_cache(self):
+            return [RotatingKVCache(8, keep=4)]
+
+    check_trimmable(Hybrid(), "hybrid")  # recurrent state is restored (edgespec/rewind.py)
+    with pytest.raises(CacheNotTrimmableError, match="RotatingKVCache"):
+        check_trimmable(Sinks(), "sinks")
     from mlx_lm.models import llama
 
     args = llama.ModelArgs("llama", 32, 1, 64, 2, 1e-5, 50)
-    loading.check_trimmable(llama.Model(args))
+    check_trimmable(llama.Model(args))
 
 
 def _catalog(tmp_path: Path, target: Path, draft_local: str) -> object:

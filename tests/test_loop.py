@@ -2,71 +2,62 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.events import Round, Token
-from edgespec.runtime import Engine
-
-PROMPT = "the cat and the dog in the house"
-
-
-def _run(engine: Engine, ids: list[int], sampling: SamplingConfig, k: int, n: int, method="draft"):
-    cfg = GenerationConfig(sampling, SpecConfig(k=k, method=method), max_tokens=n)
-    return list(engine.generate(ids, cfg))
-
-
-def _ids(events) -> list[int]:
-    return [e.id for e in events if isinstance(e, Token)]
+from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.cpu import rewrites
+from edgespec.drafting.model import ModelDrafter
+from edgespec.events import Token
+from edgespec.loop import Limits, speculate
+from tests.helpers import GREEDY, PROMPT, engine_state, gen, plain_ids, rounds_of, token_ids
 
 
 @pytest.mark.parametrize("k", range(1, 9))
-def test_greedy_speculative_equals_plain_decoding(tiny_models, k):
-    engine = Engine(*tiny_models)
+def test_greedy_speculative_equals_plain_decoding(engine, k):
     ids = engine.encode_raw(PROMPT)
-    greedy = SamplingConfig(temperature=0)
-    plain = _ids(_run(engine, ids, greedy, k, 48, method="none"))
+    plain = plain_ids(engine, ids, 48)
     engine.reset()
-    spec = _run(engine, ids, greedy, k, 48)
-    assert _ids(spec) == plain
+    spec = gen(engine, ids, SpecConfig(k=k), 48)
+    assert token_ids(spec) == plain
     assert len(plain) == 48
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
-def test_self_draft_accepts_every_token_and_ends_rounds_with_a_bonus(tiny_self_models, k):
-    engine = Engine(*tiny_self_models)
-    events = _run(engine, engine.encode_raw(PROMPT), SamplingConfig(temperature=0), k, 5 * (k + 1))
-    rounds = [e for e in events if isinstance(e, Round)]
+def test_self_draft_accepts_every_token_and_ends_rounds_with_a_bonus(self_engine, k):
+    engine = self_engine
+    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=k), 5 * (k + 1))
+    rounds = rounds_of(events)
     assert rounds and all(r.accepted == r.drafted == k for r in rounds)
     kinds = [e.kind for e in events if isinstance(e, Token)]
     assert kinds == (["accepted"] * k + ["bonus"]) * 5
     assert events[-1].stats.acceptance == 1.0 and events[-1].stats.tau == k + 1
 
 
-def test_same_seed_same_tokens_other_seed_other_tokens(tiny_models):
-    engine = Engine(*tiny_models)
+def test_same_seed_same_tokens_other_seed_other_tokens(engine):
     ids = engine.encode_raw(PROMPT)
-    a, b, c = (_ids(_run(engine, ids, SamplingConfig(1.0, seed=s), 4, 32)) for s in (5, 5, 6))
+    a, b, c = (
+        token_ids(gen(engine, ids, SpecConfig(k=4), 32, SamplingConfig(1.0, seed=s)))
+        for s in (5, 5, 6)
+    )
     assert a == b and a != c
 
 
-def test_sampled_self_draft_accepts_almost_everything(tiny_self_models):
+def test_sampled_self_draft_accepts_almost_everything(self_engine):
     """p == q at temperature > 0: the ratio test passes (float noise aside)."""
-    engine = Engine(*tiny_self_models)
-    events = _run(engine, engine.encode_raw(PROMPT), SamplingConfig(1.0, seed=3), 4, 60)
+    engine = self_engine
+    events = gen(
+        engine, engine.encode_raw(PROMPT), SpecConfig(k=4), 60, SamplingConfig(1.0, seed=3)
+    )
     assert events[-1].stats.acceptance > 0.97
 
 
 def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, monkeypatch):
     """One host sync per round, after the target's verify graph is built on the lazy drafts: on
     a GPU the draft computes while the host builds the verify (no idle device in between)."""
-    import mlx.core as mx
-
-    from edgespec.cache import KVState
-    from edgespec.loop import Limits, ModelDrafter, speculate
-
     (target, draft), log = tiny_models, []
-    t_state, d_state = KVState(target.model, "target"), KVState(draft.model, "draft")
+    t_state, d_state = engine_state(target.model, "target"), engine_state(draft.model, "draft")
     for state, name in ((t_state, "verify"), (d_state, "draft")):
         forward = state.forward
         monkeypatch.setattr(
@@ -75,13 +66,13 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
     real_eval = mx.eval
     monkeypatch.setattr(mx, "eval", lambda *a: log.append("sync") or real_eval(*a))
     prompt = list(range(3, 20))
-    greedy = SamplingConfig(temperature=0)
     t_state.prefill(prompt)
     d_state.prefill(prompt)
     log.clear()
-    drafter = ModelDrafter(d_state, greedy, int(target.model.args.vocab_size))
+    vocab = int(target.model.args.vocab_size)
+    drafter = ModelDrafter(d_state, GREEDY, vocab, rewrites.draft_pairs())
     limits = Limits(12, frozenset(), 512)
-    steps = list(speculate(t_state, drafter, prompt, greedy, lambda _r: 2, limits))
+    steps = list(speculate(t_state, drafter, prompt, GREEDY, lambda _r: 2, limits))
     rounds = " ".join(log).split("verify")  # what happened before each verify, and after the last
     assert len(rounds) - 1 == len(steps) >= 4
     assert rounds[0].split() == ["draft", "draft"]  # the first round waits for nothing
@@ -95,19 +86,13 @@ def test_draft_steps_run_in_pairs_on_the_cpu(tiny_models, monkeypatch):
     newest cached position again beside it (ModelDrafter.pairs; one-row products are the slow
     ones under MKL). EDGESPEC_DRAFT_PAIRS=0 runs one. Same proposals, same q up to rounding, and
     the draft's cache holds the same positions afterwards, across rounds."""
-    import mlx.core as mx
-    import numpy as np
-
-    from edgespec.cache import KVState
-    from edgespec.loop import ModelDrafter
-
     target, draft = tiny_models
     vocab = int(target.model.args.vocab_size)
     prompt = list(range(3, 20))
     seen = {}
     for pairs in ("1", "0"):
         monkeypatch.setenv("EDGESPEC_DRAFT_PAIRS", pairs)
-        state = KVState(draft.model, "draft")
+        state = engine_state(draft.model, "draft")
         state.prefill(prompt)  # holds prompt[:-1]: one token pending
         lengths: list[int] = []
         forward = state.forward
@@ -119,7 +104,7 @@ def test_draft_steps_run_in_pairs_on_the_cpu(tiny_models, monkeypatch):
         monkeypatch.setattr(state, "forward", counted)
         context, out = list(prompt), []
         for i, cfg in enumerate([SamplingConfig(temperature=0), SamplingConfig(1.0)] * 2):
-            drafter = ModelDrafter(state, cfg, vocab)
+            drafter = ModelDrafter(state, cfg, vocab, rewrites.draft_pairs())
             prop = drafter.propose(context, 3, mx.random.key(i))
             tokens = [int(t) for t in prop.tokens.tolist()]
             assert state.offset == len(context) + 2  # context and x_1, x_2 (x_3 never fed)

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from edgespec.bench.records import RunRecord, aggregate, rounds_from_flags, summarize_runs
 from edgespec.events import Round
 from edgespec.metrics import (
-    RunRecord,
     add_hists,
-    aggregate,
     alpha_mle,
     expected_tokens_per_round,
     fold_rounds,
     predicted_speedup,
     ratio_of_medians,
-    rounds_from_flags,
-    summarize,
     verify_cost_line,
 )
 
@@ -123,7 +120,7 @@ def test_summary_speedup_costs_and_prediction() -> None:
         )
         for pid in ("a", "b")
     ]  # fmt: skip
-    s = summarize(spec, plain)
+    s = summarize_runs(spec, plain)
     assert s.speedup_vs_plain == pytest.approx(2.0)
     assert s.tau == pytest.approx(1 + 12 / 8)
     assert s.alpha == pytest.approx(12 / 20) and s.acceptance == pytest.approx(12 / 32)
@@ -139,7 +136,7 @@ def test_summary_speedup_costs_and_prediction() -> None:
 def test_speedup_spread_over_repeats() -> None:
     plain = [_run("plain", "a", 11, 0.5, rep) for rep in (0, 1)]
     spec = [_run("spec", "a", 11, 0.25, 0), _run("spec", "a", 11, 0.5 / 3, 1)]
-    s = summarize(spec, plain)
+    s = summarize_runs(spec, plain)
     assert (s.speedup_min, s.speedup_max) == pytest.approx((2.0, 3.0))
     assert s.speedup_vs_plain == pytest.approx(50 / 20)  # median(40, 60) / 20
 

@@ -143,7 +143,7 @@ def test_disk_full_during_conversion_leaves_nothing(env, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(gguf, "write_mlx_folder", full)
+    monkeypatch.setattr(pull, "write_mlx_folder", full)  # pull calls gguf's by this name
     with pytest.raises(DownloadError, match="No space left on device"):
         pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
     _no_leftovers(env / "home")

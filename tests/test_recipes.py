@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-
-from edgespec.distill import data as D
 from edgespec.models.recipes.import_draft import add_gpu_data, curve_rows
+
+from edgespec.distill import shards as D
 
 
 def report(curve: list[tuple[int, int, float, float]], tokens: int) -> dict:

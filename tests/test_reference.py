@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.events import Token
+from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.runtime import Engine
+from tests.helpers import PROMPT, gen, token_ids
 from tests.reference_loop import reference_plain, reference_speculative
 
-PROMPT = "the cat and the dog in the house"
 
-
-def _ids(engine: Engine, ids: list[int], sampling: SamplingConfig, k: int, n: int, method="draft"):
-    cfg = GenerationConfig(sampling, SpecConfig(k=k, method=method), max_tokens=n)
-    return [e.id for e in engine.generate(ids, cfg) if isinstance(e, Token)]
+def _generated(
+    engine: Engine, ids: list[int], sampling: SamplingConfig, k: int, n: int, method="draft"
+):
+    return token_ids(gen(engine, ids, SpecConfig(k=k, method=method), n, sampling))
 
 
 @pytest.mark.parametrize(
@@ -38,7 +37,7 @@ def test_matches_numpy_reference_token_for_token(tiny_models, sampling, k):
     ids = engine.encode_raw(PROMPT)
     eos = engine.tokenizer.eos_token_ids
     want = reference_speculative(target.model, draft.model, ids, sampling, k, 24, eos)
-    assert _ids(engine, ids, sampling, k, 24) == want
+    assert _generated(engine, ids, sampling, k, 24) == want
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(1.0, seed=9)])
@@ -47,7 +46,7 @@ def test_plain_decoding_matches_numpy_reference(tiny_models, sampling):
     engine = Engine(target, draft)
     ids = engine.encode_raw(PROMPT)
     want = reference_plain(target.model, ids, sampling, 24, engine.tokenizer.eos_token_ids)
-    assert _ids(engine, ids, sampling, 4, 24, method="none") == want
+    assert _generated(engine, ids, sampling, 4, 24, method="none") == want
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(1.2, seed=5)])
@@ -58,7 +57,7 @@ def test_self_draft_matches_reference(tiny_self_models, sampling):
     ids = engine.encode_raw(PROMPT)
     eos = engine.tokenizer.eos_token_ids
     want = reference_speculative(target.model, draft.model, ids, sampling, 3, 24, eos)
-    assert _ids(engine, ids, sampling, 3, 24) == want
+    assert _generated(engine, ids, sampling, 3, 24) == want
 
 
 def test_reference_greedy_speculative_equals_reference_plain(tiny_models):

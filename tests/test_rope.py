@@ -8,9 +8,9 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from edgespec.cache import KVState
 from edgespec.cpu import rope
 from edgespec.cpu.rope import TableRoPE
+from tests.helpers import engine_state
 
 OFFSETS = [0, 1, 2, 7, 31, 255, 256, 1000, 4093, 4095, 4096, 5000, 9000]
 
@@ -91,7 +91,7 @@ def test_native_block_and_other_inputs_take_mlx_own_path():
 
 def test_a_real_forward_has_the_same_logits_with_tables(tiny_models):
     target = tiny_models[0]
-    state = KVState(target.model, "target")  # installs the tables (CPU)
+    state = engine_state(target.model, "target")  # the Engine's rewrites: the tables (CPU)
     assert any(isinstance(m.get("rope"), TableRoPE) for _, m in target.model.named_modules())
     ids = mx.array([1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11, 12], dtype=mx.int32)
 

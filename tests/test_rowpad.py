@@ -1,5 +1,5 @@
 """One-row products run as two rows (edgespec.cpu.rowpad): same parameters, same logits, chosen by the
-BLAS, applied by the loader."""
+BLAS, applied by the Engine (rewrites.optimise) when EDGESPEC_PAD_ROWS=1."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from edgespec.cpu.rowpad import (
     pad_single_rows,
 )
 from edgespec.loading.load import load_model
+from edgespec.runtime import Engine
 
 
 def _close(a: mx.array, b: mx.array) -> None:
@@ -71,14 +72,16 @@ def test_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert blas.pads_single_rows()
 
 
-def test_loader_pads_when_told_and_decodes_the_same(
+def test_engine_pads_when_told_and_decodes_the_same(
     tiny_pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target, _ = tiny_pair
     monkeypatch.setenv("EDGESPEC_PAD_ROWS", "0")
-    plain = load_model(str(target)).model
+    plain = Engine(load_model(str(target)), None).target.model
     monkeypatch.setenv("EDGESPEC_PAD_ROWS", "1")
-    padded = load_model(str(target)).model
+    loaded = load_model(str(target))
+    assert not is_padded(loaded.model)  # the loader leaves the model as it is
+    padded = Engine(loaded, None).target.model
     assert not is_padded(plain) and is_padded(padded)
     # Greedy decoding one token at a time (every product a single row) gives the same logits.
     a, b = KVState(plain), KVState(padded)

@@ -11,15 +11,7 @@ import dataclasses
 import time
 from collections.abc import Iterable
 
-from textual import on
-from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
-from textual.screen import Screen
-from textual.widgets import Footer, Header, Input
-
-from edgespec.config import GenerationConfig
-from edgespec.events import Token
+from edgespec.tui import settings
 from edgespec.tui.engine_thread import EngineThread, Loader
 from edgespec.tui.messages import (
     EngineFailed,
@@ -31,25 +23,24 @@ from edgespec.tui.messages import (
 )
 from edgespec.tui.screens import LoadingScreen, PastChatsScreen
 from edgespec.tui.store import ChatMessage, ChatStore, Conversation, stats_to_json
-from edgespec.tui.widgets import AnswerView, StatsPanel, StatsView, TurnMeter, UserMessage, clean_text
+from edgespec.tui.transcript import finish_answer, message_widgets
+from edgespec.tui.widgets import (
+    AnswerView,
+    StatsPanel,
+    StatsView,
+    TurnMeter,
+    UserMessage,
+)
+from textual import on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input
 
-K_RANGE = (1, 16)
-TEMP_RANGE, TEMP_STEP = (0.0, 2.0), 0.1
+from edgespec.config import GenerationConfig
+
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
-
-
-_CHAT_ACTIONS = {
-    "stop",
-    "new_chat",
-    "k_down",
-    "k_up",
-    "toggle_adaptive",
-    "temp_down",
-    "temp_up",
-    "toggle_spec",
-    "copy_answer",
-    "open_chats",
-}
 
 
 class ChatApp(App[int]):
@@ -66,7 +57,7 @@ class ChatApp(App[int]):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("f2", "k_down", "K−"),
         Binding("f3", "k_up", "K+"),
-        # Off the footer (it would cut "Past chats" at 120 columns); in the palette, the README,
+        # Off the footer (it would cut "Past chats" at 120 columns); in the palette, docs/cli.md,
         # and named by the notice a K key shows.
         Binding("f6", "toggle_adaptive", "Auto K", show=False),
         Binding("f4", "temp_down", "Temp−"),
@@ -150,7 +141,7 @@ class ChatApp(App[int]):
         self.conv.model = message.name
         self.sub_title = message.name
         if not message.has_draft and self.config.spec.enabled:
-            self._set_spec(False)
+            self.config = settings.with_method(self.config, "none")
         if self._loading():
             self.pop_screen()
         self.refresh_bindings()
@@ -209,23 +200,15 @@ class ChatApp(App[int]):
         if message.turn != self.waiting or self._answer is None or self._reply is None:
             return
         fin, answer, reply = message.finished, self._answer, self._reply
-        shown, final = answer.plain, clean_text(fin.text)
-        if final != shown and final.startswith(shown):  # a detokenizer tail not yet shown
-            kind = answer.runs[-1][0] if answer.runs else "target"
-            tail = Token(id=-1, text=final[len(shown) :], kind=kind, round=-1)  # type: ignore[arg-type]
-            answer.append([tail])
+        finish_answer(answer, fin)
         reply.runs, reply.content = answer.runs, fin.text
         reply.reason, reply.stats = fin.reason, stats_to_json(fin.stats)
-        if fin.reason == "cancelled":
-            answer.set_note("[stopped]")
-        elif fin.reason == "length":
-            answer.set_note("[max tokens]")
         if fin.stats.tokens > 0 and fin.stats.tokens_per_s > 0:
             if self.config.spec.enabled and fin.stats.drafted > 0:
                 self.spec_tps = fin.stats.tokens_per_s
             elif not self.config.spec.enabled:
                 self.plain_tps = fin.stats.tokens_per_s
-        per_round = self._meter_rounds()
+        per_round = [] if self._meter is None else self._meter.rounds_in_order()
         k_now = None if self._meter is None else self._meter.k_now
         self.waiting, self._meter = None, None
         self._save()
@@ -245,10 +228,6 @@ class ChatApp(App[int]):
         self._save()
         self.notify(message.error, title="Generation failed", severity="error", timeout=15)
         self._show_stats()
-
-    def _meter_rounds(self) -> list[int]:
-        m = self._meter
-        return [] if m is None else [m.per_round[i] for i in sorted(m.per_round)]
 
     def _save(self) -> None:
         if self.conv.messages:
@@ -286,8 +265,9 @@ class ChatApp(App[int]):
 
     # ----------------------------------------------------------------- actions
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Hide chat actions until the engine is ready; grey out Stop when nothing runs."""
-        if action not in _CHAT_ACTIONS:
+        """Hide chat actions (every binding's) until the engine is ready; grey out Stop when
+        nothing runs."""
+        if all(not isinstance(b, Binding) or b.action != action for b in self.BINDINGS):
             return True
         if not self.ready:
             return False
@@ -313,30 +293,18 @@ class ChatApp(App[int]):
         self.conv = conv
         view = self.query_one("#conversation", VerticalScroll)
         view.remove_children()
-        for m in conv.messages:
-            if m.role == "user":
-                view.mount(UserMessage(m.content))
-            else:
-                runs = m.runs or [("target", m.content)]
-                note = {"cancelled": "[stopped]", "partial": "[interrupted]"}.get(
-                    m.reason or "", ""
-                )
-                view.mount(AnswerView(runs, note=note))
+        view.mount(*message_widgets(conv))
         view.scroll_end(animate=False)
         self._last_view = None
         self._show_stats()
-
-    def _set_spec(self, on: bool) -> None:
-        method = self._spec_method if on else "none"
-        spec = dataclasses.replace(self.config.spec, method=method)
-        self.config = dataclasses.replace(self.config, spec=spec)
 
     def action_toggle_spec(self) -> None:
         """Speculation off/on (applies from the next turn); plain turns measure the baseline."""
         if not self.has_draft and not self.config.spec.enabled:
             self.notify("This engine has no draft model: speculation is unavailable.")
             return
-        self._set_spec(not self.config.spec.enabled)
+        method = "none" if self.config.spec.enabled else self._spec_method
+        self.config = settings.with_method(self.config, method)
         state = "on" if self.config.spec.enabled else "off (plain decoding)"
         self.notify(f"Speculation {state} from the next answer")
         self._show_stats()
@@ -344,14 +312,12 @@ class ChatApp(App[int]):
     def _set_k(self, k: int) -> None:
         """A K key fixes K (adaptive K off): starting from the K shown, the latest choice when
         adaptive K was on."""
-        k = max(K_RANGE[0], min(K_RANGE[1], k))
         was_adaptive = self.config.spec.adaptive
-        spec = dataclasses.replace(
-            self.config.spec, k=k, k_max=max(k, self.config.spec.k_max), adaptive=False
-        )
-        self.config = dataclasses.replace(self.config, spec=spec)
+        self.config = settings.with_k(self.config, k)
         if was_adaptive:
-            self.notify(f"K fixed at {k} from the next answer (F6: back to auto K)")
+            self.notify(
+                f"K fixed at {self.config.spec.k} from the next answer (F6: back to auto K)"
+            )
         self._show_stats()
 
     def _k_base(self) -> int:
@@ -371,33 +337,27 @@ class ChatApp(App[int]):
 
     def action_toggle_adaptive(self) -> None:
         """Adaptive K on/off (from the next turn): K chosen each round from the measured costs."""
-        on = not self.config.spec.adaptive
-        spec = dataclasses.replace(self.config.spec, adaptive=on)
-        self.config = dataclasses.replace(self.config, spec=spec)
-        state = "auto (chosen each round)" if on else f"fixed at {spec.k}"
+        self.config = settings.with_adaptive(self.config, not self.config.spec.adaptive)
+        spec = self.config.spec
+        state = "auto (chosen each round)" if spec.adaptive else f"fixed at {spec.k}"
         self.notify(f"K {state} from the next answer")
         self._show_stats()
 
     def _set_temp(self, t: float) -> None:
-        t = round(max(TEMP_RANGE[0], min(TEMP_RANGE[1], t)), 2)
-        sampling = dataclasses.replace(self.config.sampling, temperature=t)
-        self.config = dataclasses.replace(self.config, sampling=sampling)
+        self.config = settings.with_temperature(self.config, t)
         self._show_stats()
 
     def action_temp_up(self) -> None:
         """Raise the temperature by 0.1 (0 = greedy)."""
-        self._set_temp(self.config.sampling.temperature + TEMP_STEP)
+        self._set_temp(self.config.sampling.temperature + settings.TEMP_STEP)
 
     def action_temp_down(self) -> None:
         """Lower the temperature by 0.1 (0 = greedy)."""
-        self._set_temp(self.config.sampling.temperature - TEMP_STEP)
+        self._set_temp(self.config.sampling.temperature - settings.TEMP_STEP)
 
     def last_answer(self) -> str:
         """The text of the newest assistant message ('' if none)."""
-        for m in reversed(self.conv.messages):
-            if m.role == "assistant":
-                return m.content
-        return ""
+        return next((m.content for m in reversed(self.conv.messages) if m.role == "assistant"), "")
 
     def action_copy_answer(self) -> None:
         """Copy the last answer to the clipboard (OSC 52)."""

@@ -18,11 +18,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from textual.message import Message
-
-from edgespec.config import GenerationConfig
-from edgespec.errors import EdgeSpecError
-from edgespec.events import Finished, Round, Token
 from edgespec.tui.messages import (
     EngineFailed,
     EngineReady,
@@ -31,6 +26,11 @@ from edgespec.tui.messages import (
     TurnFailed,
     TurnFinished,
 )
+from textual.message import Message
+
+from edgespec.config import GenerationConfig
+from edgespec.errors import EdgeSpecError
+from edgespec.events import Finished, Round, Token
 
 ProgressFn = Callable[[str, "float | None"], None]
 Post = Callable[[Message], object]

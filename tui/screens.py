@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from edgespec.tui.store import ChatSummary
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Center, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Label, OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
-
-from edgespec.tui.store import ChatSummary
 
 
 class LoadingScreen(Screen[None]):

@@ -198,6 +198,10 @@ class TurnMeter:
     hist: list[int] = field(default_factory=list)  # hist[i] = rounds that accepted i drafts
     k_now: int | None = None  # K of the latest speculative round (adaptive K: the chosen one)
 
+    def rounds_in_order(self) -> list[int]:
+        """Tokens committed by each round so far, in round order."""
+        return [self.per_round[i] for i in sorted(self.per_round)]
+
     def add(self, tokens: Sequence[Token], rounds: Sequence[Round], now: float) -> None:
         """Fold one batch in."""
         if tokens:

@@ -1,12 +1,13 @@
 """Reports of a bench run: terminal table, results.json, results.md and PNG plots.
 
-results.json (schema_version 1) -- see README "Bench results":
+results.json (schema_version 1) -- see docs/bench.md:
     {"schema_version": 1, "complete": bool, "created": ISO-8601 UTC,
      "environment": {...}, "pair": {...}, "settings": {...},
      "methods": [{"method", "k", "temp", "label", "overall": SUMMARY, "categories": {name: SUMMARY}}],
      "mismatches": [{"method", "k", "prompt_id", "category", "repeat", "position",
                      "plain_token", "other_token", "logit_gap", "near_tie"}],
-     "skipped": [{"prompt_id", "reason"}], "runs": [RUN, ...]}
+     "skipped": [{"prompt_id", "reason"}], "refused": [{"method", "reason"}],
+     "runs": [RUN, ...]}
 SUMMARY holds the fields of metrics.Summary; RUN those of metrics.RunRecord plus tokens_per_s.
 Plots need matplotlib (the `plot` extra); without it the other files are still written.
 """
@@ -20,14 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edgespec.bench.records import PLAIN, Summary, VariantSummary
 from edgespec.bench.runner import BenchResult
-from edgespec.metrics import (
-    PLAIN,
-    Summary,
-    VariantSummary,
-    predicted_speedup,
-    verify_cost_line,
-)
+from edgespec.metrics import predicted_speedup, verify_cost_line
 
 SCHEMA_VERSION = 1
 
@@ -61,6 +57,7 @@ def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dic
         ],
         "mismatches": [asdict(n) for n in result.notes],
         "skipped": result.skipped,
+        "refused": result.refused,
         "runs": [r.to_json() for r in result.records],
     }
 

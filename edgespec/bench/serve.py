@@ -1,7 +1,7 @@
 """What the server costs, side by side in one run (a benchmark, not a test):
 
     python -m edgespec.bench.serve [--pair NAME | --target T --draft D] [--per-category N]
-                                   [--max-tokens M] [spec options as in generate]
+                                   [--max-tokens M] [-k K] [--method M] [--no-adaptive]
 
 1. Overhead: the same prompts at T=0, alternately generated in this process (Engine.chat, caches
    reset first) and through `edgespec serve --cache-slots 0` (a subprocess, the official openai
@@ -25,18 +25,16 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from edgespec.commands.common import add_model_args, add_spec_args, spec_from_args
-from edgespec.config import GenerationConfig, SamplingConfig
+from edgespec.bench.prompts import DEFAULT_PROMPTS, load_prompts
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.cpu.blas import reexec_with_blas
+from edgespec.errors import EdgeSpecError
 
+# This module imports no MLX at load time, so that main() can first re-execute with the optimised
+# BLAS preloaded (the server subprocess inherits it): both sides must run on the same BLAS.
 FOLLOW_UP = "Now summarise your answer in one sentence."
-# The project's prompt set (as edgespec.bench.runner's DEFAULT_PROMPTS). This module imports no
-# MLX at load time, so that main() can first re-execute with the optimised BLAS preloaded (the
-# server subprocess inherits it): both sides must run on the same BLAS.
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench_prompts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -54,6 +52,9 @@ class Timed:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+Turns = list[tuple[list[dict[str, str]], Timed]]  # (the second turn's messages, its answer)
 
 
 def in_process(engine: Any, question: str, config: GenerationConfig) -> Timed:
@@ -113,9 +114,7 @@ def overhead(
         yield in_process(engine, q, config), through_server(client, model, m, config.max_tokens)
 
 
-def second_turns(
-    client: Any, model: str, questions: Sequence[str], max_tokens: int
-) -> list[tuple[list[dict[str, str]], Timed]]:
+def second_turns(client: Any, model: str, questions: Sequence[str], max_tokens: int) -> Turns:
     """Turn one for each question, then its turn two right after (the cache holds turn one)."""
     out = []
     for q in questions:
@@ -143,9 +142,31 @@ def _client(base: str) -> Any:
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m edgespec.bench.serve", description=__doc__)
-    add_model_args(parser)
-    add_spec_args(parser)
+    """The options both sides share (the models and how they speculate); the rest of the
+    server's options keep their defaults, which is what a user gets."""
+    parser = argparse.ArgumentParser(
+        prog="python -m edgespec.bench.serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--pair", help="a named pair (default: the embedded pair)")
+    parser.add_argument("--target", help="target model (as in edgespec generate)")
+    parser.add_argument("--draft", help="draft model (as in edgespec generate)")
+    parser.add_argument("--draft-bits", type=int, default=4, help="as in generate (default 4)")
+    parser.add_argument("--dtype", default="auto", help="as in generate (default auto)")
+    parser.add_argument("-k", "--k", type=int, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument(
+        "--method",
+        default="hybrid",
+        choices=("draft", "ngram", "hybrid", "none"),
+        help="who drafts (default hybrid, as serve's default; none: plain decoding)",
+    )
+    parser.add_argument(
+        "--adaptive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="adaptive K (default on, as serve's default)",
+    )
     parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="a JSONL prompt set")
     parser.add_argument(
         "--per-category", type=int, default=None, help="first N prompts of each category only"
@@ -160,19 +181,31 @@ def _server_args(args: argparse.Namespace) -> list[str]:
         if getattr(args, name):
             out += [f"--{name}", getattr(args, name)]
     out += ["--draft-bits", str(args.draft_bits), "--dtype", args.dtype, "-k", str(args.k)]
-    out += ["--method", args.method, "--adaptive" if args.adaptive else "--no-adaptive"]
-    return out + (["--no-spec"] if args.no_spec else [])
+    out += ["--adaptive" if args.adaptive else "--no-adaptive"]
+    return out + (["--no-spec"] if args.method == "none" else ["--method", args.method])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     reexec_with_blas(list(sys.argv[1:] if argv is None else argv), module="edgespec.bench.serve")
     args = _arguments(argv)
-    from edgespec.bench.runner import load_prompts
+    try:
+        _report(*_measure(args))
+    except EdgeSpecError as exc:  # bad options, a missing model or prompt file: one line
+        print(f"python -m edgespec.bench.serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> tuple[list[tuple[Timed, Timed]], Turns, Turns]:
+    """Both measurements: (in-process, server) pairs, then second turns without and with the
+    prefix cache. Prints each prompt's pair as it comes."""
     from edgespec.cpu import blas
     from edgespec.runtime import Engine
     from edgespec.server.process import ServerProcess
 
-    config = GenerationConfig(SamplingConfig(temperature=0), spec_from_args(args), args.max_tokens)
+    spec = SpecConfig(k=args.k, method=args.method, adaptive=args.adaptive,
+                      k_max=max(SpecConfig.k_max, args.k))  # fmt: skip
+    config = GenerationConfig(SamplingConfig(temperature=0), spec, args.max_tokens)
     questions = [p.text for p in load_prompts(args.prompts, limit=args.per_category)]
     engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits,
                          dtype=args.dtype)  # fmt: skip
@@ -190,8 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with_cache = second_turns(_client(warm.base), _model_of(warm), questions, args.max_tokens)
     finally:
         warm.terminate()
-    _report(pairs, without, with_cache)
-    return 0
+    return pairs, without, with_cache
 
 
 def _model_of(srv: Any) -> str:
@@ -212,8 +244,8 @@ def _rows(measured: Iterator[tuple[Timed, Timed]]) -> list[tuple[Timed, Timed]]:
 
 def _report(
     pairs: list[tuple[Timed, Timed]],
-    without: list[tuple[list[dict[str, str]], Timed]],
-    with_cache: list[tuple[list[dict[str, str]], Timed]],
+    without: Turns,
+    with_cache: Turns,
 ) -> None:
     local, served = _ratio(pairs)
     print(

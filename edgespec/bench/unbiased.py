@@ -18,10 +18,11 @@ import mlx.core as mx
 import numpy as np
 
 from edgespec.acceptance import expected_acceptance, verify
+from edgespec.cache import target_features
 from edgespec.config import SamplingConfig
-from edgespec.drafting.eagle import EagleModel, target_features
+from edgespec.drafting.eagle import EagleModel
+from edgespec.drafting.model import fit_vocab
 from edgespec.errors import ConfigError
-from edgespec.loop import fit_vocab
 from edgespec.sampling import make_key, sample, split, warp
 
 CELLS = 2**22  # floats per batched chunk of rounds (keeps memory flat for a 49k vocabulary)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import tempfile
 import time
@@ -11,24 +12,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgespec.bench.greedy import compare_greedy
+from edgespec.bench.methods import DEFAULT_METHODS, METHODS
+from edgespec.bench.prompts import encode_prompts, load_prompts
+from edgespec.bench.records import RunRecord, aggregate
 from edgespec.bench.report import format_table, write_report
 from edgespec.bench.runner import (
-    DEFAULT_METHODS,
-    METHODS,
     BenchPlan,
     BenchResult,
     check_methods,
-    compare_greedy,
-    encode_prompts,
     environment,
     iter_bench,
-    load_prompts,
     pair_info,
+    refused_methods,
     warm_up,
 )
-from edgespec.commands.common import add_model_args
+from edgespec.commands.common import add_model_args, add_shard_args
 from edgespec.errors import ConfigError, PromptError
-from edgespec.metrics import RunRecord, aggregate
 
 HELP = (
     "Measure decode throughput of plain decoding, EdgeSpec's speculative decoding and mlx-lm's, "
@@ -78,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", help="output folder (default ./bench-out/<timestamp>)")
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_shard_args(g)
 
 
 def _plan(args: argparse.Namespace) -> BenchPlan:
@@ -114,13 +115,39 @@ def _measure(engine: Any, prompts: list, encoded: dict, plan: BenchPlan, quiet: 
     return records, True
 
 
+# Under mlx.launch (a sharded target) when --methods is not given: adaptive K cannot run there
+# (edgespec.distributed.group.check_config), and mlx-lm's own plain decoding is the peer.
+GROUP_METHODS = ("plain", "spec", "mlx-lm-plain")
+
+
+def _group_plan(args: argparse.Namespace, group: Any) -> None:
+    """Under a group of several ranks: the default methods become GROUP_METHODS; adaptive ones
+    are refused (ConfigError) before anything loads."""
+    if group is None or group.size <= 1:
+        return
+    if args.methods is DEFAULT_METHODS:
+        args.methods = GROUP_METHODS
+    adaptive = [m for m in args.methods if m.startswith("adaptive")]
+    if adaptive:
+        raise ConfigError(
+            f"{', '.join(adaptive)}: adaptive K chooses from each rank's own timings, which "
+            "differ between ranks; with a sharded target bench fixed K (spec, hybrid, ngram)"
+        )
+    args.quiet = args.quiet or not group.is_primary
+
+
 def run(args: argparse.Namespace) -> int:
+    from edgespec.distributed.group import init_group
+
+    group = init_group()  # None unless mlx.launch started this process
+    _group_plan(args, group)
     plan = _plan(args)
     prompts = load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    created = _writable_folder(out)
+    primary = group is None or group.is_primary  # rank 0 alone writes; the others follow
+    created = _writable_folder(out) if primary else False
     try:
-        return _run(args, plan, prompts, out)
+        return _run(args, plan, prompts, out, group)
     except BaseException:
         if created:  # a run that ends before writing leaves no empty folder behind
             with contextlib.suppress(OSError):
@@ -141,19 +168,27 @@ def _writable_folder(out: Path) -> bool:
     return created
 
 
-def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path) -> int:
+def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, group: Any) -> int:
+    from edgespec.distributed.probe import probe
     from edgespec.loading.load import load_token_draft, peer_draft_spec
     from edgespec.runtime import Engine
 
     engine = Engine.load(
-        args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype
-    )
+        args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype,
+        group=group, shard=args.shard,
+    )  # fmt: skip
     peer = args.peer_draft or peer_draft_spec(args.target, args.draft, args.pair)
     if peer is not None and "mlx-lm" in plan.methods:
         engine.peer_draft = load_token_draft(
             peer, engine.target, draft_bits=args.draft_bits, dtype=args.dtype
         )
     check_methods(engine, plan)
+    refused = refused_methods(engine, plan)
+    if refused:
+        gone = {r["method"] for r in refused}
+        plan = dataclasses.replace(plan, methods=tuple(m for m in plan.methods if m not in gone))
+        for r in refused:
+            print(f"edgespec bench: {r['method']} left out: {r['reason']}", file=sys.stderr)
     encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
     if not encoded:
         raise PromptError(f"no prompt fits the context window: {skipped[0]['reason']}")
@@ -161,8 +196,12 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path) ->
         if not args.quiet:
             print("edgespec bench: warming up", file=sys.stderr)
         warm_up(engine, next(iter(encoded.values())), plan)
+    lengths = tuple(sorted({1, *(k + 1 for k in plan.ks)}))
+    latency = probe(engine.target.model, group, args.shard, lengths)  # every rank, in step
     records, complete = _measure(engine, prompts, encoded, plan, args.quiet)
     records, notes = compare_greedy(engine, records, encoded)
+    if group is not None and not group.is_primary:
+        return 0 if complete else 130
     settings = {
         "methods": list(plan.methods), "k": list(plan.ks), "temp": list(plan.temps),
         "max_tokens": plan.max_tokens, "repeats": plan.repeats, "seed": plan.seed,
@@ -170,8 +209,9 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path) ->
         "prompts": str(args.prompts or "built-in"), "categories": list(args.categories or []),
         "limit": args.limit, "n_prompts": len(encoded), "warmup": bool(plan.warmup_tokens),
     }  # fmt: skip
+    env = environment() | {"distributed": latency.to_json()}  # group size 1 when not launched
     result = BenchResult(
-        records, notes, skipped, settings, pair_info(engine), environment(), complete
+        records, notes, skipped, settings, pair_info(engine), env, complete, refused
     )
     variants = aggregate(records)
     print(format_table(variants))  # first: the figures stay on screen whatever happens to the files

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 
@@ -45,7 +47,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="random seed (same seed => same tokens)")
 
 
-# The command-line default: the fastest setting measured on every input kind (README, "Measured":
+# The command-line default: the fastest setting measured on every input kind (docs/measurements/:
 # MT-bench and grounded inputs alike), and one that tunes K to the machine it runs on.
 DEFAULT_METHOD = "hybrid"
 DEFAULT_ADAPTIVE = True
@@ -138,4 +140,31 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
 def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
     return GenerationConfig(
         sampling=sampling_from_args(args), spec=spec_from_args(args), max_tokens=args.max_tokens
+    )
+
+
+def add_shard_args(parser: argparse._ActionsContainer) -> None:
+    parser.add_argument(
+        "--shard",
+        default="tensor",
+        choices=("tensor", "pipeline"),
+        help="under mlx.launch: split the target over the ranks tensor parallel (mlx-lm's "
+        "model.shard) or pipeline parallel (model.model.pipeline, where mlx-lm has it); the "
+        "draft stays whole on every rank (default tensor)",
+    )
+
+
+def fixed_k_for_group(
+    config: GenerationConfig, group: Any | None
+) -> tuple[GenerationConfig, str | None]:
+    """Under a group of several ranks, adaptive K becomes fixed K (AdaptiveK decides from this
+    rank's own timings, which differ between ranks). Returns (config, a note for the user or
+    None)."""
+    spec = config.spec
+    if group is None or group.size <= 1 or not spec.enabled or not spec.adaptive:
+        return config, None
+    fixed = dataclasses.replace(config, spec=dataclasses.replace(spec, adaptive=False))
+    return fixed, (
+        f"the target is split over {group.size} ranks, so K stays {spec.k} (--k): adaptive K "
+        "would choose from each rank's own timings, which differ"
     )

@@ -10,7 +10,9 @@ import sys
 from edgespec.commands.common import (
     add_model_args,
     add_sampling_args,
+    add_shard_args,
     add_spec_args,
+    fixed_k_for_group,
     generation_from_args,
 )
 from edgespec.events import Finished, Stats, Token, to_json
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="JSON lines: token and round records, then a summary",
     )
+    add_shard_args(parser)
 
 
 def summary_line(reason: str, s: Stats) -> str:
@@ -55,24 +58,36 @@ def _progress(stage: str, fraction: float | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # our errors say it in one line
+    from edgespec.distributed.group import init_group
     from edgespec.runtime import Engine
 
     config = generation_from_args(args)  # validate before loading anything
+    group = init_group()  # None unless mlx.launch started this process
+    primary = group is None or group.is_primary  # rank 0 alone prints; the others follow
+    config, note = fixed_k_for_group(config, group)
+    if note and primary:
+        print(f"edgespec generate: note: {note}", file=sys.stderr)
     engine = Engine.load(
         args.target,
         args.draft,
         args.pair,
         draft_bits=args.draft_bits,
         dtype=args.dtype,
-        on_progress=_progress,
+        on_progress=_progress if primary else None,
         with_draft=config.spec.method in ("draft", "hybrid"),
+        group=group,
+        shard=args.shard,
     )
-    if sys.stderr.isatty():
+    if sys.stderr.isatty() and primary:
         print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)
     if args.raw:
         ids = engine.encode_raw(args.prompt)
     else:
         ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
+    if not primary:
+        for _ in engine.generate(ids, config):
+            pass
+        return 0
     if args.json:
         for event in engine.generate(ids, config):
             print(json.dumps(to_json(event), ensure_ascii=False), flush=True)

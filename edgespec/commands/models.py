@@ -18,16 +18,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _size(n: int) -> str:
+    size = float(n)
     for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
 
 
 def pair_rows() -> list[dict[str, Any]]:
     """One record per pair: names, platform, and for target and draft presence/path/size."""
-    from edgespec.loading.catalog import load_catalog, model_status
+    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.status import model_status
 
     cat = load_catalog()
     rows = []

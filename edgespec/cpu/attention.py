@@ -3,11 +3,9 @@ a catch-up) in one matrix product per KV head.
 
 MLX's `mx.fast.scaled_dot_product_attention` has no CPU kernel; its fallback broadcasts each KV
 head over its query heads and runs one small product per query head, and with a causal mask it
-costs a 2-token forward ~2.2x a one-token one. For SmolLM2-135M (9 query heads, 3 KV heads) over a
-1,000-token context, the 30 layers' attention took (ms, AMD EPYC, MKL, `mx.fast` vs grouped):
-L = 1: 6.5 / 7.0; L = 2: 14.5 / 8.9; L = 3: 19.7 / 11.9; L = 4: 17.6 / 14.8. At 300 tokens:
-L = 2: 5.4 / 3.2. So one-token steps keep MLX's path, and forwards of 2..MAX_ROWS tokens take
-the grouped one: the query heads that share a KV head become rows of one (R * L) x D product.
+costs a 2-token forward about twice a one-token one (figures: docs/cpu-backend.md). One-token
+steps keep MLX's path, and forwards of 2..MAX_ROWS tokens take the grouped one: the query heads
+that share a KV head become rows of one (R * L) x D product.
 
 Each row is computed as in the fallback: q * scale, scores against all keys, the causal mask (a
 row never sees a later position), a precise softmax, the product with the values. With a
@@ -21,23 +19,16 @@ other caller of mlx-lm in the process (the bench's mlx-lm peer) keeps mlx-lm's o
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import mlx.core as mx
 
+from edgespec.cpu.switch import cpu_switch
+
 FLAG = "_edgespec_grouped"
 MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path
 _ORIGINAL = "_edgespec_original_sdpa"
-
-
-def cpu_switch(variable: str) -> bool:
-    """Whether a CPU graph rewrite applies (this module's, rope.py's, leanops.py's): on for MLX's
-    CPU backend unless the environment sets `variable` to 0. GPUs have fused kernels."""
-    if os.environ.get(variable, "1") == "0":
-        return False
-    return mx.default_device().type == mx.DeviceType.cpu
 
 
 def enabled() -> bool:

@@ -9,20 +9,21 @@ LD_PRELOAD. EDGESPEC_BLAS picks it:
   edgespec[cpu]`, Linux x86-64), else OpenBLAS when installed (`apt-get install
   libopenblas0-pthread`), else nothing.
 - `mkl`: MKL in exact mode. MKL_CBWR=AUTO,STRICT (its "strict conditional numerical
-  reproducibility"): measured on an Intel CPU, a target forward over L tokens then gives the same
-  bits as L one-token forwards, for every L in 2..15, so greedy speculative output is bit-for-bit
-  plain decoding's, near-ties included. MKL honours that setting on Intel CPUs only: on an AMD EPYC
-  the rows still differ (in the 5th digit), yet it remains the fastest choice measured there (a
-  one-token step 38 ms vs OpenBLAS 59 ms, a 2-token forward 1.05 steps), so it stays the default
-  and greedy output is exact up to floating-point near-ties, as with OpenBLAS. OpenBLAS and MKL's
+  reproducibility"): on an Intel CPU a target forward over L tokens then gives the same bits as L
+  one-token forwards (tests/test_blas.py), so greedy speculative output is bit-for-bit plain
+  decoding's, near-ties included. MKL honours that setting on Intel CPUs only: on an AMD EPYC the
+  rows still differ (in the 5th digit), yet it remains the fastest choice there
+  (docs/cpu-backend.md), so it stays the default and greedy output is exact up to floating-point
+  near-ties, as with OpenBLAS. OpenBLAS and MKL's
   default mode differ in the 5th significant digit (a 1-token product takes a different kernel),
   which can flip a near-tie.
-- `mkl-fast`: MKL without that constraint: the fastest decoding on x86 (~1.45x OpenBLAS per
-  one-token step, measured), but, like OpenBLAS, exact up to floating-point near-ties only.
+- `mkl-fast`: MKL without that constraint: the fastest decoding on x86, but, like OpenBLAS,
+  exact up to floating-point near-ties only.
 - `openblas`, or `system` (leave the process alone).
 OpenBLAS picks its kernel set for the CPU when it loads, unless OPENBLAS_CORETYPE names one (the
 re-exec leaves that variable alone; `kernels()` reports the set in use, and the bench records it).
-A choice that is not installed falls back down that list with a one-line note on stderr.
+A choice that is not installed falls back down that list with a one-line note (`plan`'s
+`notes`; the command prints it on stderr, the library never prints).
 Scripts that `import edgespec` can export the same variables themselves; `plan()` returns them.
 """
 
@@ -33,6 +34,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 CANDIDATES = (
@@ -78,15 +80,17 @@ def mkl_path() -> str | None:
     return None
 
 
-def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
+def plan(
+    mode: str | None = None, notes: list[str] | None = None
+) -> tuple[str, str, dict[str, str]] | None:
     """(name, library to preload, extra environment) for EDGESPEC_BLAS=mode (default: the
-    variable, else auto), or None for nothing to preload. Prints one line when the choice falls
-    back."""
+    variable, else auto), or None for nothing to preload. When the choice falls back, a one-line
+    note is appended to `notes` (if given)."""
+    said = notes if notes is not None else []
     mode = (mode if mode is not None else os.environ.get("EDGESPEC_BLAS", "auto")).strip() or "auto"
     if mode not in MODES:
-        print(
-            f"edgespec: EDGESPEC_BLAS={mode!r} is not one of {', '.join(MODES)}; using auto",
-            file=sys.stderr,
+        said.append(
+            f"edgespec: EDGESPEC_BLAS={mode!r} is not one of {', '.join(MODES)}; using auto"
         )
         mode = "auto"
     if mode == "system":
@@ -100,18 +104,16 @@ def plan(mode: str | None = None) -> tuple[str, str, dict[str, str]] | None:
                 env["MKL_CBWR"] = EXACT_CBWR
             return ("mkl-fast" if mode == "mkl-fast" else "mkl", lib, env)
         if mode != "auto":
-            print(
+            said.append(
                 f"edgespec: EDGESPEC_BLAS={mode}: MKL is not installed "
-                "(pip install mkl); trying OpenBLAS",
-                file=sys.stderr,
+                "(pip install mkl); trying OpenBLAS"
             )
     lib = openblas_path()
     if lib is None:
         if mode != "auto":
-            print(
+            said.append(
                 f"edgespec: EDGESPEC_BLAS={mode}: no optimised BLAS installed; "
-                "MLX's CPU backend keeps its reference BLAS",
-                file=sys.stderr,
+                "MLX's CPU backend keeps its reference BLAS"
             )
         return None
     return ("openblas", lib, {})
@@ -138,7 +140,7 @@ def kernels() -> str:
 
 def cpu_model() -> str:
     """The CPU's name, with its family and model numbers where the name alone is vague ("AMD EPYC
-    (family 26, model 2)", a Zen 5: speedups differ between CPU generations; README), or ""."""
+    (family 26, model 2)", a Zen 5: speedups differ between CPU generations), or ""."""
     if sys.platform == "darwin":
         try:
             out = subprocess.run(
@@ -184,7 +186,7 @@ def rows_exact(name: str | None = None) -> bool:
 def pads_single_rows() -> bool:
     """Whether one-row matrix products should run as two rows (edgespec.cpu.rowpad): only when
     EDGESPEC_PAD_ROWS=1. Off by default: under MKL a lone forward gets faster, but the pipelined
-    decode loop got slower on a 2-core machine (measured; see edgespec/rowpad.py)."""
+    decode loop got slower on a 2-core machine (edgespec/cpu/rowpad.py)."""
     return os.environ.get("EDGESPEC_PAD_ROWS", "").strip() == "1"
 
 
@@ -203,9 +205,11 @@ def active() -> str:
     return "reference"
 
 
-def reexec_with_blas(argv: list[str], module: str = "edgespec") -> None:
+def reexec_with_blas(
+    argv: list[str], module: str = "edgespec", report: Callable[[str], None] | None = None
+) -> None:
     """On Linux, replace this process with `python -m MODULE *argv` preloading the BLAS that
-    `plan()` picks (once).
+    `plan()` picks (once). `report` is handed plan's notes (a fallback) before that.
 
     No-op on macOS (MLX uses Accelerate/Metal), for EDGESPEC_BLAS=system, when already re-executed
     or already preloaded, when no optimised BLAS is installed, or when MLX is already imported
@@ -218,7 +222,11 @@ def reexec_with_blas(argv: list[str], module: str = "edgespec") -> None:
     preload = os.environ.get("LD_PRELOAD", "")
     if any(("mkl_rt" in p or "blas" in p) for p in preload.split(":") if p):
         return  # the user preloaded a BLAS themselves
-    chosen = plan()
+    notes: list[str] = []
+    chosen = plan(notes=notes)
+    for note in notes:
+        if report is not None:
+            report(note)
     if chosen is None:
         return
     name, lib, extra = chosen

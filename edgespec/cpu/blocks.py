@@ -1,9 +1,8 @@
 """Llama transformer blocks in two compiled pieces around the attention, for MLX's CPU backend.
 
-A SmolLM2-135M forward is ~1,900 graph operations, and mlx-lm's Python builds each one: ~3 ms
-per forward on the machines we measure on, most of it exposed in a speculative round (MLX's CPU
-backend lets the host queue only ~50 operations ahead of the computing thread, so the verify's
-graph is built while the CPU has little left to do; README, "Where a K=1 round's time goes").
+A SmolLM2-135M forward is ~1,900 graph operations, and mlx-lm's Python builds each one, most of
+it exposed in a speculative round (MLX's CPU backend lets the host queue only ~50 operations ahead
+of the computing thread, so the verify's graph is built while the CPU has little left to do).
 The parts of a block that do not touch the cache have fixed shapes for a given number of input
 tokens: the input norm and the q/k/v projections before the attention, the output projection,
 the residuals, the second norm and the MLP after it. `CompiledBlock` runs each part as one
@@ -12,10 +11,7 @@ their elementwise operations into one kernel), and keeps in Python only what dep
 cache: the rotary table rows at the cache's offset (rope.py; the rotation itself is compiled),
 the cache update and the attention (attention.py). Same operations on the same operands: the logits keep their bits
 (tests/test_blocks.py).
-
-Measured (AMD EPYC Zen 5, 2 cores, MKL, SmolLM2-135M over 200 tokens of context, one forward
-alone, median of 30, three alternations): building the graph 2.9 -> 2.0 ms for 1 token and
-3.0 -> 2.15 ms for 2; the 2-token forward 25.7 -> 23.5 ms.
+ Its measured effect: docs/cpu-backend.md.
 
 Only exact mlx-lm llama blocks (llama.TransformerBlock with its Attention and MLP), float32,
 batch 1, with a cache and at most MAX_LENGTH tokens (decode steps, verifies, catch-ups) take it;
@@ -36,8 +32,9 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 
 from edgespec.cpu import rope
-from edgespec.cpu.attention import MAX_ROWS, cpu_switch
+from edgespec.cpu.attention import MAX_ROWS
 from edgespec.cpu.fastexp import compiler_works
+from edgespec.cpu.switch import cpu_switch
 
 MAX_LENGTH = MAX_ROWS  # longer forwards (prompt chunks) keep mlx-lm's code
 _FNS = "_edgespec_compiled"

@@ -1,22 +1,20 @@
 """A faster, more accurate exponential and softmax for MLX's CPU backend, for sampling.
 
-MLX's CPU `exp` costs ~9 ns per element on the machines we measure on, and its results are off by
-up to ~1.6e-6 relative (against float64). At temperature > 0 every sampled row is a softmax over
-the whole vocabulary: a K=1 round warps the verify's 2 rows of 49,152 logits (~1 ms with MLX's
-softmax), a plain step one.
+MLX's CPU `exp` is slow per element, and its results are off by up to ~1.6e-6 relative (against
+float64). At temperature > 0 every sampled row is a softmax over the whole vocabulary: a K=1
+round warps the verify's 2 rows of logits, a plain step one.
 
 `exp_nonpositive` is Cephes' single-precision expf (range reduction by ln 2 in two parts, a
 degree-6 polynomial, the power of two put together in the exponent bits), written in MLX
-operations; compiled, MLX fuses them into one loop that the C++ compiler vectorises. Measured
-(AMD EPYC Zen 5, 2 x 49,152 elements): exp 0.83 -> 0.19 ms, largest relative error 7.9e-8;
-the whole softmax 1.0 -> 0.48 ms. Softmax only needs e^x for x <= 0 (after subtracting the row's
+operations; compiled, MLX fuses them into one loop that the C++ compiler vectorises (largest
+relative error 7.9e-8; speed: docs/cpu-backend.md). Softmax only needs e^x for x <= 0 (after subtracting the row's
 maximum), so inputs below -87 (where e^x leaves float32's normal range, -inf included) give
 exactly 0: a token masked by top-k keeps probability 0.
 
-`sampling.warp` uses it on the CPU backend only (GPUs have fast kernels), only where MLX can
-compile a fused kernel (`compiler_works`), and not with `EDGESPEC_FAST_EXP=0`. The attention's
-softmax keeps MLX's: there the rows are short (a few hundred scores), a forward gained ~1.5% in
-our measurement, and a one-token step and a verify must compute their rows alike (so that greedy
+`sampling.warp` uses it on the CPU backend only (GPUs have fast kernels; the Engine hands it over
+through edgespec/cpu/rewrites.py), only where MLX can compile a fused kernel (`compiler_works`),
+and not with `EDGESPEC_FAST_EXP=0`. The attention's softmax keeps MLX's: there the rows are short
+(a few hundred scores), the gain was small, and a one-token step and a verify must compute their rows alike (so that greedy
 speculative output stays bit for bit plain decoding's where the BLAS is row-exact), which
 forced the slower grouped path on one-token steps too.
 """
@@ -25,7 +23,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from edgespec.cpu.attention import cpu_switch
+from edgespec.cpu.switch import cpu_switch
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; n * hi is exact in float32

@@ -32,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edgespec.cpu import rope
-from edgespec.cpu.attention import cpu_switch
+from edgespec.cpu.switch import cpu_switch
 
 
 def enabled() -> bool:

@@ -1,19 +1,15 @@
 """One-row matrix products run as two rows, for BLAS libraries whose one-row path is slow.
 
 Intel MKL computes a one-row product (x [1, d] @ W.T, a matrix-vector product) on one thread and a
-two-row one on every thread. On a 2-core AMD EPYC with MLX's CPU backend (measured 2026-11-23,
-SmolLM2-135M's shapes, 30 layers + the 49,152-row head): one row 20.1 + 5.2 ms, two rows 13.0 +
-2.6 ms, three rows 16.6 + 6.0 ms; OpenBLAS is the other way round (24.1 + 5.7 against 29.4 + 7.2).
-Decoding multiplies one row at a time (every plain step, every draft step), so the layers here
+two-row one on every thread, so on a 2-core machine two rows cost less than one (OpenBLAS is the
+other way round; figures: docs/cpu-backend.md). Decoding multiplies one row at a time (every plain step, every draft step), so the layers here
 repeat the row, multiply two rows and keep the first; logits are identical to the one-row product
 (tested: MKL's exact mode gives a row the same bits whatever the row count on Intel; elsewhere the
 two paths may differ in the last bits, like any verify forward's rows).
 
-Measured, and why it is off by default (EDGESPEC_PAD_ROWS=1 turns it on): a lone target forward
-at a 300-token context went from 42.3 to 34.9 ms (50 interleaved forwards), but the decode loop
-got slower: in a paired end-to-end run (8 MT-bench prompts x 2 repeats, 128 tokens, alternating
-padded and unpadded engines in one process) plain decoding ran at 0.93x and speculative K=1 at
-0.97x. The loop is pipelined: the host builds the next step's graph while the current one
+Why it is off by default (EDGESPEC_PAD_ROWS=1 turns it on): a lone target forward gets faster,
+but the decode loop got slower in a paired end-to-end run (docs/cpu-backend.md). The loop is
+pipelined: the host builds the next step's graph while the current one
 computes, and on 2 cores MKL's second thread takes the core the host was using (with
 KMP_BLOCKTIME=0, so that it sleeps instead of spinning, everything ran far slower). On a machine
 with more cores than MKL's threads it may pay; measure with `edgespec bench`.
@@ -74,12 +70,17 @@ def _swap(m: nn.Module) -> nn.Module:
 
 def pad_single_rows(model: nn.Module) -> nn.Module:
     """In place: every dense nn.Linear / nn.Embedding of `model` -> its row-padding twin; a module
-    with a `pad_rows` attribute (a feature draft's own matrix products) gets it set True."""
+    with a `head_product` attribute (a feature draft's head, drafting/eagle.py) gets the padded
+    product x @ w.T."""
     model.update_modules(tree_map(_swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
     for _, m in model.named_modules():
-        if hasattr(m, "pad_rows"):
-            object.__setattr__(m, "pad_rows", True)
+        if hasattr(m, "head_product"):
+            object.__setattr__(m, "head_product", _padded_product)
     return model
+
+
+def _padded_product(x: mx.array, w: mx.array) -> mx.array:
+    return matmul_t(x, w, pad=True)
 
 
 def is_padded(model: nn.Module) -> bool:

@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from edgespec.distill.data import Sequence
+from edgespec.distill.shards import Sequence
 from edgespec.drafting.draft_model import MODEL_TYPE, DraftModel, build
 from edgespec.errors import ConfigError
 
@@ -48,7 +48,7 @@ def choose_head(
     """
     mass = np.zeros(vocab, np.float64)
     for s in seqs:
-        if s.topk_ids is not None:
+        if s.topk_ids is not None and s.topk_logprobs is not None:
             np.add.at(mass, s.topk_ids.ravel(), np.exp(s.topk_logprobs.astype(np.float64)).ravel())
         np.add.at(mass, s.ids[s.prompt_len :], 1e-3)  # tie-break: tokens actually emitted
     size = min(size, vocab)

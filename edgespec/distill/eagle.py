@@ -28,9 +28,10 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from edgespec.distill.data import Sequence, atomic_write_bytes, atomic_write_npz
+from edgespec.cache import target_features
+from edgespec.distill.shards import Sequence, atomic_write_npz
 from edgespec.drafting.eagle import EagleModel, build, eagle_config, save_eagle
-from edgespec.loading.gguf import sha256_file
+from edgespec.files import atomic_write_bytes, sha256_file
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,6 @@ def extract_features(
 ) -> int:
     """Run the target over `seqs` (in order, skipping those already cached) until `max_tokens`
     tokens have features; one chunk file per batch. Returns the number of tokens cached."""
-    from edgespec.drafting.eagle import target_features
 
     folder.mkdir(parents=True, exist_ok=True)
     done = {int(p.stem.split("-")[1]) for p in feature_chunks(folder)}

@@ -7,13 +7,11 @@
   whether the outputs are identical (they must be at temperature 0).
 
 Prompts are read at run time from ../shared/prompts/mt_bench_question.jsonl (first turns):
-evaluation only, never training. Run: `edgespec distill --evaluate --target T --draft D` or
-`python -m edgespec.distill.evaluate --target T --draft D`.
+evaluation only, never training. Run: `edgespec distill --evaluate --target T --draft D`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -23,7 +21,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.distill.data import SamplingPlan, answer
+from edgespec.distill.train import agreement, head_index
+from edgespec.drafting.draft_model import reduced_head
 from edgespec.errors import ConfigError
+from edgespec.events import Finished
+from edgespec.runtime import Engine
 
 PROMPT_FILE = "mt_bench_question.jsonl"
 
@@ -73,8 +77,6 @@ def greedy_agreement(
 ) -> tuple[float, int]:
     """(agreement, positions compared): the target answers greedily (batched), then the draft
     is teacher-forced along prompt + answer."""
-    from edgespec.distill.data import SamplingPlan, answer
-    from edgespec.distill.train import agreement, head_index
 
     plan = SamplingPlan(max_new_tokens=max_new, top_k_saved=1)
     seqs = answer(target, tokenizer, [(i, p, True) for i, p in enumerate(prompts)], plan, batch)
@@ -87,8 +89,6 @@ def decode_ms(model: Any, prompt: list[int], steps: int = 48) -> float:
     """Median ms per greedy decode step with a KV cache, batch 1 (after one warm-up step). A
     reduced-head draft is timed the way the loop runs it: head logits only, argmax mapped to ids."""
     from mlx_lm.models.cache import make_prompt_cache
-
-    from edgespec.drafting.draft_model import reduced_head
 
     head = reduced_head(model)
 
@@ -111,8 +111,6 @@ def decode_ms(model: Any, prompt: list[int], steps: int = 48) -> float:
 
 def spec_vs_plain(engine: Any, prompts: list[str], k: int, max_tokens: int) -> dict[str, float]:
     """Plain and speculative greedy decoding, interleaved per prompt; pooled statistics."""
-    from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-    from edgespec.events import Finished
 
     greedy = SamplingConfig(temperature=0.0)
     runs: dict[str, list[Finished]] = {"none": [], "draft": []}
@@ -142,10 +140,11 @@ def evaluate(
     target: str, draft: str, *, prompts_path: str | None, n: int, max_tokens: int, k: int = 4
 ) -> EvalReport:
     """Load the pair through the Engine and run all three measurements."""
-    from edgespec.runtime import Engine
 
     prompts = load_prompts(find_prompt_file(prompts_path), n)
     engine = Engine.load(target=target, draft=draft)
+    if engine.draft is None:
+        raise ConfigError(f"{draft}: no draft model was loaded")
     tm, dm, tok = engine.target.model, engine.draft.model, engine.tokenizer
     agree, n_tok = greedy_agreement(tm, tok, dm, prompts, max_tokens)
     ids = engine.encode_chat([{"role": "user", "content": prompts[0]}])
@@ -154,29 +153,3 @@ def evaluate(
     for key, value in spec_vs_plain(engine, prompts, k, max_tokens).items():
         setattr(report, key, value)
     return report
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="target model (name, folder, .gguf)")
-    parser.add_argument("--draft", required=True, help="draft folder (edgespec distill output)")
-    parser.add_argument("--prompts", help=f"path to {PROMPT_FILE} (default: ../shared/prompts)")
-    parser.add_argument("--n-prompts", type=int, default=20, help="prompts to use (default 20)")
-    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per answer")
-    parser.add_argument("-k", type=int, default=4, help="draft tokens per round (default 4)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    from edgespec.cli import _Parser
-
-    parser = _Parser(prog="python -m edgespec.distill.evaluate", description=__doc__)
-    add_arguments(parser)
-    a = parser.parse_args(argv)
-    r = evaluate(
-        a.target, a.draft, prompts_path=a.prompts, n=a.n_prompts, max_tokens=a.max_tokens, k=a.k
-    )
-    print(r.to_json())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -40,6 +40,10 @@ def _p(rng: random.Random, options: tuple[str, ...]) -> str:
     return rng.choice(options)
 
 
+def _pair(rng: random.Random, options: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    return rng.choice(options)
+
+
 def _style(rng: random.Random, p: float = 0.5) -> str:
     """An optional trailing constraint (length, tone, format), with probability p."""
     return " " + _p(rng, W.STYLES) if rng.random() < p else ""
@@ -95,7 +99,7 @@ def coding(rng: random.Random) -> str:
         t = _p(rng, W.CODE_WRITE_TEMPLATES)
         return t.format(lang=lang, task=_p(rng, W.CODE_TASKS)) + _style(rng, 0.2)
     if kind < 0.8:
-        name, body = _p(rng, W.PY_SNIPPETS)
+        name, body = _pair(rng, W.PY_SNIPPETS)
         ask = _p(rng, W.CODE_READ_ASKS)
         return f"{ask}\n\n```python\n{body.format(name=name, n=rng.randint(2, 9))}\n```"
     return _p(rng, W.CODE_CONCEPT_TEMPLATES).format(lang=lang, concept=_p(rng, W.CODE_CONCEPTS))
@@ -274,7 +278,8 @@ def split(n: int, seed: int = 0, eval_fraction: float = 0.02) -> tuple[list[int]
     >>> sorted(tr + ev) == list(range(1000)) and not set(tr) & set(ev)
     True
     """
-    train, held = [], []
+    train: list[int] = []
+    held: list[int] = []
     for i in range(n):
         (held if is_eval(i, seed, eval_fraction) else train).append(i)
     return train, held

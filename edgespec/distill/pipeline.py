@@ -11,21 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.distill.data import Meta, SamplingPlan, generate_data
-from edgespec.distill.export import DEFAULT_BITS, Card, export_draft
+from edgespec.cpu.switch import on_cpu
+from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint, load_checkpoint
+from edgespec.distill.data import generate_data
+from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
+from edgespec.distill.shards import Meta, SamplingPlan
 from edgespec.distill.target import load_target, load_with_topk
-from edgespec.distill.train import (
-    TrainConfig,
-    TrainResult,
-    agreement,
-    head_index,
-    latest_checkpoint,
-    load_checkpoint,
-    split_data,
-    train,
-)
+from edgespec.distill.train import TrainResult, agreement, head_index, split_data, train
 from edgespec.errors import ConfigError
-from edgespec.loading.load import dequantize_model, on_cpu
+from edgespec.loading.weights import dequantize_model
 
 
 def train_config(a: argparse.Namespace) -> TrainConfig:
@@ -123,6 +117,5 @@ def export_stage(
 
 
 def export_draft_card(dest: Path, card: Card) -> None:
-    from edgespec.distill.export import model_card
 
     (dest / "README.md").write_text(model_card(card))

@@ -11,7 +11,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edgespec.distill.data import Sequence, atomic_write_bytes, shard_paths
+from edgespec.distill.shards import Sequence, read_shard, shard_paths
+from edgespec.errors import ConfigError
+from edgespec.files import atomic_write_bytes
+from edgespec.loading.load import load_model
 
 
 @dataclass
@@ -26,7 +29,6 @@ class Target:
 
 def load_target(spec: str) -> Target:
     """Load a target through EdgeSpec's loader (catalogue name, folder, .gguf, repo id)."""
-    from edgespec.loading.load import load_model
 
     lm = load_model(spec)
     return Target(lm.model, lm.tokenizer, spec, dict(lm.config))
@@ -61,8 +63,6 @@ def sidecar_path(shard: Path) -> Path:
 def load_with_topk(data_dir: Path, model: nn.Module | None, k: int = 16) -> list[Sequence]:
     """Every sequence of the data, with the teacher's top-k (from the shard, a sidecar, or
     computed now with `model` and saved as a sidecar so a resumed run does not redo it)."""
-    from edgespec.distill.data import read_shard
-    from edgespec.errors import ConfigError
 
     seqs: list[Sequence] = []
     for shard in shard_paths(data_dir):

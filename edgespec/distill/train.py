@@ -10,9 +10,8 @@ steps under OUT/train/ckpt-NNNNNN, with OUT/train/latest naming the newest compl
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +19,23 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_map
 
 from edgespec.distill.build import build_draft, choose_head, freeze_for_training, resolve_layers
-from edgespec.distill.data import Meta, Sequence, atomic_write_bytes
+from edgespec.distill.checkpoints import (
+    State,
+    TrainConfig,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_optimizer,
+    save_checkpoint,
+)
 from edgespec.distill.instructions import is_eval
-from edgespec.drafting.draft_model import DraftModel, build
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Training settings; `layers` is a list like "0,1,-2,-1" (negatives count from the end)."""
-
-    layers: str = "0,1,-2,-1"
-    head_size: int = 8192
-    steps: int = 2000
-    batch_tokens: int = 4096
-    accum: int = 1
-    lr: float = 5e-4
-    min_lr_ratio: float = 0.1
-    warmup: int = 50
-    weight_decay: float = 0.0
-    beta2: float = 0.95
-    bias_correction: bool = True
-    eval_every: int = 100
-    ckpt_every: int = 100
-    max_len: int = 512
-    seed: int = 0
+from edgespec.distill.shards import Meta, Sequence
+from edgespec.distill.target import load_with_topk
+from edgespec.drafting.draft_model import DraftModel
+from edgespec.errors import ConfigError
+from edgespec.files import atomic_write_bytes
 
 
 @dataclass
@@ -59,18 +48,6 @@ class Batch:
     p: mx.array
     mask: mx.array
     n_labels: int
-
-
-@dataclass
-class State:
-    """Everything a resumed run needs besides the weights and the optimizer."""
-
-    step: int = 0
-    tokens_seen: int = 0
-    epoch: int = 0
-    pos: int = 0
-    elapsed_s: float = 0.0
-    curve: list[dict[str, float]] = field(default_factory=list)
 
 
 def head_index(head_ids: np.ndarray, vocab: int) -> np.ndarray:
@@ -96,8 +73,10 @@ def make_batch(seqs: list[Sequence], hidx: np.ndarray, max_len: int) -> Batch:
         inputs[b, :n] = s.ids[:n]
         a = s.prompt_len - 1
         m = max(n - a, 0)
-        cols = hidx[s.topk_ids[:m]]  # type: ignore[index]
-        pr = np.exp(s.topk_logprobs[:m].astype(np.float32)) * (cols >= 0)  # type: ignore[union-attr]
+        if s.topk_ids is None or s.topk_logprobs is None:
+            raise ValueError("training needs the target's top-k for every sequence")
+        cols = hidx[s.topk_ids[:m]]
+        pr = np.exp(s.topk_logprobs[:m].astype(np.float32)) * (cols >= 0)
         tot = pr.sum(-1, keepdims=True)
         p[b, a : a + m] = np.divide(pr, tot, out=np.zeros_like(pr), where=tot > 0)
         idx[b, a : a + m] = np.maximum(cols, 0)
@@ -172,68 +151,16 @@ def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
 
 
 def split_data(seqs: list[Sequence], meta: Meta) -> tuple[list[Sequence], list[Sequence]]:
-    """(train, held-out) by the instruction split the data was made with."""
-    train, held = [], []
+    """(train, held-out) by the instruction split the data was made with (prompt pools split by
+    group: id // id_stride)."""
+    train: list[Sequence] = []
+    held: list[Sequence] = []
     for s in seqs:
-        ev = is_eval(s.instr_id, meta.instruction_seed, meta.eval_fraction)
+        ev = is_eval(
+            s.instr_id // max(1, meta.id_stride), meta.instruction_seed, meta.eval_fraction
+        )
         (held if ev else train).append(s)
     return train, held
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def latest_checkpoint(train_dir: Path) -> Path | None:
-    ptr = Path(train_dir) / "latest"
-    if not ptr.exists():
-        return None
-    path = Path(train_dir) / ptr.read_text().strip()
-    return path if path.exists() else None
-
-
-def save_checkpoint(
-    train_dir: Path,
-    model: DraftModel,
-    config: dict[str, Any],
-    opt: optim.Optimizer,
-    state: State,
-    cfg: TrainConfig,
-    keep: int = 2,
-) -> Path:
-    """Write ckpt-NNNNNN (via a temp folder renamed into place), point `latest` at it, prune."""
-    train_dir = Path(train_dir)
-    name = f"ckpt-{state.step:06d}"
-    tmp = train_dir / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    mx.save_safetensors(str(tmp / "draft.safetensors"), dict(tree_flatten(model.parameters())))
-    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
-    info = {"state": asdict(state), "train": asdict(cfg), "draft_config": config}
-    (tmp / "state.json").write_text(json.dumps(info, indent=2) + "\n")
-    final = train_dir / name
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    atomic_write_bytes(train_dir / "latest", name.encode())
-    for old in sorted(train_dir.glob("ckpt-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def load_checkpoint(
-    path: Path,
-) -> tuple[DraftModel, dict[str, Any], dict[str, mx.array], State, TrainConfig]:
-    """(draft, draft config, flat optimizer state, training state, training config)."""
-    info = json.loads((Path(path) / "state.json").read_text())
-    config = info["draft_config"]
-    model = build(config)
-    model.load_weights(str(Path(path) / "draft.safetensors"), strict=True)
-    opt_state = mx.load(str(Path(path) / "optimizer.safetensors"))
-    return model, config, opt_state, State(**info["state"]), TrainConfig(**info["train"])
-
-
-def restore_optimizer(opt: optim.Optimizer, model: nn.Module, flat: dict[str, mx.array]) -> None:
-    opt.init(model.trainable_parameters())
-    opt.state = tree_unflatten(list(flat.items()))
 
 
 def new_draft(
@@ -290,9 +217,6 @@ def train(
     """
     from tqdm import tqdm
 
-    from edgespec.distill.target import load_with_topk
-    from edgespec.errors import ConfigError
-
     train_dir = Path(out_dir) / "train"
     train_dir.mkdir(parents=True, exist_ok=True)
     meta = Meta.read(Path(data_dir))
@@ -330,8 +254,6 @@ def _start(
 ) -> tuple[DraftModel, dict[str, Any], optim.Optimizer, State, TrainConfig]:
     """Fresh draft + optimizer, or both restored from the latest checkpoint."""
     from dataclasses import replace
-
-    from edgespec.errors import ConfigError
 
     ckpt = latest_checkpoint(train_dir) if resume else None
     if ckpt is not None:

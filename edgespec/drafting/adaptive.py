@@ -17,9 +17,9 @@ c as the median of the last few t_draft / drafted (leaving out the catch-up afte
 and v(L) as the median of the last few verifies of each L where L was measured, a fitted line
 elsewhere (leaving out rounds whose time overlapped a neighbour's, Round.timed). Medians,
 because one stall (a kernel compiled on first use on a GPU, a page fault, a busy core) is not the
-cost of drafting: folded into an average it kept a good draft switched off for dozens of rounds. Measured points rather than the line alone, because a GPU's verify cost is
-not a line: on MLX's CUDA backend a 4-token forward costs ~1.7 one-token forwards and a 3-token
-one ~1.05. The choice uses only measured costs and past outcomes, never the target's view of the
+cost of drafting: folded into an average it kept a good draft switched off for dozens of rounds.
+Measured points rather than the line alone, because a GPU's verify cost is not a line (on MLX's
+CUDA backend a 3-token forward costs about one step and a 4-token one far more; docs/gpu.md). The choice uses only measured costs and past outcomes, never the target's view of the
 coming tokens, so exactness holds.
 """
 
@@ -195,8 +195,7 @@ class AdaptiveK:
 
     Why a hybrid needs `model`: choosing from whoever drafted last, a round after an accepted
     lookup (alpha ~0.9, no draft cost: K = k_max) gave that K to the draft model whenever the next
-    lookup missed. Measured (MT-bench, token draft, this CPU): hybrid K=1 1.20x plain, adaptive
-    hybrid 1.17x before this split.
+    lookup missed, and adaptive hybrid trailed fixed K=1 hybrid.
     """
 
     def __init__(

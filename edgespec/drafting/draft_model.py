@@ -39,7 +39,7 @@ class DraftModel(nn.Module):
         self.head_ids = mx.zeros((head_size,), dtype=mx.int32)
 
     @property
-    def layers(self) -> list[nn.Module]:
+    def layers(self) -> list[llama.TransformerBlock]:
         return self.model.layers
 
     @property
@@ -93,7 +93,8 @@ def load_draft(
     if shares_embedding(config):
         _attach_embedding(model, config, embedding)
         model.load_weights(list(weights.items()), strict=False)
-        own = {k for k, _ in tree_flatten(model.parameters()) if not k.startswith(EMBED)}
+        names = [str(kv[0]) for kv in tree_flatten(model.parameters())]
+        own = {k for k in names if not k.startswith(EMBED)}
         missing = sorted(own - set(weights))
         if missing:
             raise ValueError(f"missing weights: {', '.join(missing[:3])}")
@@ -141,7 +142,7 @@ def _attach_embedding(model: DraftModel, config: dict[str, Any], embedding: nn.M
             f"this draft shares the embedding of {target} ({want[0]} x {want[1]}); "
             f"the target given has a {vocab} x {dims} embedding"
         )
-    model.model.embed_tokens = embedding
+    model.model.embed_tokens = embedding  # type: ignore[assignment]
 
 
 def reduced_head(model: Any) -> mx.array | None:

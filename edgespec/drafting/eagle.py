@@ -1,4 +1,5 @@
-"""Feature drafts (EAGLE-style): one small llama layer that reads the target's own top hidden state.
+"""Feature drafts (EAGLE-style), the model and its files: one small llama layer that reads the
+target's own top hidden state (the drafter that runs it: edgespec/drafting/features.py).
 
 A token draft (draft_model.py) must rebuild from tokens alone what the target's 30 layers know; a
 feature draft starts from what they computed. At context position i the target's top hidden state
@@ -35,13 +36,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
-from edgespec.cache import KVState, common_prefix
-from edgespec.config import SamplingConfig
-from edgespec.cpu.rowpad import matmul_t
 from edgespec.drafting.draft_model import quantize_as_stored, read_weights
-from edgespec.loading.gguf import sha256_file
-from edgespec.loop import Proposal, full_q, no_proposal, pick_token
-from edgespec.sampling import uniforms
+from edgespec.files import sha256_file
 
 MODEL_TYPE = "edgespec_eagle"
 # What the draft reads in place of a feature for its 2nd, 3rd ... drafted token: its own guess
@@ -71,8 +67,9 @@ class EagleModel(nn.Module):
         # saved, never trained, shared with the target rather than copied).
         object.__setattr__(self, "embedding", None)
         object.__setattr__(self, "head_weight", None)
-        # One-row products as two rows (edgespec.cpu.rowpad; set by the loader where that is faster).
-        object.__setattr__(self, "pad_rows", False)
+        # The head's product x @ w.T, replaced by the CPU rewrites where one-row products run
+        # faster as two rows (edgespec.cpu.rowpad); None: the plain product.
+        object.__setattr__(self, "head_product", None)
         self.chain = "guess"
         self.feature_scale = 1.0  # features are multiplied by this before the mixer
 
@@ -111,7 +108,9 @@ class EagleModel(nn.Module):
         """[..., d] -> logits over the head [..., H]; column j scores token head_ids[j]."""
         if "lm_head" in self:
             return self.lm_head(guesses)
-        return matmul_t(guesses, self.head_weight, self.pad_rows)
+        if self.head_product is not None:
+            return self.head_product(guesses, self.head_weight)
+        return guesses @ self.head_weight.T
 
     def target_head_logits(self, features: mx.array) -> mx.array:
         """The target's own logits over the head ids from its features (training, evaluation)."""
@@ -217,134 +216,3 @@ def eagle_config(
     cfg["eagle_chain"] = chain
     cfg["num_hidden_layers"] = n_layers
     return cfg
-
-
-# ----------------------------------------------------------------------------- target features
-
-
-def target_features(model: nn.Module, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
-    """One target forward, [L] -> (features [L, d], logits [L, V]); the same arithmetic as
-    model(inputs) (mlx-lm's llama-style Model.__call__ is model.model followed by the head)."""
-    h = model.model(inputs[None], cache=cache)
-    if model.args.tie_word_embeddings:
-        logits = model.model.embed_tokens.as_linear(h)
-    else:
-        logits = model.lm_head(h)
-    return h[0], logits[0]
-
-
-class EagleState:
-    """A feature draft's KV cache plus the target features of the context it follows.
-
-    Invariants: features[i] was computed from context[: i + 1]; draft cache position i holds
-    (features[i], context[i + 1]) for every i < kv.offset, from true features only.
-    """
-
-    def __init__(self, model: EagleModel, name: str = "draft"):
-        self.model = model
-        self.kv = KVState(model, name)
-        self.context: list[int] = []
-        self.features: mx.array | None = None  # [P, d]
-
-    @property
-    def n_features(self) -> int:
-        return 0 if self.features is None else int(self.features.shape[0])
-
-    def reusable(self, prompt: list[int]) -> int:
-        """How many of `prompt`'s features are already known (feature i depends on tokens <= i)."""
-        return min(common_prefix(self.context, prompt), self.n_features)
-
-    def set_features(self, context: list[int], start: int, new: mx.array) -> None:
-        """Record the features of context positions start .. start + len(new) - 1 (committed
-        tokens); those before `start` must already be known. Rolls the cache back to what stays
-        valid (positions drafted on guesses, or whose token changed)."""
-        common = common_prefix(self.context, context)
-        if start > min(self.n_features, common):
-            raise ValueError(f"feature gap: {min(self.n_features, common)} known, next at {start}")
-        old = self.features[:start] if self.features is not None and start > 0 else None
-        if old is None:
-            self.features = new
-        elif new.shape[0] > 0:
-            self.features = mx.concatenate([old, new])
-        else:
-            self.features = old
-        self.context = list(context)
-        self.rewind(min(self.kv.offset, start, max(common - 1, 0)))
-
-    def rewind(self, keep: int) -> None:
-        self.kv.rewind(self.context, keep)
-
-    def reset(self) -> None:
-        self.kv.reset()
-        self.context, self.features = [], None
-
-
-def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -> int:
-    """KVState.prefill for a target driving a feature draft: the target's cache ends up holding
-    prompt[:-1] and `state` the features of those positions. Reuses what both still hold.
-    Returns the number of prompt tokens that will be run (as KVState.prefill)."""
-    keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1, state.reusable(prompt))
-    target.rewind(target.tokens, keep)
-    parts = []
-    for start in range(keep, len(prompt) - 1, chunk):
-        ids = prompt[start : min(start + chunk, len(prompt) - 1)]
-        feats, _ = target_features(target.model, mx.array(ids, dtype=mx.int32), target.cache)
-        mx.eval(feats, [c.state for c in target.cache])
-        parts.append(feats)
-    target.tokens = list(prompt[:-1])
-    new = mx.concatenate(parts) if parts else mx.zeros((0, state.model.args.hidden_size))
-    state.set_features(prompt, keep, new)
-    return len(prompt) - keep
-
-
-class EagleDrafter:
-    """Drafter over an EagleState. Head-only like ModelDrafter's reduced-head path: argmax / warp /
-    sample over the H head columns, q scattered to the vocabulary once per round.
-
-    propose(context): one catch-up forward over the draft positions not yet run (the n + 1 tokens
-    committed last round; the whole prompt after a prefill) gives the first guess; each further
-    token is a one-position forward on the previous guess. The loop hands the verify's features
-    to `take_features`, which also rolls back the positions drafted on guesses.
-    """
-
-    method = "draft"
-    wants_features = True
-
-    def __init__(self, state: EagleState, sampling: SamplingConfig, vocab: int):
-        self.state, self.sampling, self.vocab = state, sampling, vocab
-        self.head_ids = state.model.head_ids
-        self._valid = state.kv.offset
-
-    def take_features(self, context: list[int], start: int, new: mx.array) -> None:
-        self.state.set_features(context, start, new)
-
-    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
-        st, kv = self.state, self.state.kv
-        p = st.n_features
-        if p == 0 or p != len(context) - 1 or st.context[:p] != context[:p]:
-            return no_proposal()  # no features yet (a one-token prompt): a plain target step
-        if kv.offset >= p:  # feed at least one position: its output is the first guess
-            st.rewind(p - 1)
-        start = kv.offset
-        assert st.features is not None
-        feats = st.features[start:p][None]
-        toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
-        self._valid = p
-        u = None if self.sampling.greedy else uniforms(key, k)
-        tokens: list[mx.array] = []
-        rows: list[mx.array] = []
-        for i in range(k):
-            guess = st.model(feats, toks, cache=kv.cache)[:, -1:]
-            logits = st.model.head_logits(guess)[0, 0]
-            tok = pick_token(logits, self.sampling, u, i, self.head_ids, rows)
-            tokens.append(tok)
-            feats = guess if st.model.chain == "guess" else mx.zeros_like(guess)
-            toks = tok.reshape(1, 1)
-            mx.async_eval(tok)
-        q = full_q(rows, self.head_ids, self.vocab) if rows else None
-        return Proposal(mx.stack(tokens), q)
-
-    def commit(self, context: list[int]) -> None:
-        """Drop the positions drafted on guesses (take_features usually did already)."""
-        kv = self.state.kv
-        self.state.rewind(min(kv.offset, self._valid, self.state.n_features))

@@ -11,9 +11,11 @@ lookup is at most n_max - n_min + 1 dict reads, so a round costs O(new tokens * 
 
 from __future__ import annotations
 
+from typing import cast
+
 import mlx.core as mx
 
-from edgespec.loop import Proposal
+from edgespec.drafting.base import Drafter, Proposal, point_mass
 
 
 class NgramIndex:
@@ -64,59 +66,56 @@ class NgramIndex:
         return (self.tokens[pos : pos + k], n) if n else ([], 0)
 
 
-class NgramDrafter:
-    """Drafter (loop.Drafter protocol) proposing by prompt lookup over prompt + generated text.
+class NgramDrafter(Drafter):
+    """Drafter proposing by prompt lookup over prompt + generated text.
 
     A fresh drafter per generation (the Engine builds one per request). Proposes fewer than k
     tokens when the matched continuation is short, and none when nothing matches: that round is a
-    plain target step.
+    plain target step. Each proposal carries the suffix match length n (Proposal.match).
 
     Long matches propose long: a suffix match of at least `long_n` tokens (0: never) proposes up
     to max(k, long_k) tokens. A long match is a copy in progress (a quoted passage, a repeated
     list item), whose continuation is usually right for several tokens, while a one-token match is
     right ~40% of the time, so proposing one token on short matches and many on long ones beats
-    any single length (README, "This release").
+    any single length (docs/drafting.md).
     """
 
     method = "ngram"
+    looks_behind = True
 
     def __init__(self, n_min: int = 1, n_max: int = 8, long_n: int = 0, long_k: int = 1):
         self.index = NgramIndex(n_min, n_max)
         self.long_n, self.long_k = long_n, long_k
-        self.match = 0  # n of the last lookup (0: none); for hybrid drafting and Round.match
 
     def propose(self, context: list[int], k: int, key: mx.array | None = None) -> Proposal:
         return self.propose_min(context, k, None)
 
     def propose_min(self, context: list[int], k: int, n_min: int | None) -> Proposal:
         """propose(), accepting only suffix matches of length >= n_min."""
-        return Proposal(mx.array(self._lookup(context, k, n_min), dtype=mx.int32), None)
+        return self.lookup(context, k, n_min)
 
-    def _lookup(self, context: list[int], k: int, n_min: int | None, skip: int = 0) -> list[int]:
-        """Index `context`, find its longest suffix match (recording n in match) and return
-        up to k tokens of the continuation (max(k, long_k) on a long match), past its first
-        `skip` tokens."""
+    def lookup(self, context: list[int], k: int, n_min: int | None, skip: int = 0) -> Proposal:
+        """Index `context`, find its longest suffix match n and propose up to k tokens of the
+        continuation (max(k, long_k) on a long match), past its first `skip` tokens."""
         self.index.extend(context)
-        pos, self.match = self.index.find(n_min)
-        if not self.match:
-            return []
-        if self.long_n and self.match >= self.long_n:
+        pos, n = self.index.find(n_min)
+        if not n:
+            return point_mass([], self.method)
+        if self.long_n and n >= self.long_n:
             k = max(k, self.long_k)
-        return self.index.tokens[pos + skip : pos + skip + k]
+        return point_mass(self.index.tokens[pos + skip : pos + skip + k], self.method, n)
 
-    def propose_behind(self, context: list[int], k: int, n_min: int | None = None) -> list[int]:
+    def propose_behind(self, context: list[int], k: int, n_min: int | None = None) -> Proposal:
         """Up to k tokens for the positions after len(context), proposed while the token at
-        len(context) is still being computed (loop._plain_run): the continuation of the longest
-        earlier match of context's suffix, past its first token, which is the match's guess for
-        the token being computed. [] when nothing matches (or k <= 0: a plain step).
+        len(context) is still being computed (pipelined plain steps, edgespec/rounds.py): the
+        continuation of the longest earlier match of context's suffix, past its first token,
+        which is the match's guess for the token being computed. Empty when nothing matches (or
+        k <= 0: a plain step).
         Example: indexed [5, 6, 7, 8, 5, 6] (n 2): the suffix (5, 6) was followed by 7, 8, 5, so
         propose_behind(k=2) = [8, 5], the guess for the two tokens after the coming 7."""
         if k <= 0:
-            return []
-        return self._lookup(context, k, n_min, skip=1)
-
-    def commit(self, context: list[int]) -> None:
-        """Nothing to roll back: the index only ever holds committed tokens."""
+            return point_mass([], self.method)
+        return self.lookup(context, k, n_min, skip=1)
 
 
 def replay_rounds(
@@ -134,11 +133,11 @@ def replay_rounds(
     long, or ended by the model). No model runs: at temperature 0 a proposal is accepted up to its
     first token that differs from the answer, so the rounds follow from the lookups alone.
 
-    Mirrors loop.speculate and loop._plain_run: a round looks up K tokens from the whole context;
+    Mirrors loop.speculate and rounds.plain_run: a round looks up K tokens from the whole context;
     a miss starts pipelined plain steps, each of which looks up one token behind
     (NgramDrafter.propose_behind) while it computes, and the first such proposal is verified with
-    that step's token and ends the run. Used to choose the n-gram defaults on real answers (README,
-    "This release"); tests/test_drafting.py checks it against the loop."""
+    that step's token and ends the run. Used to choose the n-gram defaults on real answers (docs/drafting.md); the tests check it
+    against the loop."""
     drafter = NgramDrafter(n_min, n_max, long_n, long_k)
     end = min(max_tokens, len(answer))
     rounds: list[tuple[int, int]] = []
@@ -157,12 +156,16 @@ def replay_rounds(
     while pos < end:
         context = prompt + answer[:pos]
         if direct:
-            tokens = drafter._lookup(context, k, None)  # what propose() puts in its Proposal
+            tokens = cast(list[int], drafter.propose(context, k).tokens.tolist())
             if tokens:
                 verify(tokens)
                 continue
         rounds.append((0, 0))  # a plain step computes answer[pos]; the lookup runs one behind
-        behind = drafter.propose_behind(context, k) if pos + 1 < end else []
+        behind = (
+            cast(list[int], drafter.propose_behind(context, k).tokens.tolist())
+            if pos + 1 < end
+            else []
+        )
         pos += 1
         direct = bool(behind)
         if behind:

@@ -67,6 +67,19 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class PairVocab:
+    """What a pair declares about its vocabularies: the tokenizer both models ship (a family
+    name: the same name means the same tokenizer files) and each model's embedding rows
+    (config.json `vocab_size`, often padded past the tokenizer). EdgeSpec checks the real
+    tokenizers when it loads the pair (loading/checks.py) and cuts or pads the draft's logits to
+    the target's width (drafting/model.py fit_vocab)."""
+
+    tokenizer: str
+    target_rows: int
+    draft_rows: int
+
+
+@dataclass(frozen=True)
 class Pair:
     """A named target/draft pair; `target` and `draft` are model names or HF repo ids."""
 
@@ -78,6 +91,7 @@ class Pair:
     # A token draft for tools that cannot run `draft` when it is a feature draft (mlx-lm's
     # speculative decoding, which the bench compares against); None when `draft` is one already.
     token_draft: str | None = None
+    vocab: PairVocab | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,7 @@ def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
             description=p.get("description", ""),
             platform=p.get("platform", "any"),
             token_draft=p.get("token_draft"),
+            vocab=PairVocab(**p["vocab"]) if "vocab" in p else None,
         )
         for n, p in raw.get("pairs", {}).items()
     }
@@ -156,47 +171,3 @@ def is_repo_id(spec: str) -> bool:
         and not spec.startswith((".", "~"))
         and not spec.endswith((".gguf", ".json"))
     )
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    """What is on this machine for one model spec (no network is touched)."""
-
-    spec: str
-    kind: str  # "catalogue" (pulled into EdgeSpec's cache), "local" (in-repo folder) or "hub"
-    present: bool
-    path: Path | None
-    size_bytes: int
-
-
-def _snapshot_size(folder: Path) -> int:
-    """Bytes of a hub snapshot (its files are symlinks into blobs/)."""
-    return sum(f.resolve().stat().st_size for f in folder.rglob("*") if f.is_file())
-
-
-def hub_snapshot(repo: str) -> Path | None:
-    """The cached snapshot folder of `repo` in the Hugging Face hub cache, or None (offline check)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    hit = try_to_load_from_cache(repo, "config.json")
-    return Path(hit).parent if isinstance(hit, str) else None
-
-
-def model_status(spec: str, cat: Catalog) -> ModelStatus:
-    """Whether `spec` (a catalogue name or a hub repo id) is available locally, where, how big."""
-    from edgespec.loading import paths
-    from edgespec.loading.pull import cached
-
-    if spec in cat.models:
-        entry = cat.model(spec)
-        if entry.local is not None:
-            ok = entry.available
-            return ModelStatus(
-                spec, "local", ok, entry.local, paths.dir_size(entry.local) if ok else 0
-            )
-        folder = cached(spec)
-        return ModelStatus(
-            spec, "catalogue", folder is not None, folder, paths.dir_size(folder) if folder else 0
-        )
-    snap = hub_snapshot(spec) if is_repo_id(spec) else None
-    return ModelStatus(spec, "hub", snap is not None, snap, _snapshot_size(snap) if snap else 0)

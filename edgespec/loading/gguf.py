@@ -15,11 +15,10 @@ quantized (dtype="keep", compact); the runtime decides whether to dequantize at 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -62,22 +61,14 @@ _PRE_REGEX: dict[str, str | None] = {
 _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # llama.cpp token types
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     """Read tensors and metadata; a missing / unreadable file raises a one-line typed error."""
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {path}")
     try:
-        weights, meta = mx.load(str(path), return_metadata=True)
+        loaded = mx.load(str(path), return_metadata=True)
+        weights, meta = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
     except Exception as e:  # mlx raises RuntimeError/ValueError with multi-line text
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot read GGUF file {path}: {first}") from None

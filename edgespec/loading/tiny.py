@@ -14,6 +14,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from edgespec.drafting.eagle import eagle_config
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -170,7 +172,6 @@ def make_tiny_eagle(target: str | Path, out: str | Path, seed: int = 0, head: in
     """Write a seeded feature draft (edgespec.drafting.eagle) for the tiny target at `target`: one llama
     layer, fc initialised to pass the feature through plus the token's embedding. `head`: score
     only that many token ids (every other one, from 0), so off-head tokens get q = 0."""
-    from edgespec.drafting.eagle import eagle_config
 
     target, out = Path(target), Path(out)
     tcfg = json.loads((target / "config.json").read_text())

@@ -25,7 +25,7 @@ the details):
 
 Held-out agreement is printed on the first --held sequences (the training data's own kind of
 answers); measure a result on benchmark answers with `edgespec bench` or `edgespec verify`.
-Run with an optimised BLAS preloaded on Linux (see README).
+Run with an optimised BLAS preloaded on Linux (see docs/cpu-backend.md).
 """
 
 from __future__ import annotations
@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if any(n % a.eval_every for n in (a.chunk, a.until or 0)):
         raise SystemExit("--chunk and --until must be multiples of --eval-every (checkpoints)")
-    from edgespec.distill.data import read_shard
     from edgespec.distill.eagle import (
         EagleTrainConfig,
         agreement,
@@ -103,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         train_eagle,
     )
     from edgespec.distill.export import quantize
+    from edgespec.distill.shards import read_shard
     from edgespec.drafting.eagle import save_eagle
     from edgespec.runtime import Engine
 

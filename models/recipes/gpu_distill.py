@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# The same table as edgespec/gguf.py's _LAYER_NAMES, written again on purpose: this script runs
+# The same table as edgespec/loading/gguf.py's _LAYER_NAMES, written again on purpose: this script runs
 # where MLX is not installed, and edgespec.loading.gguf imports MLX.
 GGUF_NAMES = {
     "attn_q": "self_attn.q_proj",

@@ -4,7 +4,7 @@
         --reports run1/report.json run2/report.json run3/report.json --column 0 \
         --gpu-data OUT/data-00.npz --out models/smollm2-135m-draft --command "..."
 
-Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/blas.py):
+Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/cpu/blas.py):
 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python models/recipes/...
 
 Loads the fp16 trunk + head (mlx-lm names) into edgespec.drafting.draft_model with the target's own
@@ -25,7 +25,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edgespec.distill.build import draft_config
-from edgespec.distill.data import (
+from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
+from edgespec.distill.shards import (
     Meta,
     iter_sequences,
     next_index,
@@ -33,11 +34,10 @@ from edgespec.distill.data import (
     recount,
     write_shard,
 )
-from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
 from edgespec.distill.target import load_target, teacher_topk
 from edgespec.distill.train import agreement, head_index, split_data
 from edgespec.drafting.draft_model import build
-from edgespec.loading.load import dequantize_model
+from edgespec.loading.weights import dequantize_model
 
 
 def curve_rows(reports: list[dict], column: int) -> list[dict[str, float]]:

@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from textual.pilot import Pilot
-
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.tui.app import ChatApp
 from edgespec.tui.fake import FakeEngine, FakeScript
 from edgespec.tui.store import ChatStore
+from textual.pilot import Pilot
+
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 
 
 class FakeLoader:

@@ -7,13 +7,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from edgespec.tui.fake import FakeEngine, FakeScript
+from edgespec.tui.screens import LoadingScreen, PastChatsScreen
+from edgespec.tui.widgets import AnswerView, StatsPanel, UserMessage
 from textual.widgets import Input, OptionList, Static
 
 from edgespec.errors import ModelNotFoundError, PromptError
 from tests.tui.helpers import ask, make_app, run, wait_for
-from edgespec.tui.fake import FakeEngine, FakeScript
-from edgespec.tui.screens import LoadingScreen, PastChatsScreen
-from edgespec.tui.widgets import AnswerView, StatsPanel, UserMessage
 
 
 def expected_answer(prompt: str, spec: bool = True, k: int = 4) -> tuple[str, list[str]]:
@@ -179,8 +179,9 @@ def test_k_and_temperature_keys_change_the_next_request(tmp_path: Path) -> None:
 
 
 def test_the_meter_keeps_the_latest_rounds_k_plain_steps_included() -> None:
-    from edgespec.events import Round
     from edgespec.tui.widgets import TurnMeter
+
+    from edgespec.events import Round
 
     meter = TurnMeter(started=0.0)
     meter.add([], [Round(0, 3, 1, 3, 0.01, 0.02, "draft")], 1.0)

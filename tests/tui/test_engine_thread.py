@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 
-from edgespec.config import GenerationConfig
-from edgespec.errors import ModelLoadError
-from edgespec.events import Finished, Stats, Token
 from edgespec.tui.engine_thread import Batcher, EngineThread, error_line
 from edgespec.tui.fake import FakeEngine, FakeScript
 from edgespec.tui.messages import EngineFailed, EngineReady, StreamBatch, TurnFinished
+
+from edgespec.config import GenerationConfig
+from edgespec.errors import ModelLoadError
+from edgespec.events import Finished, Stats, Token
 
 
 class Inbox:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from edgespec.config import GenerationConfig, SpecConfig
-from tests.tui.helpers import ask, run, wait_for
 from edgespec.tui.app import ChatApp
 from edgespec.tui.store import ChatStore
 from edgespec.tui.widgets import AnswerView
+
+from edgespec.config import GenerationConfig, SpecConfig
+from tests.tui.helpers import ask, run, wait_for
 
 pytest.importorskip("mlx.core")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgespec.tui.fake import FakeScript
 from textual.pilot import Pilot
 from textual.widgets import Input
 
 from edgespec.errors import TokenizerMismatchError
 from tests.tui.helpers import ask, make_app, wait_for
-from edgespec.tui.fake import FakeScript
 
 SIZE = (120, 40)
 

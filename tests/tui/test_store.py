@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from edgespec.tui.store import ChatMessage, ChatStore, Conversation, atomic_write_text, data_dir
 
 

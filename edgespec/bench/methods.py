@@ -1,0 +1,184 @@
+"""The methods `edgespec bench --methods` can name, and how one run of each is timed: every method
+from outside its token generator (see `_Timer`), after `engine.reset()` so no method starts with a
+warm prefix cache."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm import stream_generate
+from mlx_lm.generate import generation_stream
+from mlx_lm.sample_utils import make_sampler
+
+from edgespec.bench.records import PLAIN, rounds_from_flags
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.cpu import rope
+from edgespec.events import Finished, Round, Token
+from edgespec.metrics import RoundTotals, fold_rounds
+
+
+@dataclass(frozen=True)
+class Point:
+    """The settings of one measured run."""
+
+    k: int
+    temp: float
+    max_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one run produced, timed from outside the generator."""
+
+    token_ids: tuple[int, ...]
+    ttft: float
+    decode_time: float
+    wall_time: float
+    finish_reason: str
+    rounds: RoundTotals
+    timed_rounds: bool  # whether rounds carry draft/verify timings
+    t_model_decode: float | None = None  # draft + verify seconds of the rounds after the first
+
+
+class _Timer:
+    """Timestamps of committed tokens: ttft = start -> first, decode = first -> last."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last = self.start
+        self.ids: list[int] = []
+
+    def token(self, token_id: int) -> None:
+        self.last = time.perf_counter()
+        self.first = self.last if self.first is None else self.first
+        self.ids.append(token_id)
+
+    def done(
+        self, reason: str, rounds: RoundTotals, timed: bool, t_model: float | None = None
+    ) -> Measured:
+        first = self.last if self.first is None else self.first
+        end = time.perf_counter()
+        return Measured(
+            tuple(self.ids), first - self.start, self.last - first, end - self.start, reason,
+            rounds, timed, t_model,
+        )  # fmt: skip
+
+
+def _sampling(point: Point) -> SamplingConfig:
+    return SamplingConfig(temperature=point.temp, seed=point.seed)
+
+
+Extras = Callable[[Any, Point], dict[str, Any]]
+
+
+def _engine_runner(
+    spec: Callable[[Point], SpecConfig], extras: Extras | None = None
+) -> Callable[[Any, list[int], Point], Measured]:
+    """A runner that drives Engine.generate with the SpecConfig that `spec` builds, plus the
+    keyword arguments `extras(engine, point)` returns (e.g. drafter=..., k_policy=...)."""
+
+    def run(engine: Any, prompt_ids: list[int], point: Point) -> Measured:
+        config = GenerationConfig(_sampling(point), spec(point), max_tokens=point.max_tokens)
+        kwargs = extras(engine, point) if extras else {}
+        engine.reset()
+        timer, rounds, reason = _Timer(), [], "length"
+        for event in engine.generate(prompt_ids, config, **kwargs):
+            if isinstance(event, Token):
+                timer.token(event.id)
+            elif isinstance(event, Round):
+                rounds.append(event)
+            elif isinstance(event, Finished):
+                reason = event.reason
+        # Round events follow their tokens: the first round made the first token (TTFT side).
+        t_model = sum(r.t_draft + r.t_verify for r in rounds[1:])
+        return timer.done(reason, fold_rounds(rounds), timed=True, t_model=t_model)
+
+    return run
+
+
+def mlx_lm_draft(engine: Any) -> Any | None:
+    """The draft mlx-lm runs with: the engine's peer token draft when the bench set one (the
+    pair's own is a feature draft), else the pair's draft (None without one)."""
+    return getattr(engine, "peer_draft", None) or (engine.draft if engine.has_draft else None)
+
+
+def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measured]:
+    """mlx-lm's stream_generate on the engine's own model objects (same weights, fresh caches)."""
+
+    def run(engine: Any, prompt_ids: list[int], point: Point) -> Measured:
+        engine.reset()
+        mx.random.seed(point.seed)  # mlx-lm samples from MLX's global random state
+        kwargs: dict[str, Any] = {"sampler": make_sampler(temp=point.temp)}
+        if use_draft:
+            draft = mlx_lm_draft(engine)
+            assert draft is not None  # check_methods refuses mlx-lm without a draft
+            kwargs |= {"draft_model": draft.model, "num_draft_tokens": point.k}
+        timer, flags, reason = _Timer(), [], "length"
+        tokenizer = engine.target.tokenizer
+        with rope.native():  # the peer as mlx-lm runs it (EdgeSpec's rotary tables off)
+            for resp in stream_generate(
+                engine.target.model, tokenizer, mx.array(prompt_ids), point.max_tokens, **kwargs
+            ):
+                if resp.finish_reason == "stop":  # it carries the EOS token: not output
+                    reason = "stop"
+                    break
+                timer.token(resp.token)
+                flags.append(bool(resp.from_draft))
+        # mlx-lm queues its next step before yielding a token, on its own stream: after an early
+        # stop that step is still running. Let it finish here, so that it never overlaps the next
+        # run: under a sharded target (edgespec.distributed) the all-reduces of two streams
+        # would interleave differently on each rank and corrupt each other.
+        mx.synchronize(generation_stream)
+        rounds = rounds_from_flags(flags, point.k) if use_draft else RoundTotals()
+        return timer.done(reason, rounds, timed=False)
+
+    return run
+
+
+@dataclass(frozen=True)
+class Method:
+    """A benchmarked way of decoding. uses_k: run once per K (else once per temperature, K=0)."""
+
+    name: str
+    description: str
+    needs_draft: bool
+    uses_k: bool
+    run: Callable[[Any, list[int], Point], Measured]
+
+
+def _registry() -> dict[str, Method]:
+    """The methods `--methods` can name. A new EdgeSpec method is one line here: a SpecConfig
+    (the Engine builds its drafter and K policy), or extras(engine, point) returning drafter=... /
+    k_policy=... keyword arguments for Engine.generate. Adaptive methods take no K list (K is
+    chosen per round, starting from SpecConfig's default and capped by its k_max)."""
+    methods = [
+        Method(PLAIN, "target alone through EdgeSpec's loop", False, False,
+               _engine_runner(lambda p: SpecConfig(method="none"))),
+        Method("spec", "EdgeSpec, draft model", True, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="draft"))),
+        Method("ngram", "EdgeSpec, n-gram prompt lookup (no draft)", False, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="ngram"))),
+        Method("hybrid", "EdgeSpec, n-gram when it matches, else the draft", True, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="hybrid"))),
+        Method("adaptive", "EdgeSpec, draft model, K chosen per round", True, False,
+               _engine_runner(lambda p: SpecConfig(method="draft", adaptive=True))),
+        Method("adaptive-ngram", "EdgeSpec, n-gram lookup, K chosen per round", False, False,
+               _engine_runner(lambda p: SpecConfig(method="ngram", adaptive=True))),
+        Method("adaptive-hybrid", "EdgeSpec, hybrid drafting, K chosen per round", True, False,
+               _engine_runner(lambda p: SpecConfig(method="hybrid", adaptive=True))),
+        Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
+        Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
+               _mlx_lm_runner(False)),
+    ]  # fmt: skip
+    return {m.name: m for m in methods}
+
+
+METHODS: dict[str, Method] = _registry()
+# adaptive-hybrid: what `edgespec chat` and `generate` run by default.
+DEFAULT_METHODS = (PLAIN, "spec", "mlx-lm", "adaptive-hybrid")

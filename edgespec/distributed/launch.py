@@ -1,0 +1,70 @@
+"""What MLX's launcher (`mlx.launch`, mpirun) tells a process through its environment, read
+without importing MLX: the CLI needs it before its BLAS re-exec (edgespec/cpu/blas.py), which
+must happen before MLX is loaded.
+
+Thread shares: `mlx.launch -n 3` on one machine runs three ranks side by side. MKL (and
+OpenMP / OpenBLAS) start one thread per core in each, so three ranks on a 2-core machine would
+run six compute threads. `share_threads` gives each rank cores // local ranks (at least one)
+unless the user set a count; the CLI calls it before the re-exec, whose environment keeps it
+(and MLX_RANK / MLX_HOSTFILE, which the re-exec passes on unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+
+HOSTFILE, RANK = "MLX_HOSTFILE", "MLX_RANK"
+THREAD_VARIABLES = ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def launched_backend(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Which MLX launcher started this process, from the variables it sets: "ring" (mlx.launch
+    --backend ring: MLX_HOSTFILE + MLX_RANK), "jaccl", "mpi", "nccl", or None (not launched)."""
+    if environ.get("MLX_JACCL_COORDINATOR") or environ.get("MLX_IBV_DEVICES"):
+        return "jaccl"
+    if environ.get(HOSTFILE) and environ.get(RANK) is not None:
+        return "ring"
+    if environ.get("OMPI_COMM_WORLD_SIZE"):
+        return "mpi"
+    if environ.get("MLX_WORLD_SIZE") and environ.get("NCCL_HOST_IP"):
+        return "nccl"
+    return None
+
+
+def env_rank(environ: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank as the launcher set it, None when not launched. The CLI prefixes the
+    error lines of ranks > 0 with it."""
+    if launched_backend(environ) is None:
+        return None
+    for name in (RANK, "OMPI_COMM_WORLD_RANK"):
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def local_ranks(environ: Mapping[str, str] = os.environ) -> int:
+    """How many ranks of a ring launch run on this rank's host (entries of the hostfile with its
+    address); 1 when unknown. `mlx.launch -n 3` on one host: 3."""
+    rank = env_rank(environ)
+    try:
+        hosts = json.loads(Path(environ.get(HOSTFILE, "")).read_text())
+        mine = hosts[rank][0].rsplit(":", 1)[0] if rank is not None else None
+        return max(1, sum(1 for h in hosts if h and h[0].rsplit(":", 1)[0] == mine))
+    except (OSError, ValueError, IndexError, TypeError, AttributeError, KeyError):
+        return 1
+
+
+def share_threads(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """When several ranks share this machine, set each BLAS thread count that is unset to
+    cores // local ranks (at least 1). Returns the share set, or None."""
+    ranks = local_ranks(environ)
+    if ranks <= 1:
+        return None
+    share = str(max(1, (os.cpu_count() or 1) // ranks))
+    for name in THREAD_VARIABLES:
+        environ.setdefault(name, share)
+    return share

@@ -1,0 +1,93 @@
+"""What a drafter is: the Proposal it makes and the small base class the loop talks to.
+
+The loop (edgespec/loop.py) calls `propose` before each round and `commit` after it; the other
+hooks have defaults that do nothing, so a drafter overrides only what it has:
+- `propose_free(context, key)`: tokens that cost next to nothing (an n-gram lookup), made in
+  rounds where the K policy chose K = 0; only asked when `free_lookups` is True.
+- `propose_behind(context, k)`: point-mass proposals for the positions after len(context) + 1,
+  made while the token at len(context) is still being computed (pipelined plain steps,
+  edgespec/rounds.py); only asked when `looks_behind` is True. None ends the pipelined run.
+- `take_features(context, start, features)`: the target's top hidden states of each round's
+  committed positions start .. start + len(features) - 1, for a feature draft
+  (`wants_features` True; edgespec/drafting/eagle.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafter's guess for the next tokens.
+
+    tokens [d] int32 (may be lazy); q [d, V] the warped draft distributions they were drawn from,
+    or None for point masses (a deterministic proposal: an n-gram lookup, or any drafter at
+    temperature 0). `method` names who made it ("draft": a draft model, "ngram": a lookup) and
+    `match` the n-gram suffix length behind a lookup (0 otherwise); both go into Round events.
+    """
+
+    tokens: mx.array
+    q: mx.array | None = None
+    method: str = "draft"
+    match: int = 0
+
+    @property
+    def size(self) -> int:
+        """Drafted tokens d (a shape, never a device read)."""
+        return int(self.tokens.shape[0])
+
+    def cut(self, room: int) -> Proposal:
+        """At most `room` tokens (the room left in the context window). [7, 8, 9].cut(2) -> [7, 8]."""
+        if self.size <= room:
+            return self
+        q = None if self.q is None else self.q[:room]
+        return Proposal(self.tokens[:room], q, self.method, self.match)
+
+
+def no_proposal(method: str = "draft") -> Proposal:
+    """K = 0: nothing drafted, the round is a plain target step."""
+    return Proposal(mx.array([], dtype=mx.int32), None, method, 0)
+
+
+def point_mass(tokens: list[int], method: str, match: int = 0) -> Proposal:
+    """A deterministic proposal of host tokens (q = None: each has draft probability 1)."""
+    return Proposal(mx.array(tokens, dtype=mx.int32), None, method, match)
+
+
+class Drafter:
+    """Who proposes tokens. Subclasses implement `propose`; every other hook has a default.
+
+    `method` is reported for rounds that drafted nothing (a proposal names its own method).
+    """
+
+    method = "draft"
+    free_lookups = False  # propose_free has something to offer at K = 0
+    looks_behind = False  # propose_behind can keep a pipelined plain run going
+
+    @property
+    def wants_features(self) -> bool:
+        """A feature draft: the loop hands it the target's features (take_features)."""
+        return False
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        """Propose up to k tokens to follow `context` (all committed tokens); fewer (even none:
+        the round is then a plain target step) when the drafter has no good guess. `key` seeds any
+        sampling: draw `uniforms(key, k)` to stay in step with the numpy reference."""
+        raise NotImplementedError
+
+    def propose_free(self, context: list[int], key: mx.array) -> Proposal:
+        """A proposal that costs next to nothing, for a round where K = 0 was chosen."""
+        return no_proposal(self.method)
+
+    def propose_behind(self, context: list[int], k: int) -> Proposal | None:
+        """Point masses for the positions after len(context) + 1 (see the module docstring)."""
+        return None
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
+        """The target's features of committed positions start.. (feature drafts only)."""
+
+    def commit(self, context: list[int]) -> None:
+        """Called after every round with the committed context: roll back anything past it."""

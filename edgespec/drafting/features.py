@@ -1,0 +1,146 @@
+"""Running a feature draft (edgespec/drafting/eagle.py): its state across rounds and its drafter.
+
+State across rounds (EagleState, kept by the Engine between generations):
+- `features` [P, d]: f_0 .. f_{P-1} of `context` (the target's features of committed tokens; the
+  newest committed token's feature is computed by the next verify, so P = len(context) - 1);
+- the draft's KV cache: position i holds (f_i, context[i + 1]) for i < kv.offset, always from true
+  features (positions run on the draft's own guesses are rolled back after every round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from edgespec.cache import KVState, common_prefix
+from edgespec.config import SamplingConfig
+from edgespec.drafting.base import Drafter, Proposal, no_proposal
+from edgespec.drafting.eagle import EagleModel
+from edgespec.drafting.model import full_q, pick_token
+from edgespec.sampling import uniforms
+
+
+class EagleState:
+    """A feature draft's KV cache plus the target features of the context it follows.
+
+    Invariants: features[i] was computed from context[: i + 1]; draft cache position i holds
+    (features[i], context[i + 1]) for every i < kv.offset, from true features only.
+    """
+
+    def __init__(
+        self,
+        model: EagleModel,
+        name: str = "draft",
+        new_cache: Callable[[Any], list[Any]] = make_prompt_cache,
+    ):
+        self.model = model
+        self.kv = KVState(model, name, new_cache)
+        self.context: list[int] = []
+        self.features: mx.array | None = None  # [P, d]
+
+    @property
+    def n_features(self) -> int:
+        return 0 if self.features is None else int(self.features.shape[0])
+
+    def reusable(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s features are already known (feature i depends on tokens <= i)."""
+        return min(common_prefix(self.context, prompt), self.n_features)
+
+    def set_features(self, context: list[int], start: int, new: mx.array) -> None:
+        """Record the features of context positions start .. start + len(new) - 1 (committed
+        tokens); those before `start` must already be known. Rolls the cache back to what stays
+        valid (positions drafted on guesses, or whose token changed)."""
+        common = common_prefix(self.context, context)
+        if start > min(self.n_features, common):
+            raise ValueError(f"feature gap: {min(self.n_features, common)} known, next at {start}")
+        old = self.features[:start] if self.features is not None and start > 0 else None
+        if old is None:
+            self.features = new
+        elif new.shape[0] > 0:
+            self.features = mx.concatenate([old, new])
+        else:
+            self.features = old
+        self.context = list(context)
+        self.rewind(min(self.kv.offset, start, max(common - 1, 0)))
+
+    def rewind(self, keep: int) -> None:
+        self.kv.rewind(self.context, keep)
+
+    def reset(self) -> None:
+        self.kv.reset()
+        self.context, self.features = [], None
+
+
+def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -> int:
+    """KVState.prefill for a target driving a feature draft: the target's cache ends up holding
+    prompt[:-1] and `state` the features of those positions. Reuses what both still hold.
+    Returns the number of prompt tokens that will be run (as KVState.prefill)."""
+    keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1, state.reusable(prompt))
+    target.rewind(target.tokens, keep)
+    parts = []
+    for start in range(keep, len(prompt) - 1, chunk):
+        ids = prompt[start : min(start + chunk, len(prompt) - 1)]
+        feats, _ = target.forward_features(mx.array(ids, dtype=mx.int32))
+        mx.eval(feats, [c.state for c in target.cache])
+        parts.append(feats)
+    target.tokens = list(prompt[:-1])
+    new = mx.concatenate(parts) if parts else mx.zeros((0, state.model.args.hidden_size))
+    state.set_features(prompt, keep, new)
+    return len(prompt) - keep
+
+
+class EagleDrafter(Drafter):
+    """Drafter over an EagleState. Head-only like ModelDrafter's reduced-head path: argmax / warp /
+    sample over the H head columns, q scattered to the vocabulary once per round.
+
+    propose(context): one catch-up forward over the draft positions not yet run (the n + 1 tokens
+    committed last round; the whole prompt after a prefill) gives the first guess; each further
+    token is a one-position forward on the previous guess. The loop hands the verify's features
+    to `take_features`, which also rolls back the positions drafted on guesses.
+    """
+
+    @property
+    def wants_features(self) -> bool:
+        return True
+
+    def __init__(self, state: EagleState, sampling: SamplingConfig, vocab: int):
+        self.state, self.sampling, self.vocab = state, sampling, vocab
+        self.head_ids = state.model.head_ids
+        self._valid = state.kv.offset
+
+    def take_features(self, context: list[int], start: int, new: mx.array) -> None:
+        self.state.set_features(context, start, new)
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        st, kv = self.state, self.state.kv
+        p = st.n_features
+        if p == 0 or p != len(context) - 1 or st.context[:p] != context[:p]:
+            return no_proposal()  # no features yet (a one-token prompt): a plain target step
+        if kv.offset >= p:  # feed at least one position: its output is the first guess
+            st.rewind(p - 1)
+        start = kv.offset
+        assert st.features is not None
+        feats = st.features[start:p][None]
+        toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
+        self._valid = p
+        u = None if self.sampling.greedy else uniforms(key, k)
+        tokens: list[mx.array] = []
+        rows: list[mx.array] = []
+        for i in range(k):
+            guess = st.model(feats, toks, cache=kv.cache)[:, -1:]
+            logits = st.model.head_logits(guess)[0, 0]
+            tok = pick_token(logits, self.sampling, u, i, self.head_ids, rows)
+            tokens.append(tok)
+            feats = guess if st.model.chain == "guess" else mx.zeros_like(guess)
+            toks = tok.reshape(1, 1)
+            mx.async_eval(tok)
+        q = full_q(rows, self.head_ids, self.vocab) if rows else None
+        return Proposal(mx.stack(tokens), q)
+
+    def commit(self, context: list[int]) -> None:
+        """Drop the positions drafted on guesses (take_features usually did already)."""
+        kv = self.state.kv
+        self.state.rewind(min(kv.offset, self._valid, self.state.n_features))

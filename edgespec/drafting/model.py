@@ -1,0 +1,163 @@
+"""Drafting with a small model and its own KV cache: ModelDrafter, and ConfidentDrafter, which
+stops a round early when the draft is unsure.
+
+ConfidentDrafter is still exact: how many tokens are drafted depends only on the draft's own
+information, and the acceptance test does not depend on how K was chosen.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+
+from edgespec.cache import KVState
+from edgespec.config import SamplingConfig
+from edgespec.drafting.base import Drafter, Proposal, no_proposal
+from edgespec.drafting.draft_model import reduced_head
+from edgespec.errors import ConfigError
+from edgespec.sampling import sample, uniforms, warp
+
+
+def fit_vocab(logits: mx.array, vocab: int) -> mx.array:
+    """Cut or -inf-pad draft logits [..., Vd] to the target's width V (padded embedding tables)."""
+    width = logits.shape[-1]
+    if width == vocab:
+        return logits
+    if width > vocab:
+        return logits[..., :vocab]
+    pad = mx.full((*logits.shape[:-1], vocab - width), -mx.inf, dtype=logits.dtype)
+    return mx.concatenate([logits, pad], axis=-1)
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a small model and its own KV cache.
+
+    Its cache holds a prefix of the context; the tokens after it (`pending`) are fed at the start of
+    the next proposal. Usually one token, two after a bonus round: the draft never ran its K-th
+    drafted token, which the target then accepted.
+
+    A draft with a reduced output head (EdgeSpec's own drafts: `head_logits` + `head_ids`) is run
+    head-only: argmax, warp and sampling over its H head columns instead of the full vocabulary,
+    and q is scattered to the vocabulary once per round. Same tokens and same q as the full-width
+    path (off-head tokens have q = 0 either way; head ids are sorted, so the inverse-CDF sample and
+    the argmax tie-break pick the same token), for a fraction of the per-token work.
+
+    Draft steps in pairs (`pairs`, from edgespec.cpu.rewrites.draft_pairs: MLX's CPU backend under
+    MKL): a step with one new token runs the newest cached position again beside it, so that every
+    draft forward multiplies two rows. Intel MKL runs a one-row product on one thread and a
+    two-row one on both (edgespec/cpu/rowpad.py), so on a 2-core machine the two-position step is
+    the faster one (docs/cpu-backend.md). The rerun position
+    gets the same keys and values back (up to the BLAS's rounding); the proposal is still drawn
+    from, and verified against, the q the draft computed, so output is unchanged whatever the
+    draft computes.
+    """
+
+    method = "draft"
+
+    def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int, pairs: bool = False):
+        self.state, self.sampling, self.vocab = state, sampling, vocab
+        self.head_ids = reduced_head(state.model)
+        self.pairs = pairs and state.trims  # pairs trim the cache: no restore points to keep
+
+    def _logits(self, inputs: mx.array) -> mx.array:
+        if self.head_ids is not None:
+            return self.state.forward(inputs, head_only=True)[-1]
+        return fit_vocab(self.state.forward(inputs)[-1], self.vocab)
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        state, pairs = self.state, self.pairs
+        if pairs and len(context) - state.offset == 1 and state.offset > 0:
+            state.rewind(context, state.offset - 1)  # run the newest cached position again
+        inputs = mx.array(context[state.offset :], dtype=mx.int32)
+        u = None if self.sampling.greedy else uniforms(key, k)
+        tokens: list[mx.array] = []
+        rows: list[mx.array] = []
+        for i in range(k):
+            if i > 0:
+                if pairs:  # [the previous input, the token drafted from it] over the last one
+                    trim_prompt_cache(state.cache, 1)
+                    inputs = mx.concatenate([inputs[-1:], tokens[-1].reshape(1)])
+                else:
+                    inputs = tokens[-1].reshape(1)
+            tok = pick_token(self._logits(inputs), self.sampling, u, i, self.head_ids, rows)
+            tokens.append(tok)
+            mx.async_eval(tok)
+        return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
+
+    def _full_q(self, rows: list[mx.array]) -> mx.array:
+        return full_q(rows, self.head_ids, self.vocab)
+
+    def commit(self, context: list[int]) -> None:
+        self.state.rewind(context, min(self.state.offset, len(context) - 1))
+
+
+def pick_token(
+    logits: mx.array,
+    sampling: SamplingConfig,
+    u: mx.array | None,
+    i: int,
+    head_ids: mx.array | None,
+    rows: list[mx.array],
+) -> mx.array:
+    """The i-th drafted token from one row of draft logits (lazy): argmax at temperature 0,
+    else an inverse-CDF sample with uniform u[i] from the warped row, which is appended to `rows`
+    (the drafted q). A reduced-head draft's column index is mapped to its token id."""
+    if u is None:
+        tok = mx.argmax(logits).astype(mx.int32)
+    else:
+        rows.append(warp(logits, sampling))
+        tok = sample(rows[-1], u[i])
+    return tok if head_ids is None else head_ids[tok]
+
+
+def full_q(rows: list[mx.array], head_ids: mx.array | None, vocab: int) -> mx.array:
+    """Stack drafted q rows; a reduced head's rows are scattered to the vocabulary (0 elsewhere)."""
+    q = mx.stack(rows)
+    if head_ids is None:
+        return q
+    full = mx.zeros((q.shape[0], vocab), dtype=q.dtype)
+    full[:, head_ids] = q
+    return full
+
+
+class ConfidentDrafter(ModelDrafter):
+    """ModelDrafter that stops drafting at the first token whose top draft probability is below
+    `stop_below` (that token is not proposed; a round may then draft nothing). At temperature 0
+    the confidence is the softmax of the raw logits (the warped q is one-hot there).
+
+    Costs one host read per drafted token (the stop decision), which the plain ModelDrafter avoids.
+    """
+
+    def __init__(
+        self,
+        state: KVState,
+        sampling: SamplingConfig,
+        vocab: int,
+        stop_below: float,
+        pairs: bool = False,
+    ):
+        super().__init__(state, sampling, vocab, pairs)
+        if not 0.0 <= stop_below < 1.0:
+            raise ConfigError(f"the early-stop threshold must be in [0, 1), got {stop_below}")
+        self.stop_below = stop_below
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        inputs = mx.array(context[self.state.offset :], dtype=mx.int32)
+        u = None if self.sampling.greedy else uniforms(key, k)
+        tokens: list[mx.array] = []
+        rows: list[mx.array] = []
+        for i in range(k):
+            logits = self._logits(inputs)
+            q = mx.softmax(logits.astype(mx.float32)) if u is None else warp(logits, self.sampling)
+            if float(mx.max(q).item()) < self.stop_below:  # type: ignore[arg-type]
+                break
+            tok = mx.argmax(logits).astype(mx.int32) if u is None else sample(q, u[i])
+            if self.head_ids is not None:
+                tok = self.head_ids[tok]
+            if u is not None:
+                rows.append(q)
+            tokens.append(tok)
+            inputs = tok.reshape(1)
+        if not tokens:
+            return no_proposal()
+        return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)

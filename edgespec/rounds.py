@@ -1,0 +1,285 @@
+"""The mechanics of a round, for loop.speculate: one target forward over the pending token and the
+drafted ones, the acceptance step, the one host sync, committing what was accepted, and runs of
+plain steps pipelined like plain decoding. Orchestration only: the maths lives in sampling.py and
+acceptance.py.
+
+Speed: drafted tokens stay lazy MLX arrays (async_eval, no .item() per token); the target's verify
+graph is built on them while the draft computes, the acceptance runs on the device, and a round
+costs one host sync: a transfer of d + 2 integers.
+
+Cache invariant inside a pipelined run: the target's cache may hold the queued forward's positions
+too; it is rewound to context[:-1] when the run ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import cast
+
+import mlx.core as mx
+
+from edgespec.acceptance import verify, verify_greedy
+from edgespec.cache import KVState
+from edgespec.config import SamplingConfig
+from edgespec.drafting.base import Drafter, Proposal, no_proposal
+from edgespec.events import Round
+from edgespec.sampling import round_keys, uniforms, warp
+
+KPolicy = Callable[[Round | None], int]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When generation stops: max_tokens emitted, an EOS id, or the context window full."""
+
+    max_tokens: int
+    eos: frozenset[int]
+    context_window: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens committed by one round (or one plain decoding step), EOS excluded. `stop` is set on the
+    last step: "stop" (EOS), "length" (max tokens / context window) or "cancelled"."""
+
+    tokens: list[int]
+    kinds: list[str]
+    round: Round | None = None
+    stop: str | None = None
+
+
+def cancelled() -> Step:
+    """The last Step of a generation stopped by its caller."""
+    return Step([], [], stop="cancelled")
+
+
+def is_set(cancel: threading.Event | None) -> bool:
+    return cancel is not None and cancel.is_set()
+
+
+def truncate(new: list[int], kinds: list[str], emitted: int, limits: Limits, context: list[int]):
+    """Cut a round's commits at EOS / max_tokens. Returns (tokens to emit, their kinds, committed
+    tokens incl. EOS, stop reason or None)."""
+    out: list[int] = []
+    for i, tok in enumerate(new):
+        if tok in limits.eos:
+            return out, kinds[: len(out)], new[: i + 1], "stop"
+        out.append(tok)
+        if emitted + len(out) >= limits.max_tokens:
+            return out, kinds[: len(out)], new[: i + 1], "length"
+    if len(context) + len(new) + 1 > limits.context_window:
+        return out, kinds, new, "length"
+    return out, kinds, new, None
+
+
+def round_kinds(n: int, drafted: int) -> list[str]:
+    """Kinds of a round's n accepted drafts and its final token: the target's own step when nothing
+    was drafted, a bonus after all drafts passed, else the correction at the first rejection."""
+    last = "target" if drafted == 0 else "bonus" if n == drafted else "corrected"
+    return ["accepted"] * n + [last]
+
+
+@dataclass
+class Progress:
+    """A generation's committed state, advanced by every round (loop.speculate, plain_run)."""
+
+    context: list[int]  # every committed token, the prompt included
+    key: mx.array  # the next round's PRNG key (sampling.round_keys)
+    limits: Limits
+    emitted: int = 0  # tokens emitted (EOS excluded)
+    index: int = 0  # the next round's index
+    last: Round | None = None  # the latest committed round
+    stopped: bool = False  # the final Step was yielded
+
+    def room(self) -> int:
+        """Tokens one verify may still add within the context window."""
+        return self.limits.context_window - len(self.context)
+
+    def can_queue(self) -> bool:
+        """Whether another plain step may be queued behind the one being computed."""
+        more = max(self.emitted, self.index) + 1 < self.limits.max_tokens
+        return more and len(self.context) + 2 <= self.limits.context_window
+
+    def commit(
+        self, drafter: Drafter, new: list[int], rnd: Round, feats: mx.array | None = None
+    ) -> Step:
+        """Commit one verified round's tokens: cut at EOS / the limits, hand a feature draft the
+        features of the verified positions whose input is committed, roll the drafter back to the
+        committed context. The target's cache is the caller's to rewind."""
+        kinds = round_kinds(rnd.accepted, rnd.drafted)
+        toks, kinds, committed, stop = truncate(new, kinds, self.emitted, self.limits, self.context)
+        if feats is not None:
+            drafter.take_features(
+                self.context + committed, len(self.context) - 1, feats[: len(committed)]
+            )
+        self.context += committed
+        self.emitted += len(toks)
+        self.index, self.last = self.index + 1, rnd
+        drafter.commit(self.context)
+        return Step(toks, kinds, rnd, stop)
+
+
+def accept(prop: Proposal, logits: mx.array, cfg: SamplingConfig, key: mx.array):
+    """The acceptance step on the target's logits [d + 1, V] of the pending token and the d
+    drafted ones: (n_accepted, next_token), lazy. d = 0 is a plain target step."""
+    if cfg.greedy:
+        return verify_greedy(prop.tokens, logits)
+    return verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, prop.size + 1))
+
+
+def verify_round(
+    target: KVState,
+    pending: mx.array,
+    prop: Proposal,
+    cfg: SamplingConfig,
+    key: mx.array,
+    features: bool = False,
+) -> tuple[mx.array, mx.array | None]:
+    """One target forward over [pending..., x_1..x_d] and the acceptance step, built lazily on the
+    (possibly still running) draft; `pending` (int32, may be lazy) are the inputs the cache does not
+    hold yet. Returns [x_1..x_d, n_accepted, next_token] as one lazy int32 array (the round's only
+    host transfer) and, when `features`, the target's top hidden states of the d + 1 verified
+    positions (lazy)."""
+    d = prop.size
+    pending = target.settle(pending)  # a restored recurrent cache may catch up first (cache.py)
+    inputs = mx.concatenate([pending, prop.tokens])
+    feats = None
+    if features:
+        feats, logits = target.forward_features(inputs)
+        feats, logits = feats[-(d + 1) :], logits[-(d + 1) :]
+    else:
+        logits = target.forward(inputs)[-(d + 1) :]
+    n, nxt = accept(prop, logits, cfg, key)
+    out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
+    return out.astype(mx.int32), feats
+
+
+def run_round(
+    target: KVState,
+    context: list[int],
+    prop: Proposal,
+    t0: float,
+    cfg: SamplingConfig,
+    key: mx.array,
+    features: bool,
+) -> tuple[list[int], mx.array | None, float, float]:
+    """Verify a proposal whose draft may still be computing; one host sync. Returns the host list
+    [x_1..x_d, n_accepted, next_token], the features (or None), t_draft, t_verify.
+
+    The verify's graph is built while the draft computes (on Metal the GPU runs the draft while
+    the CPU builds the target graph; a sync in between would leave the device idle for that long),
+    and queued before the draft's tokens are awaited. The round's time is split by marginal cost:
+    t_verify = building the verify + waiting for it after the draft was ready, t_draft = the rest
+    (the draft's time not hidden behind the verify's building), so t_draft + t_verify is the
+    round's time and t_draft > 0."""
+    drafted = [a for a in (prop.tokens, prop.q) if a is not None]
+    mx.async_eval(drafted)  # its own event: awaiting it below waits for the draft alone
+    t_built_draft = time.perf_counter()
+    pending = mx.array(context[target.offset :], dtype=mx.int32)
+    out, feats = verify_round(target, pending, prop, cfg, key, features)
+    mx.async_eval([a for a in (out, feats) if a is not None])
+    t_built_verify = time.perf_counter()
+    mx.eval(drafted)
+    t_draft_ready = time.perf_counter()
+    host = cast(list[int], out.tolist())
+    t_draft = (t_draft_ready - t0) - (t_built_verify - t_built_draft)
+    return host, feats, t_draft, time.perf_counter() - t0 - t_draft
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A step whose forward is queued: its proposal, lazy output and features (verify_round)."""
+
+    prop: Proposal
+    out: mx.array
+    feats: mx.array | None
+
+
+def _queue(
+    target: KVState,
+    run: Progress,
+    cfg: SamplingConfig,
+    pending: mx.array,
+    prop: Proposal,
+    feats: bool,
+) -> Queued:
+    """Queue one step's forward (the d = 0 round speculate would run, or a lookup's), with the
+    same keys as that round: a round's draft key goes unused here."""
+    run.key, _draft_key, verify_key = round_keys(run.key)
+    out, features = verify_round(target, pending, prop, cfg, verify_key, feats)
+    mx.async_eval([a for a in (out, features) if a is not None])
+    return Queued(prop, out, features)
+
+
+def plain_run(
+    target: KVState,
+    drafter: Drafter,
+    run: Progress,
+    cfg: SamplingConfig,
+    choose_k: KPolicy,
+    cancel: threading.Event | None,
+) -> Generator[Step, None, int | None]:
+    """Consecutive plain steps, pipelined like decode_plain: before a step's token is read back,
+    the policy picks the next round's K and, while that is 0, the next step's forward is queued.
+    Each step is exactly the d = 0 round speculate would run (same keys, same maths), so the output
+    is unchanged; only the host sync no longer sits between two forwards. The policy decides round
+    j + 1 before round j is read back, so it is shown round j - 1 then: rounds reach it in order,
+    the one before a run twice in a row (a policy must count a repeat once, as AdaptiveK does),
+    the last of a run not at all.
+
+    A drafter that looks behind (an n-gram lookup) keeps the run going whatever K is chosen, as
+    long as it proposes (not None): the tokens after the one still being computed, from the
+    context without it. A non-empty proposal is queued with that token, as one forward
+    [pending, x_1..x_d] verified like any round; the run ends on it. Exact: the proposal depends
+    only on committed tokens, and the ratio test does not care how good it is.
+
+    Yields Steps; returns the K already chosen for the next round (or None). Sets run.stopped
+    when it yielded the generation's final Step."""
+    wants = drafter.wants_features
+    queued = _queue(target, run, cfg, mx.array(run.context[target.offset :], dtype=mx.int32),
+                    no_proposal(drafter.method), wants)  # fmt: skip
+    t_prev, first = time.perf_counter(), True
+    while True:
+        decided, upcoming = None, None
+        if not queued.prop.size and run.can_queue():
+            decided = choose_k(run.last)
+            ahead = _ahead(drafter, run, decided)
+            if ahead is not None and not is_set(cancel):
+                upcoming = _queue(target, run, cfg, queued.out[-1:], ahead, wants)
+                decided = None if ahead.size else decided  # decided after that round is read
+        host = cast(list[int], queued.out.tolist())
+        now, prop, (n, value) = time.perf_counter(), queued.prop, host[-2:]
+        # On MLX's CPU backend a read returns only once the forward queued behind it is done too,
+        # so a run's first interval holds two forwards and its last almost none: only a plain
+        # step with a plain step queued behind it, not the run's first, is timed (Round.timed).
+        timed = not prop.size and upcoming is not None and not upcoming.prop.size and not first
+        method = prop.method if prop.size else drafter.method
+        rnd = Round(
+            run.index, prop.size, n, prop.size, 0.0, now - t_prev, method, timed, prop.match
+        )
+        t_prev, first = now, False
+        step = run.commit(drafter, host[:n] + [value], rnd, queued.feats)
+        if upcoming is None or step.stop:
+            target.rewind(run.context, len(run.context) - 1)
+            run.stopped = step.stop is not None
+            yield step
+            return decided
+        yield step
+        if is_set(cancel):
+            target.rewind(run.context, len(run.context) - 1)
+            run.stopped = True
+            yield cancelled()
+            return None
+        queued = upcoming
+
+
+def _ahead(drafter: Drafter, run: Progress, k: int) -> Proposal | None:
+    """What to queue behind the step being computed: a lookup one token behind (cut to the room
+    left), a plain step when K = 0, or None (the run ends: the drafter wants a proper round)."""
+    if drafter.looks_behind:
+        behind = drafter.propose_behind(run.context, k)
+        return None if behind is None else behind.cut(max(0, run.room() - 2))
+    return no_proposal(drafter.method) if k <= 0 else None

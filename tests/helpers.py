@@ -1,0 +1,181 @@
+"""Scaffolding the test modules share: reading event streams, running a generation, a drafter that
+takes every K = 0 round on the round path (the reference for pipelined runs), bit-for-bit
+comparison, states built the way the Engine builds them, and the statistical checks.
+
+The statistical helpers never pass vacuously: each asserts that it was given at least the number of
+samples its caller says the check needs, instead of returning early on too few.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from scipy.stats import chisquare
+
+from edgespec.cache import KVState
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.cpu import rewrites
+from edgespec.drafting.base import Drafter, Proposal, no_proposal, point_mass
+from edgespec.events import Event, Round, Token
+from edgespec.sampling import warp
+
+PROMPT = "the cat and the dog in the house"
+GREEDY = SamplingConfig(temperature=0)
+
+# ---------------------------------------------------------------------------- event streams
+
+
+def token_ids(events: Iterable[Event]) -> list[int]:
+    """The emitted token ids."""
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+def rounds_of(events: Iterable[Event]) -> list[Round]:
+    """The Round records, in order."""
+    return [e for e in events if isinstance(e, Round)]
+
+
+def token_rounds(events: Iterable[Event]) -> list[tuple[Token, Round]]:
+    """(token, the round that committed it) pairs: a Round follows its round's tokens."""
+    out: list[tuple[Token, Round]] = []
+    pending: list[Token] = []
+    for e in events:
+        if isinstance(e, Token):
+            pending.append(e)
+        elif isinstance(e, Round):
+            out += [(t, e) for t in pending]
+            pending = []
+    return out
+
+
+def gen(
+    engine: Any,
+    prompt: list[int],
+    spec: SpecConfig,
+    n: int,
+    sampling: SamplingConfig = GREEDY,
+    **kw: Any,
+) -> list[Event]:
+    """Every event of one generation of up to n tokens (kw: Engine.generate's drafter, k_policy)."""
+    return list(engine.generate(prompt, GenerationConfig(sampling, spec, max_tokens=n), **kw))
+
+
+def plain_ids(engine: Any, prompt: list[int], n: int, sampling: SamplingConfig = GREEDY):
+    """Plain target decoding's tokens (the reference every speculative method must match)."""
+    return token_ids(gen(engine, prompt, SpecConfig(method="none"), n, sampling))
+
+
+def toks(prop: Proposal) -> list[int]:
+    """A proposal's tokens as host ints."""
+    return [int(t) for t in prop.tokens.tolist()]  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------- drafters
+
+
+class RoundByRound(Drafter):
+    """Wraps a drafter so that its K = 0 rounds go through speculate's round path one at a time:
+    with `free_lookups` the loop asks `propose_free` (always empty here) instead of starting a
+    pipelined plain run (rounds.plain_run). The reference the pipelined runs must equal."""
+
+    free_lookups = True
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+        self.method = inner.method
+
+    @property
+    def wants_features(self) -> bool:
+        return self.inner.wants_features
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        return self.inner.propose(context, k, key)
+
+    def propose_free(self, context: list[int], key: mx.array) -> Proposal:
+        return no_proposal(self.method)
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
+        self.inner.take_features(context, start, features)
+
+    def commit(self, context: list[int]) -> None:
+        self.inner.commit(context)
+
+
+class NeverDrafter(Drafter):
+    """A model drafter that must not be asked (a hybrid's lookup matches wherever it is used)."""
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        raise AssertionError("the model drafted although the lookup matched")
+
+
+class BehindOnce(Drafter):
+    """A lookup-like drafter whose fresh lookups always miss, so the loop runs plain steps
+    pipelined (rounds.plain_run), and which proposes `drafts` one token behind once: while the
+    token after `at` committed tokens is being computed. The run's next step then verifies them,
+    queued with that token still unknown. Every other lookup one behind misses (an empty
+    proposal: the pipelined run goes on)."""
+
+    method = "ngram"
+    looks_behind = True
+
+    def __init__(self, at: int, drafts: list[int]):
+        self.at, self.drafts, self.calls = at, drafts, 0
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        return no_proposal(self.method)
+
+    def propose_behind(self, context: list[int], k: int) -> Proposal | None:
+        self.calls += 1
+        return point_mass(list(self.drafts) if len(context) == self.at else [], self.method)
+
+
+# ---------------------------------------------------------------------------- models and states
+
+
+def same_bits(a: mx.array, b: mx.array) -> bool:
+    """Same shape, dtype and every bit (not just close)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(mx.array_equal(a, b).item())
+
+
+def engine_state(model: Any, name: str = "model") -> KVState:
+    """A KVState built as the Engine builds one: the model with the CPU rewrites that are switched
+    on (rewrites.optimise, in place) and a cache marked for grouped attention."""
+    return KVState(rewrites.optimise(model), name, rewrites.new_cache)
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def target_probs(model: Any, context: Sequence[int], sampling: SamplingConfig) -> np.ndarray:
+    """p(. | context): the target's warped distribution of the next token, float64, from a
+    cache-free forward (independent of the loop's caches)."""
+    logits = model(mx.array(list(context))[None])[0, -1]
+    return np.array(warp(logits, sampling), dtype=np.float64)
+
+
+def chi2_pvalue(samples: Sequence[int], p: np.ndarray, min_samples: int) -> float:
+    """p-value of a chi-square test that `samples` (token ids) were drawn from p, bins whose
+    expected count is below 5 pooled into one. Asserts at least `min_samples` samples, no sample
+    where p = 0, and at least two bins to compare (else the test would check nothing)."""
+    assert len(samples) >= min_samples, (
+        f"only {len(samples)} samples, the check needs {min_samples}"
+    )
+    p = np.asarray(p, dtype=np.float64)
+    counts = np.bincount(np.asarray(samples, dtype=np.int64), minlength=p.size).astype(np.float64)
+    assert counts[p == 0].sum() == 0, "a token the target excludes (p = 0) was emitted"
+    expected = p / p.sum() * len(samples)
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    assert keep.sum() >= 2, "p puts (almost) all its mass on one token: nothing to compare"
+    return float(chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
+
+
+def binomial_close(hits: int, n: int, rate: float, sigmas: float = 4.0) -> bool:
+    """Whether hits / n is within `sigmas` standard deviations of `rate` (n trials)."""
+    assert n > 0, "no trials"
+    return bool(abs(hits / n - rate) < sigmas * np.sqrt(rate * (1 - rate) / n))

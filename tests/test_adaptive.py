@@ -1,0 +1,324 @@
+"""Adaptive K (edgespec.drafting.adaptive): the closed-form choice of K (best_k, against
+hand-worked rates), the verify-cost curve, AdaptiveK's estimates (acceptance per method, draft and
+verify costs, stalls, repeats, probes while drafting is off), and its K in the Round events."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.config import SpecConfig
+from edgespec.drafting.adaptive import (
+    TIE_TOLERANCE,
+    AdaptiveK,
+    DrafterEstimate,
+    best_k,
+    fit_verify_line,
+    verify_curve,
+)
+from edgespec.events import Round
+from edgespec.metrics import expected_tokens_per_round
+from tests.helpers import PROMPT, gen, rounds_of
+
+# ---------------------------------------------------------------------------- adaptive K maths
+
+
+def _line(a: float, b: float):
+    return lambda L: a + b * (L - 1)
+
+
+@pytest.mark.parametrize(
+    "alpha,c,a,b,k_max,want",
+    [
+        # tokens/time for K = 1..6: 1.565, 1.877, 2.036, 2.101, 2.108, 2.080 (hand-worked).
+        (0.8, 0.1, 1.0, 0.05, 8, 5),
+        (0.8, 0.1, 1.0, 0.05, 4, 4),  # capped by k_max
+        # K=1: 1.5 / 1.5 = 1.0; K=2: 1.75 / 2.0 = 0.875 -> 1.
+        (0.5, 0.5, 1.0, 0.0, 8, 1),
+        (1.0, 0.1, 1.0, 0.05, 8, 8),  # every draft accepted: E = K + 1 grows faster than time
+        (0.0, 0.1, 1.0, 0.05, 8, 1),  # nothing accepted: the cheapest round
+        # Free drafting and free verifying of extra tokens: more K is never worse.
+        (0.3, 0.0, 1.0, 0.0, 6, 6),
+    ],
+)
+def test_best_k_closed_form(alpha, c, a, b, k_max, want):
+    assert best_k(alpha, c, _line(a, b), k_max) == want
+
+
+@pytest.mark.parametrize(
+    "alpha,c,a,b,want",
+    [
+        (0.1, 0.3, 1.0, 0.05, 0),  # K=0: 1.0; K=1: 1.1 / 1.35 = 0.815 -> plain
+        (0.0, 0.0, 1.0, 0.0, 0),  # free but useless drafts tie with plain: the smaller K wins
+        (0.8, 0.1, 1.0, 0.05, 5),  # a good draft: as without K = 0
+        # K=1: 1.5 / (0.2 + 1.05) = 1.2 beats plain's 1.0
+        (0.5, 0.2, 1.0, 0.05, 1),
+    ],
+)
+def test_best_k_may_choose_a_plain_step(alpha, c, a, b, want):
+    assert best_k(alpha, c, _line(a, b), 8, k_min=0) == want
+
+
+def test_best_k_is_the_argmax_of_the_closed_form():
+    for alpha in np.linspace(0.05, 0.95, 10):
+        for c in (0.02, 0.1, 0.3):
+            rates = [
+                expected_tokens_per_round(alpha, k) / (k * c + 1 + 0.1 * k) for k in range(1, 9)
+            ]
+            assert best_k(alpha, c, _line(1.0, 0.1), 8) == 1 + int(np.argmax(rates))
+
+
+def test_best_k_with_a_tolerance_takes_the_shortest_round_near_the_best():
+    line = _line(1.0, 0.05)  # alpha 0.8, c 0.1: rates 1.565, 1.877, 2.036, 2.101, 2.108 (K = 5)
+    assert best_k(0.8, 0.1, line, 8) == 5
+    assert best_k(0.8, 0.1, line, 8, tolerance=0.05) == 3  # 2.036 >= 0.95 * 2.108 > 1.877
+    assert best_k(0.8, 0.1, line, 8, tolerance=0.2) == 2
+    # The draft is switched off only where plain beats it by the tolerance: K = 1 at
+    # 1.5 / (0.4 + 1.05) = 1.034 stays on; at 1.5 / (0.5 + 1.05) = 0.968 (plain 3% better) too.
+    assert best_k(0.5, 0.4, line, 1, k_min=0, tolerance=0.05) == 1
+    assert best_k(0.5, 0.5, line, 1, k_min=0, tolerance=0.05) == 1
+    assert best_k(0.5, 0.5, line, 1, k_min=0) == 0
+    assert best_k(0.5, 0.6, line, 1, k_min=0, tolerance=0.05) == 0  # 1.5 / 1.65: 10% worse
+
+
+def test_fit_verify_line():
+    assert fit_verify_line({1: 0.10, 5: 0.14}) == pytest.approx((0.10, 0.01))
+    assert fit_verify_line({3: 0.12}, prior_slope=0.1) == pytest.approx((0.1, 0.01))
+    a, b = fit_verify_line({1: 0.2, 3: 0.1})  # a cheaper longer forward is noise: slope 0
+    assert b == 0.0 and a == pytest.approx(0.15)
+
+
+def _round(i, drafted, accepted, k, t_draft, t_verify, method="draft") -> Round:
+    return Round(i, drafted, accepted, k, t_draft, t_verify, method)
+
+
+def test_adaptive_k_learns_alpha_and_costs_and_picks_the_closed_form_optimum():
+    policy = AdaptiveK(k_init=3, k_max=8)
+    assert policy(None) == 3  # nothing measured yet
+    # One round: 4 drafted, 2 accepted (one rejection); draft 0.04 s -> c = 0.01 s per token;
+    # verify of 5 tokens 0.14 s.
+    k = policy(_round(0, 4, 2, 3, 0.04, 0.14))
+    # alpha = (0.9 * 1 + 2) / (0.9 * 2 + 3) = 2.9 / 4.8; one L measured: v(L) = a (1 + 0.1 (L-1))
+    # with a = 0.14 / 1.4 = 0.1.
+    alpha = 2.9 / 4.8
+    assert policy.estimates["draft"].alpha == pytest.approx(alpha)
+    assert k == best_k(alpha, 0.01, _line(0.1, 0.01), 8, tolerance=TIE_TOLERANCE)
+    rates = [expected_tokens_per_round(alpha, j) / (0.01 * j + 0.1 + 0.01 * j) for j in range(1, 9)]
+    # the shortest K within TIE_TOLERANCE of the closed form's best
+    assert k == 1 + min(j for j, r in enumerate(rates) if r >= max(rates) * (1 - TIE_TOLERANCE))
+    assert k < 1 + int(np.argmax(rates))  # here the best is a longer K, by less than 5%
+
+
+def test_adaptive_k_moves_with_acceptance():
+    high, low = AdaptiveK(4, 8), AdaptiveK(4, 8, allow_plain=False)
+    for i in range(30):
+        kh = high(_round(i, 4, 4, 4, 0.004, 0.1 + 0.004 * 4))  # everything accepted, cheap draft
+        kl = low(_round(i, 4, 0, 4, 0.04, 0.1 + 0.01 * 4))  # nothing accepted, costly draft
+    assert kh == 8 and kl == 1
+
+
+def test_adaptive_k_switches_a_useless_draft_off_and_probes_with_doubling_gaps():
+    policy = AdaptiveK(4, 8)
+    chosen = [policy(None)]
+    for i in range(200):  # a draft that is never accepted and costs 40% of a target step
+        k = chosen[-1]
+        chosen.append(policy(_round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k)))
+    drafted = [i for i, k in enumerate(chosen) if k > 0]
+    # A few measured rounds turn it off: it goes off only once plain wins even at alpha's upper
+    # bound (AdaptiveK.choose), which takes two rejections after the first round.
+    assert chosen[:4] == [4, 1, 1, 0]
+    gaps = np.diff(drafted[2:]).tolist()  # between drafting rounds: 8, 16, 32, 64, 64 plain rounds
+    assert gaps[:5] == [9, 17, 33, 65, 65], gaps
+    assert all(chosen[i] == 1 for i in drafted[1:])  # probes draft the best K >= 1
+
+
+def test_an_unlucky_streak_does_not_switch_a_paying_draft_off(monkeypatch):
+    # A draft accepted 40% of the time at 12% of a step's cost pays ~14% over plain here; eight
+    # rejections in a row drop alpha's estimate (~10 rounds of memory) to where plain looks
+    # better. It is switched off only if plain wins at alpha's upper bound too.
+    def run():
+        policy = AdaptiveK(1, 1)
+        k = policy(None)
+        for i, acc in enumerate([1, 0, 1, 0, 0] * 6 + [0] * 8):
+            k = policy(_round(i, k, min(acc, k), k, 0.012 * k, 0.1 if k else 0.092))
+        return policy.chosen
+
+    assert 0 not in run()
+    monkeypatch.setattr(DrafterEstimate, "alpha_upper", DrafterEstimate.alpha)
+    assert 0 in run()  # on the estimate alone, the streak switches it off
+
+
+def test_adaptive_k_turns_drafting_back_on_when_probes_succeed():
+    policy = AdaptiveK(4, 8)
+    k = policy(None)
+    for i in range(20):  # useless draft first ...
+        k = policy(_round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k))
+    assert k == 0 or policy.chosen[-2] == 0
+    for i in range(20, 120):  # ... then every drafted token is accepted and drafting is cheap
+        k = policy(_round(i, k, k, k, 0.002 * k, 0.1 + 0.005 * k))
+    assert policy.chosen[-10:] == [8] * 10
+
+
+def test_adaptive_k_leaves_the_catch_up_after_plain_rounds_out_of_the_draft_cost():
+    # A probe after K = 0 rounds feeds the draft every token committed meanwhile: a slow round that
+    # says nothing about the cost of drafting. Counting it kept a good draft switched off.
+    policy = AdaptiveK(1, 4)
+    k = policy(None)
+    for i in range(12):  # rejected drafts: drafting is switched off
+        k = policy(_round(i, k, 0, k, 0.01 * k, 0.1 + 0.005 * k))
+        if i > 2 and k == 0:
+            break
+    cost = policy.estimates["draft"].draft_cost
+    assert policy.chosen[-1] == 0 and cost == pytest.approx(0.01)
+    i += 1
+    while k == 0:  # plain rounds until the probe
+        k, i = policy(_round(i, 0, 0, 0, 0.0, 0.1)), i + 1
+    samples = list(policy.estimates["draft"].step_costs.samples)
+    k = policy(_round(i, k, k, k, 0.5, 0.1 + 0.005 * k))  # probe: all accepted, 0.5 s catch-up
+    assert list(policy.estimates["draft"].step_costs.samples) == samples  # left out
+    assert k > 0  # the accepted probe turns drafting back on
+    policy(_round(i + 1, k, k, k, 0.02 * k, 0.1 + 0.005 * k))  # a steady round is timed
+    assert policy.estimates["draft"].step_costs.samples[-1] == pytest.approx(0.02)
+
+
+def test_adaptive_k_leaves_overlapped_rounds_out_of_the_costs_but_counts_their_acceptance():
+    # A pipelined plain step read late (0.3 s) and the lookup queued behind it, read early
+    # (0.01 s): counted, the lookup's 4 tokens looked cheaper than a plain step.
+    policy = AdaptiveK(1, 8)
+    policy(None)
+    for i in range(6):
+        policy(_round(i, 1, 1, 1, 0.001, 0.11, "ngram"))
+        policy(_round(i, 0, 0, 0, 0.0, 0.1, "ngram"))
+    before = {L: list(m.samples) for L, m in policy.verify_costs.items()}
+    alpha = policy.estimates["ngram"].alpha
+    policy(Round(6, 0, 0, 0, 0.0, 0.3, "ngram", timed=False))
+    policy(Round(7, 4, 1, 4, 0.0, 0.01, "ngram", timed=False))
+    assert {L: list(m.samples) for L, m in policy.verify_costs.items()} == before
+    assert 5 not in policy.verify_costs
+    assert policy.estimates["ngram"].draft_cost == pytest.approx(0.001)
+    assert policy.estimates["ngram"].alpha < alpha  # its rejection still counts
+    policy(Round(8, 4, 1, 4, 0.0, 0.15, "ngram"))  # the same lookup in a round of its own
+    assert policy.verify_means[5] == pytest.approx(0.15)
+
+
+def test_verify_curve_keeps_measured_points_and_a_cliff_between_them():
+    v = verify_curve({2: 1.0, 3: 1.0, 5: 1.7})
+    assert (v(2), v(3), v(5)) == (1.0, 1.0, 1.7)
+    a, b = fit_verify_line({2: 1.0, 3: 1.0, 5: 1.7})
+    # unmeasured: the shortest measured forward's cost scaled by the prior slope, not the line's
+    assert v(1) == pytest.approx(1.0 / 1.1) and verify_curve({5: 1.4})(1) == pytest.approx(1.0)
+    assert v(4) == pytest.approx(max(a + 3 * b, 1.0))
+    assert v(8) == pytest.approx(max(a + 7 * b, 1.7))
+    assert v(6) >= v(5)
+    # A 1-token step (timed pipelined) is no floor for longer forwards: under MKL a 2-token
+    # forward costs less, and one dear plain step made K = 1 look as dear as it (RAG, this CPU).
+    means = {1: 2.0, 3: 1.3, 5: 1.9}
+    a, b = fit_verify_line(means)
+    w = verify_curve(means)
+    assert (
+        w(2) < 2.0 and w(2) == pytest.approx(a + b) and w(4) == pytest.approx(max(a + 3 * b, 1.3))
+    )
+
+
+def test_adaptive_k_follows_a_verify_cost_cliff():
+    # MLX's CUDA backend (H100): verifying 1-3 tokens costs about one decode step, 4-5 tokens ~1.7.
+    # A line through those points makes K = 2 look dear and K = 4 cheap; the measured points don't.
+    policy = AdaptiveK(4, 4, allow_plain=False)
+    cost = {1: 0.10, 2: 0.10, 3: 0.102, 4: 0.17, 5: 0.172}
+    k = policy(None)
+    for i in range(40):  # 45% of drafts accepted, a draft step costs 12% of a target step
+        accepted = [0, 1, 0, 1, 2, 0, 1, 0, 1, 3][i % 10] if k else 0
+        accepted = min(accepted, k)
+        k = policy(_round(i, k, accepted, k, 0.012 * k, cost[k + 1]))
+        if i < 4:  # make sure every L has been measured: draft 4, 3, 2, 1 first
+            policy.chosen[-1] = k = 3 - i if i < 3 else 4
+    alpha = policy.estimates["draft"].alpha
+    a, b = fit_verify_line(policy.verify_means)
+    assert best_k(alpha, 0.012, _line(a, b), 4) != 2  # the line's answer is wrong here
+    assert best_k(alpha, 0.012, cost.__getitem__, 4) == 2
+    # The measured points' answer, K = 2 (K = 1 may come within TIE_TOLERANCE of it as alpha
+    # moves); never a K past the cliff.
+    assert set(policy.chosen[-5:]) <= {1, 2} and policy.chosen[-5:].count(2) >= 3
+
+
+def test_a_single_stall_does_not_switch_a_good_draft_off():
+    # A kernel compiled on first use (tens of seconds on a GPU) inside one round's draft or verify.
+    policy = AdaptiveK(2, 4)
+    k = policy(None)
+    for i in range(10):  # a good draft: everything accepted, cheap
+        k = policy(_round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
+    steady = k
+    k = policy(_round(10, k, k, k, 48.0, 0.1 + 0.005 * k))  # a stalled draft
+    k = policy(_round(11, k, k, k, 0.01 * k, 48.0))  # a stalled verify
+    assert k == steady > 0
+    for i in range(12, 20):
+        k = policy(_round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
+    assert 0 not in policy.chosen and policy.chosen[-1] == steady
+
+
+def test_adaptive_k_counts_a_repeated_round_once():
+    once, twice = AdaptiveK(2, 4), AdaptiveK(2, 4)
+    rounds = [Round(i, 2, i % 3, 2, 0.01, 0.1, "draft") for i in range(6)]
+    for r in rounds:
+        once(r)
+        twice(r)
+        twice(r)  # a pipelined plain run shows the round before it again
+    a, b = once.estimates["draft"], twice.estimates["draft"]
+    assert (a.accepted, a.trials, list(a.step_costs.samples)) == (
+        b.accepted, b.trials, list(b.step_costs.samples))  # fmt: skip
+    assert {L: list(m.samples) for L, m in once.verify_costs.items()} == {
+        L: list(m.samples) for L, m in twice.verify_costs.items()}  # fmt: skip
+
+
+def test_adaptive_k_keeps_estimates_per_method():
+    policy = AdaptiveK(4, 8, allow_plain=False)
+    for i in range(20):
+        policy(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    k_ngram = policy(_round(20, 3, 3, 4, 1e-5, 0.13, method="ngram"))
+    k_draft = policy(_round(21, 4, 0, 4, 0.04, 0.14, method="draft"))
+    assert policy.estimates["ngram"].alpha > 0.7 > 0.2 > policy.estimates["draft"].alpha
+    assert k_ngram > k_draft == 1
+
+
+def test_adaptive_k_counts_long_match_lookups_apart():
+    # Long-match lookups (Round.match >= long_match) are accepted whole; short ones rarely. The
+    # lookup length for short matches must come from the short ones alone.
+    policy = AdaptiveK(1, 8, long_match=6)
+    for i in range(0, 30, 2):
+        policy(Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
+        policy(Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
+    assert policy.estimates["ngram-long"].alpha > 0.9 > 0.2 > policy.estimates["ngram"].alpha
+    assert policy.lookup_k("ngram", 4) == 1
+    mixed = AdaptiveK(1, 8)  # long_match 0: one estimate, which the long rounds inflate
+    for i in range(0, 30, 2):
+        mixed(Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
+        mixed(Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
+    assert mixed.estimates["ngram"].alpha > 0.5 and mixed.lookup_k("ngram", 4) > 1
+
+
+def test_adaptive_k_for_a_hybrid_gives_the_model_its_own_k_and_the_lookup_its_own():
+    # Choosing from whoever drafted last handed a lookup's K (alpha ~0.9, no draft cost) to the
+    # draft model as soon as the next lookup missed.
+    policy = AdaptiveK(4, 8, allow_plain=False, model="draft")
+    for i in range(20):
+        policy(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    k = policy(_round(20, 4, 4, 4, 1e-5, 0.13, method="ngram"))
+    assert k == 1  # the draft model's K, though the last round was an accepted lookup
+    assert policy.lookup_k("ngram", 4) > 1  # the lookup proposes more
+    assert AdaptiveK(4, 8).lookup_k("ngram", 3) == 3  # nothing measured: the default
+    free = AdaptiveK(4, 8)  # without model=, the last round's method decides (pure drafters)
+    for i in range(20):
+        free(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    assert free(_round(20, 4, 4, 4, 1e-5, 0.13, method="ngram")) > 1
+
+
+# ---------------------------------------------------------------------------- in the loop
+
+
+def test_adaptive_round_events_record_the_chosen_k(engine):
+    policy = AdaptiveK(k_init=2, k_max=7)
+    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 40, k_policy=policy)
+    rounds = rounds_of(events)
+    assert [r.k for r in rounds] == policy.chosen[: len(rounds)]
+    assert rounds[0].k == 2 and all(0 <= r.k <= 7 for r in rounds)
+    assert all(r.drafted == 0 and r.accepted == 0 for r in rounds if r.k == 0)  # plain steps

@@ -1,0 +1,36 @@
+"""A conversation on screen: the widgets of saved messages, and an answer made final when its turn
+finishes (the detokenizer's last text, the note for a stopped or cut answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from edgespec.tui.store import Conversation
+from edgespec.tui.widgets import AnswerView, UserMessage, clean_text
+from textual.widget import Widget
+
+from edgespec.events import Finished, Token
+
+NOTES = {"cancelled": "[stopped]", "partial": "[interrupted]"}  # a reopened answer's note
+
+
+def message_widgets(conv: Conversation) -> Iterator[Widget]:
+    """One widget per saved message: the user's text, or the answer coloured by its runs."""
+    for m in conv.messages:
+        if m.role == "user":
+            yield UserMessage(m.content)
+        else:
+            yield AnswerView(m.runs or [("target", m.content)], note=NOTES.get(m.reason or "", ""))
+
+
+def finish_answer(answer: AnswerView, fin: Finished) -> None:
+    """Show what the detokenizer still held back (in the last run's colour) and the note for an
+    answer that was stopped or hit the token limit."""
+    shown, final = answer.plain, clean_text(fin.text)
+    if final != shown and final.startswith(shown):
+        kind = answer.runs[-1][0] if answer.runs else "target"
+        answer.append([Token(id=-1, text=final[len(shown) :], kind=kind, round=-1)])  # type: ignore[arg-type]
+    if fin.reason == "cancelled":
+        answer.set_note("[stopped]")
+    elif fin.reason == "length":
+        answer.set_note("[max tokens]")
