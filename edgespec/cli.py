@@ -24,6 +24,7 @@ from edgespec.errors import EdgeSpecError, GroupError
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("edgespec.commands.generate", "answer one prompt, streaming tokens"),
     "chat": ("edgespec.tui.command", "chat in the terminal app, tokens coloured by provenance"),
+    "serve": ("edgespec.commands.serve", "serve the pair over an OpenAI-compatible HTTP API"),
     "bench": ("edgespec.commands.bench", "measure plain vs speculative decoding on this machine"),
     "verify": ("edgespec.commands.verify", "check empirically that speculation is unbiased"),
     "tree-bench": ("edgespec.commands.tree_bench", "chains against draft trees, side by side"),

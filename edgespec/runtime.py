@@ -68,13 +68,8 @@ class Engine:
         self._softmax = rewrites.sampling_softmax()
         # The draft-tree forward's pieces: the CPU's grouped attention and compiled blocks.
         self._tree_kernels = Kernels(rewrites.masked_attention, rewrites.block_parts)
-        new_cache = rewrites.new_cache
-        self._target = KVState(target.model, f"target {target.name}", new_cache)
-        self._draft: KVState | EagleState | None = None
-        if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
-            self._draft = EagleState(draft.model, f"draft {draft.name}", new_cache)
-        elif draft is not None:
-            self._draft = KVState(draft.model, f"draft {draft.name}", new_cache)
+        self._draft: KVState | EagleState | None
+        self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
@@ -310,6 +305,36 @@ class Engine:
         self._target.reset()
         if self._draft is not None:
             self._draft.reset()
+
+    # ------------------------------------------------------------------ cache sets
+
+    def new_states(self) -> tuple[KVState, KVState | EagleState | None]:
+        """Empty caches for both models (target, draft or None), e.g. for one more conversation
+        kept aside (edgespec.server.prefix); `swap_states` installs them."""
+        target, draft, new_cache = self.target, self.draft, rewrites.new_cache
+        state: KVState | EagleState | None = None
+        if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
+            state = EagleState(draft.model, f"draft {draft.name}", new_cache)
+        elif draft is not None:
+            state = KVState(draft.model, f"draft {draft.name}", new_cache)
+        return KVState(target.model, f"target {target.name}", new_cache), state
+
+    def swap_states(
+        self, target: KVState, draft: KVState | EagleState | None
+    ) -> tuple[KVState, KVState | EagleState | None]:
+        """Hold these caches (from `new_states`, or returned by an earlier swap) from now on and
+        return the ones held until now. The next request reuses the longest common prefix with
+        what the new caches hold, as always."""
+        if (draft is None) != (self._draft is None) or type(draft) is not type(self._draft):
+            raise ValueError("swap_states: the draft state does not match this engine's draft")
+        held = self._target, self._draft
+        self._target, self._draft = target, draft
+        return held
+
+    def check_prompt(self, prompt_ids: Iterable[int]) -> list[int]:
+        """The prompt as a list of ints, or the PromptError generate() would raise (empty, not
+        token ids of the target, longer than the context window). Touches no MLX state."""
+        return self._check_prompt(prompt_ids)
 
     def cached_tokens(self) -> tuple[list[int], list[int] | None]:
         """The token ids each KV cache holds (target, draft); for tests and the TUI's status."""

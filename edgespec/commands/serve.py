@@ -1,0 +1,219 @@
+"""`edgespec serve`: an OpenAI-compatible HTTP server with exact speculative decoding."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from edgespec.commands.common import (
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    generation_from_args,
+)
+from edgespec.config import GenerationConfig
+from edgespec.errors import ConfigError, EdgeSpecError
+
+HELP = (
+    "Serve the model pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
+    "/v1/models, /health) with exact speculative decoding, prefix caches across requests and "
+    "speculation figures in every response's usage. Listens on localhost unless --host says "
+    "otherwise. The sampling and speculation options are the defaults of requests that leave "
+    "those fields out."
+)
+DEFAULT_CACHE_MB = 1024
+DEFAULT_SLOTS = 4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    add_sampling_args(parser)
+    parser.set_defaults(seed=None)  # a request without a seed gets a fresh one, unless --seed
+    add_spec_args(parser)
+    parser.add_argument(
+        "--max-tokens", type=int, default=512, help="answer length when a request sets none"
+    )
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default localhost)")
+    g.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 = any free one)")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("EDGESPEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $EDGESPEC_API_KEY, else none)",
+    )
+    g.add_argument("--model-id", help="the model name clients send (default: the pair's name)")
+    g.add_argument(
+        "--cache-mb",
+        type=int,
+        default=DEFAULT_CACHE_MB,
+        help=f"memory for conversations' prefix caches, MiB (default {DEFAULT_CACHE_MB})",
+    )
+    g.add_argument(
+        "--cache-slots",
+        type=int,
+        default=DEFAULT_SLOTS,
+        help=f"conversations kept cached (default {DEFAULT_SLOTS}; 0: no reuse across requests)",
+    )
+    g.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait (default 64; then 503)"
+    )
+    g.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let scripts on this web origin call the API (CORS), e.g. http://localhost:3000; "
+        "repeat for several, '*' for any",
+    )
+    g.add_argument("--verbose", action="store_true", help="log every request (uvicorn's log)")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.cache_mb < 0 or args.cache_slots < 0:
+        raise ConfigError("--cache-mb and --cache-slots must be >= 0")
+    if args.max_queue < 1:
+        raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key (or EDGESPEC_API_KEY) is empty")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound socket, or a one-line error (port in use, unknown address)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise EdgeSpecError(
+            f"cannot listen on {host}:{port}: {reason}; choose another --port or --host"
+        ) from None
+    return sock
+
+
+def _model_id(args: argparse.Namespace) -> str:
+    if args.model_id:
+        return str(args.model_id)
+    if args.pair:
+        return str(args.pair)
+    if args.target:
+        return Path(args.target.rstrip("/")).name or str(args.target)
+    from edgespec.loading.catalog import load_catalog
+
+    return load_catalog().default_pair
+
+
+def _progress(stage: str, fraction: float | None) -> None:
+    if sys.stderr.isatty():
+        print(f"\r{stage}".ljust(60), end="", file=sys.stderr, flush=True)
+
+
+def _require_extra() -> None:
+    try:
+        import sse_starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise EdgeSpecError(
+            f"edgespec serve needs its extra ({exc.name} is missing): pip install 'edgespec[serve]'"
+        ) from None
+
+
+def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[Any, Any]:
+    """Load the pair on the worker thread (it owns MLX); (worker, engine) or a one-line error."""
+    from edgespec.server.worker import Worker
+
+    def load() -> Any:
+        from edgespec.runtime import Engine
+
+        return Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits,
+                           dtype=args.dtype, on_progress=_progress)  # fmt: skip
+
+    budget = args.cache_mb << 20
+    worker = Worker(load, budget_bytes=budget, max_slots=args.cache_slots, max_queue=args.max_queue)
+    engine = worker.start()
+    if sys.stderr.isatty():
+        print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)
+    if config.spec.method in ("draft", "hybrid") and not engine.has_draft:
+        worker.shutdown()
+        raise ConfigError(f"--method {config.spec.method} needs a draft model; none was loaded")
+    return worker, engine
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    _require_extra()
+    from edgespec.server.app import create_app
+    from edgespec.server.protocol import Defaults
+
+    _check(args)
+    random_seed = args.seed is None
+    args.seed = 0 if random_seed else args.seed
+    config = generation_from_args(args)  # validate before loading anything
+    sock = _listen(args.host, args.port)
+    try:
+        worker, engine = _start_worker(args, config)
+    except BaseException:
+        sock.close()
+        raise
+    model_id = _model_id(args)
+    defaults = Defaults(model_id, config, random_seed=random_seed, has_draft=engine.has_draft)
+    app = create_app(worker, defaults, api_key=args.api_key, description=engine.name,
+                     budget_bytes=args.cache_mb << 20, allow_origins=tuple(args.allow_origin))  # fmt: skip
+    server = _make_server(app, worker, args.verbose)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"edgespec serve: {engine.name} at http://{shown}:{port}/v1 (model {model_id!r}; "
+          "Ctrl-C stops)", flush=True)  # fmt: skip
+    if not args.api_key and not ipaddress.ip_address(host).is_loopback:
+        print(f"edgespec serve: warning: listening on {host} without --api-key: anyone who can "
+              "reach this machine can use it", file=sys.stderr)  # fmt: skip
+    _serve(server, sock, worker)
+    print("edgespec serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _make_server(app: Any, worker: Any, verbose: bool) -> Any:
+    """uvicorn's Server, whose exit signal also stops the worker (running and queued jobs)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            worker.close()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
+        log_level="info" if verbose else "warning",
+        access_log=verbose,
+        timeout_graceful_shutdown=5,
+        lifespan="off",
+    )
+    return Server(config)
+
+
+def _serve(server: Any, sock: socket.socket, worker: Any) -> None:
+    """Run until Ctrl-C / SIGTERM. uvicorn re-raises the signal it caught once it has shut
+    down; the handlers set here take it, so the command ends with its own exit status (0)."""
+    stopping = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stopping.set())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        server.run(sockets=[sock])
+    finally:
+        worker.shutdown(timeout=5.0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sock.close()

@@ -1,0 +1,6 @@
+"""`edgespec serve`: an OpenAI-compatible HTTP API over the Engine.
+
+app (routes) -> protocol (request validation) / responses (bodies) -> worker (the MLX thread, a
+FIFO queue, cancellation) -> prefix (conversations' cache sets, LRU within a byte budget) and
+stops (exact stop strings). Needs the `serve` extra: pip install 'edgespec[serve]'.
+"""

@@ -1,0 +1,326 @@
+"""The HTTP side: Starlette routes for the OpenAI-compatible API, on top of the MLX worker.
+
+    POST /v1/chat/completions   POST /v1/completions   (JSON, or server-sent events with stream)
+    GET  /v1/models             GET  /health           (answers while a generation runs)
+
+Requests are validated (protocol.py) and tokenized here, off the event loop; only then is a job
+queued, so every bad request gets its 4xx before any stream starts. The worker's events cross
+threads through `Channel` (call_soon_threadsafe into an asyncio queue). A client that goes away
+(a closed stream, or a dropped connection while waiting for a whole answer) sets its job's
+cancel event: the engine stops at the next round, with both caches consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edgespec.errors import PromptError
+from edgespec.server import responses as R
+from edgespec.server.protocol import (
+    Defaults,
+    ParsedRequest,
+    RequestError,
+    parse_body,
+    parse_chat,
+    parse_completion,
+)
+from edgespec.server.worker import (
+    Done,
+    Failed,
+    Job,
+    Piece,
+    QueueFullError,
+    ShuttingDownError,
+    Worker,
+    WorkerEvent,
+)
+
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+@dataclass(frozen=True)
+class ServerState:
+    worker: Worker
+    defaults: Defaults
+    description: str
+    created: int
+    budget_bytes: int
+    # Tokenization runs in a thread pool; a Hugging Face fast tokenizer may refuse concurrent
+    # calls ("Already borrowed"), so requests take turns (each takes a millisecond or so).
+    tokenizing: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Channel:
+    """The worker's events for one job, handed to the event loop that serves its request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue[WorkerEvent] = asyncio.Queue()
+
+    def emit(self, event: WorkerEvent) -> None:
+        """Called on the worker thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+def create_app(
+    worker: Worker,
+    defaults: Defaults,
+    *,
+    api_key: str | None = None,
+    description: str = "",
+    budget_bytes: int = 0,
+    allow_origins: tuple[str, ...] = (),
+) -> Starlette:
+    """The ASGI app. `worker` must be started (its engine loaded). `allow_origins`: web pages
+    (origins) whose scripts may call the API (CORS); none by default."""
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ],
+        exception_handlers={
+            RequestError: _request_error,
+            QueueFullError: _unavailable,
+            ShuttingDownError: _unavailable,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+    )
+    app.state.edgespec = ServerState(worker, defaults, description, R.now(), budget_bytes)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, key=api_key)
+    if allow_origins:  # added last, so outermost: a preflight is answered before the key check
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allow_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    return app
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.edgespec  # type: ignore[no-any-return]
+
+
+async def health(request: Request) -> JSONResponse:
+    s = _state(request)
+    cache = dict(s.worker.cache_info, budget_bytes=s.budget_bytes)
+    return JSONResponse(
+        {
+            "status": "ok",
+            "model": s.defaults.model_id,
+            "busy": s.worker.busy,
+            "queued": s.worker.queued,
+            "requests": dict(s.worker.counts),
+            "cache": cache,
+        }
+    )
+
+
+async def models(request: Request) -> JSONResponse:
+    s = _state(request)
+    return JSONResponse(R.models_json(s.defaults.model_id, s.created, s.description))
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await _complete(request, "completion")
+
+
+async def _complete(request: Request, kind: str) -> Response:
+    s = _state(request)
+    body = parse_body(await request.body())
+    parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
+    ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
+    channel = Channel(asyncio.get_running_loop())
+    job = Job(ids, parsed.config, parsed.stop, channel.emit)
+    s.worker.submit(job)
+    rid, created = R.new_id(kind), R.now()
+    if parsed.stream:
+        events = _stream(parsed, job, channel, rid, created)
+        return JobStream(job, events, sep="\n", ping=15)
+    return await _collect(request, parsed, job, channel, rid, created)
+
+
+class JobStream(EventSourceResponse):
+    """The event stream of one job; however the response ends (done, the client gone before or
+    after the first event, shutdown), the job is told to stop."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str], **kw: Any):
+        super().__init__(content, **kw)
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel.set()
+
+
+def _tokenize_locked(s: ServerState, parsed: ParsedRequest) -> list[int]:
+    with s.tokenizing:
+        return tokenize(s.worker.engine, parsed)
+
+
+def tokenize(engine: Any, parsed: ParsedRequest) -> list[int]:
+    """The request's prompt as token ids, checked against the model (no MLX is touched)."""
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    try:
+        if parsed.messages is not None:
+            ids = engine.encode_chat(list(parsed.messages))
+        elif isinstance(parsed.prompt, str):
+            ids = engine.encode_raw(parsed.prompt)
+        else:
+            ids = list(parsed.prompt or ())
+        if len(ids) + 1 > engine.context_window:
+            raise RequestError(
+                f"the prompt is {len(ids)} tokens but the context window is "
+                f"{engine.context_window} (prompt + at least one answer token); shorten it",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return engine.check_prompt(ids)  # type: ignore[no-any-return]
+    except PromptError as exc:
+        raise RequestError(str(exc), param=param) from None
+    except (RequestError, MemoryError):
+        raise
+    except Exception as exc:  # a chat template that refuses these messages (jinja raises)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RequestError(f"the chat template cannot format these messages: {first}") from None
+
+
+def _dumps(body: dict[str, Any]) -> str:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+async def _stream(
+    parsed: ParsedRequest, job: Job, channel: Channel, rid: str, created: int
+) -> AsyncIterator[str]:
+    """The SSE data lines: (chat) a role chunk, a chunk per round, the finish chunk, the usage
+    chunk when asked, [DONE]. An error after the stream started is sent as an error object."""
+    kind, model, with_usage = parsed.kind, parsed.model, parsed.include_usage
+    try:
+        if kind == "chat":
+            yield _dumps(R.chunk(kind, rid, created, model, role=True, with_usage=with_usage))
+        while True:
+            event = await channel.queue.get()
+            if isinstance(event, Piece):
+                segs = list(event.segments)
+                yield _dumps(
+                    R.chunk(kind, rid, created, model, segments=segs, with_usage=with_usage)
+                )
+                continue
+            if isinstance(event, Failed):
+                yield _dumps(
+                    R.error_json(event.message, _error_type(event.status), None, event.code)
+                )
+                return
+            finish = event.finish_reason
+            yield _dumps(R.chunk(kind, rid, created, model, finish=finish, with_usage=with_usage))
+            if with_usage:
+                yield _dumps(R.chunk(kind, rid, created, model, usage=event.usage))
+            break
+        yield "[DONE]"
+    finally:
+        job.cancel.set()  # the client went away (or all is done: then it changes nothing)
+
+
+async def _collect(
+    request: Request, parsed: ParsedRequest, job: Job, channel: Channel, rid: str, created: int
+) -> Response:
+    """Wait for the whole answer, checking that the client is still connected."""
+    texts: list[str] = []
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(channel.queue.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return Response(status_code=499)  # nobody will read it
+                continue
+            if isinstance(event, Piece):
+                texts.extend(s.text for s in event.segments)
+            elif isinstance(event, Failed):
+                body = R.error_json(event.message, _error_type(event.status), None, event.code)
+                return JSONResponse(body, status_code=event.status)
+            else:
+                return JSONResponse(_final(parsed, "".join(texts), event, rid, created))
+    finally:
+        job.cancel.set()
+
+
+def _final(parsed: ParsedRequest, text: str, done: Done, rid: str, created: int) -> dict[str, Any]:
+    build = R.chat_response if parsed.kind == "chat" else R.completion_response
+    return build(rid, created, parsed.model, text, done.finish_reason, done.usage)
+
+
+def _error_type(status: int) -> str:
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+async def _request_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestError)
+    body = R.error_json(exc.message, exc.kind, exc.param, exc.code)
+    return JSONResponse(body, status_code=exc.status)
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(R.error_json(str(exc), "server_error"), status_code=503)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no such endpoint: {request.url.path}", 405: "method not allowed"}.get(
+        exc.status_code, str(exc.detail)
+    )
+    return JSONResponse(R.error_json(message), status_code=exc.status_code)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    message = f"internal error: {type(exc).__name__}: {first}"
+    return JSONResponse(R.error_json(message, "server_error"), status_code=500)
+
+
+class ApiKeyMiddleware:
+    """401 for requests without `Authorization: Bearer KEY` (/health stays open)."""
+
+    def __init__(self, app: ASGIApp, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                body = R.error_json(
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    code="invalid_api_key",
+                )
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

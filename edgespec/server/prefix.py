@@ -1,0 +1,192 @@
+"""Prefix caches for several conversations: a small LRU pool of cache sets, bounded by bytes.
+
+The Engine holds one cache set (target + draft) and reuses the longest common prefix with what it
+holds. A chat client resends the whole conversation every turn, and a server talks to several
+clients, so the pool keeps other conversations' cache sets aside and, before each request,
+installs the one that shares the longest prefix with the new prompt (Engine.swap_states):
+
+    pool = ConversationPool(engine, budget_bytes=1 << 30, max_slots=4)
+    pool.acquire(prompt_ids)     # on the MLX thread, before engine.generate(prompt_ids, ...)
+    ...                          # generate; the Engine prefills only the uncached tail
+    pool.release()               # after it: enforce the budget (LRU first, never the one in use)
+
+How a set is chosen for a prompt (match = tokens it shares with the set's cached ones):
+  - no set shares anything: a fresh set (the least recently used one is dropped if needed);
+  - the best set holds at most FORK_TAIL tokens past the match (the same conversation, one turn
+    on; the tail is the retokenized or stop-cut end of the last answer): that set is used;
+  - it holds more (another conversation with the same system prompt, or an edited turn): the
+    match is copied into a new set, so the other conversation stays cached too.
+Memory: a set's bytes are its KV arrays' allocated bytes (mlx-lm grows caches 256 positions at a
+time and never shrinks them on rewind). The set in use is never dropped, even over the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from edgespec.cache import KVState, common_prefix
+
+# A set whose cached tokens go on for more than this past the prompt's match is copied, not taken.
+FORK_TAIL = 32
+
+
+class CacheOwner(Protocol):
+    """What the pool needs from the Engine (runtime.Engine implements it)."""
+
+    def new_states(self) -> tuple[Any, Any]: ...
+
+    def swap_states(self, target: Any, draft: Any) -> tuple[Any, Any]: ...
+
+
+@dataclass
+class Slot:
+    """One conversation's cache set (target KVState, draft KVState / EagleState / None)."""
+
+    target: KVState
+    draft: Any
+    used: int = 0  # the pool's clock at its last use (LRU)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.target.tokens
+
+    def nbytes(self) -> int:
+        """Allocated bytes of both caches (and a feature draft's features)."""
+        total = cache_bytes(self.target.cache)
+        draft = self.draft
+        if draft is not None and hasattr(draft, "kv"):  # a feature draft (EagleState)
+            total += cache_bytes(draft.kv.cache)
+            total += 0 if draft.features is None else int(draft.features.nbytes)
+        elif draft is not None:
+            total += cache_bytes(draft.cache)
+        return total
+
+
+def cache_bytes(cache: list[Any]) -> int:
+    """Allocated bytes of an mlx-lm prompt cache (a list of per-layer caches)."""
+    total = 0
+    for layer in cache:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, mx.array):
+            total += int(keys.nbytes) + int(layer.values.nbytes)
+        else:
+            total += int(getattr(layer, "nbytes", 0) or 0)
+    return total
+
+
+def forkable(slot: Slot) -> bool:
+    """Whether a set's prefix can be copied: plain mlx-lm KVCache layers (no rotating or
+    quantized ones) and a token draft (a feature draft also holds features)."""
+    states = [slot.target] + ([slot.draft] if slot.draft is not None else [])
+    return all(isinstance(s, KVState) and all(type(c) is KVCache for c in s.cache) for s in states)
+
+
+def copy_prefix(src: KVState, dst: KVState, n: int) -> None:
+    """Make `dst` (an empty state of the same model) hold src's first n cached positions, as
+    copies (src is left unchanged and keeps growing on its own)."""
+    n = min(n, src.offset)
+    dst.rewind(dst.tokens, 0)
+    if n == 0:
+        return
+    copies = []
+    for s, d in zip(src.cache, dst.cache, strict=True):
+        d.keys = mx.contiguous(s.keys[..., :n, :])
+        d.values = mx.contiguous(s.values[..., :n, :])
+        d.offset = n
+        copies += [d.keys, d.values]
+    mx.eval(copies)
+    dst.tokens = list(src.tokens[:n])
+
+
+class ConversationPool:
+    """Cache sets of up to `max_slots` conversations within `budget_bytes` (max_slots 0: no
+    reuse across requests at all; every request prefills its whole prompt). Not thread-safe:
+    the MLX thread owns it, like the Engine."""
+
+    def __init__(self, engine: CacheOwner, budget_bytes: int, max_slots: int = 4):
+        if budget_bytes < 0 or max_slots < 0:
+            raise ValueError("the cache budget and the number of conversations must be >= 0")
+        self.engine, self.budget, self.max_slots = engine, budget_bytes, max_slots
+        self._clock = 0
+        self.active = Slot(*engine.new_states())
+        engine.swap_states(self.active.target, self.active.draft)
+        self.slots = [self.active]
+
+    def acquire(self, prompt: list[int]) -> int:
+        """Install the best cache set for `prompt` (see the module docstring); returns how many
+        of its tokens that set holds (the Engine recomputes at least the last one)."""
+        self._clock += 1
+        if self.max_slots == 0:
+            self.active.target.reset()
+            if self.active.draft is not None:
+                self.active.draft.reset()
+            return 0
+        match, best = self._best(prompt)
+        if best is None or match == 0:
+            slot = self._empty()
+        elif len(best.tokens) - match > FORK_TAIL and self.max_slots > 1 and forkable(best):
+            slot = self._fork(best, prompt, match)
+        else:
+            slot = best
+        self._activate(slot)
+        self._evict()
+        return match
+
+    def release(self) -> None:
+        """After a request: the set in use grew; drop least recently used sets over the limits."""
+        self.active.used = self._clock
+        self._evict()
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.slots)
+
+    def cached(self) -> list[list[int]]:
+        """The token ids each set's target cache holds, most recently used first (for tests)."""
+        return [list(s.tokens) for s in sorted(self.slots, key=lambda s: -s.used)]
+
+    def _best(self, prompt: list[int]) -> tuple[int, Slot | None]:
+        best, match = None, -1
+        for slot in sorted(self.slots, key=lambda s: -s.used):  # ties: the most recent
+            m = common_prefix(slot.tokens, prompt)
+            if m > match:
+                best, match = slot, m
+        return max(match, 0), best
+
+    def _empty(self) -> Slot:
+        """A set holding nothing: an idle empty one (the first, or one reset after a failure),
+        else a new one."""
+        slot = next((s for s in self.slots if not s.tokens), None)
+        if slot is None:
+            slot = Slot(*self.engine.new_states())
+            self.slots.append(slot)
+        return slot
+
+    def _fork(self, src: Slot, prompt: list[int], match: int) -> Slot:
+        slot = Slot(*self.engine.new_states())
+        copy_prefix(src.target, slot.target, min(match, len(prompt) - 1))
+        if src.draft is not None:
+            shared = common_prefix(src.draft.tokens, prompt)
+            copy_prefix(src.draft, slot.draft, min(shared, len(prompt) - 1))
+        self.slots.append(slot)
+        return slot
+
+    def _activate(self, slot: Slot) -> None:
+        if slot is not self.active:
+            self.engine.swap_states(slot.target, slot.draft)
+            self.active = slot
+        slot.used = self._clock
+
+    def _evict(self) -> None:
+        dropped = False
+        while len(self.slots) > 1 and (
+            len(self.slots) > self.max_slots or self.nbytes() > self.budget
+        ):
+            victim = min((s for s in self.slots if s is not self.active), key=lambda s: s.used)
+            self.slots.remove(victim)
+            dropped = True
+        if dropped:
+            mx.clear_cache()  # hand the dropped arrays' memory back rather than keep it pooled

@@ -1,0 +1,322 @@
+"""OpenAI request bodies -> validated requests (GenerationConfig, stop strings, stream flags).
+
+Pure Python (no HTTP framework, no MLX), so every rule is unit-tested directly. A bad field
+raises RequestError with an OpenAI-style status, one-line message and the field's name:
+
+    parse_chat({"messages": [{"role": "user", "content": "Hi"}], "temperature": -1}, defaults)
+    -> RequestError(400, "temperature must be a finite number >= 0, got -1.0", param="temperature")
+
+Fields honoured: model, messages / prompt, max_tokens / max_completion_tokens, temperature, top_p,
+top_k, min_p, seed, stop, n (1 only), stream, stream_options.include_usage, and the extension
+object `edgespec` {k, method, adaptive, k_max} (validated like the CLI's -k / --method /
+--adaptive / --k-max). Fields that would change the answer and are not implemented (penalties,
+logprobs, tools, response formats, ...) are refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from edgespec.config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.errors import ConfigError, EdgeSpecError
+
+MAX_STOPS = 16  # OpenAI allows 4; front-ends for local models often send a few more
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+SPEC_FIELDS = ("k", "method", "adaptive", "k_max")
+# Sampling fields accepted only at their neutral value, and fields accepted only when off/empty.
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools", "functions")
+
+
+class RequestError(EdgeSpecError):
+    """A request the server refuses: HTTP status, one-line message, the offending field."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
+        super().__init__(message)
+        self.message, self.status, self.param, self.code, self.kind = (
+            message,
+            status,
+            param,
+            code,
+            kind,
+        )
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for the fields it leaves out (the `edgespec serve` options)."""
+
+    model_id: str
+    config: GenerationConfig
+    random_seed: bool = True  # a request without a seed gets a fresh one (else config's seed)
+    has_draft: bool = True
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """One validated request. Exactly one of `messages` (chat) and `prompt` (completions) is set;
+    a completions prompt is text (tokenized as is, no template) or token ids."""
+
+    kind: Literal["chat", "completion"]
+    model: str
+    config: GenerationConfig
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    messages: tuple[dict[str, str], ...] | None = None
+    prompt: str | tuple[int, ...] | None = None
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body, or RequestError."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+def parse_chat(body: dict[str, Any], defaults: Defaults) -> ParsedRequest:
+    """A /v1/chat/completions body. Raises RequestError."""
+    messages = _messages(body.get("messages"))
+    return ParsedRequest("chat", messages=messages, **_common(body, defaults))
+
+
+def parse_completion(body: dict[str, Any], defaults: Defaults) -> ParsedRequest:
+    """A /v1/completions body. Raises RequestError."""
+    prompt = _prompt(body.get("prompt"))
+    return ParsedRequest("completion", prompt=prompt, **_common(body, defaults))
+
+
+def _common(body: dict[str, Any], defaults: Defaults) -> dict[str, Any]:
+    model = _model(body.get("model"), defaults.model_id)
+    _refuse_unsupported(body)
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestError("stream_options must be an object", param="stream_options")
+    include_usage = bool(options and _bool(options, "include_usage", False, "stream_options."))
+    config = GenerationConfig(
+        sampling=_sampling(body, defaults),
+        spec=_spec(body.get("edgespec"), defaults),
+        max_tokens=_max_tokens(body, defaults.config.max_tokens),
+    )
+    return {
+        "model": model,
+        "config": config,
+        "stop": _stop(body.get("stop")),
+        "stream": stream,
+        "include_usage": include_usage,
+    }
+
+
+def _model(value: Any, model_id: str) -> str:
+    if value is None:
+        return model_id
+    if value != model_id:
+        raise RequestError(
+            f"the model {value!r} does not exist on this server; it serves {model_id!r} "
+            "(GET /v1/models)",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
+    return model_id
+
+
+def _messages(value: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object with a role and content", param=where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(
+                f"{where}.role must be one of {', '.join(ROLES)} (got {role!r}); tool messages "
+                "are not supported",
+                param=f"{where}.role",
+            )
+        out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+    return tuple(out)
+
+
+def _content(value: Any, where: str) -> str:
+    """A message's text: a string, or a list of text parts (joined by newlines)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(
+                    f"{where}.content: only text parts are supported, got {kind!r}",
+                    param=f"{where}.content",
+                )
+            if not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}.content: a text part needs a string 'text'")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise RequestError(f"{where}.content must be a string", param=f"{where}.content")
+
+
+def _prompt(value: Any) -> str | tuple[int, ...]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # one prompt in a list ([text] or [[ids]])
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(_is_int(t) for t in value):
+        return tuple(int(t) for t in value)
+    raise RequestError(
+        "prompt must be a string or a list of token ids (one prompt per request)", param="prompt"
+    )
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    """Fields that would change the answer but are not implemented: refuse, never ignore."""
+    if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+        raise RequestError("only n=1 (one answer per request) is supported", param="n")
+    for name, neutral in NEUTRAL.items():
+        if body.get(name) is not None and body.get(name) != neutral:
+            raise RequestError(f"{name} is not supported (leave it out or {neutral})", param=name)
+    for name in UNSUPPORTED:
+        if body.get(name) not in (None, False, 0, [], {}, ""):
+            raise RequestError(f"{name} is not supported by this server", param=name)
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise RequestError(
+            "response_format: only {'type': 'text'} is supported", param="response_format"
+        )
+
+
+def _sampling(body: dict[str, Any], defaults: Defaults) -> SamplingConfig:
+    base = defaults.config.sampling
+    values = {
+        "temperature": _number(body, "temperature", base.temperature),
+        "top_p": _number(body, "top_p", base.top_p),
+        "top_k": _integer(body, "top_k", base.top_k),
+        "min_p": _number(body, "min_p", base.min_p),
+        "seed": _integer(body, "seed", None),
+    }
+    if values["top_k"] == -1:
+        values["top_k"] = 0  # -1 means "off" in vLLM and llama.cpp
+    if values["seed"] is None:
+        values["seed"] = secrets.randbits(63) if defaults.random_seed else base.seed
+    try:
+        return replace(base, **values)
+    except ConfigError as exc:
+        raise RequestError(str(exc), param=_param_of(str(exc))) from None
+
+
+def _spec(ext: Any, defaults: Defaults) -> SpecConfig:
+    base = defaults.config.spec
+    if ext is None:
+        return base
+    if not isinstance(ext, dict):
+        raise RequestError(
+            "edgespec must be an object {k, method, adaptive, k_max}", param="edgespec"
+        )
+    unknown = sorted(set(ext) - set(SPEC_FIELDS))
+    if unknown:
+        raise RequestError(
+            f"edgespec: unknown field {unknown[0]!r} (known: {', '.join(SPEC_FIELDS)})",
+            param=f"edgespec.{unknown[0]}",
+        )
+    k = _integer(ext, "k", base.k, "edgespec.")
+    method = ext.get("method", base.method)
+    if method not in METHODS:
+        raise RequestError(
+            f"edgespec.method must be one of {', '.join(METHODS)}, got {method!r}",
+            param="edgespec.method",
+        )
+    if method in ("draft", "hybrid") and not defaults.has_draft:
+        raise RequestError(
+            f"edgespec.method {method!r} needs a draft model and this server has none; use "
+            "'ngram' or 'none'",
+            param="edgespec.method",
+        )
+    adaptive = _bool(ext, "adaptive", base.adaptive, "edgespec.")
+    k_max = _integer(ext, "k_max", base.k_max, "edgespec.")
+    try:
+        return replace(base, k=k, method=method, adaptive=adaptive, k_max=k_max)
+    except ConfigError as exc:
+        raise RequestError(f"edgespec: {exc}", param="edgespec") from None
+
+
+def _max_tokens(body: dict[str, Any], default: int) -> int:
+    name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    value = _integer(body, name, default)
+    if value < 1:
+        raise RequestError(f"{name} must be >= 1, got {value}", param=name)
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("stop must be a non-empty string or a list of them", param="stop")
+    if len(stops) > MAX_STOPS:
+        raise RequestError(f"stop: at most {MAX_STOPS} strings, got {len(stops)}", param="stop")
+    return tuple(stops)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _integer(body: dict[str, Any], name: str, default: Any, prefix: str = "") -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value):
+        raise RequestError(f"{prefix}{name} must be an integer, got {value!r}", param=prefix + name)
+    return value
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{name} must be a finite number, got {value!r}", param=name)
+    return float(value)
+
+
+def _bool(body: dict[str, Any], name: str, default: bool, prefix: str = "") -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(
+            f"{prefix}{name} must be true or false, got {value!r}", param=prefix + name
+        )
+    return value
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a SamplingConfig message names ('top-p must be ...' -> 'top_p')."""
+    word = message.split(" ", 1)[0].replace("-", "_")
+    return word if word in ("temperature", "top_p", "top_k", "min_p", "seed") else None
