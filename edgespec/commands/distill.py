@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("evaluation")
     g.add_argument("--prompts", help="path to mt_bench_question.jsonl (default ../shared/prompts)")
-    g.add_argument("--n-prompts", type=int, default=20)
+    g.add_argument("--n-prompts", type=int, default=20, help="the first N questions (default 20)")
     g.add_argument("--eval-tokens", type=int, default=128, help="tokens per evaluated answer")
     g.add_argument(
         "--per-category",
@@ -153,7 +153,7 @@ def report_lines(r: EvalReport) -> list[str]:
         f"tok/s, {r.speedup:.2f}x",
         "",
     ]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)) for x in rows]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)).rstrip() for x in rows]
     flagged = [f"warning: {f}" for f in r.flagged]
     return lines + ([""] + flagged if flagged else [])
 
