@@ -219,24 +219,119 @@ def test_cli_end_to_end_exports_a_loadable_4bit_draft(
     assert "4-bit" in card
 
 
-def test_evaluate_reports_agreement_cost_and_identical_greedy_output(
-    tmp_path: Path, tiny: tuple[Target, Path]
-) -> None:
-    from edgespec.distill.evaluate import evaluate
+@pytest.fixture(scope="module")
+def evaluated_pair(
+    tmp_path_factory: pytest.TempPathFactory, tiny: tuple[Target, Path]
+) -> tuple[str, Path, Path]:
+    """(target, exported draft, prompt file with two categories) for `distill --evaluate`."""
     from edgespec.distill.export import Card, export_draft
 
     target, data_dir = tiny
-    result = train(target, data_dir, tmp_path / "out", CFG, progress=False)
+    root = tmp_path_factory.mktemp("evaluate")
+    result = train(target, data_dir, root / "out", CFG, progress=False)
     card = Card("tiny", "test", 0, 0, 0, 0, [0, 3], 96)
-    export_draft(result.model, result.config, tmp_path / "draft", card)
-    prompts = tmp_path / "prompts.jsonl"
-    rows = [{"question_id": i, "turns": [t]} for i, t in enumerate(["Hello there", "Why not"])]
+    export_draft(result.model, result.config, root / "draft", card)
+    prompts = root / "prompts.jsonl"
+    turns = [("greet", "Hello there"), ("ask", "Why not"), ("greet", "Good morning")]
+    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate(turns)]
     prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    r = evaluate(target.name, str(tmp_path / "draft"), prompts_path=str(prompts), n=2, max_tokens=8)
-    assert r.prompts == 2 and 0.0 <= r.agreement <= 1.0 and r.agreement_tokens > 0
-    assert r.draft_ms > 0 and r.target_ms > 0 and r.c == pytest.approx(r.draft_ms / r.target_ms)
-    assert r.identical == 2  # temperature 0: speculation never changes the output
-    assert 0.0 <= r.acceptance <= 1.0 and r.tau >= 1.0
+    return str(target.name), root / "draft", prompts
+
+
+def test_evaluate_reports_agreement_cost_identical_output_and_categories(
+    evaluated_pair: tuple[str, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from edgespec.cli import main
+
+    target, draft, prompts = evaluated_pair
+    argv = ["distill", "--evaluate", "--target", target, "--draft", str(draft)]
+    argv += ["--prompts", str(prompts), "--n-prompts", "3", "--eval-tokens", "8", "--json"]
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["prompts"] == 3 and 0.0 <= r["agreement"] <= 1.0 and r["agreement_tokens"] > 0
+    assert r["draft_ms"] > 0 and r["target_ms"] > 0
+    assert r["c"] == pytest.approx(r["draft_ms"] / r["target_ms"])
+    assert r["identical"] == 3  # temperature 0: speculation never changes the output
+    assert 0.0 <= r["acceptance"] <= 1.0 and r["tau"] >= 1.0
+    cats = r["categories"]
+    assert list(cats) == ["greet", "ask"]  # first-appearance order
+    assert [cats[c]["prompts"] for c in cats] == [2, 1]
+    assert [cats[c]["identical"] for c in cats] == [2, 1]
+    assert sum(c["agreement_tokens"] for c in cats.values()) == r["agreement_tokens"]
+    hits = sum(c["agreement"] * c["agreement_tokens"] for c in cats.values())
+    assert hits == pytest.approx(r["agreement"] * r["agreement_tokens"])
+    assert all(0.0 <= c["acceptance"] <= 1.0 and c["tau"] >= 1.0 for c in cats.values())
+    assert r["margin"] == 0.10 and r["min_category"] == 0.0 and isinstance(r["flagged"], list)
+
+
+def test_evaluate_cli_prints_categories_and_flags_them(evaluated_pair: tuple[str, Path, Path]):
+    """The real CLI as a subprocess: the table by category, an overall row, and a warning for
+    every category under --min-category 1 (a 6-step tiny draft never agrees everywhere)."""
+    from tests.cli import run_edgespec
+
+    target, draft, prompts = evaluated_pair
+    args = ["--target", target, "--draft", str(draft), "--prompts", str(prompts)]
+    proc = run_edgespec(
+        "distill", "--evaluate", *args, "--per-category", "1", "--eval-tokens", "8",
+        "--min-category", "1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    table = [ln.split() for ln in lines if ln.split()[:1] in (["greet"], ["ask"], ["overall"])]
+    assert [row[:2] for row in table] == [["greet", "1"], ["ask", "1"], ["overall", "2"]]
+    warned = {ln.split()[1].rstrip(":") for ln in lines if ln.startswith("warning: ")}
+    assert warned == {"greet", "ask"}, proc.stdout
+    bad = run_edgespec("distill", "--evaluate", *args, "--per-category", "0")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--per-category" in bad.stderr
+
+
+def test_by_category_pools_each_category_and_flags_the_weak_one() -> None:
+    from edgespec.commands.distill import MARGIN
+    from edgespec.distill.evaluate import EvalReport, by_category, flag_categories
+    from edgespec.events import Finished, Stats
+
+    def run(tokens: int, rounds: int, drafted: int, accepted: int, text: str) -> Finished:
+        stats = Stats(tokens, rounds, drafted, accepted, 0.0, 0.0, 0.0, 1.0, 0.0, 5, 5)
+        return Finished("length", stats, text)
+
+    cats = ["a", "b", "a"]
+    counts = np.array([[3, 4], [0, 4], [1, 4]])
+    plain = [run(8, 8, 0, 0, "x"), run(8, 8, 0, 0, "y"), run(8, 8, 0, 0, "z")]
+    spec = [run(8, 4, 8, 4, "x"), run(8, 8, 8, 0, "y"), run(8, 2, 8, 8, "Z")]
+    got = by_category(cats, counts, plain, spec)
+    assert list(got) == ["a", "b"]
+    a, b = got["a"], got["b"]
+    assert (a.prompts, a.agreement, a.agreement_tokens) == (2, 0.5, 8)
+    assert (a.acceptance, a.tau, a.identical) == (12 / 16, 16 / 6, 1)
+    assert (b.prompts, b.agreement, b.acceptance, b.tau, b.identical) == (1, 0.0, 0.0, 1.0, 1)
+
+    report = EvalReport(3, 4 / 12, 12, 1.0, 10.0, 0.1, acceptance=12 / 24, categories=got)
+    assert report.margin == MARGIN  # the CLI's default is the library's
+    flags = flag_categories(report)  # floor: overall - 0.10
+    assert [f.split(":")[0] for f in flags] == ["b", "b"]
+    assert "agreement 0.000 is below 0.233 (overall 0.333 - margin 0.10)" in flags[0]
+    report.min_category = 0.6  # a floor above overall - margin flags "a" as well
+    flags = flag_categories(report)
+    assert len(flags) == 3 and "a: agreement 0.500 is below 0.600 (the floor 0.60)" in flags
+    report.margin, report.min_category = 1.0, 0.0
+    assert flag_categories(report) == []
+
+
+def test_load_prompts_selects_per_category_and_rejects_bad_lines(tmp_path: Path) -> None:
+    from edgespec.distill.evaluate import NO_CATEGORY, load_prompts
+    from edgespec.errors import ConfigError
+
+    rows = [{"category": c, "turns": [f"q{i}"]} for i, c in enumerate("aabba")]
+    rows.append({"turns": ["q5"]})
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert [q.text for q in load_prompts(path, 3)] == ["q0", "q1", "q2"]
+    picked = load_prompts(path, 3, per_category=1)
+    assert [(q.category, q.text) for q in picked] == [("a", "q0"), ("b", "q2"), (NO_CATEGORY, "q5")]
+    assert [q.text for q in load_prompts(path, 1, per_category=2)] == ["q0", "q1", "q2", "q3", "q5"]
+    path.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    with pytest.raises(ConfigError, match=r"q.jsonl:2: not a question record"):
+        load_prompts(path, 1)
 
 
 def test_export_tokens_keeps_ids_and_drops_topk(tmp_path):

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgespec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgespec.distill.evaluate import CategoryReport, EvalReport
+
+MARGIN = 0.10  # edgespec.distill.evaluate.MARGIN (not imported: that loads MLX)
 
 HELP = "train a small draft for a target on the target's own answers (generate, train, export)"
 
@@ -52,8 +58,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("evaluation")
     g.add_argument("--prompts", help="path to mt_bench_question.jsonl (default ../shared/prompts)")
-    g.add_argument("--n-prompts", type=int, default=20)
+    g.add_argument("--n-prompts", type=int, default=20, help="the first N questions (default 20)")
     g.add_argument("--eval-tokens", type=int, default=128, help="tokens per evaluated answer")
+    g.add_argument(
+        "--per-category",
+        type=int,
+        metavar="N",
+        help="the first N questions of each category instead of the first --n-prompts",
+    )
+    g.add_argument(
+        "--category-margin",
+        type=float,
+        default=MARGIN,
+        help=f"flag a category this far below the overall figure (default {MARGIN})",
+    )
+    g.add_argument(
+        "--min-category",
+        type=float,
+        default=0.0,
+        help="also flag a category below this agreement or acceptance (default 0: off)",
+    )
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def command_line(a: argparse.Namespace) -> str:
@@ -84,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     if not args.target or not args.draft:
         raise ConfigError("--evaluate needs --target and --draft")
+    if args.per_category is not None and args.per_category < 1:
+        raise ConfigError("--per-category must be at least 1")
+    if not 0.0 <= args.category_margin <= 1.0 or not 0.0 <= args.min_category <= 1.0:
+        raise ConfigError("--category-margin and --min-category must lie in [0, 1]")
     from edgespec.distill.evaluate import evaluate
 
     r = evaluate(
@@ -92,9 +121,41 @@ def _evaluate(args: argparse.Namespace) -> int:
         prompts_path=args.prompts,
         n=args.n_prompts,
         max_tokens=args.eval_tokens,
+        per_category=args.per_category,
+        margin=args.category_margin,
+        min_category=args.min_category,
     )
-    print(r.to_json())
+    if args.json:
+        print(r.to_json())
+        return 0
+    for line in report_lines(r):
+        print(line)
     return 0
+
+
+def report_lines(r: EvalReport) -> list[str]:
+    """The evaluation as text: cost and speed, then agreement and acceptance by category."""
+    rows = [["category", "prompts", "agreement", "tokens", "acceptance", "tau", "identical"]]
+
+    def row(name: str, c: EvalReport | CategoryReport) -> list[str]:
+        return [
+            name, str(c.prompts), f"{c.agreement:.3f}", str(c.agreement_tokens),
+            f"{c.acceptance:.3f}", f"{c.tau:.2f}", f"{c.identical}/{c.prompts}",
+        ]  # fmt: skip
+
+    if len(r.categories) > 1:
+        rows += [row(name, c) for name, c in r.categories.items()]
+    rows.append(row("overall", r))
+    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
+    lines = [
+        f"draft cost c {r.c:.3f} ({r.draft_ms:.2f} / {r.target_ms:.2f} ms per token); "
+        f"K={r.k} speculative {r.spec_tokens_per_s:.1f} vs plain {r.plain_tokens_per_s:.1f} "
+        f"tok/s, {r.speedup:.2f}x",
+        "",
+    ]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)).rstrip() for x in rows]
+    flagged = [f"warning: {f}" for f in r.flagged]
+    return lines + ([""] + flagged if flagged else [])
 
 
 def default_data_dir(args: argparse.Namespace) -> Path:

@@ -6,6 +6,10 @@
   run: acceptance, tau (tokens per round, correction/bonus included), tokens/s, speedup, and
   whether the outputs are identical (they must be at temperature 0).
 
+Agreement, acceptance, tau and identical outputs are also given per prompt category (the
+`category` field of MT-bench / Spec-Bench questions), with the categories that fall below the
+overall figure by more than a margin, or below a floor, flagged (`flag_categories`).
+
 Prompts are read at run time from ../shared/prompts/mt_bench_question.jsonl (first turns):
 evaluation only, never training. Run: `edgespec distill --evaluate --target T --draft D`.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +27,27 @@ import numpy as np
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.data import SamplingPlan, answer
-from edgespec.distill.train import agreement, head_index
+from edgespec.distill.train import agreement_counts, head_index
 from edgespec.drafting.draft_model import reduced_head
 from edgespec.errors import ConfigError
 from edgespec.events import Finished
 from edgespec.runtime import Engine
 
 PROMPT_FILE = "mt_bench_question.jsonl"
+NO_CATEGORY = "-"  # questions without a `category` field
+MARGIN = 0.10  # default: flag a category this far below the overall figure
+
+
+@dataclass
+class CategoryReport:
+    """The pair's figures on one category's prompts (pooled over its tokens and rounds)."""
+
+    prompts: int
+    agreement: float
+    agreement_tokens: int
+    acceptance: float = float("nan")
+    tau: float = float("nan")
+    identical: int = 0
 
 
 @dataclass
@@ -49,6 +67,10 @@ class EvalReport:
     plain_tokens_per_s: float = float("nan")
     speedup: float = float("nan")
     identical: int = 0
+    categories: dict[str, CategoryReport] = field(default_factory=dict)
+    margin: float = MARGIN
+    min_category: float = 0.0
+    flagged: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -66,23 +88,49 @@ def find_prompt_file(explicit: str | None = None) -> Path:
     raise ConfigError(f"cannot find {PROMPT_FILE}; pass --prompts PATH")
 
 
-def load_prompts(path: Path, n: int) -> list[str]:
-    """First turns of the first n questions."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["turns"][0] for r in rows[:n]]
+@dataclass(frozen=True)
+class Question:
+    category: str
+    text: str  # the first turn
+
+
+def load_prompts(path: Path, n: int, per_category: int | None = None) -> list[Question]:
+    """First turns of the first n questions; with `per_category`, of the first that many
+    questions of each category instead (file order)."""
+    questions = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            questions.append(Question(str(row.get("category") or NO_CATEGORY), row["turns"][0]))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{path}:{i}: not a question record ({exc!r})") from None
+    if per_category is None:
+        chosen = questions[:n]
+    else:
+        seen: dict[str, int] = {}
+        chosen = []
+        for q in questions:
+            if seen.setdefault(q.category, 0) < per_category:
+                seen[q.category] += 1
+                chosen.append(q)
+    if not chosen:
+        raise ConfigError(f"no prompts selected from {path}")
+    return chosen
 
 
 def greedy_agreement(
     target: Any, tokenizer: Any, draft: Any, prompts: list[str], max_new: int, batch: int = 16
-) -> tuple[float, int]:
-    """(agreement, positions compared): the target answers greedily (batched), then the draft
-    is teacher-forced along prompt + answer."""
+) -> np.ndarray:
+    """[len(prompts), 2]: (draft argmax == target argmax, positions compared) for each prompt;
+    the target answers greedily (batched), then the draft is teacher-forced along prompt +
+    answer."""
 
     plan = SamplingPlan(max_new_tokens=max_new, top_k_saved=1)
     seqs = answer(target, tokenizer, [(i, p, True) for i, p in enumerate(prompts)], plan, batch)
     hidx = head_index(np.array(draft.head_ids), draft.vocab_size)
-    n = sum(s.n_completion for s in seqs)
-    return agreement(draft, seqs, hidx, max_len=1 << 30), n
+    return agreement_counts(draft, seqs, hidx, max_len=1 << 30)
 
 
 def decode_ms(model: Any, prompt: list[int], steps: int = 48) -> float:
@@ -109,8 +157,10 @@ def decode_ms(model: Any, prompt: list[int], steps: int = 48) -> float:
     return float(np.median(times[1:]) * 1000)
 
 
-def spec_vs_plain(engine: Any, prompts: list[str], k: int, max_tokens: int) -> dict[str, float]:
-    """Plain and speculative greedy decoding, interleaved per prompt; pooled statistics."""
+def run_pair(
+    engine: Any, prompts: list[str], k: int, max_tokens: int
+) -> tuple[list[Finished], list[Finished]]:
+    """(plain, speculative) greedy runs, one Finished per prompt each, interleaved per prompt."""
 
     greedy = SamplingConfig(temperature=0.0)
     runs: dict[str, list[Finished]] = {"none": [], "draft": []}
@@ -120,7 +170,11 @@ def spec_vs_plain(engine: Any, prompts: list[str], k: int, max_tokens: int) -> d
             cfg = GenerationConfig(greedy, SpecConfig(k=k, method=method), max_tokens)
             runs[method].extend(e for e in engine.generate(ids, cfg) if isinstance(e, Finished))
             engine.reset()
-    plain, spec = runs["none"], runs["draft"]
+    return runs["none"], runs["draft"]
+
+
+def pooled(plain: list[Finished], spec: list[Finished]) -> dict[str, float]:
+    """Statistics pooled over the runs' tokens and rounds."""
 
     def rate(fs: list[Finished]) -> float:
         return sum(f.stats.tokens - 1 for f in fs) / max(sum(f.stats.decode_time for f in fs), 1e-9)
@@ -136,20 +190,75 @@ def spec_vs_plain(engine: Any, prompts: list[str], k: int, max_tokens: int) -> d
     }
 
 
-def evaluate(
-    target: str, draft: str, *, prompts_path: str | None, n: int, max_tokens: int, k: int = 4
-) -> EvalReport:
-    """Load the pair through the Engine and run all three measurements."""
+def spec_vs_plain(engine: Any, prompts: list[str], k: int, max_tokens: int) -> dict[str, float]:
+    """Plain and speculative greedy decoding, interleaved per prompt; pooled statistics."""
+    return pooled(*run_pair(engine, prompts, k, max_tokens))
 
-    prompts = load_prompts(find_prompt_file(prompts_path), n)
+
+def by_category(
+    categories: list[str], counts: np.ndarray, plain: list[Finished], spec: list[Finished]
+) -> dict[str, CategoryReport]:
+    """Per-category figures (first-appearance order): agreement from the per-prompt `counts`
+    of `greedy_agreement`, acceptance, tau and identical outputs pooled over the category's runs."""
+    out = {}
+    for name in dict.fromkeys(categories):
+        idx = [i for i, c in enumerate(categories) if c == name]
+        hits, total = int(counts[idx, 0].sum()), int(counts[idx, 1].sum())
+        p = pooled([plain[i] for i in idx], [spec[i] for i in idx])
+        out[name] = CategoryReport(
+            len(idx), hits / max(total, 1), total, p["acceptance"], p["tau"], int(p["identical"])
+        )
+    return out
+
+
+def flag_categories(report: EvalReport) -> list[str]:
+    """One line per (category, agreement or acceptance) below max(overall - margin,
+    min_category): the kinds of request the draft serves worse than the rest."""
+    lines = []
+    for name, cat in report.categories.items():
+        for metric in ("agreement", "acceptance"):
+            value, overall = getattr(cat, metric), getattr(report, metric)
+            floor = max(overall - report.margin, report.min_category)
+            if value < floor:  # False for NaN (nothing measured)
+                why = (
+                    f"overall {overall:.3f} - margin {report.margin:.2f}"
+                    if floor > report.min_category
+                    else f"the floor {report.min_category:.2f}"
+                )
+                lines.append(f"{name}: {metric} {value:.3f} is below {floor:.3f} ({why})")
+    return lines
+
+
+def evaluate(
+    target: str,
+    draft: str,
+    *,
+    prompts_path: str | None,
+    n: int,
+    max_tokens: int,
+    k: int = 4,
+    per_category: int | None = None,
+    margin: float = MARGIN,
+    min_category: float = 0.0,
+) -> EvalReport:
+    """Load the pair through the Engine and run all three measurements, overall and by
+    category; flag the categories below max(overall - margin, min_category)."""
+
+    questions = load_prompts(find_prompt_file(prompts_path), n, per_category)
+    prompts = [q.text for q in questions]
     engine = Engine.load(target=target, draft=draft)
     if engine.draft is None:
         raise ConfigError(f"{draft}: no draft model was loaded")
     tm, dm, tok = engine.target.model, engine.draft.model, engine.tokenizer
-    agree, n_tok = greedy_agreement(tm, tok, dm, prompts, max_tokens)
+    counts = greedy_agreement(tm, tok, dm, prompts, max_tokens)
+    hits, n_tok = int(counts[:, 0].sum()), int(counts[:, 1].sum())
     ids = engine.encode_chat([{"role": "user", "content": prompts[0]}])
     t_ms, d_ms = decode_ms(tm, ids), decode_ms(dm, ids)
-    report = EvalReport(len(prompts), agree, n_tok, d_ms, t_ms, d_ms / t_ms, k)
-    for key, value in spec_vs_plain(engine, prompts, k, max_tokens).items():
+    report = EvalReport(len(prompts), hits / max(n_tok, 1), n_tok, d_ms, t_ms, d_ms / t_ms, k)
+    plain, spec = run_pair(engine, prompts, k, max_tokens)
+    for key, value in pooled(plain, spec).items():
         setattr(report, key, value)
+    report.categories = by_category([q.category for q in questions], counts, plain, spec)
+    report.margin, report.min_category = margin, min_category
+    report.flagged = flag_categories(report)
     return report

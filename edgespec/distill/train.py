@@ -117,7 +117,15 @@ def next_batch(seqs: list[Sequence], state: State, cfg: TrainConfig) -> list[Seq
 def agreement(model: DraftModel, held: list[Sequence], hidx: np.ndarray, max_len: int) -> float:
     """Greedy agreement on held-out data: draft argmax == target argmax (top-1 of the saved
     top-k) over completion positions; a target argmax off the head counts as a miss."""
-    hits = total = 0
+    counts = agreement_counts(model, held, hidx, max_len)
+    return int(counts[:, 0].sum()) / max(int(counts[:, 1].sum()), 1)
+
+
+def agreement_counts(
+    model: DraftModel, held: list[Sequence], hidx: np.ndarray, max_len: int
+) -> np.ndarray:
+    """[len(held), 2] int: (hits, positions compared) of `agreement` for each sequence."""
+    counts = np.zeros((len(held), 2), np.int64)
     head_ids = np.array(model.head_ids)
     for i in range(0, len(held), 8):
         part = held[i : i + 8]
@@ -126,9 +134,8 @@ def agreement(model: DraftModel, held: list[Sequence], hidx: np.ndarray, max_len
         for b, s in enumerate(part):
             a, n = s.prompt_len - 1, min(len(s.ids), max_len) - 1
             want = s.topk_ids[: max(n - a, 0), 0]  # type: ignore[index]
-            hits += int((head_ids[arg[b, a:n]] == want).sum())
-            total += len(want)
-    return hits / max(total, 1)
+            counts[i + b] = int((head_ids[arg[b, a:n]] == want).sum()), len(want)
+    return counts
 
 
 def make_optimizer(cfg: TrainConfig) -> optim.AdamW:
