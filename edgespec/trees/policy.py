@@ -9,7 +9,13 @@ A chain is the tree of rank-0 nodes, and with a[d][0] = alpha this is the chain'
 (1 - alpha^(K+1)) / (1 - alpha) - 1. A shape of N nodes and depth D costs D draft forwards (the
 first over the pending tokens, then one per depth below) and one verify of N + 1 tokens:
 
-    rate(shape) = (1 + E[accepted]) / (D * c + v(N + 1)),      plain step: 1 / v(1)
+    rate(shape) = (1 + E[accepted]) / (D * c(kind, w) + v_kind(N + 1)),   plain step: 1 / v(1)
+
+Costs are measured per kind (tree loop: chain rounds run the chain drafter and the target's causal
+forward, tree rounds masked forwards, and they cost differently): c(chain) per chain draft step,
+c(tree, w) per tree draft forward at w = ceil(N / D) nodes per depth, v_chain(L) and v_tree(L) the
+verify curves (edgespec/drafting/adaptive.py verify_curve) over each kind's rounds. An unmeasured
+tree is priced from the chain's costs, tried, and then priced from its own.
 
 For each node budget n the best shape is found greedily (shapes.best_shape); the policy takes the
 best rate over all budgets and chains (near-ties to the smaller tree), so where a wide verify costs
@@ -22,6 +28,8 @@ view of the coming tokens, so exactness holds whatever it picks.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from edgespec.drafting.adaptive import (
     ALPHA_DECAY,
@@ -79,34 +87,80 @@ class AcceptanceTable:
         ]
 
 
+def cost_key(nodes: int, depth: int) -> tuple[str, int]:
+    """Which costs a round of `nodes` nodes `depth` deep is priced by: ("chain", 1) for a chain
+    (and a plain step), else ("tree", its nodes per depth rounded up). Chains and trees run
+    different code (the chain drafter and the causal forward against masked forwards) and cost
+    differently. Example: 7 nodes 4 deep -> ("tree", 2)."""
+    if nodes <= depth:
+        return "chain", 1
+    return "tree", -(-nodes // max(depth, 1))
+
+
 class AdaptiveTree:
     """ShapePolicy (edgespec/trees/loop.py) choosing chains, trees or plain steps per round."""
 
     def __init__(self, k_init: int = 4, k_max: int = 8, max_nodes: int = MAX_NODES, ranks: int = 4):
         self.k_init, self.k_max, self.max_nodes, self.ranks = k_init, k_max, max_nodes, ranks
         self.accept = AcceptanceTable(k_max, ranks)
-        self.draft_cost = RecentMedian()  # seconds per draft forward (one per depth)
-        self.verify_costs: dict[int, RecentMedian] = {}
+        # seconds per draft forward (one per depth), by cost_key: (kind, nodes per depth)
+        self.draft_costs: dict[tuple[str, int], RecentMedian] = {}
+        # verified tokens L -> recent verify seconds, chains (plain steps too) and trees apart
+        self.verify_costs: dict[str, dict[int, RecentMedian]] = {"chain": {}, "tree": {}}
+        self._stand_ins: dict[tuple[str, Any], float] = {}  # (tag, key) -> first round's cost
         self.chosen: list[Shape] = []
         self._seen: Round | None = None
         self._after_plain = False
-        self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of past rounds
+        self._lengths_seen: set[tuple[str, int, int]] = set()  # (kind, verify length, depth)
         self._plain_run, self._probe_gap = 0, PROBE_EVERY
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
 
     def observe(self, r: Round) -> None:
-        """One round's costs. The first round at each verify length is left out: it traces that
-        length's compiled blocks on the CPU (kernels on a GPU), and with the many lengths trees
-        reach, one such outlier kept as a length's only sample priced it out for good."""
-        first = r.drafted > 0 and (r.drafted + 1, r.k) not in self._lengths_seen
-        self._lengths_seen.add((r.drafted + 1, r.k))
-        if r.drafted > 0 and r.timed and not self._after_plain and not first:
-            self.draft_cost.add(r.t_draft / max(r.k, 1))
+        """One round's costs, chains and trees apart (module docstring). The first round at each
+        (kind, verify length, depth) is kept aside: it traces that length's compiled blocks on the
+        CPU (kernels on a GPU), and with the many lengths trees reach, one such outlier kept as a
+        length's only sample priced it out for good. Such rounds stand in only until a later
+        round of the same kind was measured (the second round then decides from costs, as
+        AdaptiveK's does)."""
+        kind, width = cost_key(r.drafted, r.k)
+        first = r.drafted > 0 and (kind, r.drafted + 1, r.k) not in self._lengths_seen
+        self._lengths_seen.add((kind, r.drafted + 1, r.k))
+        if r.drafted > 0 and r.timed and not self._after_plain:
+            self._add(self.draft_costs, (kind, width), r.t_draft / max(r.k, 1), first, "draft")
         self._after_plain = r.drafted == 0
-        if r.timed and not first:
-            self.verify_costs.setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
+        if r.timed:
+            self._add(self.verify_costs[kind], r.drafted + 1, r.t_verify, first, kind)
+
+    def _add(self, costs: dict, key: Any, seconds: float, first: bool, tag: str) -> None:
+        if first:
+            self._stand_ins.setdefault((tag, key), seconds)
+        else:
+            costs.setdefault(key, RecentMedian()).add(seconds)
+
+    def _verify_means(self, kind: str) -> dict[int, float]:
+        """Verified tokens L -> the median of its recent verify seconds (kind "chain", whose
+        plain steps count too, or "tree"); the first rounds' times while nothing else is known."""
+        means = {L: m.value for L, m in self.verify_costs[kind].items() if m.value is not None}
+        if not means and kind == "chain":
+            return {key: t for (tag, key), t in self._stand_ins.items() if tag == "chain"}
+        return means
+
+    def _draft_cost(self, kind: str, width: int) -> float | None:
+        """Seconds per draft forward of a round of `kind` whose depths run `width` nodes on
+        average: measured, else the dearest measured narrower one (more nodes never cost less),
+        else the chain's (a tree is tried once and then priced from what it cost)."""
+        measured = {k: m.value for k, m in self.draft_costs.items() if m.value is not None}
+        if (kind, width) in measured:
+            return measured[(kind, width)]
+        narrower = [t for (k, w), t in measured.items() if k == kind and w < width]
+        if narrower:
+            return max(narrower)
+        if ("chain", 1) in measured:
+            return measured[("chain", 1)]
+        stand_ins = self._stand_ins
+        return stand_ins.get(("draft", ("chain", 1)), stand_ins.get(("draft", (kind, width))))
 
     def candidates(self) -> list[tuple[float, FixedShape]]:
         """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
@@ -128,17 +182,21 @@ class AdaptiveTree:
 
     def rates(self) -> list[tuple[float, FixedShape]] | None:
         """(predicted tokens per second, shape) of every candidate, the plain step last; None
-        before the costs were measured."""
-        c = self.draft_cost.value
-        means = {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
-        if c is None or not means:
+        before the costs were measured. Chains: the chain draft's cost per forward and the chain
+        verify curve; trees: the draft's cost per forward at their width, and the tree verify
+        curve (the chain's until a tree verify was measured)."""
+        chain_means = self._verify_means("chain")
+        if self._draft_cost("chain", 1) is None or not chain_means:
             return None
-        v = verify_curve(means)
-        out = [
-            ((1.0 + e) / (shape.depth * c + v(shape.size + 1)), shape)
-            for e, shape in self.candidates()
-        ]
-        out.append((1.0 / v(1), FixedShape(())))
+        tree_means = self._verify_means("tree")
+        curves = {"chain": verify_curve(chain_means)}
+        curves["tree"] = verify_curve(tree_means) if tree_means else curves["chain"]
+        out = []
+        for e, shape in self.candidates():
+            kind, width = cost_key(shape.size, shape.depth)
+            c = self._draft_cost(kind, width) or 0.0
+            out.append(((1.0 + e) / (shape.depth * c + curves[kind](shape.size + 1)), shape))
+        out.append((1.0 / curves["chain"](1), FixedShape(())))
         return out
 
     def choose(self) -> Shape:
