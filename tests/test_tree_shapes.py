@@ -206,6 +206,21 @@ def test_chains_and_trees_are_priced_apart():
     assert 0 < shape.size == shape.depth  # a chain
 
 
+def test_one_slow_chain_sample_does_not_price_chains_out():
+    """Once trees win, chains are not timed again: a chain costs at most a tree of the same length
+    (the same forward without the mask), so a busy core's one slow chain verify (10x) does not
+    keep chains out where they are the better choice."""
+    policy = _trained(0.3, 0.05, lengths=(2,))  # chain verifies of 2 tokens: 1.3
+    policy.verify_costs["chain"][2].samples.clear()
+    policy.verify_costs["chain"][2].add(13.0)  # ... but the one left a busy core made 10x dearer
+    for _ in range(3):
+        policy.observe(_round(2, 1, 0.05, 1.6))  # trees of 2 candidates: 3 tokens, 1.6
+    assert policy._verify_means("chain") == {2: 13.0}
+    shape = policy(None)
+    assert 0 < shape.size == shape.depth  # a chain again (rank 1 is rarely accepted)
+    assert policy._draft_cost("chain", 1) == pytest.approx(0.05)
+
+
 def test_cost_key():
     assert cost_key(4, 4) == ("chain", 1) and cost_key(0, 0) == ("chain", 1)
     assert cost_key(7, 4) == ("tree", 2) and cost_key(16, 4) == ("tree", 4)

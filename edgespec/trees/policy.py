@@ -150,8 +150,12 @@ class AdaptiveTree:
     def _draft_cost(self, kind: str, width: int) -> float | None:
         """Seconds per draft forward of a round of `kind` whose depths run `width` nodes on
         average: measured, else the dearest measured narrower one (more nodes never cost less),
-        else the chain's (a tree is tried once and then priced from what it cost)."""
+        else the chain's (a tree is tried once and then priced from what it cost). A chain step
+        costs at most the cheapest measured forward: once trees win, chains are no longer timed,
+        and one slow chain sample (a busy core) kept them priced out for good."""
         measured = {k: m.value for k, m in self.draft_costs.items() if m.value is not None}
+        if kind == "chain" and measured:
+            return min(measured.values())
         if (kind, width) in measured:
             return measured[(kind, width)]
         narrower = [t for (k, w), t in measured.items() if k == kind and w < width]
@@ -184,13 +188,16 @@ class AdaptiveTree:
         """(predicted tokens per second, shape) of every candidate, the plain step last; None
         before the costs were measured. Chains: the chain draft's cost per forward and the chain
         verify curve; trees: the draft's cost per forward at their width, and the tree verify
-        curve (the chain's until a tree verify was measured)."""
+        curve (the chain's until a tree verify was measured). A chain's verify costs at most a
+        tree's of the same length (the same forward without the mask): the bound keeps one slow
+        chain sample from pricing chains out while only trees are timed."""
         chain_means = self._verify_means("chain")
         if self._draft_cost("chain", 1) is None or not chain_means:
             return None
         tree_means = self._verify_means("tree")
-        curves = {"chain": verify_curve(chain_means)}
-        curves["tree"] = verify_curve(tree_means) if tree_means else curves["chain"]
+        chain_curve = verify_curve(chain_means)
+        tree_curve = verify_curve(tree_means) if tree_means else chain_curve
+        curves = {"tree": tree_curve, "chain": lambda L: min(chain_curve(L), tree_curve(L))}
         out = []
         for e, shape in self.candidates():
             kind, width = cost_key(shape.size, shape.depth)
