@@ -173,18 +173,19 @@ def test_adaptive_falls_back_to_a_chain_where_wide_verifies_are_dear():
     assert shape.size == shape.depth  # a chain (or a plain step)
 
 
-def test_first_round_at_each_length_is_left_out_of_the_costs():
-    """The first verify of a length pays its trace; one such outlier must not price it out."""
+def test_first_tree_round_at_each_length_is_left_out_of_the_costs():
+    """The first verify of a tree length pays its trace; one such outlier must not price trees
+    out. Chain rounds count from the first, as adaptive K's do."""
     policy = AdaptiveTree(k_init=2, k_max=4)
-    policy.observe(_round(2, 2, 0.05, 9.0))  # first chain (3, 2): traced, a stand-in only
-    assert policy.verify_costs == {"chain": {}, "tree": {}} and policy.draft_costs == {}
-    assert policy.rates() is not None  # the stand-in decides the second round (as AdaptiveK)
-    policy.observe(_round(2, 2, 0.05, 1.0))
-    assert policy.verify_costs["chain"][3].value == 1.0
+    policy.observe(_round(2, 2, 0.05, 9.0))  # a chain: counted
+    assert policy.verify_costs["chain"][3].value == 9.0
     assert policy.draft_costs[("chain", 1)].value == 0.025
-    policy.observe(_round(6, 2, 0.2, 9.0))  # the first tree round at (7, 2): left out too
+    assert policy.rates() is not None  # the second round decides from costs (as AdaptiveK's)
+    policy.observe(_round(6, 2, 0.2, 9.0))  # the first tree round at (7, 2): traced, left out
     assert policy.verify_costs["tree"] == {} and ("tree", 3) not in policy.draft_costs
-    assert policy._verify_means("chain") == {3: 1.0}  # the tree's stand-in is no chain cost
+    policy.observe(_round(6, 2, 0.2, 1.0))
+    assert policy.verify_costs["tree"][7].value == 1.0
+    assert policy.draft_costs[("tree", 3)].value == 0.1
 
 
 def test_chains_and_trees_are_priced_apart():
@@ -197,7 +198,7 @@ def test_chains_and_trees_are_priced_apart():
     assert cheap._draft_cost("tree", 4) == pytest.approx(0.0125)
     assert dear._draft_cost("tree", 4) == pytest.approx(0.4)
     assert dear._draft_cost("tree", 3) == pytest.approx(0.4)  # the dearest narrower width
-    assert dear._draft_cost("chain", 1) == pytest.approx(0.03125)  # tree rounds left it alone
+    assert dear._draft_cost("chain", 1) == pytest.approx(0.0125)  # tree rounds left it alone
     assert dear._verify_means("chain")[5] == pytest.approx(1.0)  # chains keep their own curve
     assert dear._verify_means("tree") == {9: pytest.approx(3.0), 17: pytest.approx(3.0)}
     shape = cheap(None)

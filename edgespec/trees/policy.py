@@ -29,8 +29,6 @@ view of the coming tokens, so exactness holds whatever it picks.
 
 from __future__ import annotations
 
-from typing import Any
-
 from edgespec.drafting.adaptive import (
     ALPHA_DECAY,
     PROBE_EVERY,
@@ -107,45 +105,37 @@ class AdaptiveTree:
         self.draft_costs: dict[tuple[str, int], RecentMedian] = {}
         # verified tokens L -> recent verify seconds, chains (plain steps too) and trees apart
         self.verify_costs: dict[str, dict[int, RecentMedian]] = {"chain": {}, "tree": {}}
-        self._stand_ins: dict[tuple[str, Any], float] = {}  # (tag, key) -> first round's cost
         self.chosen: list[Shape] = []
         self._seen: Round | None = None
         self._after_plain = False
-        self._lengths_seen: set[tuple[str, int, int]] = set()  # (kind, verify length, depth)
+        self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of tree rounds
         self._plain_run, self._probe_gap = 0, PROBE_EVERY
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
 
     def observe(self, r: Round) -> None:
-        """One round's costs, chains and trees apart (module docstring). The first round at each
-        (kind, verify length, depth) is kept aside: it traces that length's compiled blocks on the
-        CPU (kernels on a GPU), and with the many lengths trees reach, one such outlier kept as a
-        length's only sample priced it out for good. Such rounds stand in only until a later
-        round of the same kind was measured (the second round then decides from costs, as
-        AdaptiveK's does)."""
+        """One round's costs, chains and trees apart (module docstring). Chains count every
+        round, as AdaptiveK does. The first tree round at each (verify length, depth) is left
+        out: it traces that length's compiled blocks on the CPU (kernels on a GPU), and with the
+        many lengths trees reach, one such outlier kept as a length's only sample priced trees
+        out for good. (Leaving out first chain rounds too cost two exploration rounds per chain
+        length, 4% of adaptive-tree's CPU time on MT-bench, where adaptive K pays one.)"""
         kind, width = cost_key(r.drafted, r.k)
-        first = r.drafted > 0 and (kind, r.drafted + 1, r.k) not in self._lengths_seen
-        self._lengths_seen.add((kind, r.drafted + 1, r.k))
-        if r.drafted > 0 and r.timed and not self._after_plain:
-            self._add(self.draft_costs, (kind, width), r.t_draft / max(r.k, 1), first, "draft")
+        first = kind == "tree" and (r.drafted + 1, r.k) not in self._lengths_seen
+        if kind == "tree":
+            self._lengths_seen.add((r.drafted + 1, r.k))
+        if r.drafted > 0 and r.timed and not self._after_plain and not first:
+            cost = self.draft_costs.setdefault((kind, width), RecentMedian())
+            cost.add(r.t_draft / max(r.k, 1))
         self._after_plain = r.drafted == 0
-        if r.timed:
-            self._add(self.verify_costs[kind], r.drafted + 1, r.t_verify, first, kind)
-
-    def _add(self, costs: dict, key: Any, seconds: float, first: bool, tag: str) -> None:
-        if first:
-            self._stand_ins.setdefault((tag, key), seconds)
-        else:
-            costs.setdefault(key, RecentMedian()).add(seconds)
+        if r.timed and not first:
+            self.verify_costs[kind].setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
 
     def _verify_means(self, kind: str) -> dict[int, float]:
         """Verified tokens L -> the median of its recent verify seconds (kind "chain", whose
-        plain steps count too, or "tree"); the first rounds' times while nothing else is known."""
-        means = {L: m.value for L, m in self.verify_costs[kind].items() if m.value is not None}
-        if not means and kind == "chain":
-            return {key: t for (tag, key), t in self._stand_ins.items() if tag == "chain"}
-        return means
+        plain steps count too, or "tree")."""
+        return {L: m.value for L, m in self.verify_costs[kind].items() if m.value is not None}
 
     def _draft_cost(self, kind: str, width: int) -> float | None:
         """Seconds per draft forward of a round of `kind` whose depths run `width` nodes on
@@ -161,10 +151,7 @@ class AdaptiveTree:
         narrower = [t for (k, w), t in measured.items() if k == kind and w < width]
         if narrower:
             return max(narrower)
-        if ("chain", 1) in measured:
-            return measured[("chain", 1)]
-        stand_ins = self._stand_ins
-        return stand_ins.get(("draft", ("chain", 1)), stand_ins.get(("draft", (kind, width))))
+        return measured.get(("chain", 1))
 
     def candidates(self) -> list[tuple[float, FixedShape]]:
         """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
