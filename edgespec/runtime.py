@@ -201,7 +201,7 @@ class Engine:
         if spec.tree:  # draft trees (edgespec/trees/loop.py); chains keep the loop below
             kernels = self._tree_kernels
             tree_drafter = build_tree_drafter(
-                spec, sampling, self._draft, self._vocab, self.name, kernels
+                spec, sampling, self._draft, self._vocab, self.name, kernels, self._pairs
             )
             # k_policy, when given with a tree, is a shape policy (trees.loop.ShapePolicy).
             shapes = cast(ShapePolicy, k_policy) if k_policy else make_shape_policy(spec)

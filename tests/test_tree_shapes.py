@@ -11,7 +11,7 @@ from edgespec.config import SpecConfig, parse_tree_spec
 from edgespec.errors import ConfigError
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
-from edgespec.trees.policy import AcceptanceTable, AdaptiveTree
+from edgespec.trees.policy import AcceptanceTable, AdaptiveTree, cost_key
 from edgespec.trees.shapes import (
     DynamicShape,
     FixedShape,
@@ -132,7 +132,9 @@ def _round(nodes: int, depth: int, t_draft: float, t_verify: float) -> Round:
     return Round(0, nodes, 0, depth, t_draft, t_verify, "tree", True, 0, nodes, 0)
 
 
-def _trained(verify_slope: float, rank1: float) -> AdaptiveTree:
+def _trained(
+    verify_slope: float, rank1: float, lengths: tuple[int, ...] = (1, 2, 5, 9, 17)
+) -> AdaptiveTree:
     """A policy fed synthetic outcomes: rank-0 candidates accepted 60% of the time, rank-1 ones
     `rank1` of the time after a rejection; a verify of L tokens costs 1 + slope (L - 1)."""
     policy = AdaptiveTree(k_init=2, k_max=4)
@@ -140,7 +142,7 @@ def _trained(verify_slope: float, rank1: float) -> AdaptiveTree:
     rng = np.random.default_rng(1)
     for _ in range(60):
         policy.observe_path(tree, tree.path(_sim_path(rng, tree, rank1)))
-    for length in (1, 2, 5, 9, 17):
+    for length in lengths:
         for _ in range(3):
             policy.observe(
                 _round(
@@ -171,13 +173,58 @@ def test_adaptive_falls_back_to_a_chain_where_wide_verifies_are_dear():
     assert shape.size == shape.depth  # a chain (or a plain step)
 
 
-def test_first_round_at_each_length_is_left_out_of_the_costs():
-    """The first verify of a length pays its trace; one such outlier must not price it out."""
+def test_first_tree_round_at_each_length_is_left_out_of_the_costs():
+    """The first verify of a tree length pays its trace; one such outlier must not price trees
+    out. Chain rounds count from the first, as adaptive K's do."""
     policy = AdaptiveTree(k_init=2, k_max=4)
-    policy.observe(_round(3, 2, 0.05, 9.0))  # first (4, 2): traced, left out
-    assert policy.verify_costs == {} and policy.draft_cost.value is None
-    policy.observe(_round(3, 2, 0.05, 1.0))
-    assert policy.verify_costs[4].value == 1.0 and policy.draft_cost.value == 0.025
+    policy.observe(_round(2, 2, 0.05, 9.0))  # a chain: counted
+    assert policy.verify_costs["chain"][3].value == 9.0
+    assert policy.draft_costs[("chain", 1)].value == 0.025
+    assert policy.rates() is not None  # the second round decides from costs (as AdaptiveK's)
+    policy.observe(_round(6, 2, 0.2, 9.0))  # the first tree round at (7, 2): traced, left out
+    assert policy.verify_costs["tree"] == {} and ("tree", 3) not in policy.draft_costs
+    policy.observe(_round(6, 2, 0.2, 1.0))
+    assert policy.verify_costs["tree"][7].value == 1.0
+    assert policy.draft_costs[("tree", 3)].value == 0.1
+
+
+def test_chains_and_trees_are_priced_apart():
+    """A tree whose masked forwards cost more than the chain's steps is priced by its own cost:
+    with the same acceptance and chain costs, cheap tree costs pick a tree and dear ones a chain."""
+    cheap, dear = _trained(0.0, 0.5, lengths=(1, 2, 5)), _trained(0.0, 0.5, lengths=(1, 2, 5))
+    for policy, (draft, verify) in ((cheap, (0.0125, 1.0)), (dear, (0.4, 3.0))):
+        for nodes, depth in ((8, 4), (16, 4)) * 3:
+            policy.observe(_round(nodes, depth, draft * depth, verify))
+    assert cheap._draft_cost("tree", 4) == pytest.approx(0.0125)
+    assert dear._draft_cost("tree", 4) == pytest.approx(0.4)
+    assert dear._draft_cost("tree", 3) == pytest.approx(0.4)  # the dearest narrower width
+    assert dear._draft_cost("chain", 1) == pytest.approx(0.0125)  # tree rounds left it alone
+    assert dear._verify_means("chain")[5] == pytest.approx(1.0)  # chains keep their own curve
+    assert dear._verify_means("tree") == {9: pytest.approx(3.0), 17: pytest.approx(3.0)}
+    shape = cheap(None)
+    assert shape.size > shape.depth  # a tree
+    shape = dear(None)
+    assert 0 < shape.size == shape.depth  # a chain
+
+
+def test_one_slow_chain_sample_does_not_price_chains_out():
+    """Once trees win, chains are not timed again: a chain costs at most a tree of the same length
+    (the same forward without the mask), so a busy core's one slow chain verify (10x) does not
+    keep chains out where they are the better choice."""
+    policy = _trained(0.3, 0.05, lengths=(2,))  # chain verifies of 2 tokens: 1.3
+    policy.verify_costs["chain"][2].samples.clear()
+    policy.verify_costs["chain"][2].add(13.0)  # ... but the one left a busy core made 10x dearer
+    for _ in range(3):
+        policy.observe(_round(2, 1, 0.05, 1.6))  # trees of 2 candidates: 3 tokens, 1.6
+    assert policy._verify_means("chain") == {2: 13.0}
+    shape = policy(None)
+    assert 0 < shape.size == shape.depth  # a chain again (rank 1 is rarely accepted)
+    assert policy._draft_cost("chain", 1) == pytest.approx(0.05)
+
+
+def test_cost_key():
+    assert cost_key(4, 4) == ("chain", 1) and cost_key(0, 0) == ("chain", 1)
+    assert cost_key(7, 4) == ("tree", 2) and cost_key(16, 4) == ("tree", 4)
 
 
 def test_acceptance_table_counts_tries_and_successes():

@@ -6,6 +6,7 @@ from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig, spec_widths
 from edgespec.drafting.features import EagleState
 from edgespec.drafting.hybrid import HYBRID_MIN_MATCH
+from edgespec.drafting.model import ModelDrafter
 from edgespec.drafting.ngram import NgramDrafter
 from edgespec.errors import ConfigError
 from edgespec.trees.draft import ModelTreeDrafter
@@ -43,17 +44,20 @@ def build_tree_drafter(
     vocab: int,
     engine_name: str,
     kernels: Kernels = PLAIN,
+    pairs: bool = False,
 ) -> TreeDrafter:
     """The draft model's tree drafter; with method "hybrid" an n-gram lookup adds a branch.
-    ConfigError without a draft model, TreeUnsupportedError for a draft the tree forward cannot
-    run."""
+    A token draft's chain-shaped rounds go through the chain drafter (ModelTreeDrafter's
+    `chains`; `pairs` as for build_drafter). ConfigError without a draft model,
+    TreeUnsupportedError for a draft the tree forward cannot run."""
     if draft is None:
         raise ConfigError(f"{engine_name} has no draft model; tree drafting needs one")
     model: TreeDrafter
     if isinstance(draft, EagleState):
         model = EagleTreeDrafter(draft, sampling, vocab, kernels)
     else:
-        model = ModelTreeDrafter(draft, sampling, vocab, kernels)
+        chains = None if spec.method == "hybrid" else ModelDrafter(draft, sampling, vocab, pairs)
+        model = ModelTreeDrafter(draft, sampling, vocab, kernels, chains)
     if spec.method != "hybrid":
         return model
     min_match = max(spec.ngram_min, min(HYBRID_MIN_MATCH, spec.ngram_max))

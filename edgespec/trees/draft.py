@@ -22,7 +22,7 @@ import numpy as np
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.draft_model import reduced_head
-from edgespec.drafting.model import fit_vocab
+from edgespec.drafting.model import ModelDrafter, fit_vocab
 from edgespec.sampling import uniforms, warp
 from edgespec.trees.acceptance import draw_siblings, top_siblings
 from edgespec.trees.dynamic import propose_dynamic
@@ -39,15 +39,26 @@ from edgespec.trees.shapes import DynamicShape, FixedShape, Shape, Tree
 
 
 class ModelTreeDrafter(TreeDrafter):
-    """Trees from a token draft model and its own KV cache (module docstring)."""
+    """Trees from a token draft model and its own KV cache (module docstring).
+
+    `chains`: the chain drafter over the same state (drafting.model.ModelDrafter), which drafts
+    chain-shaped rounds exactly as the chain loop does (its steps in pairs on the CPU, no tree
+    bookkeeping): an adaptive policy that settles on chains then costs what adaptive K does.
+    The tokens are the same (the argmax, or the same uniform per node from the same key)."""
 
     def __init__(
-        self, state: KVState, sampling: SamplingConfig, vocab: int, kernels: Kernels = PLAIN
+        self,
+        state: KVState,
+        sampling: SamplingConfig,
+        vocab: int,
+        kernels: Kernels = PLAIN,
+        chains: ModelDrafter | None = None,
     ):
         tree_layers(state.model)
         check_tree_cache(state.cache, state.name)
         self.state, self.sampling, self.vocab, self.kernels = state, sampling, vocab, kernels
         self.head_ids = reduced_head(state.model)
+        self.chains = chains if chains is not None and chains.state is state else None
         self._prefix = 0  # cache positions every node sees (set by root_logits)
 
     # --------------------------------------------------------------------- drafting
@@ -142,6 +153,9 @@ class ModelTreeDrafter(TreeDrafter):
 
     def _propose_fixed(self, context: list[int], shape: FixedShape, key: mx.array) -> TreeProposal:
         tree, n = shape.tree, shape.size
+        if self.chains is not None and tree.is_chain and n > 0:
+            chain = self.chains.propose(context, n, key)
+            return TreeProposal(chain.tokens, chain.q, tree=tree, fed=(-1,) * n, in_place=True)
         root = self.root_logits(context)
         if root is None:
             return empty_tree()
@@ -164,7 +178,7 @@ class ModelTreeDrafter(TreeDrafter):
 
     def keep_path(self, base: int, prop: TreeProposal, path: list[int]) -> None:
         st = self.state
-        if st.offset < base:  # the draft did not run this round (nothing of it to keep)
+        if st.offset < base or prop.in_place:  # nothing to keep, or `commit` keeps it in place
             return
         rows: list[int] = []
         for node in path:  # the path's leading nodes the draft ran (a lookup's it did not)

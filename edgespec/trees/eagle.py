@@ -37,6 +37,7 @@ class EagleTreeDrafter(ModelTreeDrafter):
         self._prefix = 0
         self._valid = state.kv.offset
         self._guess: dict[int, mx.array] = {}  # node (-1: root) -> the draft's guess after it
+        self.chains = None  # chains too go through the tree path (it keeps the features right)
 
     @property
     def wants_features(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from edgespec.acceptance import verify_greedy
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.events import Round
@@ -83,6 +84,8 @@ def verify_tree_round(
     node ([N + 1, d], lazy)."""
     tree, p_len = prop.tree, int(pending.shape[0])
     inputs = mx.concatenate([pending, prop.tokens])
+    if tree.is_chain and not features:  # the chain loop's forward and test (the same result)
+        return _verify_chain(target, inputs, prop, cfg, key, p_len)
     if tree.is_chain:  # the causal mask: the target's own forward (the same logits, faster)
         feats, logits = target.forward_features(inputs)
     else:
@@ -100,6 +103,29 @@ def verify_tree_round(
     head = mx.stack([row, n, nxt]).astype(mx.int32)
     out = mx.concatenate([head, prop.tokens.astype(mx.int32)])
     return out, (feats[p_len - 1 :] if features else None)
+
+
+def _verify_chain(
+    target: KVState,
+    inputs: mx.array,
+    prop: TreeProposal,
+    cfg: SamplingConfig,
+    key: mx.array,
+    p_len: int,
+) -> tuple[mx.array, None]:
+    """verify_tree_round for a chain without features, as rounds.verify_round: the target's
+    forward and the chain's acceptance test (at temperature 0 the longest agreeing prefix, as the
+    tree walk; at T > 0 the tree test, which on a chain is the chain's). The deepest accepted
+    p row of a chain is n."""
+    logits = target.forward(inputs)[p_len - 1 :]
+    if cfg.greedy:
+        n, nxt = verify_greedy(prop.tokens, logits)
+        row = n
+    else:
+        u = uniforms(key, prop.tree.size + 1)
+        row, n, nxt = verify_tree(prop.tree, prop.tokens, prop.q, warp(logits, cfg), u)
+    head = mx.stack([row, n, nxt]).astype(mx.int32)
+    return mx.concatenate([head, prop.tokens.astype(mx.int32)]), None
 
 
 def _fit(shape: Shape, room: int) -> Shape:

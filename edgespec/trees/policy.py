@@ -9,7 +9,13 @@ A chain is the tree of rank-0 nodes, and with a[d][0] = alpha this is the chain'
 (1 - alpha^(K+1)) / (1 - alpha) - 1. A shape of N nodes and depth D costs D draft forwards (the
 first over the pending tokens, then one per depth below) and one verify of N + 1 tokens:
 
-    rate(shape) = (1 + E[accepted]) / (D * c + v(N + 1)),      plain step: 1 / v(1)
+    rate(shape) = (1 + E[accepted]) / (D * c(kind, w) + v_kind(N + 1)),   plain step: 1 / v(1)
+
+Costs are measured per kind (tree loop: chain rounds run the chain drafter and the target's causal
+forward, tree rounds masked forwards, and they cost differently): c(chain) per chain draft step,
+c(tree, w) per tree draft forward at w = ceil(N / D) nodes per depth, v_chain(L) and v_tree(L) the
+verify curves (edgespec/drafting/adaptive.py verify_curve) over each kind's rounds. An unmeasured
+tree is priced from the chain's costs, tried, and then priced from its own.
 
 For each node budget n the best shape is found greedily (shapes.best_shape); the policy takes the
 best rate over all budgets and chains (near-ties to the smaller tree), so where a wide verify costs
@@ -79,34 +85,73 @@ class AcceptanceTable:
         ]
 
 
+def cost_key(nodes: int, depth: int) -> tuple[str, int]:
+    """Which costs a round of `nodes` nodes `depth` deep is priced by: ("chain", 1) for a chain
+    (and a plain step), else ("tree", its nodes per depth rounded up). Chains and trees run
+    different code (the chain drafter and the causal forward against masked forwards) and cost
+    differently. Example: 7 nodes 4 deep -> ("tree", 2)."""
+    if nodes <= depth:
+        return "chain", 1
+    return "tree", -(-nodes // max(depth, 1))
+
+
 class AdaptiveTree:
     """ShapePolicy (edgespec/trees/loop.py) choosing chains, trees or plain steps per round."""
 
     def __init__(self, k_init: int = 4, k_max: int = 8, max_nodes: int = MAX_NODES, ranks: int = 4):
         self.k_init, self.k_max, self.max_nodes, self.ranks = k_init, k_max, max_nodes, ranks
         self.accept = AcceptanceTable(k_max, ranks)
-        self.draft_cost = RecentMedian()  # seconds per draft forward (one per depth)
-        self.verify_costs: dict[int, RecentMedian] = {}
+        # seconds per draft forward (one per depth), by cost_key: (kind, nodes per depth)
+        self.draft_costs: dict[tuple[str, int], RecentMedian] = {}
+        # verified tokens L -> recent verify seconds, chains (plain steps too) and trees apart
+        self.verify_costs: dict[str, dict[int, RecentMedian]] = {"chain": {}, "tree": {}}
         self.chosen: list[Shape] = []
         self._seen: Round | None = None
         self._after_plain = False
-        self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of past rounds
+        self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of tree rounds
         self._plain_run, self._probe_gap = 0, PROBE_EVERY
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
 
     def observe(self, r: Round) -> None:
-        """One round's costs. The first round at each verify length is left out: it traces that
-        length's compiled blocks on the CPU (kernels on a GPU), and with the many lengths trees
-        reach, one such outlier kept as a length's only sample priced it out for good."""
-        first = r.drafted > 0 and (r.drafted + 1, r.k) not in self._lengths_seen
-        self._lengths_seen.add((r.drafted + 1, r.k))
+        """One round's costs, chains and trees apart (module docstring). Chains count every
+        round, as AdaptiveK does. The first tree round at each (verify length, depth) is left
+        out: it traces that length's compiled blocks on the CPU (kernels on a GPU), and with the
+        many lengths trees reach, one such outlier kept as a length's only sample priced trees
+        out for good. (Leaving out first chain rounds too cost two exploration rounds per chain
+        length, 4% of adaptive-tree's CPU time on MT-bench, where adaptive K pays one.)"""
+        kind, width = cost_key(r.drafted, r.k)
+        first = kind == "tree" and (r.drafted + 1, r.k) not in self._lengths_seen
+        if kind == "tree":
+            self._lengths_seen.add((r.drafted + 1, r.k))
         if r.drafted > 0 and r.timed and not self._after_plain and not first:
-            self.draft_cost.add(r.t_draft / max(r.k, 1))
+            cost = self.draft_costs.setdefault((kind, width), RecentMedian())
+            cost.add(r.t_draft / max(r.k, 1))
         self._after_plain = r.drafted == 0
         if r.timed and not first:
-            self.verify_costs.setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
+            self.verify_costs[kind].setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
+
+    def _verify_means(self, kind: str) -> dict[int, float]:
+        """Verified tokens L -> the median of its recent verify seconds (kind "chain", whose
+        plain steps count too, or "tree")."""
+        return {L: m.value for L, m in self.verify_costs[kind].items() if m.value is not None}
+
+    def _draft_cost(self, kind: str, width: int) -> float | None:
+        """Seconds per draft forward of a round of `kind` whose depths run `width` nodes on
+        average: measured, else the dearest measured narrower one (more nodes never cost less),
+        else the chain's (a tree is tried once and then priced from what it cost). A chain step
+        costs at most the cheapest measured forward: once trees win, chains are no longer timed,
+        and one slow chain sample (a busy core) kept them priced out for good."""
+        measured = {k: m.value for k, m in self.draft_costs.items() if m.value is not None}
+        if kind == "chain" and measured:
+            return min(measured.values())
+        if (kind, width) in measured:
+            return measured[(kind, width)]
+        narrower = [t for (k, w), t in measured.items() if k == kind and w < width]
+        if narrower:
+            return max(narrower)
+        return measured.get(("chain", 1))
 
     def candidates(self) -> list[tuple[float, FixedShape]]:
         """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
@@ -128,17 +173,24 @@ class AdaptiveTree:
 
     def rates(self) -> list[tuple[float, FixedShape]] | None:
         """(predicted tokens per second, shape) of every candidate, the plain step last; None
-        before the costs were measured."""
-        c = self.draft_cost.value
-        means = {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
-        if c is None or not means:
+        before the costs were measured. Chains: the chain draft's cost per forward and the chain
+        verify curve; trees: the draft's cost per forward at their width, and the tree verify
+        curve (the chain's until a tree verify was measured). A chain's verify costs at most a
+        tree's of the same length (the same forward without the mask): the bound keeps one slow
+        chain sample from pricing chains out while only trees are timed."""
+        chain_means = self._verify_means("chain")
+        if self._draft_cost("chain", 1) is None or not chain_means:
             return None
-        v = verify_curve(means)
-        out = [
-            ((1.0 + e) / (shape.depth * c + v(shape.size + 1)), shape)
-            for e, shape in self.candidates()
-        ]
-        out.append((1.0 / v(1), FixedShape(())))
+        tree_means = self._verify_means("tree")
+        chain_curve = verify_curve(chain_means)
+        tree_curve = verify_curve(tree_means) if tree_means else chain_curve
+        curves = {"tree": tree_curve, "chain": lambda L: min(chain_curve(L), tree_curve(L))}
+        out = []
+        for e, shape in self.candidates():
+            kind, width = cost_key(shape.size, shape.depth)
+            c = self._draft_cost(kind, width) or 0.0
+            out.append(((1.0 + e) / (shape.depth * c + curves[kind](shape.size + 1)), shape))
+        out.append((1.0 / curves["chain"](1), FixedShape(())))
         return out
 
     def choose(self) -> Shape:

@@ -17,11 +17,14 @@ class TreeProposal(Proposal):
     """A drafted tree: `tokens` [N] int32 (may be lazy) in node order, `q` [N, V] the distribution
     each was drawn from (None: all deterministic candidates, as at temperature 0), `tree` their
     topology, `fed[i]` the draft-cache position of node i when the draft ran it (-1 otherwise),
-    `match` the n-gram suffix length behind a lookup branch (0: none)."""
+    `match` the n-gram suffix length behind a lookup branch (0: none). `in_place`: a chain the
+    draft ran as an ordinary chain right after the context (drafting.model.ModelDrafter.propose),
+    so its accepted nodes already sit in place in the draft's cache and `commit` keeps them."""
 
     method: str = "tree"
     tree: Tree = field(default_factory=lambda: Tree(()))
     fed: tuple[int, ...] = ()
+    in_place: bool = False
 
     def cut(self, room: int) -> TreeProposal:
         """Without the nodes deeper than `room` (their descendants are deeper too): the room left
@@ -36,7 +39,8 @@ class TreeProposal(Proposal):
         index = mx.array(keep, dtype=mx.int32)
         q = None if self.q is None else self.q[index]
         fed = tuple(self.fed[i] for i in keep) if self.fed else ()
-        return TreeProposal(self.tokens[index], q, self.method, self.match, Tree(parents), fed)
+        tokens, tree = self.tokens[index], Tree(parents)
+        return TreeProposal(tokens, q, self.method, self.match, tree, fed, self.in_place)
 
 
 @dataclass
