@@ -66,6 +66,20 @@ class EagleState:
         self.context = list(context)
         self.rewind(min(self.kv.offset, start, max(common - 1, 0)))
 
+    def first_input(self, context: list[int]) -> tuple[mx.array, mx.array] | None:
+        """The draft's next input after `context`: the (features, tokens) of the positions its
+        cache does not hold yet, at least one (its output is the first guess); None when the
+        features do not cover context[:-1] (a one-token prompt: a plain target step)."""
+        p = self.n_features
+        if p == 0 or p != len(context) - 1 or self.context[:p] != context[:p]:
+            return None
+        if self.kv.offset >= p:  # feed at least one position
+            self.rewind(p - 1)
+        start = self.kv.offset
+        assert self.features is not None
+        toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
+        return self.features[start:p][None], toks
+
     def rewind(self, keep: int) -> None:
         self.kv.rewind(self.context, keep)
 
@@ -116,16 +130,11 @@ class EagleDrafter(Drafter):
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         st, kv = self.state, self.state.kv
-        p = st.n_features
-        if p == 0 or p != len(context) - 1 or st.context[:p] != context[:p]:
+        first = st.first_input(context)
+        if first is None:
             return no_proposal()  # no features yet (a one-token prompt): a plain target step
-        if kv.offset >= p:  # feed at least one position: its output is the first guess
-            st.rewind(p - 1)
-        start = kv.offset
-        assert st.features is not None
-        feats = st.features[start:p][None]
-        toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
-        self._valid = p
+        feats, toks = first
+        self._valid = st.n_features
         u = None if self.sampling.greedy else uniforms(key, k)
         tokens: list[mx.array] = []
         rows: list[mx.array] = []

@@ -45,16 +45,11 @@ class EagleTreeDrafter(ModelTreeDrafter):
 
     def root_logits(self, context: list[int]) -> mx.array | None:
         st, kv = self.eagle, self.eagle.kv
-        p = st.n_features
-        if p == 0 or p != len(context) - 1 or st.context[:p] != context[:p]:
+        first = st.first_input(context)
+        if first is None:
             return None  # no features yet (a one-token prompt): a plain target step
-        if kv.offset >= p:  # feed at least one position: its output is the first guess
-            st.rewind(p - 1)
-        start = kv.offset
-        assert st.features is not None
-        feats = st.features[start:p][None]
-        toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
-        self._valid, self._prefix = p, p
+        feats, toks = first
+        self._valid = self._prefix = st.n_features
         guess = st.model(feats, toks, cache=kv.cache)[0, -1]
         self._guess = {-1: guess}
         return st.model.head_logits(guess)
