@@ -187,6 +187,8 @@ def _make_server(app: Any, worker: Any, verbose: bool) -> Any:
     """uvicorn's Server, whose exit signal also stops the worker (running and queued jobs)."""
     import uvicorn
 
+    from edgespec.server.app import GRACEFUL_SHUTDOWN_S
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             worker.close()
@@ -196,7 +198,7 @@ def _make_server(app: Any, worker: Any, verbose: bool) -> Any:
         app,
         log_level="info" if verbose else "warning",
         access_log=verbose,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         lifespan="off",
     )
     return Server(config)

@@ -52,6 +52,10 @@ from edgespec.server.worker import (
 )
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+# On shutdown a running job ends at its next round and its stream sends "the server is shutting
+# down"; a stream gets this long to do so before it is cut (under uvicorn's graceful timeout).
+SHUTDOWN_GRACE_S = 4.0
+GRACEFUL_SHUTDOWN_S = 5
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,7 @@ async def _complete(request: Request, kind: str) -> Response:
     rid, created = R.new_id(kind), R.now()
     if parsed.stream:
         events = _stream(parsed, job, channel, rid, created)
-        return JobStream(job, events, sep="\n", ping=15)
+        return JobStream(job, events, sep="\n", ping=15, shutdown_grace_period=SHUTDOWN_GRACE_S)
     return await _collect(request, parsed, job, channel, rid, created)
 
 
