@@ -1,0 +1,192 @@
+"""Draft round 2 (issue 31): the shipped token draft continued on real-text data and the GPU set,
+trained through 4-bit rounding, exported at 4 bits. Every phase resumes where it stopped.
+
+    python -m edgespec.models.recipes.draft_r2 topk --work W --sequences 4000
+    python -m edgespec.models.recipes.draft_r2 train --work W --real /work/distill-real/data --steps 1500
+    python -m edgespec.models.recipes.draft_r2 export --work W --real /work/distill-real/data --out models/smollm2-135m-draft
+
+- topk: the target's top-16 next-token log-probs for a seeded sample of the GPU set
+  (models/smollm2-135m-draft/data/shard-00011.npz carries token ids only), W/gpu-topk/chunk-NNNNN.npz
+  of --chunk answers each, written atomically;
+- train: edgespec.distill.finetune from the shipped draft (head re-chosen over the mix), sources
+  "gpu" (those chunks; held out: the 48 held-out answers in data/ shards 0-10) and "real" (--real,
+  split by its pool's held-out groups, repeated --real-repeat times per epoch); checkpoints in W/train;
+- export: the latest checkpoint's held-out agreement at fp32, 8 and 4 bits, then the draft written
+  at --bits to --out (config.json, model.safetensors, curve.csv; the card is written by hand).
+No benchmark prompt (../shared/prompts) is read by any phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DRAFT = HERE.parent / "smollm2-135m-draft"
+TARGET = "smollm2-135m-instruct"
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def cmd_topk(a: argparse.Namespace) -> int:
+    import numpy as np
+
+    from edgespec.distill.shards import atomic_write_npz, pack, read_shard
+    from edgespec.distill.target import load_target, teacher_topk
+
+    out = Path(a.work) / "gpu-topk"
+    out.mkdir(parents=True, exist_ok=True)
+    seqs = read_shard(DRAFT / "data" / "shard-00011.npz")
+    order = np.random.default_rng(a.seed).permutation(len(seqs))[: a.sequences]
+    target = load_target(TARGET)
+    for c in range(0, len(order), a.chunk):
+        path = out / f"chunk-{c // a.chunk:05d}.npz"
+        if path.exists():
+            continue
+        t0 = time.time()
+        part = teacher_topk(target.model, [seqs[i] for i in order[c : c + a.chunk]], 16)
+        atomic_write_npz(path, pack(part))
+        n = sum(s.n_completion for s in part)
+        log(f"{path.name}: {len(part)} answers, {n} tokens, {n / (time.time() - t0):.0f} tok/s")
+    return 0
+
+
+def sources(a: argparse.Namespace) -> list:
+    from edgespec.distill.finetune import Source
+    from edgespec.distill.shards import Meta, read_shard, shard_paths
+    from edgespec.distill.target import load_with_topk
+    from edgespec.distill.train import split_data
+
+    gpu = [
+        s for p in sorted((Path(a.work) / "gpu-topk").glob("chunk-*.npz")) for s in read_shard(p)
+    ]
+    old = DRAFT / "data"
+    held_old = split_data(
+        [s for p in shard_paths(old)[:11] for s in read_shard(p)], Meta.read(old)
+    )[1]
+    real = load_with_topk(Path(a.real), None)
+    real_train, real_held = split_data(real, Meta.read(Path(a.real)))
+    return [Source("gpu", gpu, held_old, 1), Source("real", real_train, real_held, a.real_repeat)]
+
+
+def start_draft(srcs: list, head_size: int) -> tuple:
+    """(target, (fp32 draft with its head re-chosen over the mix, config))."""
+    from edgespec.distill.finetune import mixed_head, regrow_head
+    from edgespec.distill.target import load_target
+    from edgespec.drafting.draft_model import input_embedding, load_draft
+
+    target = load_target(TARGET)
+    draft, config = load_draft(DRAFT, input_embedding(target.model))
+    vocab = int(config["vocab_size"])
+    eos = tuple(int(e) for e in getattr(target.tokenizer, "eos_token_ids", ()) or ())
+    head = mixed_head(srcs, head_size, vocab, eos)
+    out = target.model.model.embed_tokens.weight
+    return target, regrow_head(draft, config, out, head)
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from edgespec.distill.checkpoints import TrainConfig
+    from edgespec.distill.finetune import Plan, finetune
+
+    srcs = sources(a)
+    for s in srcs:
+        n = sum(x.n_completion for x in s.train)
+        log(f"source {s.name}: {len(s.train)} train ({n} tokens) x{s.repeat}, {len(s.held)} held")
+    _, start = start_draft(srcs, a.head_size)
+    cfg = TrainConfig(
+        steps=a.steps, lr=a.lr, warmup=a.warmup, batch_tokens=a.batch, eval_every=a.eval_every,
+        ckpt_every=a.eval_every, min_lr_ratio=0.1, seed=a.seed,
+    )  # fmt: skip
+    info = [
+        {"name": s.name, "repeat": s.repeat, "train": len(s.train), "held": len(s.held)}
+        for s in srcs
+    ]
+    plan = Plan(sources=info, bits=a.bits, start=str(DRAFT))
+    finetune(Path(a.work), srcs, cfg, plan, start, log=log)
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from edgespec.distill.checkpoints import latest_checkpoint
+    from edgespec.distill.export import quantize
+    from edgespec.distill.finetune import evaluate, load_checkpoint_shared
+    from edgespec.distill.qat import add_fake_quant
+    from edgespec.distill.train import head_index
+    from edgespec.drafting.draft_model import build, save_draft
+
+    srcs = sources(a)
+    _, start = start_draft(srcs, a.head_size)
+    ckpt = latest_checkpoint(Path(a.work) / "train")
+    if ckpt is None:
+        log("no checkpoint to export")
+        return 1
+    model, config, _, state, _ = load_checkpoint_shared(ckpt, start)
+    add_fake_quant(model, 0)
+    hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
+    scores = evaluate(model, srcs, hidx, 512, [0, 8, 4])
+    log(f"{ckpt.name}: {json.dumps(scores)}")
+    plain = build(config)
+    plain.model.embed_tokens = model.model.embed_tokens
+    plain.load_weights(tree_flatten(model.parameters()), strict=True)
+    mx.eval(plain.parameters())
+    config = quantize(plain, config, a.bits)
+    config["edgespec"] = config.get("edgespec", {}) | {"shared_embedding": True}
+    save_draft(plain, config, Path(a.out))
+    curve = Path(a.work) / "train" / "curve.json"
+    rows = json.loads(curve.read_text())
+    cols = ["step", "tokens_seen", *[k for k in rows[-1] if "@" in k]]
+    lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]
+    (Path(a.out) / "curve.csv").write_text("\n".join(lines) + "\n")
+    (Path(a.work) / "export.json").write_text(
+        json.dumps({"checkpoint": ckpt.name, "step": state.step, **scores}, indent=2)
+    )
+    log(f"wrote {a.out}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("topk", "train", "export"):
+        p = sub.add_parser(name)
+        p.add_argument("--work", required=True)
+        p.add_argument("--seed", type=int, default=0)
+        if name == "topk":
+            p.add_argument("--sequences", type=int, default=4000)
+            p.add_argument("--chunk", type=int, default=200)
+            continue
+        p.add_argument("--real", required=True, help="real-text data folder (real_data generate)")
+        p.add_argument("--real-repeat", type=int, default=3)
+        p.add_argument("--head-size", type=int, default=8192)
+        p.add_argument("--bits", type=int, default=4)
+        if name == "train":
+            p.add_argument("--steps", type=int, default=1500)
+            p.add_argument("--lr", type=float, default=2e-4)
+            p.add_argument("--warmup", type=int, default=30)
+            p.add_argument("--batch", type=int, default=4096)
+            p.add_argument("--eval-every", type=int, default=50)
+        else:
+            p.add_argument("--out", required=True)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgespec.cpu.blas import reexec_with_blas
+
+    argv = sys.argv[1:] if argv is None else argv
+    reexec_with_blas(argv, module="edgespec.models.recipes.draft_r2")
+    a = parser().parse_args(argv)
+    return {"topk": cmd_topk, "train": cmd_train, "export": cmd_export}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
