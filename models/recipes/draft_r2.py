@@ -58,20 +58,33 @@ def cmd_topk(a: argparse.Namespace) -> int:
 
 def sources(a: argparse.Namespace) -> list:
     from edgespec.distill.finetune import Source
-    from edgespec.distill.shards import Meta, read_shard, shard_paths
+    from edgespec.distill.shards import Meta, read_shard
     from edgespec.distill.target import load_with_topk
     from edgespec.distill.train import split_data
 
     gpu = [
         s for p in sorted((Path(a.work) / "gpu-topk").glob("chunk-*.npz")) for s in read_shard(p)
     ]
-    old = DRAFT / "data"
-    held_old = split_data(
-        [s for p in shard_paths(old)[:11] for s in read_shard(p)], Meta.read(old)
-    )[1]
+    held_old = held_gpu(Path(a.work))
     real = load_with_topk(Path(a.real), None)
     real_train, real_held = split_data(real, Meta.read(Path(a.real)))
     return [Source("gpu", gpu, held_old, 1), Source("real", real_train, real_held, a.real_repeat)]
+
+
+def held_gpu(work: Path) -> list:
+    """The 48 held-out answers in data/ shards 0-10 (token ids only there), with the target's
+    top-k computed once and kept in W/held-gpu.npz."""
+    from edgespec.distill.shards import Meta, atomic_write_npz, pack, read_shard, shard_paths
+    from edgespec.distill.target import load_target, teacher_topk
+    from edgespec.distill.train import split_data
+
+    path = work / "held-gpu.npz"
+    if not path.exists():
+        old = DRAFT / "data"
+        seqs = [s for p in shard_paths(old)[:11] for s in read_shard(p)]
+        held = split_data(seqs, Meta.read(old))[1]
+        atomic_write_npz(path, pack(teacher_topk(load_target(TARGET).model, held, 16)))
+    return read_shard(path)
 
 
 def start_draft(srcs: list, head_size: int) -> tuple:
