@@ -27,7 +27,7 @@ import mlx.nn as nn
 import numpy as np
 
 from edgespec.cache import TOP
-from edgespec.distill.eagle import Item, make_batch, top_block
+from edgespec.distill.eagle import Item, _num, make_batch, top_block
 from edgespec.drafting.draft_model import read_weights
 from edgespec.drafting.eagle import EagleModel, build
 
@@ -127,8 +127,8 @@ def chain_agreement(
             if greedy:
                 pick = model.head_ids[pick]
             ms = m * (pos >= s)
-            hits[s] += float(((pick == best) * ms).sum().item())
-            total[s] += float(ms.sum().item())
+            hits[s] += _num(((pick == best) * ms).sum())
+            total[s] += _num(ms.sum())
     return [float(h / max(n, 1.0)) for h, n in zip(hits, total, strict=True)]
 
 

@@ -30,7 +30,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 TOKEN_DRAFT = HERE.parent / "smollm2-135m-draft"
 OLD_EAGLE = HERE.parent / "smollm2-135m-eagle"
-PHASES = ("features", "train", "export", "mtbench")
+PHASES = ("features", "train", "export", "mtbench", "loop")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -55,6 +55,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--bits", type=int, default=8, choices=(4, 6, 8))
     ap.add_argument("--prompts", help="mt_bench_question.jsonl (phase mtbench; read, never kept)")
     ap.add_argument("--drafts", nargs="*", type=Path, default=[], help="feature drafts (mtbench)")
+    ap.add_argument("--pairs", default="smollm2-135m,smollm2-135m-eagle,smollm2-135m-eagle3")
+    ap.add_argument("--per-category", type=int, default=2, help="MT-bench prompts (phase loop)")
+    ap.add_argument("-k", default="1,2", help="K list (phase loop)")
+    ap.add_argument("--limit", type=int, help="at most this many prompts (phase loop)")
     ap.add_argument("--shard", default="shard-00011.npz", help="token-draft data shard")
     return ap.parse_args(argv)
 
@@ -187,6 +191,57 @@ def mtbench(a: argparse.Namespace) -> None:
         print(f"{folder}: tokens 1..{a.ttt} " + " ".join(f"{x:.3f}" for x in per_step))
 
 
+def run_one(engine, prompt: str, k: int) -> tuple[list[int], object]:  # type: ignore[no-untyped-def]
+    """One greedy answer (128 tokens; k = 0: plain decoding): (token ids, Stats)."""
+    from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+    from edgespec.events import Finished, Token
+
+    spec = SpecConfig(method="none") if k == 0 else SpecConfig(k=k)
+    cfg = GenerationConfig(SamplingConfig(temperature=0.0), spec, max_tokens=128)
+    engine.reset()
+    events = list(engine.chat([{"role": "user", "content": prompt}], cfg))
+    done = [e for e in events if isinstance(e, Finished)][-1]
+    return [e.id for e in events if isinstance(e, Token)], done.stats
+
+
+def loop(a: argparse.Namespace) -> None:
+    """In the loop, side by side: plain decoding and each pair's speculative decoding at each K,
+    T=0, on MT-bench first turns (--per-category per category), runs interleaved prompt by
+    prompt; pooled acceptance, tau, decode tokens/s and the ratio to plain, greedy identity."""
+    from edgespec.distill.evaluate import find_prompt_file, load_prompts
+    from edgespec.runtime import Engine
+
+    pairs = a.pairs.split(",")
+    ks = [int(k) for k in a.k.split(",")]
+    engines = {p: Engine.load(pair=p) for p in pairs}
+    qs = load_prompts(find_prompt_file(a.prompts), 0, per_category=a.per_category)[: a.limit]
+    runs = [(pairs[0], 0)] + [(p, k) for p in pairs for k in ks]
+    for p in pairs:  # warm-up
+        run_one(engines[p], qs[0].text, ks[0])
+    tot: dict[tuple[str, int], list[float]] = {r: [0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for r in runs}
+    for q in qs:
+        plain = None
+        for r in runs:
+            ids, st = run_one(engines[r[0]], q.text, r[1])
+            plain = ids if r[1] == 0 else plain
+            acc = tot[r]
+            acc[0] += st.tokens  # type: ignore[attr-defined]
+            acc[1] += st.decode_time  # type: ignore[attr-defined]
+            acc[2] += st.drafted  # type: ignore[attr-defined]
+            acc[3] += st.accepted  # type: ignore[attr-defined]
+            acc[4] += st.rounds  # type: ignore[attr-defined]
+            acc[5] += ids != plain
+    base = tot[runs[0]][0] / tot[runs[0]][1]
+    print(f"{len(qs)} MT-bench prompts x 128 tokens, T=0; plain {base:.1f} tok/s")
+    print("| pair | K | acceptance | tau | tok/s | vs plain | greedy mismatches |")
+    for r in runs[1:]:
+        n, t, d, ac, rounds, bad = tot[r]
+        print(
+            f"| {r[0]} | {r[1]} | {ac / max(d, 1):.3f} | {n / max(rounds, 1):.2f} | "
+            f"{n / t:.1f} | {n / t / base:.2f}x | {int(bad)} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.phase == "features":
@@ -195,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         train(a)
     elif a.phase == "mtbench":
         mtbench(a)
+    elif a.phase == "loop":
+        loop(a)
     elif a.out is None:
         raise SystemExit("--phase export needs --out")
     else:
