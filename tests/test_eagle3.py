@@ -113,6 +113,20 @@ def test_warm_start_drafts_exactly_as_the_draft_it_starts_from(tiny, items, tmp_
     assert rounds[0] == rounds[1] and sum(a for _, a in rounds[0]) > 0
 
 
+def test_an_8_bit_fusion_fuses_as_the_float_one(tiny, items):
+    """The shipped drafts are 8-bit: the quantized fusion reads the features, not their bits."""
+    from edgespec.distill.export import quantize
+
+    target = load_model(str(tiny / "target"), dequantize=False)
+    model, cfg = warm_start(target.model, tiny / "eagle3", LAYERS, items)
+    raw = mx.array(items[0].feats[:8].astype(np.float32))
+    want = model.fuse(raw)
+    quantize(model, cfg, 8)
+    assert "scales" in model.fuse_fc
+    got = model.fuse(raw)
+    assert got.dtype == mx.float32 and mx.allclose(got, want, atol=0.05 * float(mx.abs(want).max()))
+
+
 def test_unroll_is_what_the_drafter_computes_in_the_loop(tiny, items):
     """Step s at position i = the draft run on true positions up to i - s, then on its own
     guesses (its cache, as in EagleDrafter.propose)."""
@@ -144,3 +158,15 @@ def test_training_time_test_loss_goes_down(tiny, items, tmp_path):
     assert after < 0.5 * before, (before, after)  # 78 -> 14 when written
     assert sum(chain_after) > sum(chain_before), (chain_before, chain_after)
     assert json.loads(json.dumps(cfg))["feature_layers"] == list(LAYERS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 2])
+def test_shipped_eagle3_pair_keeps_greedy_output_and_reads_three_layers(k):
+    """models/smollm2-135m-eagle3 through the catalogue pair: the verify returns layers 2, 15 and
+    the top, and greedy output on MT-bench first turns is plain decoding's."""
+    from tests.test_embedded_pair import assert_greedy_speculative_equals_plain
+
+    engine = Engine.load(pair="smollm2-135m-eagle3")
+    assert engine._target.feature_layers == (2, 15, TOP)
+    assert_greedy_speculative_equals_plain(engine, k, n_prompts=2)

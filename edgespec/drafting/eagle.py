@@ -130,7 +130,7 @@ class EagleModel(nn.Module):
             if layer != TOP:
                 x = x.astype(mx.float32)
                 x = x * mx.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * self.layer_scale
-            parts.append(x.astype(self.fuse_fc.weight.dtype))
+            parts.append(x.astype(raw.dtype))
         return self.fuse_fc(mx.concatenate(parts, axis=-1))
 
     def head_logits(self, guesses: mx.array) -> mx.array:
