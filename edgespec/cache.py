@@ -51,16 +51,48 @@ def check_trimmable(cache: list[Any], name: str) -> list[Any]:
     return cache
 
 
-def target_features(model: Any, inputs: mx.array, cache: Any) -> tuple[mx.array, mx.array]:
-    """One target forward, [L] -> (top hidden states [L, d], logits [L, V]); the same arithmetic
-    as model(inputs) (mlx-lm's llama-style Model.__call__ is model.model followed by the head).
-    A feature draft (edgespec/drafting/eagle.py) reads the hidden states."""
-    h = model.model(inputs[None], cache=cache)
+TOP = -1  # feature_layers entry for the target's top hidden state (final-normed, the head's input)
+
+
+class _Tap:
+    """A target layer that also records its output (the hidden state after that layer)."""
+
+    def __init__(self, layer: Any, sink: list[mx.array]):
+        self.layer, self.sink = layer, sink
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.layer(*args, **kwargs)
+        self.sink.append(out if isinstance(out, mx.array) else out[0])
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.layer, name)
+
+
+def target_features(
+    model: Any, inputs: mx.array, cache: Any, layers: Sequence[int] = (TOP,)
+) -> tuple[mx.array, mx.array]:
+    """One target forward, [L] -> (hidden states [L, len(layers) * d], logits [L, V]); the same
+    arithmetic as model(inputs) (mlx-lm's llama-style Model.__call__ is model.model followed by
+    the head). `layers`: which hidden states, concatenated in that order: TOP (-1) is the top
+    (final-normed) one, i >= 0 the output of layer i, recorded as the forward passes it (no
+    extra forward). A feature draft (edgespec/drafting/eagle.py) reads them."""
+    blocks = model.model.layers
+    taps: dict[int, list[mx.array]] = {i: [] for i in layers if i != TOP}
+    for i, sink in taps.items():
+        blocks[i] = _Tap(blocks[i], sink)
+    try:
+        h = model.model(inputs[None], cache=cache)
+    finally:
+        for i in taps:
+            blocks[i] = blocks[i].layer
     if model.args.tie_word_embeddings:
         logits = model.model.embed_tokens.as_linear(h)
     else:
         logits = model.lm_head(h)
-    return h[0], logits[0]
+    parts = [h[0] if i == TOP else taps[i][0][0] for i in layers]
+    feats = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+    return feats, logits[0]
 
 
 class KVState:
@@ -81,6 +113,7 @@ class KVState:
         self.layers = Rewinder(self.cache)
         self.tokens: list[int] = []
         self.refeed = REFEED  # see `settle`
+        self.feature_layers: tuple[int, ...] = (TOP,)  # what forward_features returns
 
     @property
     def offset(self) -> int:
@@ -119,9 +152,10 @@ class KVState:
         return self.model(inputs[None], cache=self.cache)[0]
 
     def forward_features(self, inputs: mx.array) -> tuple[mx.array, mx.array]:
-        """`forward`, also returning the top hidden states: (features [L, d], logits [L, V])."""
+        """`forward`, also returning the hidden states of `feature_layers` (the top one unless a
+        feature draft asks for more): (features [L, k * d], logits [L, V])."""
         self.layers.before_forward(int(inputs.shape[0]))
-        return target_features(self.model, inputs, self.cache)
+        return target_features(self.model, inputs, self.cache, self.feature_layers)
 
     def rewind(self, context: list[int], keep: int) -> None:
         """Go back to the first `keep` positions, which must equal context[:keep]. A cache with

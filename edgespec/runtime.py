@@ -313,11 +313,13 @@ class Engine:
         kept aside (edgespec.server.prefix); `swap_states` installs them."""
         target, draft, new_cache = self.target, self.draft, rewrites.new_cache
         state: KVState | EagleState | None = None
+        verifier = KVState(target.model, f"target {target.name}", new_cache)
         if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
             state = EagleState(draft.model, f"draft {draft.name}", new_cache)
+            verifier.feature_layers = draft.model.feature_layers  # what it reads
         elif draft is not None:
             state = KVState(draft.model, f"draft {draft.name}", new_cache)
-        return KVState(target.model, f"target {target.name}", new_cache), state
+        return verifier, state
 
     def swap_states(
         self, target: KVState, draft: KVState | EagleState | None

@@ -65,6 +65,9 @@ def test_shipped_catalogue_is_consistent():
         "smollm2-135m-instruct", "smollm2-135m-eagle", "smollm2-135m-draft"
     )  # fmt: skip
     assert cat.model("smollm2-135m-eagle").available
+    eagle3 = cat.pair("smollm2-135m-eagle3")  # EAGLE-3 style: three target layers
+    assert (eagle3.draft, eagle3.token_draft) == ("smollm2-135m-eagle3", "smollm2-135m-draft")
+    assert cat.model("smollm2-135m-eagle3").available
     presets = {p.name: p for p in cat.pairs.values() if p.platform == "mac"}
     assert presets["qwen3-8b"].draft == "mlx-community/Qwen3-0.6B-4bit"
     assert presets["llama3.1-8b"].draft == "mlx-community/Llama-3.2-1B-Instruct-4bit"

@@ -28,7 +28,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from edgespec.cache import target_features
+from edgespec.cache import TOP, target_features
 from edgespec.distill.shards import Sequence, atomic_write_npz
 from edgespec.drafting.eagle import EagleModel, build, eagle_config, save_eagle
 from edgespec.files import atomic_write_bytes, sha256_file
@@ -63,9 +63,11 @@ def extract_features(
     max_tokens: int,
     batch: int = 16,
     log: Callable[[str], None] = print,
+    layers: tuple[int, ...] = (TOP,),
 ) -> int:
     """Run the target over `seqs` (in order, skipping those already cached) until `max_tokens`
-    tokens have features; one chunk file per batch. Returns the number of tokens cached."""
+    tokens have features (of target `layers`, concatenated: cache.target_features); one chunk
+    file per batch. Returns the number of tokens cached."""
 
     folder.mkdir(parents=True, exist_ok=True)
     done = {int(p.stem.split("-")[1]) for p in feature_chunks(folder)}
@@ -79,7 +81,7 @@ def extract_features(
         part = seqs[start : start + batch]
         feats = []
         for s in part:  # one sequence at a time: no padding to compute
-            f, _ = target_features(target, mx.array(s.ids, dtype=mx.int32), None)
+            f, _ = target_features(target, mx.array(s.ids, dtype=mx.int32), None, layers)
             feats.append(f.astype(mx.float16))
         mx.eval(feats)
         out: dict[str, np.ndarray] = {"count": np.array(len(part))}
@@ -120,10 +122,20 @@ def make_batch(items: list[Item]) -> tuple[mx.array, mx.array, mx.array, mx.arra
     return mx.array(f), mx.array(t), mx.array(ft), mx.array(m)
 
 
+def top_block(model: EagleModel, raw: mx.array) -> mx.array:
+    """The top hidden state's block of the target's concatenated features [..., k * d] (float32)."""
+    if len(model.feature_layers) == 1:
+        return raw
+    d = model.args.hidden_size
+    j = model.feature_layers.index(TOP)
+    return raw[..., j * d : (j + 1) * d].astype(mx.float32)
+
+
 def loss_fn(
     model: EagleModel, f: mx.array, t: mx.array, ft: mx.array, m: mx.array, reg_weight: float
 ) -> tuple[mx.array, mx.array]:
-    guess = model(f, t)
+    guess = model(model.fuse(f), t)
+    ft = top_block(model, ft)
     z_draft = model.head_logits(guess)
     z_target = model.target_head_logits(ft)
     p = mx.softmax(z_target, axis=-1)
@@ -220,6 +232,9 @@ def load_trained(model: EagleModel, out: Path) -> dict[str, mx.array]:
     return flat
 
 
+LossFn = Callable[..., tuple[mx.array, mx.array]]
+
+
 @dataclass(frozen=True)
 class EagleTrainConfig:
     steps: int = 2000
@@ -240,12 +255,15 @@ def train_eagle(
     out: Path,
     log: Callable[[str], None] = print,
     until: int | None = None,
+    loss_of: LossFn | None = None,
 ) -> list[dict[str, float]]:
     """AdamW (bias-corrected, betas 0.9/0.95), warm-up then cosine decay; length-bucketed batches.
     Checkpoints (weights + optimizer + step + curve) to `out/train` at every evaluation and
     resumes from there. `until`: stop at that step (a multiple of eval_every, so it checkpoints)
     with the schedule still that of cfg.steps, so a long run can be cut into calls that each see
-    the data cached so far. Returns the curve [{step, seen, loss, agreement}]."""
+    the data cached so far. `loss_of`: (model, f, t, ft, m) -> (loss, agreement) in place of
+    loss_fn (e.g. distill.eagle3's training-time test). Returns the curve [{step, seen, loss,
+    agreement}]."""
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "train.safetensors"
     state_path = out / "train.json"
@@ -272,6 +290,8 @@ def train_eagle(
     model.freeze(recurse=False, keys=["head_ids"])
 
     def objective(mdl: EagleModel, *b: mx.array) -> tuple[mx.array, mx.array]:
+        if loss_of is not None:
+            return loss_of(mdl, *b)
         return loss_fn(mdl, b[0], b[1], b[2], b[3], cfg.reg_weight)
 
     grad_fn = nn.value_and_grad(model, objective)

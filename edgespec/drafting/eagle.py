@@ -36,7 +36,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
+from edgespec.cache import TOP
 from edgespec.drafting.draft_model import quantize_as_stored, read_weights
+from edgespec.errors import ConfigError
 from edgespec.files import sha256_file
 
 MODEL_TYPE = "edgespec_eagle"
@@ -47,15 +49,25 @@ CHAINS = ("guess", "zero")
 
 
 class EagleModel(nn.Module):
-    """fc(concat(f_i, emb(t_{i+1}))) -> llama blocks -> norm = guess of f_{i+1}."""
+    """fc(concat(f_i, emb(t_{i+1}))) -> llama blocks -> norm = guess of f_{i+1}; with several
+    `feature_layers` (EAGLE-3), f_i = fuse(the target's hidden states of those layers)."""
 
     def __init__(
-        self, args: llama.ModelArgs, n_layers: int, head_size: int, own_head: bool = False
+        self,
+        args: llama.ModelArgs,
+        n_layers: int,
+        head_size: int,
+        own_head: bool = False,
+        feature_layers: tuple[int, ...] = (TOP,),
     ):
         super().__init__()
         self.args = args
         self.model_type = MODEL_TYPE
         d = args.hidden_size
+        self.feature_layers = feature_layers
+        if len(feature_layers) > 1:  # concat(low, mid, top) [k * d] -> d
+            self.fuse_fc = nn.Linear(len(feature_layers) * d, d, bias=False)
+        self.layer_scale = 1.0  # the RMS lower layers are normalised to (the top's, measured)
         self.fc = nn.Linear(2 * d, d, bias=True)
         self.layers = [llama.TransformerBlock(args) for _ in range(n_layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
@@ -79,6 +91,7 @@ class EagleModel(nn.Module):
 
     def attach(self, target: nn.Module) -> None:
         """Use `target`'s input embedding and the rows of its output head that score head_ids."""
+        check_layers(self.feature_layers, len(target.model.layers))
         embedding = target.model.embed_tokens
         vocab = embedding.weight.shape[0]
         if vocab != self.args.vocab_size or target.args.hidden_size != self.args.hidden_size:
@@ -103,6 +116,22 @@ class EagleModel(nn.Module):
         for layer, c in zip(self.layers, layer_caches, strict=True):
             h = layer(h, mask, cache=c)
         return self.norm(h)
+
+    def fuse(self, raw: mx.array) -> mx.array:
+        """The target's hidden states of `feature_layers`, concatenated [..., k * d], -> the
+        feature the draft reads [..., d]: the top one itself, or (several layers) one linear
+        layer over them, the lower ones RMS-normalised to `layer_scale` first."""
+        if "fuse_fc" not in self:
+            return raw
+        d = self.args.hidden_size
+        parts = []
+        for j, layer in enumerate(self.feature_layers):
+            x = raw[..., j * d : (j + 1) * d]
+            if layer != TOP:
+                x = x.astype(mx.float32)
+                x = x * mx.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * self.layer_scale
+            parts.append(x.astype(raw.dtype))
+        return self.fuse_fc(mx.concatenate(parts, axis=-1))
 
     def head_logits(self, guesses: mx.array) -> mx.array:
         """[..., d] -> logits over the head [..., H]; column j scores token head_ids[j]."""
@@ -133,6 +162,16 @@ def _rows(layer: nn.Module, ids: mx.array) -> mx.array:
     return layer.weight[ids]
 
 
+def check_layers(layers: tuple[int, ...], n_layers: int) -> None:
+    """ConfigError unless every entry of a draft's feature_layers names a layer the target has."""
+    bad = [i for i in layers if i != TOP and not 0 <= i < n_layers]
+    if bad or not layers:
+        raise ConfigError(
+            f"this feature draft reads target layers {list(layers)} (feature_layers), but the "
+            f"target has layers 0-{n_layers - 1} (and -1, its top); use the draft made for it"
+        )
+
+
 def is_eagle(config: dict[str, Any]) -> bool:
     return config.get("model_type") == MODEL_TYPE
 
@@ -140,7 +179,9 @@ def is_eagle(config: dict[str, Any]) -> bool:
 def build(config: dict[str, Any]) -> EagleModel:
     args = llama.ModelArgs.from_dict(config)
     own = config.get("eagle_head", "target") == "own"
-    model = EagleModel(args, int(config["eagle_layers"]), int(config["head_size"]), own)
+    layers = tuple(int(i) for i in config.get("feature_layers", [TOP]))
+    model = EagleModel(args, int(config["eagle_layers"]), int(config["head_size"]), own, layers)
+    model.layer_scale = float(config.get("layer_scale", 1.0))
     model.chain = config.get("eagle_chain", "guess")
     model.feature_scale = float(config.get("feature_scale", 1.0))
     if model.chain not in CHAINS:

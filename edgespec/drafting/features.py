@@ -51,8 +51,10 @@ class EagleState:
 
     def set_features(self, context: list[int], start: int, new: mx.array) -> None:
         """Record the features of context positions start .. start + len(new) - 1 (committed
-        tokens); those before `start` must already be known. Rolls the cache back to what stays
-        valid (positions drafted on guesses, or whose token changed)."""
+        tokens; `new` as the target returned them, fused here: EagleModel.fuse); those before
+        `start` must already be known. Rolls the cache back to what stays valid (positions
+        drafted on guesses, or whose token changed)."""
+        new = self.model.fuse(new)
         common = common_prefix(self.context, context)
         if start > min(self.n_features, common):
             raise ValueError(f"feature gap: {min(self.n_features, common)} known, next at {start}")
@@ -101,7 +103,8 @@ def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -
         mx.eval(feats, [c.state for c in target.cache])
         parts.append(feats)
     target.tokens = list(prompt[:-1])
-    new = mx.concatenate(parts) if parts else mx.zeros((0, state.model.args.hidden_size))
+    width = len(state.model.feature_layers) * state.model.args.hidden_size
+    new = mx.concatenate(parts) if parts else mx.zeros((0, width))
     state.set_features(prompt, keep, new)
     return len(prompt) - keep
 

@@ -44,6 +44,8 @@ def _load_weights(
         if is_eagle(config):
             return load_eagle(path, target)
         return mlx_load_model(path)
+    except ConfigError:  # already one line a user can act on (e.g. a draft for another target)
+        raise
     except Exception as e:  # mlx / safetensors / mlx-lm raise many kinds, often multi-line
         raise ModelLoadError(f"cannot load weights from {path}: {one_line(e)}") from None
 

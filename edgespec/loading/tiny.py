@@ -168,10 +168,18 @@ def make_tiny_pair(
     return target, write_model(root / "draft", dcfg, dw, tok_dir)
 
 
-def make_tiny_eagle(target: str | Path, out: str | Path, seed: int = 0, head: int | None = None):
+def make_tiny_eagle(
+    target: str | Path,
+    out: str | Path,
+    seed: int = 0,
+    head: int | None = None,
+    feature_layers: tuple[int, ...] | None = None,
+):
     """Write a seeded feature draft (edgespec.drafting.eagle) for the tiny target at `target`: one llama
     layer, fc initialised to pass the feature through plus the token's embedding. `head`: score
-    only that many token ids (every other one, from 0), so off-head tokens get q = 0."""
+    only that many token ids (every other one, from 0), so off-head tokens get q = 0.
+    `feature_layers` (EAGLE-3, must hold -1): a fusion of those target layers, the identity on
+    the top block plus seeded noise on every block."""
 
     target, out = Path(target), Path(out)
     tcfg = json.loads((target / "config.json").read_text())
@@ -188,6 +196,12 @@ def make_tiny_eagle(target: str | Path, out: str | Path, seed: int = 0, head: in
         "norm.weight": np.ones(h, np.float32),
         "head_ids": ids.astype(np.int32),
     }
+    if feature_layers:
+        k, j = len(feature_layers), feature_layers.index(-1)
+        fuse = np.random.default_rng(seed + 3000).normal(0, 0.5 / np.sqrt(h), (h, k * h))
+        fuse[:, j * h : (j + 1) * h] += np.eye(h)
+        weights["fuse_fc.weight"] = fuse.astype(np.float32)
+        cfg |= {"feature_layers": list(feature_layers), "layer_scale": 1.0}
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     mx.save_safetensors(

@@ -33,6 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from edgespec.cache import TOP
 from edgespec.errors import TreeUnsupportedError
 
 BLOCK_MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
@@ -177,11 +178,15 @@ def run_layers(
     allowed: mx.array,
     cache: Sequence[Any],
     kernels: Kernels = PLAIN,
+    taps: dict[int, mx.array] | None = None,
 ) -> mx.array:
-    """The blocks over hidden states h [1, L, d] (positions [L] int32, allowed [L, S])."""
+    """The blocks over hidden states h [1, L, d] (positions [L] int32, allowed [L, S]);
+    `taps`: the output of each layer i it names is recorded as taps[i]."""
     rotary = Rotary(positions)
-    for layer, c in zip(layers, cache, strict=True):
+    for i, (layer, c) in enumerate(zip(layers, cache, strict=True)):
         h = _block(layer, h, rotary, allowed, c, kernels)
+        if taps is not None and i in taps:
+            taps[i] = h
     return h
 
 
@@ -202,14 +207,18 @@ def tree_forward(
     allowed: mx.array,
     cache: Sequence[Any],
     kernels: Kernels = PLAIN,
+    layers: Sequence[int] = (TOP,),
 ) -> tuple[mx.array, mx.array]:
     """One forward of a token model over inputs [L] at positions [L] under mask allowed [L, S]
-    (S = cache offset + L): (top hidden states [L, d], logits [L, V or the draft's head]).
-    Appends L positions to the cache (then `compact` it)."""
+    (S = cache offset + L): (hidden states of `layers` [L, k * d] as cache.target_features,
+    logits [L, V or the draft's head]). Appends L positions to the cache (then `compact` it)."""
     trunk = model.model
     h = trunk.embed_tokens(inputs[None])
-    h = trunk.norm(run_layers(tree_layers(model), h, positions, allowed, cache, kernels))
-    return h[0], head_of(model)(h)[0]
+    taps = {i: h for i in layers if i != TOP}
+    h = trunk.norm(run_layers(tree_layers(model), h, positions, allowed, cache, kernels, taps))
+    parts = [h[0] if i == TOP else taps[i][0] for i in layers]
+    feats = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+    return feats, head_of(model)(h)[0]
 
 
 def compact(cache: Sequence[Any], keep: int, rows: Sequence[int]) -> None:

@@ -92,7 +92,7 @@ def verify_tree_round(
         allowed = mx.array(tree_mask(tree, target.offset, p_len))
         positions = mx.array(tree_positions(tree, target.offset, p_len))
         feats, logits = tree_forward(
-            target.model, inputs, positions, allowed, target.cache, kernels
+            target.model, inputs, positions, allowed, target.cache, kernels, target.feature_layers
         )
     logits = logits[p_len - 1 :]
     if cfg.greedy:
