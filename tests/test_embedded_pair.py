@@ -64,7 +64,7 @@ def test_greedy_speculative_equals_plain_on_mt_bench(engine, k):
 
 def test_trained_draft_gets_tokens_accepted(engine):
     """The untrained layer subset agrees with the target 0% of the time on held-out answers
-    (models/smollm2-135m-draft/curve.csv, step 0): it would commit tau = 1.0 token per round.
+    (models/smollm2-135m-draft/curve-round1.csv, step 0): it would commit tau = 1.0 token per round.
     The distilled draft must do measurably better: the CPU-trained v2 draft made tau 1.46 at
     K=4, the GPU-distilled v3 1.88 (`edgespec distill --evaluate`, 8 MT-bench prompts)."""
     rounds = tokens = 0
