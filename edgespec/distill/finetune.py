@@ -15,7 +15,6 @@ sources and bits.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -23,7 +22,7 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
 from edgespec.distill.build import choose_head, freeze_for_training
 from edgespec.distill.checkpoints import (
@@ -37,17 +36,16 @@ from edgespec.distill.checkpoints import (
 from edgespec.distill.qat import add_fake_quant, set_bits
 from edgespec.distill.shards import Sequence
 from edgespec.distill.train import (
-    accumulate,
     agreement_counts,
     head_index,
     kl_loss,
-    make_batch,
     make_optimizer,
-    next_batch,
+    train_step,
     write_curve,
 )
 from edgespec.drafting.draft_model import EMBED, DraftModel, build
 from edgespec.files import atomic_write_bytes
+from edgespec.loading.weights import dequantize_model
 
 
 @dataclass
@@ -70,28 +68,15 @@ class Plan:
     start: str = ""
 
 
-def dequantized(model: nn.Module) -> dict[str, mx.array]:
-    """A (possibly quantized) model's weights as fp32 under nn.Linear's names, without the
-    embedding (shared with the target)."""
-    out: dict[str, mx.array] = {}
-    for path, m in model.named_modules():
-        if isinstance(m, nn.QuantizedLinear):
-            w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits)
-            out[f"{path}.weight"] = w.astype(mx.float32)
-    flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
-    for k, v in flat:
-        if k in out or k.endswith((".scales", ".biases")) or k.startswith(EMBED):
-            continue
-        out[k] = v if k == "head_ids" else v.astype(mx.float32)
-    return out
-
-
 def regrow_head(
     start: DraftModel, config: dict[str, Any], target_out: mx.array, head_ids: np.ndarray
 ) -> tuple[DraftModel, dict[str, Any]]:
     """A fp32 copy of `start` scoring `head_ids`: rows of tokens `start` scored keep their
-    weights, the others come from the target's output matrix `target_out` [vocab, d]."""
-    w = dequantized(start)
+    weights, the others come from the target's output matrix `target_out` [vocab, d].
+    `start`'s quantized layers are made dense in place; its embedding (the target's) is shared."""
+    embedding = start.model.embed_tokens
+    flat = cast(list[tuple[str, mx.array]], tree_flatten(dequantize_model(start).parameters()))
+    w = {k: v for k, v in flat if not k.startswith(EMBED)}
     old_ids = np.array(w.pop("head_ids"))
     old_rows = w.pop("lm_head.weight")
     where = {int(t): i for i, t in enumerate(old_ids.tolist())}
@@ -99,18 +84,21 @@ def regrow_head(
     config = config | {"head_size": len(head_ids)}
     config.pop("quantization", None)
     model = build(config)
-    model.model.embed_tokens = start.model.embed_tokens
+    model.model.embed_tokens = embedding
     w |= {"lm_head.weight": mx.stack(rows).astype(mx.float32), "head_ids": mx.array(head_ids)}
     model.load_weights(list(w.items()), strict=False)
     mx.eval(model.parameters())
     return model, config
 
 
+def training_mix(sources: list[Source]) -> list[Sequence]:
+    """Every source's training answers, each repeated `repeat` times (one epoch's sequences)."""
+    return [s for src in sources for s in src.train * src.repeat]
+
+
 def mixed_head(sources: list[Source], size: int, vocab: int, eos: tuple[int, ...]) -> np.ndarray:
-    """The head for the mix: choose_head over every source's training answers, each repeated as
-    it is in training."""
-    seqs = [s for src in sources for s in src.train * src.repeat]
-    return choose_head(seqs, size, vocab, eos)
+    """The head for the mix: choose_head over the training mix."""
+    return choose_head(training_mix(sources), size, vocab, eos)
 
 
 def evaluate(
@@ -141,7 +129,8 @@ def finetune(
     train_dir.mkdir(parents=True, exist_ok=True)
     ckpt = latest_checkpoint(train_dir)
     if ckpt is not None:
-        model, config, flat, state, old = load_checkpoint_shared(ckpt, start)
+        embedding = start[0].model.embed_tokens if start is not None else None
+        model, config, flat, state, old = load_checkpoint_shared(ckpt, embedding)
         cfg = replace(old, steps=cfg.steps, eval_every=cfg.eval_every, ckpt_every=cfg.ckpt_every)
     elif start is not None:
         (model, config), flat, state = start, None, State()
@@ -156,12 +145,12 @@ def finetune(
     else:
         restore_optimizer(opt, model, flat)
     hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
-    seqs = [s for src in sources for s in src.train * src.repeat]
+    seqs = training_mix(sources)
     loss_and_grad = nn.value_and_grad(model, lambda m, b: kl_loss(m, b)[0])
     if not state.curve:
         _record(model, sources, hidx, cfg, plan, state, float("nan"), train_dir, log)
     while state.step < cfg.steps:
-        loss = _step(model, opt, loss_and_grad, seqs, hidx, state, cfg)
+        loss = train_step(model, opt, loss_and_grad, seqs, hidx, state, cfg)
         last = state.step == cfg.steps
         if state.step % cfg.eval_every == 0 or last:
             _record(model, sources, hidx, cfg, plan, state, loss, train_dir, log)
@@ -172,40 +161,14 @@ def finetune(
 
 
 def load_checkpoint_shared(
-    ckpt: Path, start: tuple[DraftModel, dict[str, Any]] | None
+    ckpt: Path, embedding: nn.Module | None
 ) -> tuple[DraftModel, dict[str, Any], dict[str, mx.array], State, TrainConfig]:
-    """load_checkpoint, with the embedding taken from `start` (the target's) when given, so a
-    resumed draft shares it as the fresh one did."""
+    """load_checkpoint, with `embedding` (the target's) attached when given, so a resumed draft
+    shares it as the fresh one did."""
     model, config, flat, state, cfg = load_checkpoint(ckpt)
-    if start is not None:
-        model.model.embed_tokens = start[0].model.embed_tokens
+    if embedding is not None:
+        model.model.embed_tokens = embedding  # type: ignore[assignment]
     return model, config, flat, state, cfg
-
-
-def _step(
-    model: DraftModel,
-    opt: Any,
-    loss_and_grad: Any,
-    seqs: list[Sequence],
-    hidx: np.ndarray,
-    state: State,
-    cfg: TrainConfig,
-) -> float:
-    t0 = time.perf_counter()
-    grads, total, labels = None, 0.0, 0
-    for _ in range(cfg.accum):
-        batch = make_batch(next_batch(seqs, state, cfg), hidx, cfg.max_len)
-        loss, g = loss_and_grad(model, batch)
-        grads = accumulate(grads, g)
-        mx.eval(loss, grads)
-        total += loss.item()
-        labels += batch.n_labels
-    opt.update(model, tree_map(lambda x: x / cfg.accum, grads))
-    mx.eval(model.parameters(), opt.state)
-    state.step += 1
-    state.tokens_seen += labels
-    state.elapsed_s += time.perf_counter() - t0
-    return total / cfg.accum
 
 
 def _record(

@@ -239,7 +239,7 @@ def train(
     bar = tqdm(total=cfg.steps, initial=state.step, unit="step", desc="train", disable=not progress)
     loss = float("nan")
     while state.step < cfg.steps:
-        loss = _step(model, opt, loss_and_grad, train_seqs, hidx, state, cfg)
+        loss = train_step(model, opt, loss_and_grad, train_seqs, hidx, state, cfg)
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{state.tokens_seen / state.elapsed_s:.0f}")
         last = state.step == cfg.steps
@@ -279,7 +279,7 @@ def _start(
     return model, config, opt, State(), cfg
 
 
-def _step(
+def train_step(
     model: DraftModel,
     opt: optim.Optimizer,
     loss_and_grad: Any,

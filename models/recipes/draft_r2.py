@@ -133,16 +133,17 @@ def cmd_export(a: argparse.Namespace) -> int:
     from edgespec.distill.export import quantize
     from edgespec.distill.finetune import evaluate, load_checkpoint_shared
     from edgespec.distill.qat import add_fake_quant
+    from edgespec.distill.target import load_target
     from edgespec.distill.train import head_index
-    from edgespec.drafting.draft_model import build, save_draft
+    from edgespec.drafting.draft_model import build, input_embedding, save_draft
 
     srcs = sources(a)
-    _, start = start_draft(srcs, a.head_size)
     ckpt = latest_checkpoint(Path(a.work) / "train")
     if ckpt is None:
         log("no checkpoint to export")
         return 1
-    model, config, _, state, _ = load_checkpoint_shared(ckpt, start)
+    embedding = input_embedding(load_target(TARGET).model)
+    model, config, _, state, _ = load_checkpoint_shared(ckpt, embedding)
     add_fake_quant(model, 0)
     hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
     scores = evaluate(model, srcs, hidx, 512, [0, 8, 4])
