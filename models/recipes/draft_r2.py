@@ -12,7 +12,10 @@ trained through 4-bit rounding, exported at 4 bits. Every phase resumes where it
   "gpu" (those chunks; held out: the 48 held-out answers in data/ shards 0-10) and "real" (--real,
   split by its pool's held-out groups, repeated --real-repeat times per epoch); checkpoints in W/train;
 - export: the latest checkpoint's held-out agreement at fp32, 8 and 4 bits, then the draft written
-  at --bits to --out (config.json, model.safetensors, curve.csv; the card is written by hand).
+  at --bits to --out (config.json, model.safetensors, curve.csv; the card is written by hand);
+- gpu-pack / gpu-import: the same recipe on a lent GPU (models/recipes/gpu_finetune.py, PyTorch):
+  the token ids it reads, then its 4-bit export measured here with MLX on the same held-out sets
+  and installed (models/recipes/README.md has the calls).
 No benchmark prompt (../shared/prompts) is read by any phase.
 """
 
@@ -167,6 +170,156 @@ def cmd_export(a: argparse.Namespace) -> int:
     return 0
 
 
+def _save_pack(path: Path, seqs: list, kinds: list[int] | None = None) -> None:
+    """Token ids only (gpu_finetune.read_seqs' format): tokens, starts, prompt_lens, ids."""
+    import numpy as np
+
+    starts = np.zeros(len(seqs) + 1, np.int64)
+    starts[1:] = np.cumsum([len(s.ids) for s in seqs])
+    arrays = {
+        "tokens": np.concatenate([s.ids for s in seqs]).astype(np.uint16),
+        "starts": starts,
+        "prompt_lens": np.array([s.prompt_len for s in seqs], np.int32),
+        "ids": np.array([s.instr_id for s in seqs], np.int32),
+    }
+    if kinds is not None:
+        arrays["kinds"] = np.array(kinds, np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)
+
+
+def cmd_gpu_pack(a: argparse.Namespace) -> int:
+    """What gpu_finetune.py reads on the lent GPU: real-text prompts to answer (training groups of
+    the pool, single-turn requests not answered yet), the real and GPU sets' training and held-out
+    answers (the same splits `train` uses). Token ids only."""
+    import numpy as np
+
+    from edgespec.distill.pool import read_pool
+    from edgespec.distill.realdata import _template, conversation
+    from edgespec.distill.requests import KINDS
+    from edgespec.distill.shards import Meta, Sequence, done_ids, iter_sequences, read_shard
+    from edgespec.distill.target import load_target
+    from edgespec.distill.train import split_data
+
+    out = Path(a.out)
+    real = list(iter_sequences(Path(a.real)))
+    real_train, real_held = split_data(real, Meta.read(Path(a.real)))
+    _save_pack(out / "real_train.npz", real_train)
+    _save_pack(out / "real_held.npz", real_held)
+    old = DRAFT / "data"
+    old_seqs = [s for i in range(11) for s in read_shard(old / f"shard-{i:05d}.npz")]
+    _save_pack(out / "gpu_held.npz", split_data(old_seqs, Meta.read(old))[1])
+    gpu = read_shard(old / "shard-00011.npz")
+    pick = np.random.default_rng(a.seed).permutation(len(gpu))[: a.gpu_sample]
+    _save_pack(out / "gpu_train.npz", [gpu[i] for i in sorted(pick)])
+    pool, sha = read_pool(Path(a.pool))
+    by_id = pool.by_id()
+    done = done_ids(Path(a.real))
+    roots = [
+        p for p in pool.prompts if p.parent < 0 and not pool.is_held_out(p.id) and p.id not in done
+    ]
+    order = np.random.default_rng(a.seed).permutation(len(roots))
+    tok = load_target(TARGET).tokenizer
+    prompts, kinds = [], []
+    for i in order:
+        p = roots[int(i)]
+        ids = np.array(_template(tok, conversation(p, by_id, {})), np.int64)
+        if len(ids) <= a.max_prompt:
+            prompts.append(Sequence(p.id, len(ids), ids))
+            kinds.append(KINDS.index(p.kind))
+        if len(prompts) == a.prompts:
+            break
+    _save_pack(out / "prompts.npz", prompts, kinds)
+    info = {
+        "pool_sha256": sha, "prompts": len(prompts), "prompt_tokens": int(sum(len(s.ids) for s in prompts)),
+        "real_train": len(real_train), "real_held": len(real_held), "gpu_train": len(pick),
+    }  # fmt: skip
+    (out / "pack.json").write_text(json.dumps(info, indent=2))
+    log(f"pack {out}: {info}")
+    return 0
+
+
+def cmd_gpu_import(a: argparse.Namespace) -> int:
+    """Measure gpu_finetune.py's 4-bit export with MLX (the held-out sets `export` reports) and,
+    with --out, write it as the draft folder (config.json from the shipped draft, curve.csv from
+    the GPU's report)."""
+    import shutil
+
+    import numpy as np
+
+    from edgespec.distill.finetune import evaluate
+    from edgespec.distill.target import load_target
+    from edgespec.distill.train import head_index
+    from edgespec.drafting.draft_model import input_embedding, load_draft
+    from edgespec.loading.weights import dequantize_model
+
+    run = Path(a.run)
+    folder = Path(a.work) / "gpu-import"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(DRAFT / "config.json", folder / "config.json")
+    shutil.copy(run / "model.safetensors", folder / "model.safetensors")
+    srcs = sources(a)
+    embedding = input_embedding(load_target(TARGET).model)
+    scores = {}
+    for name, path in (("shipped", DRAFT), ("gpu-run", folder)):
+        model, config = load_draft(path, embedding)
+        dequantize_model(model)
+        hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
+        scores[name] = evaluate(model, srcs, hidx, 512, [0])
+        log(f"{name}: {json.dumps(scores[name])}")
+    (Path(a.work) / "gpu-import.json").write_text(json.dumps(scores, indent=2))
+    if a.out:
+        report = json.loads((run / "report.json").read_text())
+        shutil.copy(run / "model.safetensors", Path(a.out) / "model.safetensors")
+        rows = report["curve"]
+        cols = ["step", "tokens_seen", *[k for k in rows[-1] if "@" in k]]
+        lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]
+        (Path(a.out) / "curve.csv").write_text("\n".join(lines) + "\n")
+        log(f"wrote {a.out}")
+    if a.data_out:
+        meta = gpu_answers_to_data(run, Path(a.pool), Path(a.data_out))
+        log(f"{meta.n_sequences} answers, {meta.n_completion_tokens} tokens -> {a.data_out}")
+    return 0
+
+
+def gpu_answers_to_data(run: Path, pool_path: Path, dest: Path, shard: int = 1024) -> object:
+    """gpu_finetune's new-NN.npz as a pool data folder (real_data's format: meta.json, shards
+    with each answer's kind, sources.tsv.gz naming every quoted passage's origin and licence)."""
+    import io
+
+    import numpy as np
+    from edgespec.models.recipes.real_data import write_manifest
+
+    from edgespec.distill.pool import read_pool
+    from edgespec.distill.realdata import pool_meta
+    from edgespec.distill.requests import KINDS
+    from edgespec.distill.shards import Meta, SamplingPlan, Sequence, add_counts, pack, shard_path
+    from edgespec.files import atomic_write_bytes
+
+    pool, sha = read_pool(pool_path)
+    plan = SamplingPlan(temperature=0.8, top_p=0.95, greedy_fraction=0.5, max_new_tokens=256)
+    meta = pool_meta(pool, sha, TARGET, Meta(target=TARGET, n_eval=0, sampling=plan))
+    seqs, kinds = [], []
+    for f in sorted(run.glob("new-*.npz")):
+        z = dict(np.load(f))  # materialised once: NpzFile[key] decompresses on every access
+        st = z["starts"]
+        for i in range(len(st) - 1):
+            ids = z["tokens"][st[i] : st[i + 1]]
+            seqs.append(Sequence(int(z["ids"][i]), int(z["prompt_lens"][i]), ids))
+            kinds.append(KINDS[int(z["kinds"][i])])
+    dest.mkdir(parents=True, exist_ok=True)
+    for i in range(0, len(seqs), shard):
+        arrays = pack(seqs[i : i + shard])  # real_data's shard, compressed (a committed folder)
+        arrays["kinds"] = np.array([KINDS.index(k) for k in kinds[i : i + shard]], np.uint8)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        atomic_write_bytes(shard_path(dest, i // shard), buf.getvalue())
+        meta = add_counts(meta, seqs[i : i + shard])
+    meta.write(dest)
+    write_manifest(pool_path, dest, dest / "sources.tsv.gz")
+    return meta
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -190,6 +343,22 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--eval-every", type=int, default=50)
         else:
             p.add_argument("--out", required=True)
+    p = sub.add_parser("gpu-pack", help="the data gpu_finetune.py reads on a lent GPU")
+    p.add_argument("--pool", required=True, help="real_data pool file")
+    p.add_argument("--real", required=True, help="real-text data folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--prompts", type=int, default=20000)
+    p.add_argument("--max-prompt", type=int, default=768)
+    p.add_argument("--gpu-sample", type=int, default=4000)
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("gpu-import", help="measure (and install) gpu_finetune.py's export")
+    p.add_argument("--run", required=True, help="gpu_finetune.py's --out, fetched")
+    p.add_argument("--work", required=True)
+    p.add_argument("--real", required=True)
+    p.add_argument("--real-repeat", type=int, default=3)
+    p.add_argument("--out", help="the draft folder to write (after measuring)")
+    p.add_argument("--data-out", help="also write the GPU's answers here as a data folder")
+    p.add_argument("--pool", help="the pool gpu-pack read (with --data-out)")
     return ap
 
 
@@ -199,7 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     reexec_with_blas(argv, module="edgespec.models.recipes.draft_r2")
     a = parser().parse_args(argv)
-    return {"topk": cmd_topk, "train": cmd_train, "export": cmd_export}[a.cmd](a)
+    return {
+        "topk": cmd_topk, "train": cmd_train, "export": cmd_export,
+        "gpu-pack": cmd_gpu_pack, "gpu-import": cmd_gpu_import,
+    }[a.cmd](a)  # fmt: skip
 
 
 if __name__ == "__main__":

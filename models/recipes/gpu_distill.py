@@ -1,5 +1,8 @@
 """EdgeSpec's distillation recipe on a lent GPU, in PyTorch (a twin of `edgespec distill`).
 
+Round 1 of the embedded draft was made with it; gpu_finetune.py (the twin of draft_r2.py, which
+continues a shipped draft through 4-bit rounding) reuses its GGUF loading and target.
+
 Why a twin: the lent GPU machine has PyTorch but no MLX, and nothing can be installed there beyond
 what travels with the call (64 MiB). The recipe is `edgespec distill`'s: the target's own answers
 to EdgeSpec's generated instructions (models/recipes/make_prompts.py; never benchmark prompts),
