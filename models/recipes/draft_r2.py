@@ -215,6 +215,10 @@ def cmd_gpu_pack(a: argparse.Namespace) -> int:
     pool, sha = read_pool(Path(a.pool))
     by_id = pool.by_id()
     done = done_ids(Path(a.real))
+    earlier = [s for d in a.gpu_data if Path(d).is_dir() for s in iter_sequences(Path(d))]
+    if earlier:  # earlier GPU rounds' answers: trained on again, their prompts not asked again
+        _save_pack(out / "prev_train.npz", earlier)
+        done |= {s.instr_id for s in earlier}
     roots = [
         p for p in pool.prompts if p.parent < 0 and not pool.is_held_out(p.id) and p.id not in done
     ]
@@ -233,6 +237,7 @@ def cmd_gpu_pack(a: argparse.Namespace) -> int:
     info = {
         "pool_sha256": sha, "prompts": len(prompts), "prompt_tokens": int(sum(len(s.ids) for s in prompts)),
         "real_train": len(real_train), "real_held": len(real_held), "gpu_train": len(pick),
+        "prev_train": len(earlier),
     }  # fmt: skip
     (out / "pack.json").write_text(json.dumps(info, indent=2))
     log(f"pack {out}: {info}")
@@ -350,6 +355,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=20000)
     p.add_argument("--max-prompt", type=int, default=768)
     p.add_argument("--gpu-sample", type=int, default=4000)
+    p.add_argument(
+        "--gpu-data", nargs="*", default=[str(DRAFT / "data-real-gpu")],
+        help="earlier GPU rounds' answer folders (gpu-import --data-out)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("gpu-import", help="measure (and install) gpu_finetune.py's export")
     p.add_argument("--run", required=True, help="gpu_finetune.py's --out, fetched")

@@ -10,11 +10,12 @@ PyTorch but no MLX, so it reads and writes MLX's files itself:
 - generate: the target answers the pack's real-text prompts (made on the CPU by
   `draft_r2 gpu-pack` from the real_data pool: training groups only, single-turn requests),
   batches alternating greedy and T=0.8 / top-p 0.95, like real_data generate;
-- train: sources `new` (those answers), `real` (data-real's training answers) and `gpu` (a sample
-  of the GPU set), each repeated --mix times per epoch; loss = soft cross-entropy against the
-  target's full distribution on the head at completion positions; every quantizable Linear and
-  the head see their weights through MLX's affine 4-bit rounding (fake_quantize, same arithmetic
-  as mx.quantize, checked against it on the CPU), gradient passed straight through;
+- train: sources `new` (those answers), `prev` (earlier GPU rounds' answers, data-real-gpu/),
+  `real` (data-real's training answers) and `gpu` (a sample of the GPU set), each repeated --mix
+  times per epoch; loss = soft cross-entropy against the target's full distribution on the head
+  at completion positions; every quantizable Linear and the head see their weights through MLX's
+  affine 4-bit rounding (fake_quantize, mlx_affine's arithmetic), gradient passed straight
+  through;
 - evaluate: held-out agreement on the pack's `gpu` and `real` held-out answers, the same sets
   draft_r2 reports, at 4 bits; the best evaluation's weights are the ones exported;
 - export: OUT/model.safetensors in MLX's 4-bit format (what was trained through, bit for bit),
@@ -394,7 +395,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--bits", type=int, default=BITS_DEFAULT)
-    ap.add_argument("--mix", default="new=1,real=3,gpu=1", help="source=repeats per epoch")
+    ap.add_argument("--mix", default="new=1,prev=1,real=3,gpu=1", help="source=repeats per epoch")
     ap.add_argument(
         "--limit",
         type=int,
@@ -431,9 +432,14 @@ def main() -> None:
                   new_ids[g : g + 12000], new_kinds[g : g + 12000])  # fmt: skip
     reps = {k: int(v) for k, v in (kv.split("=") for kv in args.mix.split(","))}
     sources = {"new": (new_seqs, new_plens, reps.get("new", 1))}
-    for name in ("real", "gpu"):
-        s, p, _ = read_seqs(args.pack / f"{name}_train.npz")
-        sources[name] = (s[:lim], p[:lim], reps.get(name, 1))
+    for name in (
+        "real",
+        "gpu",
+        "prev",
+    ):  # prev: earlier GPU rounds' answers, when the pack has them
+        if (args.pack / f"{name}_train.npz").exists():
+            s, p, _ = read_seqs(args.pack / f"{name}_train.npz")
+            sources[name] = (s[:lim], p[:lim], reps.get(name, 1))
     data = {k: {"answers": len(v[0]), "completion_tokens": int(sum(len(s) - p for s, p in zip(v[0], v[1], strict=True))), "repeat": v[2]}
             for k, v in sources.items()}  # fmt: skip
     log(f"sources: {data}")
