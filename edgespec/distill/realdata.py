@@ -94,12 +94,14 @@ def _answers_from_shards(data_dir: Path, tokenizer: object, wanted: set[int]) ->
     return out
 
 
-def write_pool_shard(data_dir: Path, index: int, seqs: list[Sequence], kinds: list[str]) -> Path:
+def write_pool_shard(
+    data_dir: Path, index: int, seqs: list[Sequence], kinds: list[str], compress: bool = False
+) -> Path:
     """A data.py shard plus `kinds` (uint8 codes into requests.KINDS)."""
     arrays = pack(seqs)
     arrays["kinds"] = np.array([KINDS.index(k) for k in kinds], np.uint8)
     path = shard_path(data_dir, index)
-    atomic_write_npz(path, arrays)
+    atomic_write_npz(path, arrays, compress)
     return path
 
 

@@ -155,10 +155,11 @@ def write_shard(data_dir: Path, index: int, seqs: list[Sequence]) -> Path:
     return path
 
 
-def atomic_write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez to `path`, atomically (a killed run never leaves half a file)."""
+def atomic_write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool = False) -> None:
+    """np.savez (np.savez_compressed with `compress`: files that are committed or carried) to
+    `path`, atomically (a killed run never leaves half a file)."""
     buf = io.BytesIO()
-    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    (np.savez_compressed if compress else np.savez)(buf, **arrays)  # type: ignore[arg-type]
     atomic_write_bytes(path, buf.getvalue())
 
 

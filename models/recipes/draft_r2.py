@@ -74,19 +74,24 @@ def sources(a: argparse.Namespace) -> list:
     return [Source("gpu", gpu, held_old, 1), Source("real", real_train, real_held, a.real_repeat)]
 
 
-def held_gpu(work: Path) -> list:
-    """The 48 held-out answers in data/ shards 0-10 (token ids only there), with the target's
-    top-k computed once and kept in W/held-gpu.npz."""
-    from edgespec.distill.shards import Meta, atomic_write_npz, pack, read_shard, shard_paths
-    from edgespec.distill.target import load_target, teacher_topk
+def held_gpu_ids() -> list:
+    """The 48 held-out answers in data/ shards 0-10 (token ids only there)."""
+    from edgespec.distill.shards import Meta, read_shard, shard_paths
     from edgespec.distill.train import split_data
+
+    old = DRAFT / "data"
+    seqs = [s for p in shard_paths(old)[:11] for s in read_shard(p)]
+    return split_data(seqs, Meta.read(old))[1]
+
+
+def held_gpu(work: Path) -> list:
+    """held_gpu_ids with the target's top-k, computed once and kept in W/held-gpu.npz."""
+    from edgespec.distill.shards import atomic_write_npz, pack, read_shard
+    from edgespec.distill.target import load_target, teacher_topk
 
     path = work / "held-gpu.npz"
     if not path.exists():
-        old = DRAFT / "data"
-        seqs = [s for p in shard_paths(old)[:11] for s in read_shard(p)]
-        held = split_data(seqs, Meta.read(old))[1]
-        atomic_write_npz(path, pack(teacher_topk(load_target(TARGET).model, held, 16)))
+        atomic_write_npz(path, pack(teacher_topk(load_target(TARGET).model, held_gpu_ids(), 16)))
     return read_shard(path)
 
 
@@ -158,11 +163,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     config = quantize(plain, config, a.bits)
     config["edgespec"] = config.get("edgespec", {}) | {"shared_embedding": True}
     save_draft(plain, config, Path(a.out))
-    curve = Path(a.work) / "train" / "curve.json"
-    rows = json.loads(curve.read_text())
-    cols = ["step", "tokens_seen", *[k for k in rows[-1] if "@" in k]]
-    lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]
-    (Path(a.out) / "curve.csv").write_text("\n".join(lines) + "\n")
+    write_curve_csv(json.loads((Path(a.work) / "train" / "curve.json").read_text()), Path(a.out))
     (Path(a.work) / "export.json").write_text(
         json.dumps({"checkpoint": ckpt.name, "step": state.step, **scores}, indent=2)
     )
@@ -170,22 +171,27 @@ def cmd_export(a: argparse.Namespace) -> int:
     return 0
 
 
+def write_curve_csv(rows: list[dict], out: Path) -> None:
+    """out/curve.csv: step, tokens seen and every per-source agreement column ("gpu@4", ...)."""
+    cols = ["step", "tokens_seen", *[k for k in rows[-1] if "@" in k]]
+    lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]
+    (out / "curve.csv").write_text("\n".join(lines) + "\n")
+
+
 def _save_pack(path: Path, seqs: list, kinds: list[int] | None = None) -> None:
-    """Token ids only (gpu_finetune.read_seqs' format): tokens, starts, prompt_lens, ids."""
+    """A data shard (shards.pack, plus `kinds` codes), token ids only, compressed: what
+    gpu_finetune reads with gpu_distill.read_shards."""
+    from dataclasses import replace
+
     import numpy as np
 
-    starts = np.zeros(len(seqs) + 1, np.int64)
-    starts[1:] = np.cumsum([len(s.ids) for s in seqs])
-    arrays = {
-        "tokens": np.concatenate([s.ids for s in seqs]).astype(np.uint16),
-        "starts": starts,
-        "prompt_lens": np.array([s.prompt_len for s in seqs], np.int32),
-        "ids": np.array([s.instr_id for s in seqs], np.int32),
-    }
+    from edgespec.distill.shards import atomic_write_npz, pack
+
+    arrays = pack([replace(s, topk_ids=None, topk_logprobs=None) for s in seqs])
     if kinds is not None:
         arrays["kinds"] = np.array(kinds, np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, **arrays)
+    atomic_write_npz(path, arrays, compress=True)
 
 
 def cmd_gpu_pack(a: argparse.Namespace) -> int:
@@ -206,10 +212,8 @@ def cmd_gpu_pack(a: argparse.Namespace) -> int:
     real_train, real_held = split_data(real, Meta.read(Path(a.real)))
     _save_pack(out / "real_train.npz", real_train)
     _save_pack(out / "real_held.npz", real_held)
-    old = DRAFT / "data"
-    old_seqs = [s for i in range(11) for s in read_shard(old / f"shard-{i:05d}.npz")]
-    _save_pack(out / "gpu_held.npz", split_data(old_seqs, Meta.read(old))[1])
-    gpu = read_shard(old / "shard-00011.npz")
+    _save_pack(out / "gpu_held.npz", held_gpu_ids())
+    gpu = read_shard(DRAFT / "data" / "shard-00011.npz")
     pick = np.random.default_rng(a.seed).permutation(len(gpu))[: a.gpu_sample]
     _save_pack(out / "gpu_train.npz", [gpu[i] for i in sorted(pick)])
     pool, sha = read_pool(Path(a.pool))
@@ -274,12 +278,8 @@ def cmd_gpu_import(a: argparse.Namespace) -> int:
         log(f"{name}: {json.dumps(scores[name])}")
     (Path(a.work) / "gpu-import.json").write_text(json.dumps(scores, indent=2))
     if a.out:
-        report = json.loads((run / "report.json").read_text())
         shutil.copy(run / "model.safetensors", Path(a.out) / "model.safetensors")
-        rows = report["curve"]
-        cols = ["step", "tokens_seen", *[k for k in rows[-1] if "@" in k]]
-        lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]
-        (Path(a.out) / "curve.csv").write_text("\n".join(lines) + "\n")
+        write_curve_csv(json.loads((run / "report.json").read_text())["curve"], Path(a.out))
         log(f"wrote {a.out}")
     if a.data_out:
         meta = gpu_answers_to_data(run, Path(a.pool), Path(a.data_out))
@@ -289,36 +289,27 @@ def cmd_gpu_import(a: argparse.Namespace) -> int:
 
 def gpu_answers_to_data(run: Path, pool_path: Path, dest: Path, shard: int = 1024) -> object:
     """gpu_finetune's new-NN.npz as a pool data folder (real_data's format: meta.json, shards
-    with each answer's kind, sources.tsv.gz naming every quoted passage's origin and licence)."""
-    import io
-
+    with each answer's kind, compressed as a committed folder; sources.tsv.gz naming every quoted
+    passage's origin and licence)."""
     import numpy as np
     from edgespec.models.recipes.real_data import write_manifest
 
     from edgespec.distill.pool import read_pool
-    from edgespec.distill.realdata import pool_meta
+    from edgespec.distill.realdata import pool_meta, write_pool_shard
     from edgespec.distill.requests import KINDS
-    from edgespec.distill.shards import Meta, SamplingPlan, Sequence, add_counts, pack, shard_path
-    from edgespec.files import atomic_write_bytes
+    from edgespec.distill.shards import Meta, SamplingPlan, add_counts, read_shard
 
     pool, sha = read_pool(pool_path)
     plan = SamplingPlan(temperature=0.8, top_p=0.95, greedy_fraction=0.5, max_new_tokens=256)
     meta = pool_meta(pool, sha, TARGET, Meta(target=TARGET, n_eval=0, sampling=plan))
     seqs, kinds = [], []
     for f in sorted(run.glob("new-*.npz")):
-        z = dict(np.load(f))  # materialised once: NpzFile[key] decompresses on every access
-        st = z["starts"]
-        for i in range(len(st) - 1):
-            ids = z["tokens"][st[i] : st[i + 1]]
-            seqs.append(Sequence(int(z["ids"][i]), int(z["prompt_lens"][i]), ids))
-            kinds.append(KINDS[int(z["kinds"][i])])
+        seqs += read_shard(f)
+        with np.load(f) as z:
+            kinds += [KINDS[int(k)] for k in z["kinds"]]
     dest.mkdir(parents=True, exist_ok=True)
     for i in range(0, len(seqs), shard):
-        arrays = pack(seqs[i : i + shard])  # real_data's shard, compressed (a committed folder)
-        arrays["kinds"] = np.array([KINDS.index(k) for k in kinds[i : i + shard]], np.uint8)
-        buf = io.BytesIO()
-        np.savez_compressed(buf, **arrays)
-        atomic_write_bytes(shard_path(dest, i // shard), buf.getvalue())
+        write_pool_shard(dest, i // shard, seqs[i : i + shard], kinds[i : i + shard], compress=True)
         meta = add_counts(meta, seqs[i : i + shard])
     meta.write(dest)
     write_manifest(pool_path, dest, dest / "sources.tsv.gz")
