@@ -142,17 +142,23 @@ def read_prompts(path: str, prefix: str = "") -> tuple[list[np.ndarray], np.ndar
     return [tokens[starts[i] : starts[i + 1]].astype(np.int64) for i in range(len(ids))], ids
 
 
-def write_shard(path: Path, seqs: list[np.ndarray], plens: list[int], ids: list[int]) -> None:
+def write_shard(
+    path: Path, seqs: list[np.ndarray], plens: list[int], ids: list[int], kinds=None, compress=False
+) -> None:
+    """EdgeSpec's data shard (edgespec/distill/shards.py), plus `kinds` codes when given; written
+    atomically, compressed for files that travel back or are committed."""
     starts = np.zeros(len(seqs) + 1, np.int64)
     starts[1:] = np.cumsum([len(s) for s in seqs])
+    arrays = {
+        "tokens": np.concatenate(seqs).astype(np.uint16),
+        "starts": starts,
+        "prompt_lens": np.array(plens, np.int32),
+        "instr_ids": np.array(ids, np.int32),
+    }
+    if kinds is not None:
+        arrays["kinds"] = np.array(kinds, np.uint8)
     tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez(
-        tmp,
-        tokens=np.concatenate(seqs).astype(np.uint16),
-        starts=starts,
-        prompt_lens=np.array(plens, np.int32),
-        instr_ids=np.array(ids, np.int32),
-    )
+    (np.savez_compressed if compress else np.savez)(tmp, **arrays)
     os.replace(tmp, path)
 
 
@@ -276,20 +282,31 @@ class Draft(torch.nn.Module):
         return self.head(self.trunk(input_ids=x).last_hidden_state)
 
 
+def pad_batch(seqs, plens, chunk: list[int], max_len: int):
+    """Sequences `chunk`, right-padded to the longest (at most max_len): (x, m), m marking the
+    positions whose next token is a completion token. Causal attention: padding never reaches a
+    real position, so no mask is needed."""
+    width = min(max_len, max(len(seqs[i]) for i in chunk))
+    x = np.full((len(chunk), width), EOS, np.int64)
+    m = np.zeros((len(chunk), width), np.float32)
+    for r, i in enumerate(chunk):
+        seq = seqs[i][:width]
+        x[r, : len(seq)] = seq
+        m[r, max(0, plens[i] - 1) : len(seq) - 1] = 1.0
+    return torch.from_numpy(x), torch.from_numpy(m)
+
+
 def batches(seqs, plens, idx, bsz: int, max_len: int, rng):
-    """Right-padded batches (causal attention: padding never reaches a real position, so no
-    mask is needed); m marks positions whose next token is a completion token."""
+    """pad_batch over `idx` in a seeded order, `bsz` sequences a batch."""
     idx = list(rng.permutation(idx))
     for s in range(0, len(idx), bsz):
-        chunk = idx[s : s + bsz]
-        width = min(max_len, max(len(seqs[i]) for i in chunk))
-        x = np.full((len(chunk), width), EOS, np.int64)
-        m = np.zeros((len(chunk), width), np.float32)
-        for r, i in enumerate(chunk):
-            seq = seqs[i][:width]
-            x[r, : len(seq)] = seq
-            m[r, max(0, plens[i] - 1) : len(seq) - 1] = 1.0
-        yield torch.from_numpy(x), torch.from_numpy(m)
+        yield pad_batch(seqs, plens, idx[s : s + bsz], max_len)
+
+
+def cosine_lr(lr: float, step: int, warmup: int, frac: float) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from lr to lr / 10 as `frac` of the
+    budget (time) goes 0 -> 1."""
+    return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 @torch.no_grad()
@@ -377,11 +394,7 @@ def train(target, hp, args, work: Path, out: Path) -> None:
             np.random.default_rng(100 + epoch),
         ):
             frac = min(1.0, (time.time() - t0) / args.train_seconds)  # cosine over the time budget
-            lr = (
-                args.lr
-                * min(1.0, (step + 1) / args.warmup)
-                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-            )
+            lr = cosine_lr(args.lr, step, args.warmup, frac)
             x, m = x.to(args.device), m.to(args.device)
             p = target_probs(target, x)
             for d, opt in zip(drafts, opts, strict=True):
@@ -460,17 +473,8 @@ def pack_data(work: Path, out: Path, max_tokens: int = 6_000_000) -> None:
         size += n
     for g, files in enumerate(groups):
         seqs, plens, ids = read_shards(files)
-        if not seqs:
-            continue
-        starts = np.zeros(len(seqs) + 1, np.int64)
-        starts[1:] = np.cumsum([len(s) for s in seqs])
-        np.savez_compressed(
-            out / f"data-{g:02d}.npz",
-            tokens=np.concatenate(seqs).astype(np.uint16),
-            starts=starts,
-            prompt_lens=np.array(plens, np.int32),
-            instr_ids=np.array(ids, np.int32),
-        )
+        if seqs:
+            write_shard(out / f"data-{g:02d}.npz", seqs, plens, ids, compress=True)
 
 
 @torch.no_grad()

@@ -31,14 +31,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 import mlx_affine
 import numpy as np
 import torch
-from gpu_distill import EOS, build_target, hf_config, load_gguf_state, log
+from gpu_distill import (
+    answer,
+    build_target,
+    cosine_lr,
+    hf_config,
+    load_gguf_state,
+    log,
+    pad_batch,
+    read_shards,
+    write_shard,
+)
 
 BITS_DEFAULT = 4
 GROUP = mlx_affine.GROUP
@@ -176,35 +185,14 @@ class Draft(torch.nn.Module):
 # ----------------------------------------------------------------------------- data
 
 
-def read_seqs(path: Path) -> tuple[list[np.ndarray], list[int], np.ndarray]:
-    """(sequences, prompt lengths, ids) of a pack file (tokens, starts, prompt_lens, ids)."""
-    d = dict(np.load(path))
-    st = d["starts"]
-    seqs = [d["tokens"][st[i] : st[i + 1]].astype(np.int64) for i in range(len(st) - 1)]
-    return seqs, d["prompt_lens"].astype(int).tolist(), d["ids"]
-
-
-def save_seqs(path: Path, seqs, plens, ids, kinds=None) -> None:
-    starts = np.zeros(len(seqs) + 1, np.int64)
-    starts[1:] = np.cumsum([len(s) for s in seqs])
-    arrays = {
-        "tokens": np.concatenate(seqs).astype(np.uint16) if seqs else np.zeros(0, np.uint16),
-        "starts": starts,
-        "prompt_lens": np.array(plens, np.int32),
-        "ids": np.array(ids, np.int32),
-    }
-    if kinds is not None:
-        arrays["kinds"] = np.array(kinds, np.uint8)
-    np.savez_compressed(path, **arrays)
-
-
 @torch.no_grad()
 def generate(target, pack: Path, args, deadline: float):
-    """The target's answers to the pack's prompts until --gen-seconds (or the prompts) run out:
-    batches of similar length, alternating sampled and greedy. Returns (seqs, plens, ids, kinds)."""
-    d = dict(np.load(pack / "prompts.npz"))
-    st = d["starts"]
-    prompts = [d["tokens"][st[i] : st[i + 1]].astype(np.int64) for i in range(len(st) - 1)]
+    """The target's answers (gpu_distill.answer) to the pack's prompts until --gen-seconds (or
+    the prompts) run out: batches of similar length, alternating sampled and greedy. Returns
+    (seqs, plens, ids, kinds, summary)."""
+    prompts, _, prompt_ids = read_shards([pack / "prompts.npz"])
+    with np.load(pack / "prompts.npz") as z:
+        prompt_kinds = z["kinds"]
     order = np.argsort([len(p) for p in prompts], kind="stable")
     batches = [order[s : s + args.gen_batch] for s in range(0, len(order), args.gen_batch)]
     rng = np.random.default_rng(0)
@@ -214,31 +202,16 @@ def generate(target, pack: Path, args, deadline: float):
     for b, idx in enumerate(batches):
         if time.time() - t0 > args.gen_seconds or time.time() > deadline:
             break
-        batch = [prompts[i] for i in idx]
-        width = max(len(p) for p in batch)
-        inp = torch.full((len(batch), width), EOS, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, p in enumerate(batch):
-            inp[r, width - len(p) :] = torch.from_numpy(p)
-            mask[r, width - len(p) :] = 1
         greedy = b % 2 == 1
-        kw = (
-            {"do_sample": False}
-            if greedy
-            else {"do_sample": True, "temperature": 0.8, "top_p": 0.95}
-        )
-        out = target.generate(
-            input_ids=inp.to(args.device), attention_mask=mask.to(args.device),
-            max_new_tokens=args.max_new, top_k=None, pad_token_id=EOS, eos_token_id=EOS, **kw,
-        )  # fmt: skip
-        for r, row in enumerate(out[:, width:].cpu().numpy()):
-            end = np.nonzero(row == EOS)[0]
-            ans = row[: end[0] + 1] if len(end) else row
-            seqs.append(np.concatenate([batch[r], ans]))
-            plens.append(len(batch[r]))
-            ids.append(int(d["ids"][idx[r]]))
-            kinds.append(int(d["kinds"][idx[r]]))
+        for i, ans in zip(
+            idx, answer(target, [prompts[i] for i in idx], greedy, args), strict=True
+        ):
+            seqs.append(np.concatenate([prompts[i], ans]))
+            plens.append(len(prompts[i]))
+            ids.append(int(prompt_ids[i]))
+            kinds.append(int(prompt_kinds[i]))
             made += len(ans)
+        width = max(len(prompts[i]) for i in idx)
         log(f"gen batch {b} ({'greedy' if greedy else 'sampled'}, width {width}): "
             f"{len(seqs)} answers, {made} tokens, {made / (time.time() - t0):.0f} tok/s")  # fmt: skip
     return (
@@ -251,27 +224,17 @@ def generate(target, pack: Path, args, deadline: float):
 
 
 def batches(seqs, plens, order, max_tokens: int, max_len: int):
-    """Padded batches of at most max_tokens (sequences sorted by length inside windows of 256),
-    in `order`; m marks positions whose next token is a completion token."""
+    """gpu_distill.pad_batch over `order`, batches of at most max_tokens padded tokens (sequences
+    sorted by length inside windows of 256, so a batch's width is its last sequence's)."""
     for w in range(0, len(order), 256):
-        win = sorted(order[w : w + 256], key=lambda i: len(seqs[i]))
         chunk: list[int] = []
-        for i in [*win, None]:
-            if i is not None:
-                width = min(max_len, max(len(seqs[j]) for j in [*chunk, i]))
-                if (len(chunk) + 1) * width <= max_tokens:
-                    chunk.append(i)
-                    continue
-            if chunk:
-                width = min(max_len, max(len(seqs[j]) for j in chunk))
-                x = np.full((len(chunk), width), EOS, np.int64)
-                m = np.zeros((len(chunk), width), np.float32)
-                for r, j in enumerate(chunk):
-                    s = seqs[j][:width]
-                    x[r, : len(s)] = s
-                    m[r, max(0, plens[j] - 1) : len(s) - 1] = 1.0
-                yield torch.from_numpy(x), torch.from_numpy(m)
-            chunk = [i] if i is not None else []
+        for i in sorted(order[w : w + 256], key=lambda i: len(seqs[i])):
+            if chunk and (len(chunk) + 1) * min(max_len, len(seqs[i])) > max_tokens:
+                yield pad_batch(seqs, plens, chunk, max_len)
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            yield pad_batch(seqs, plens, chunk, max_len)
 
 
 def loss_on(draft, target, x, m):
@@ -345,13 +308,8 @@ def train(draft, target, sources: dict, held: dict, args, deadline: float, out: 
         order = list(np.random.default_rng(100 + epoch).permutation(len(seqs_all)))
         for x, m in batches(seqs_all, plens_all, order, args.batch_tokens, args.max_len):
             frac = min(1.0, (time.time() - t0) / max(stop - t0, 1.0))
-            lr = (
-                args.lr
-                * min(1.0, (step + 1) / args.warmup)
-                * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-            )
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = cosine_lr(args.lr, step, args.warmup, frac)
             x, m = x.to(args.device), m.to(args.device)
             loss, _ = loss_on(draft, target, x, m)
             opt.zero_grad(set_to_none=True)
@@ -387,6 +345,8 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=500, help="seconds for the whole run")
     ap.add_argument("--gen-seconds", type=float, default=190)
     ap.add_argument("--gen-batch", type=int, default=1024)
+    ap.add_argument("--gen-temp", type=float, default=0.8)
+    ap.add_argument("--gen-top-p", type=float, default=0.95)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--train-seconds", type=float, default=1e9)
     ap.add_argument("--batch-tokens", type=int, default=32768)
@@ -418,7 +378,7 @@ def main() -> None:
     lim = args.limit or None
     held = {}
     for name in ("gpu", "real"):
-        s, p, _ = read_seqs(args.pack / f"{name}_held.npz")
+        s, p, _ = read_shards([args.pack / f"{name}_held.npz"])
         held[name] = (s[:lim], p[:lim])
     start_scores = {
         **evaluate(draft, target, held, args, 0),
@@ -428,17 +388,15 @@ def main() -> None:
     gen = generate(target, args.pack, args, deadline)
     new_seqs, new_plens, new_ids, new_kinds, gen_info = gen
     for g in range(0, len(new_seqs), 12000):
-        save_seqs(args.out / f"new-{g // 12000:02d}.npz", new_seqs[g : g + 12000], new_plens[g : g + 12000],
-                  new_ids[g : g + 12000], new_kinds[g : g + 12000])  # fmt: skip
+        part = slice(g, g + 12000)
+        write_shard(args.out / f"new-{g // 12000:02d}.npz", new_seqs[part], new_plens[part],
+                    new_ids[part], new_kinds[part], compress=True)  # fmt: skip
     reps = {k: int(v) for k, v in (kv.split("=") for kv in args.mix.split(","))}
     sources = {"new": (new_seqs, new_plens, reps.get("new", 1))}
-    for name in (
-        "real",
-        "gpu",
-        "prev",
-    ):  # prev: earlier GPU rounds' answers, when the pack has them
+    # prev: earlier GPU rounds' answers, when the pack has them
+    for name in ("real", "gpu", "prev"):
         if (args.pack / f"{name}_train.npz").exists():
-            s, p, _ = read_seqs(args.pack / f"{name}_train.npz")
+            s, p, _ = read_shards([args.pack / f"{name}_train.npz"])
             sources[name] = (s[:lim], p[:lim], reps.get(name, 1))
     data = {k: {"answers": len(v[0]), "completion_tokens": int(sum(len(s) - p for s, p in zip(v[0], v[1], strict=True))), "repeat": v[2]}
             for k, v in sources.items()}  # fmt: skip
