@@ -17,7 +17,12 @@ from collections.abc import Sequence
 from types import FrameType
 
 from edgespec.cpu.blas import reexec_with_blas
-from edgespec.distributed.launch import env_rank, launched_backend, share_threads
+from edgespec.distributed.launch import (
+    env_rank,
+    exit_when_ring_gives_up,
+    launched_backend,
+    share_threads,
+)
 from edgespec.errors import EdgeSpecError, GroupError
 
 # name -> (module, one-line help)
@@ -75,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if launched_backend() == "ring":
+        exit_when_ring_gives_up(who)
     try:
         module = importlib.import_module(COMMANDS[name][0])
         parser = _Parser(prog=f"edgespec {name}", description=module.HELP)

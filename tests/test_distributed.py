@@ -273,3 +273,37 @@ def test_embedded_target_n3_greedy_matches_single_process():
     expected = single(*args, "--no-adaptive")
     r = launch(3, "generate", *args, timeout=900)
     assert token_ids(r.stdout) == expected, r.stderr
+
+
+RING_WATCH = """
+import os, sys, time
+from edgespec.distributed.launch import exit_when_ring_gives_up
+exit_when_ring_gives_up("edgespec generate", grace=0.5)
+print("before", file=sys.stderr, flush=True)
+if sys.argv[1] == "hang":
+    os.write(2, b"[ring] Too many send/recv errors. Failing pending tasks...\\n")
+    time.sleep(60)  # what MLX's wait does once its ring has given up
+print("last line", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("case", ["hang", "normal"])
+def test_ring_giving_up_ends_a_hung_rank_with_one_line(case):
+    """MLX's ring can fail a dead peer's tasks without waking the eval waiting on them; the CLI's
+    stderr watch ends such a rank with the group error and status 2, and loses no line when the
+    process exits on its own."""
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-c", RING_WATCH, case],
+        capture_output=True, text=True, cwd=ROOT, timeout=30,
+        env=env(MLX_RANK="0", MLX_HOSTFILE="hosts.json"),  # read as a launched rank 0
+    )  # fmt: skip
+    lines = r.stderr.splitlines()
+    if case == "hang":
+        assert r.returncode == 2 and time.monotonic() - t0 < 20, r.stderr
+        assert lines[0] == "before" and lines[-1] == (
+            "edgespec generate: error: rank 0 lost its group ([ring] connection to a peer was "
+            "lost): another rank stopped or the network between them failed"
+        )
+    else:
+        assert r.returncode == 0 and lines == ["before", "last line"], r.stderr

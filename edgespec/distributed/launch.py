@@ -68,3 +68,55 @@ def share_threads(environ: MutableMapping[str, str] = os.environ) -> str | None:
     for name in THREAD_VARIABLES:
         environ.setdefault(name, share)
     return share
+
+
+RING_GAVE_UP = b"Too many send/recv errors"
+
+
+def exit_when_ring_gives_up(who: str, grace: float = 10.0) -> None:
+    """MLX's ring backend (0.32) can give up on a dead peer ("[ring] Too many send/recv errors.
+    Failing pending tasks...", on stderr) without waking the eval that waits for those tasks: the
+    rank then hangs in mx.synchronize instead of raising "[ring] connection to a peer was lost".
+    This routes the process's stderr (fd 2) through a pipe that a thread copies to the real
+    stderr, watching for that line; if the process is still running `grace` seconds after it,
+    the thread prints the one-line error the exception path prints and exits with status 2.
+    At exit stderr is restored and the pipe drained, so no line is lost."""
+    import atexit
+    import sys
+    import threading
+
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    exiting = threading.Event()
+
+    def give_up() -> None:
+        if exiting.wait(grace):
+            return
+        from edgespec.distributed.group import lost
+
+        error = lost(RuntimeError("[ring] connection to a peer was lost"))
+        os.write(real, f"{who}: error: {error}\n".encode())
+        os._exit(2)
+
+    def copy() -> None:
+        tail, fired = b"", False
+        while chunk := os.read(read_end, 65536):
+            os.write(real, chunk)
+            tail = (tail + chunk)[-4096:]
+            if not fired and RING_GAVE_UP in tail:
+                fired = True
+                threading.Thread(target=give_up, daemon=True).start()
+        os.close(read_end)
+
+    copier = threading.Thread(target=copy, daemon=True)
+    copier.start()
+
+    def restore() -> None:
+        exiting.set()
+        sys.stderr.flush()
+        os.dup2(real, 2)  # closes the pipe's last write end: the copier drains it and stops
+        copier.join(timeout=2)
+
+    atexit.register(restore)
