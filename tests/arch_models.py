@@ -13,9 +13,9 @@ from scipy.stats import kstest
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Finished, Token
 from edgespec.loading.load import LoadedModel, load_model
-from edgespec.loading.tiny_arch import make_family
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
+from tests.tiny_arch import make_family
 
 PROMPT = "the cat and the dog in the house"
 

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgespec.loading.tiny import make_tiny_pair
 from edgespec.runtime import Engine
+from tests.tiny import make_tiny_pair
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 

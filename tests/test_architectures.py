@@ -26,10 +26,10 @@ from edgespec.config import SpecConfig
 from edgespec.cpu import attention, blas, blocks, leanops, rewrites, rope
 from edgespec.errors import TreeUnsupportedError
 from edgespec.loading.load import load_model
-from edgespec.loading.tiny_arch import FAMILIES
 from edgespec.rewind import Rewinder, WindowKVCache
 from edgespec.runtime import Engine
 from tests.arch_models import Families, first_difference, generate, sampled_p_value
+from tests.tiny_arch import FAMILIES
 
 ALL = list(FAMILIES)
 WINDOWED = ("gemma3_text", "gpt_oss")

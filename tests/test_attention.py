@@ -12,8 +12,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import KVState
 from edgespec.cpu import attention, rewrites
-from edgespec.loading.tiny import llama_config, random_llama_weights
 from tests.helpers import engine_state
+from tests.tiny import llama_config, random_llama_weights
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (8, 2)])

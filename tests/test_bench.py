@@ -178,7 +178,7 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.fixture(scope="module")
 def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    from edgespec.loading.tiny import make_tiny_pair
+    from tests.tiny import make_tiny_pair
 
     root = tmp_path_factory.mktemp("pairs")
     return {kind: make_tiny_pair(root / kind, seed=0, draft=kind) for kind in ("subset", "self")}

@@ -16,7 +16,7 @@ from edgespec.errors import ModelNotFoundError
 from edgespec.loading import catalog
 from edgespec.loading import load as loading
 from edgespec.loading.status import model_status
-from edgespec.loading.tiny import make_tiny_pair
+from tests.tiny import make_tiny_pair
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 

@@ -18,7 +18,7 @@ from edgespec.distill.instructions import instructions, split
 from edgespec.distill.target import Target, load_target, load_with_topk
 from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data, train
 from edgespec.drafting.draft_model import input_embedding, load_draft
-from edgespec.loading.tiny import make_tiny_pair
+from tests.tiny import make_tiny_pair
 
 N_INSTR = 120
 PLAN = S.SamplingPlan(max_new_tokens=16, top_k_saved=8)

@@ -26,9 +26,9 @@ from edgespec.distributed.group import Agreement, Group, check_config, fold
 from edgespec.distributed.launch import env_rank, launched_backend, local_ranks, share_threads
 from edgespec.errors import ConfigError, GroupError
 from edgespec.loading.shard import check_shardable, divisible_sizes
-from edgespec.loading.tiny import llama_config, make_tiny_pair, random_llama_weights, write_model
 from tests.cli import ROOT, run_edgespec
 from tests.distributed import LAUNCH, env, free_ports, launch, token_ids, write_hostfile
+from tests.tiny import llama_config, make_tiny_pair, random_llama_weights, write_model
 
 GREEDY = ["--temp", "0", "--json", "--raw", "--max-tokens", "16"]
 

@@ -20,7 +20,14 @@ from edgespec.bench.runner import BenchPlan, check_methods
 from edgespec.bench.unbiased import verify_pair
 from edgespec.cache import target_features
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.distill.eagle import (
+from edgespec.distill.shards import Sequence
+from edgespec.drafting.eagle import EagleModel, save_eagle
+from edgespec.drafting.features import EagleDrafter, EagleState
+from edgespec.errors import ConfigError, ModelLoadError
+from edgespec.events import Token
+from edgespec.loading.load import load_model, load_pair, load_token_draft
+from edgespec.runtime import Engine
+from research.distill.eagle import (
     EagleTrainConfig,
     agreement,
     extract_features,
@@ -28,14 +35,6 @@ from edgespec.distill.eagle import (
     new_eagle,
     train_eagle,
 )
-from edgespec.distill.shards import Sequence
-from edgespec.drafting.eagle import EagleModel, save_eagle
-from edgespec.drafting.features import EagleDrafter, EagleState
-from edgespec.errors import ConfigError, ModelLoadError
-from edgespec.events import Token
-from edgespec.loading.load import load_model, load_pair, load_token_draft
-from edgespec.loading.tiny import make_tiny_eagle, make_tiny_pair
-from edgespec.runtime import Engine
 from tests.cli import run_edgespec
 from tests.helpers import (
     GREEDY,
@@ -48,6 +47,7 @@ from tests.helpers import (
     target_probs,
     token_ids,
 )
+from tests.tiny import make_tiny_eagle, make_tiny_pair
 
 TRAIN = EagleTrainConfig(steps=200, batch=8, lr=3e-3, warmup=10, eval_every=100)
 
@@ -109,7 +109,7 @@ def test_feature_draft_without_or_with_a_wrong_target_is_a_one_line_error(tiny_d
     cfg["hidden_size"] = 32
     wide = tmp_path / "wide32"
     wide.mkdir()
-    from edgespec.loading.tiny import random_llama_weights, write_model
+    from tests.tiny import random_llama_weights, write_model
 
     write_model(wide, cfg, random_llama_weights(cfg, 0), tmp_path / "wide" / "tokenizer")
     with pytest.raises(ModelLoadError, match="made for a target with") as e:
@@ -305,8 +305,8 @@ def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer
     the token draft does one position later; export_grown stores the mixer and points at the base
     (checked by sha256), and loading it back gives the same model."""
     from edgespec.distill.build import build_draft
-    from edgespec.distill.eagle import export_grown, from_token_draft
     from edgespec.drafting.draft_model import save_draft
+    from research.distill.eagle import export_grown, from_token_draft
 
     t = load_model(str(tiny_dir / "target"))
     cfg = json.loads((tiny_dir / "target" / "config.json").read_text())

@@ -1,5 +1,5 @@
 """EAGLE-3-style feature drafts on tiny seeded models: features fused from several target layers
-(edgespec.drafting.eagle `feature_layers`) and training-time test (edgespec.distill.eagle3).
+(edgespec.drafting.eagle `feature_layers`) and training-time test (research.distill.eagle3).
 
 Exactness as for every draft (greedy output identical to plain decoding, chain and tree); the
 multi-layer features must be the target's own hidden states, taken from the verify forward; the
@@ -18,22 +18,22 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import TOP, target_features
 from edgespec.config import SpecConfig
-from edgespec.distill.eagle import (
+from edgespec.distill.shards import Sequence
+from edgespec.drafting.eagle import EagleModel, save_eagle
+from edgespec.errors import ConfigError
+from edgespec.events import Round
+from edgespec.loading.load import load_model, load_pair
+from edgespec.runtime import Engine
+from research.distill.eagle import (
     EagleTrainConfig,
     extract_features,
     load_items,
     make_batch,
     train_eagle,
 )
-from edgespec.distill.eagle3 import chain_agreement, ttt_loss, unroll, warm_start
-from edgespec.distill.shards import Sequence
-from edgespec.drafting.eagle import EagleModel, save_eagle
-from edgespec.errors import ConfigError
-from edgespec.events import Round
-from edgespec.loading.load import load_model, load_pair
-from edgespec.loading.tiny import make_tiny_eagle, make_tiny_pair
-from edgespec.runtime import Engine
+from research.distill.eagle3 import chain_agreement, ttt_loss, unroll, warm_start
 from tests.helpers import PROMPT, gen, plain_ids, token_ids
+from tests.tiny import make_tiny_eagle, make_tiny_pair
 
 LAYERS = (1, 2, TOP)
 

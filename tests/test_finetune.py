@@ -16,12 +16,12 @@ from edgespec.distill import data as D
 from edgespec.distill import shards as S
 from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint
 from edgespec.distill.export import quantize
-from edgespec.distill.finetune import Plan, Source, finetune, mixed_head, regrow_head
-from edgespec.distill.qat import add_fake_quant, set_bits
 from edgespec.distill.target import Target, load_target, load_with_topk
 from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data
 from edgespec.drafting.draft_model import build
-from edgespec.loading.tiny import make_tiny_pair
+from research.distill.finetune import Plan, Source, finetune, mixed_head, regrow_head
+from research.distill.qat import add_fake_quant, set_bits
+from tests.tiny import make_tiny_pair
 
 CFG = TrainConfig(
     layers="0,-1", head_size=96, steps=8, batch_tokens=384, lr=3e-3, warmup=1, eval_every=4,

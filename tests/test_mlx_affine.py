@@ -1,4 +1,4 @@
-"""models/recipes/mlx_affine.py (MLX's 4-bit format without MLX, for the lent GPU's PyTorch twin)
+"""research/recipes/mlx_affine.py (MLX's 4-bit format without MLX, for the lent GPU's PyTorch twin)
 against MLX itself, bit for bit; and the twin's torch quantizer against it where torch exists."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from edgespec.models.recipes import mlx_affine
+
+from research.recipes import mlx_affine
 
 RECIPES = Path(__file__).resolve().parents[1] / "models" / "recipes"
 

@@ -1,11 +1,11 @@
-"""models/recipes/import_draft.py: joining the GPU calls' curves and appending the GPU's data."""
+"""research/recipes/import_draft.py: joining the GPU calls' curves and appending the GPU's data."""
 
 from __future__ import annotations
 
 import numpy as np
-from edgespec.models.recipes.import_draft import add_gpu_data, curve_rows
 
 from edgespec.distill import shards as D
+from research.recipes.import_draft import add_gpu_data, curve_rows
 
 
 def report(curve: list[tuple[int, int, float, float]], tokens: int) -> dict:

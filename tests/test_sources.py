@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.distill import debian
 from edgespec.distill import shards as D
-from edgespec.distill import sources as S
-from edgespec.distill.passages import (
+from research.distill import debian
+from research.distill import sources as S
+from research.distill.passages import (
     MAX_CHARS,
     Passage,
     debian_licence,
@@ -23,7 +23,7 @@ from edgespec.distill.passages import (
     package_licence,
     python_pieces,
 )
-from edgespec.distill.pool import (
+from research.distill.pool import (
     SLOTS,
     benchmark_turns,
     build_pool,
@@ -32,7 +32,7 @@ from edgespec.distill.pool import (
     shingles,
     write_pool,
 )
-from edgespec.distill.requests import KINDS, written_prompt
+from research.distill.requests import KINDS, written_prompt
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "shared" / "prompts"
 CAPS = S.Caps(per_file=4, gettext_per_file=4)
@@ -223,9 +223,9 @@ def test_written_prompt_takes_the_question_or_nothing() -> None:
 @pytest.fixture(scope="module")
 def answered(tmp_path_factory, passages):  # type: ignore[no-untyped-def]
     """A tiny target answers a small pool (with follow-ups) into a data folder."""
-    from edgespec.distill.realdata import generate_pool_data, pool_meta
     from edgespec.distill.target import load_target
-    from edgespec.loading.tiny import make_tiny_pair
+    from research.distill.realdata import generate_pool_data, pool_meta
+    from tests.tiny import make_tiny_pair
 
     root = tmp_path_factory.mktemp("real")
     target_dir, _ = make_tiny_pair(root / "pair", seed=5)
@@ -252,7 +252,7 @@ def test_shards_carry_kinds_and_meta_names_them(answered) -> None:  # type: igno
 
 
 def test_a_followup_prompt_holds_its_parents_answer(answered) -> None:  # type: ignore[no-untyped-def]
-    from edgespec.distill.realdata import answer_text
+    from research.distill.realdata import answer_text
 
     target, pool, _, data_dir, _ = answered
     seqs = {s.instr_id: s for s in D.iter_sequences(data_dir)}
@@ -285,7 +285,7 @@ def test_held_out_groups_come_first_greedy_and_split_back(answered) -> None:  # 
 
 
 def test_generation_resumes_and_finishes_pending_continuations(answered, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from edgespec.distill.realdata import generate_pool_data
+    from research.distill.realdata import generate_pool_data
 
     target, pool, meta, data_dir, _ = answered
     before = {p.name: p.stat().st_mtime_ns for p in D.shard_paths(data_dir)}
@@ -308,8 +308,8 @@ def test_generation_resumes_and_finishes_pending_continuations(answered, tmp_pat
 
 
 def test_another_pool_is_refused_and_old_meta_still_reads(answered, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from edgespec.distill.realdata import generate_pool_data, pool_meta
     from edgespec.errors import ConfigError
+    from research.distill.realdata import generate_pool_data, pool_meta
 
     target, pool, meta, data_dir, _ = answered
     other = pool_meta(pool, "0" * 64, meta.target, meta)
@@ -345,7 +345,7 @@ def test_passages_are_short_enough_to_answer_cheaply(pool) -> None:  # type: ign
 def test_manifest_lists_the_origin_and_licence_of_every_answered_prompt(answered, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import gzip
 
-    from models.recipes.real_data import card_tables, write_manifest
+    from research.recipes.real_data import card_tables, write_manifest
 
     _, pool, _, data_dir, meta = answered
     pool_path = tmp_path / "pool.jsonl.gz"

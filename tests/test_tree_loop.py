@@ -150,7 +150,7 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, b
 @pytest.fixture(scope="module")
 def eagle_pair(tiny_pair, tmp_path_factory):
     from edgespec.loading.load import load_pair
-    from edgespec.loading.tiny import make_tiny_eagle
+    from tests.tiny import make_tiny_eagle
 
     out = make_tiny_eagle(tiny_pair[0], tmp_path_factory.mktemp("eagle") / "eagle", head=150)
     return load_pair(str(tiny_pair[0]), str(out))

@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 
 from edgespec.config import GenerationConfig
-from edgespec.distributed.launch import HOSTFILE, env_rank, launched_backend
+from edgespec.distributed.launch import HOSTFILE, env_rank, launched_backend, lost_group
 from edgespec.errors import ConfigError, GroupError
 
 _MOD = 2_147_483_647  # 2**31 - 1: checksums fit an int32 all_gather
@@ -100,11 +100,7 @@ def lost(exc: BaseException, group: Group | None = None) -> GroupError | None:
     text = first_line(exc)
     if not isinstance(exc, RuntimeError) or not text.startswith(("[ring]", "[jaccl]", "[mpi]")):
         return None
-    rank = group.rank if group is not None else env_rank()
-    return GroupError(
-        f"rank {rank} lost its group ({text}): another rank stopped or the network between "
-        "them failed"
-    )
+    return lost_group(text, group.rank if group is not None else env_rank())
 
 
 def check_config(config: GenerationConfig, group: Group) -> None:

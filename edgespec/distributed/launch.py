@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from edgespec.errors import GroupError
+
 HOSTFILE, RANK = "MLX_HOSTFILE", "MLX_RANK"
 THREAD_VARIABLES = ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -73,6 +75,18 @@ def share_threads(environ: MutableMapping[str, str] = os.environ) -> str | None:
 RING_GAVE_UP = b"Too many send/recv errors"
 
 
+def lost_group(text: str, rank: int | None) -> GroupError:
+    """The one-line error of a rank whose group broke, from the backend's first line `text`:
+
+    lost_group("[ring] connection to a peer was lost", 1) reads "rank 1 lost its group ([ring]
+    connection to a peer was lost): another rank stopped or the network between them failed".
+    """
+    return GroupError(
+        f"rank {rank} lost its group ({text}): another rank stopped or the network between "
+        "them failed"
+    )
+
+
 def exit_when_ring_gives_up(who: str, grace: float = 10.0) -> None:
     """MLX's ring backend (0.32) can give up on a dead peer ("[ring] Too many send/recv errors.
     Failing pending tasks...", on stderr) without waking the eval that waits for those tasks: the
@@ -94,9 +108,7 @@ def exit_when_ring_gives_up(who: str, grace: float = 10.0) -> None:
     def give_up() -> None:
         if exiting.wait(grace):
             return
-        from edgespec.distributed.group import lost
-
-        error = lost(RuntimeError("[ring] connection to a peer was lost"))
+        error = lost_group("[ring] connection to a peer was lost", env_rank())
         os.write(real, f"{who}: error: {error}\n".encode())
         os._exit(2)
 

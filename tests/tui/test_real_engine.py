@@ -16,8 +16,8 @@ pytest.importorskip("mlx.core")
 
 
 def test_real_tiny_pair_end_to_end(tmp_path: Path) -> None:
-    from edgespec.loading.tiny import make_tiny_pair
     from edgespec.runtime import Engine
+    from tests.tiny import make_tiny_pair
 
     target, draft = make_tiny_pair(tmp_path / "pair", seed=0, draft="self")
 

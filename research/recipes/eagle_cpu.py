@@ -16,12 +16,12 @@ How the shipped models/smollm2-135m-eagle was made (features and training side b
 training switching to a lighter feature regression at step 2200, then export; its model card has
 the details):
 
-    python models/recipes/eagle_cpu.py --work W --phase features --tokens 3000000  # stopped at 587k
-    python models/recipes/eagle_cpu.py --work W --phase train --scale --steps 4000 --lr 8e-4 \
+    python -m research.recipes.eagle_cpu --work W --phase features --tokens 3000000  # stopped at 587k
+    python -m research.recipes.eagle_cpu --work W --phase train --scale --steps 4000 --lr 8e-4 \
         --chunk 500 --reg 1.0 --until 2200
-    python models/recipes/eagle_cpu.py --work W --phase train --scale --steps 4000 --lr 8e-4 \
+    python -m research.recipes.eagle_cpu --work W --phase train --scale --steps 4000 --lr 8e-4 \
         --chunk 500 --reg 0.1
-    python models/recipes/eagle_cpu.py --work W --phase export --scale --out models/smollm2-135m-eagle
+    python -m research.recipes.eagle_cpu --work W --phase export --scale --out models/smollm2-135m-eagle
 
 Held-out agreement is printed on the first --held sequences (the training data's own kind of
 answers); measure a result on benchmark answers with `edgespec bench` or `edgespec verify`.
@@ -68,7 +68,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def fresh_model(a: argparse.Namespace, engine: Any, items: list) -> tuple[Any, dict]:
     """The untrained draft (its trained weights come from the checkpoint, if any)."""
-    from edgespec.distill.eagle import from_token_draft, match_feature_scale, new_eagle
+    from research.distill.eagle import from_token_draft, match_feature_scale, new_eagle
 
     target = engine.target.model
     config = json.loads((engine.target.path / "config.json").read_text())
@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if any(n % a.eval_every for n in (a.chunk, a.until or 0)):
         raise SystemExit("--chunk and --until must be multiples of --eval-every (checkpoints)")
-    from edgespec.distill.eagle import (
+    from edgespec.distill.export import quantize
+    from edgespec.distill.shards import read_shard
+    from edgespec.drafting.eagle import save_eagle
+    from edgespec.runtime import Engine
+    from research.distill.eagle import (
         EagleTrainConfig,
         agreement,
         export_grown,
@@ -101,10 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         load_trained,
         train_eagle,
     )
-    from edgespec.distill.export import quantize
-    from edgespec.distill.shards import read_shard
-    from edgespec.drafting.eagle import save_eagle
-    from edgespec.runtime import Engine
 
     engine = Engine.load()  # the embedded pair: target + token draft (its head ids, its layers)
     if a.phase in ("features", "all"):

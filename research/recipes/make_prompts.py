@@ -1,7 +1,7 @@
 """Chat-templated token ids of EdgeSpec's own instructions, for the GPU data-generation run
-(models/recipes/gpu_distill.py). Runs on the CPU, with the target pulled by EdgeSpec:
+(research/recipes/gpu_distill.py). Runs on the CPU, with the target pulled by EdgeSpec:
 
-    python models/recipes/make_prompts.py --target smollm2-135m-instruct --n 150000 --out prompts.npz
+    python -m research.recipes.make_prompts --target smollm2-135m-instruct --n 150000 --out prompts.npz
 
 Training prompts are the instructions outside the held-out slice (instructions.is_eval); the
 first --n-eval held-out instructions are written apart, for the held-out agreement curve.

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgespec.distill.instructions import is_eval
-from edgespec.distill.passages import Passage
-from edgespec.distill.requests import BUILDERS, KINDS, Request, followup_text, qa_closed
 from edgespec.files import atomic_write_bytes
+from research.distill.passages import Passage
+from research.distill.requests import BUILDERS, KINDS, Request, followup_text, qa_closed
 
 SLOTS = 4
 POOL_VERSION = 1

@@ -1,4 +1,4 @@
-"""Draft round 2's recipe on a lent GPU, in PyTorch: the GPU twin of models/recipes/draft_r2.py.
+"""Draft round 2's recipe on a lent GPU, in PyTorch: the GPU twin of research/recipes/draft_r2.py.
 
 draft_r2 (MLX, the CPU) continues the shipped 4-bit draft on several data sources through 4-bit
 rounding; this script does the same where a CPU day is a GPU minute, and adds the step the CPU
@@ -21,7 +21,7 @@ PyTorch but no MLX, so it reads and writes MLX's files itself:
 - export: OUT/model.safetensors in MLX's 4-bit format (what was trained through, bit for bit),
   OUT/report.json (curve, data, timings), OUT/new-NN.npz (the new answers, token ids).
 
-    python3 models/recipes/gpu_finetune.py --gguf T.gguf --draft DRAFT_DIR --pack PACK --out OUT \
+    python3 research/recipes/gpu_finetune.py --gguf T.gguf --draft DRAFT_DIR --pack PACK --out OUT \
         --gen-seconds 190 --deadline 500
 
 `draft_r2 gpu-import` measures the result with MLX on the CPU and writes the draft folder.

@@ -1,10 +1,10 @@
 """Training data from real text (issue 31): build a prompt pool on this machine's documentation and
 source code, let the target answer it (resumable, for hours), describe and export the result.
 
-    python -m edgespec.models.recipes.real_data pool --out POOL.jsonl.gz --groups 60000
-    python -m edgespec.models.recipes.real_data generate --pool POOL.jsonl.gz --data DIR --tokens 5000000
-    python -m edgespec.models.recipes.real_data card --pool POOL.jsonl.gz --data DIR
-    python -m edgespec.models.recipes.real_data export --data DIR --dest models/smollm2-135m-draft/data-real
+    python -m research.recipes.real_data pool --out POOL.jsonl.gz --groups 60000
+    python -m research.recipes.real_data generate --pool POOL.jsonl.gz --data DIR --tokens 5000000
+    python -m research.recipes.real_data card --pool POOL.jsonl.gz --data DIR
+    python -m research.recipes.real_data export --data DIR --dest models/smollm2-135m-draft/data-real
 
 Run it with PYTHONPATH at the repository root. `generate` re-executes itself with the BLAS EdgeSpec
 picks (edgespec/cpu/blas.py; EDGESPEC_BLAS=mkl-fast is fastest and exactness does not matter for data).
@@ -27,8 +27,8 @@ DEFAULT_BENCH = Path(__file__).resolve().parents[3] / "shared" / "prompts"
 
 
 def cmd_pool(a: argparse.Namespace) -> int:
-    from edgespec.distill.pool import benchmark_turns, build_pool, kind_counts, write_pool
-    from edgespec.distill.sources import collect
+    from research.distill.pool import benchmark_turns, build_pool, kind_counts, write_pool
+    from research.distill.sources import collect
 
     if Path(a.out).exists() and not a.force:
         # A data folder names its pool by hash: overwriting the file would orphan its answers.
@@ -49,11 +49,11 @@ def cmd_pool(a: argparse.Namespace) -> int:
 def cmd_generate(a: argparse.Namespace) -> int:
     from edgespec.cpu.blas import reexec_with_blas
 
-    reexec_with_blas(sys.argv[1:], module="edgespec.models.recipes.real_data")
-    from edgespec.distill.pool import read_pool
-    from edgespec.distill.realdata import generate_pool_data, pool_meta
+    reexec_with_blas(sys.argv[1:], module="research.recipes.real_data")
     from edgespec.distill.shards import Meta, SamplingPlan
     from edgespec.distill.target import load_target
+    from research.distill.pool import read_pool
+    from research.distill.realdata import generate_pool_data, pool_meta
 
     pool, sha = read_pool(Path(a.pool))
     plan = SamplingPlan(
@@ -90,9 +90,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
 def card_tables(pool_path: Path, data_dir: Path) -> str:
     """Markdown tables: answers and completion tokens per kind; prompts per source collection
     and per licence (over the answered prompts)."""
-    from edgespec.distill.pool import read_pool
-    from edgespec.distill.realdata import kind_counts
     from edgespec.distill.shards import done_ids
+    from research.distill.pool import read_pool
+    from research.distill.realdata import kind_counts
 
     pool, _ = read_pool(pool_path)
     done = done_ids(data_dir)
@@ -126,9 +126,9 @@ def write_manifest(pool_path: Path, data_dir: Path, dest: Path) -> int:
     With the shards' token ids this says where every committed prompt came from."""
     import gzip
 
-    from edgespec.distill.pool import read_pool
     from edgespec.distill.shards import done_ids
     from edgespec.files import atomic_write_bytes
+    from research.distill.pool import read_pool
 
     pool, sha = read_pool(pool_path)
     done = done_ids(data_dir)

@@ -5,11 +5,11 @@ continues a shipped draft through 4-bit rounding) reuses its GGUF loading and ta
 
 Why a twin: the lent GPU machine has PyTorch but no MLX, and nothing can be installed there beyond
 what travels with the call (64 MiB). The recipe is `edgespec distill`'s: the target's own answers
-to EdgeSpec's generated instructions (models/recipes/make_prompts.py; never benchmark prompts),
+to EdgeSpec's generated instructions (research/recipes/make_prompts.py; never benchmark prompts),
 a draft made of some of the target's layers + its frozen tied embedding + final norm + a
 reduced-vocabulary head, distilled on completion positions against the target's distribution.
 The shipped, CPU-runnable trainer is edgespec/distill (MLX); this script only makes the embedded
-draft faster than a CPU can. models/recipes/import_draft.py turns its output into a draft folder.
+draft faster than a CPU can. research/recipes/import_draft.py turns its output into a draft folder.
 
     python gpu_distill.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --prompts prompts.npz \
         --out OUT --work WORK --gen-seconds 200 --train-seconds 270 --drafts 0,1,28,29 0,29

@@ -6,7 +6,7 @@ all_sum of the K drafted tokens (greedy) and, at T > 0, of the K x V draft distr
 the ratio test reads. This times both on the group it is launched into, next to one step of the
 draft on this rank:
 
-    mlx.launch --backend ring -n 2 -- python -m edgespec.bench.broadcast_cost [PAIR] [K]
+    mlx.launch --backend ring -n 2 -- python -m research.measure.broadcast_cost [PAIR] [K]
 """
 
 from __future__ import annotations

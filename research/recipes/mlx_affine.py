@@ -1,5 +1,5 @@
 """MLX's affine quantization in NumPy, for scripts that run where MLX is not installed (the lent
-GPU's PyTorch twin, models/recipes/gpu_finetune.py): read a quantized draft, write one that
+GPU's PyTorch twin, research/recipes/gpu_finetune.py): read a quantized draft, write one that
 `mx.load` reads as if `nn.quantize` had written it. tests/test_mlx_affine.py checks every
 function bit for bit against mx.quantize / mx.dequantize.
 

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from edgespec.distill.passages import (
+from research.distill.passages import (
     FOREIGN_LANGS,
     HTML_TAG,
     LONG_CHARS,

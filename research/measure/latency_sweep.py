@@ -2,9 +2,9 @@
 target: `edgespec bench` on N local ranks whose ring connections run through delaying relays
 (edgespec/distributed/simlink.py), once per delay, then a table and a plot.
 
-    python -m edgespec.bench.latency_sweep bench -n 3 --out bench-out/n3 -- --methods plain,spec -k 3
-    python -m edgespec.bench.latency_sweep make-pair /tmp/sweep-pair
-    python -m edgespec.bench.latency_sweep sweep --delays 0,0.1,0.25,0.5,1 --out docs/measurements/x \\
+    python -m research.measure.latency_sweep bench -n 3 --out bench-out/n3 -- --methods plain,spec -k 3
+    python -m research.measure.latency_sweep make-pair /tmp/sweep-pair
+    python -m research.measure.latency_sweep sweep --delays 0,0.1,0.25,0.5,1 --out docs/measurements/x \\
         -- --target /tmp/sweep-pair/target --draft /tmp/sweep-pair/draft --methods plain,spec \\
            -k 3 --max-tokens 64 --limit 1
 
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.distributed.simlink import free_port_block, relayed_hostfiles
-from edgespec.loading.tiny import (
+from research.measure.simlink import free_port_block, relayed_hostfiles
+from tests.tiny import (
     llama_config,
     make_tokenizer,
     random_llama_weights,

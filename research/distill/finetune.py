@@ -33,7 +33,6 @@ from edgespec.distill.checkpoints import (
     restore_optimizer,
     save_checkpoint,
 )
-from edgespec.distill.qat import add_fake_quant, set_bits
 from edgespec.distill.shards import Sequence
 from edgespec.distill.train import (
     agreement_counts,
@@ -46,6 +45,7 @@ from edgespec.distill.train import (
 from edgespec.drafting.draft_model import EMBED, DraftModel, build
 from edgespec.files import atomic_write_bytes
 from edgespec.loading.weights import dequantize_model
+from research.distill.qat import add_fake_quant, set_bits
 
 
 @dataclass

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from edgespec.distill import instructions as I
 from edgespec.distill import lexicon as W
-from edgespec.distill import phrasings as P
-from edgespec.distill.passages import LONG_CHARS, Passage, sentences
+from research.distill import phrasings as P
+from research.distill.passages import LONG_CHARS, Passage, sentences
 
 KINDS = (
     "summarize", "qa_context", "qa_closed", "extract", "rewrite", "translate", "code_explain",

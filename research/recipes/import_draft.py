@@ -1,11 +1,11 @@
-"""Turn a models/recipes/gpu_distill.py export into an EdgeSpec draft folder (CPU, MLX):
+"""Turn a research/recipes/gpu_distill.py export into an EdgeSpec draft folder (CPU, MLX):
 
-    python models/recipes/import_draft.py --export OUT/draft-0-1-28-29 --layers 0,1,28,29 \
+    python -m research.recipes.import_draft --export OUT/draft-0-1-28-29 --layers 0,1,28,29 \
         --reports run1/report.json run2/report.json run3/report.json --column 0 \
         --gpu-data OUT/data-00.npz --out models/smollm2-135m-draft --command "..."
 
 Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/cpu/blas.py):
-LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python models/recipes/...
+LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python research/recipes/...
 
 Loads the fp16 trunk + head (mlx-lm names) into edgespec.drafting.draft_model with the target's own
 embedding, measures greedy agreement on the held-out answers of the draft folder's data (fp32 and
@@ -126,7 +126,7 @@ def main() -> None:
         loss=(
             "soft cross-entropy against the target's full next-token distribution restricted to "
             "the head (= KL up to a constant), at completion positions only, on a lent H100 "
-            "(models/recipes/gpu_distill.py: PyTorch twin of `edgespec distill`)"
+            "(research/recipes/gpu_distill.py: PyTorch twin of `edgespec distill`)"
         ),
     )
     export_draft(model, config, args.out, card)

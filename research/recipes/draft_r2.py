@@ -1,21 +1,21 @@
 """Draft round 2 (issue 31): the shipped token draft continued on real-text data and the GPU set,
 trained through 4-bit rounding, exported at 4 bits. Every phase resumes where it stopped.
 
-    python -m edgespec.models.recipes.draft_r2 topk --work W --sequences 4000
-    python -m edgespec.models.recipes.draft_r2 train --work W --real /work/distill-real/data --steps 1500
-    python -m edgespec.models.recipes.draft_r2 export --work W --real /work/distill-real/data --out models/smollm2-135m-draft
+    python -m research.recipes.draft_r2 topk --work W --sequences 4000
+    python -m research.recipes.draft_r2 train --work W --real /work/distill-real/data --steps 1500
+    python -m research.recipes.draft_r2 export --work W --real /work/distill-real/data --out models/smollm2-135m-draft
 
 - topk: the target's top-16 next-token log-probs for a seeded sample of the GPU set
   (models/smollm2-135m-draft/data/shard-00011.npz carries token ids only), W/gpu-topk/chunk-NNNNN.npz
   of --chunk answers each, written atomically;
-- train: edgespec.distill.finetune from the shipped draft (head re-chosen over the mix), sources
+- train: research.distill.finetune from the shipped draft (head re-chosen over the mix), sources
   "gpu" (those chunks; held out: the 48 held-out answers in data/ shards 0-10) and "real" (--real,
   split by its pool's held-out groups, repeated --real-repeat times per epoch); checkpoints in W/train;
 - export: the latest checkpoint's held-out agreement at fp32, 8 and 4 bits, then the draft written
   at --bits to --out (config.json, model.safetensors, curve.csv; the card is written by hand);
-- gpu-pack / gpu-import: the same recipe on a lent GPU (models/recipes/gpu_finetune.py, PyTorch):
+- gpu-pack / gpu-import: the same recipe on a lent GPU (research/recipes/gpu_finetune.py, PyTorch):
   the token ids it reads, then its 4-bit export measured here with MLX on the same held-out sets
-  and installed (models/recipes/README.md has the calls).
+  and installed (research/recipes/README.md has the calls).
 No benchmark prompt (../shared/prompts) is read by any phase.
 """
 
@@ -60,10 +60,10 @@ def cmd_topk(a: argparse.Namespace) -> int:
 
 
 def sources(a: argparse.Namespace) -> list:
-    from edgespec.distill.finetune import Source
     from edgespec.distill.shards import Meta, read_shard
     from edgespec.distill.target import load_with_topk
     from edgespec.distill.train import split_data
+    from research.distill.finetune import Source
 
     gpu = [
         s for p in sorted((Path(a.work) / "gpu-topk").glob("chunk-*.npz")) for s in read_shard(p)
@@ -97,9 +97,9 @@ def held_gpu(work: Path) -> list:
 
 def start_draft(srcs: list, head_size: int) -> tuple:
     """(target, (fp32 draft with its head re-chosen over the mix, config))."""
-    from edgespec.distill.finetune import mixed_head, regrow_head
     from edgespec.distill.target import load_target
     from edgespec.drafting.draft_model import input_embedding, load_draft
+    from research.distill.finetune import mixed_head, regrow_head
 
     target = load_target(TARGET)
     draft, config = load_draft(DRAFT, input_embedding(target.model))
@@ -112,7 +112,7 @@ def start_draft(srcs: list, head_size: int) -> tuple:
 
 def cmd_train(a: argparse.Namespace) -> int:
     from edgespec.distill.checkpoints import TrainConfig
-    from edgespec.distill.finetune import Plan, finetune
+    from research.distill.finetune import Plan, finetune
 
     srcs = sources(a)
     for s in srcs:
@@ -139,11 +139,11 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     from edgespec.distill.checkpoints import latest_checkpoint
     from edgespec.distill.export import quantize
-    from edgespec.distill.finetune import evaluate, load_checkpoint_shared
-    from edgespec.distill.qat import add_fake_quant
     from edgespec.distill.target import load_target
     from edgespec.distill.train import head_index
     from edgespec.drafting.draft_model import build, input_embedding, save_draft
+    from research.distill.finetune import evaluate, load_checkpoint_shared
+    from research.distill.qat import add_fake_quant
 
     srcs = sources(a)
     ckpt = latest_checkpoint(Path(a.work) / "train")
@@ -200,12 +200,12 @@ def cmd_gpu_pack(a: argparse.Namespace) -> int:
     answers (the same splits `train` uses). Token ids only."""
     import numpy as np
 
-    from edgespec.distill.pool import read_pool
-    from edgespec.distill.realdata import _template, conversation
-    from edgespec.distill.requests import KINDS
     from edgespec.distill.shards import Meta, Sequence, done_ids, iter_sequences, read_shard
     from edgespec.distill.target import load_target
     from edgespec.distill.train import split_data
+    from research.distill.pool import read_pool
+    from research.distill.realdata import _template, conversation
+    from research.distill.requests import KINDS
 
     out = Path(a.out)
     real = list(iter_sequences(Path(a.real)))
@@ -256,11 +256,11 @@ def cmd_gpu_import(a: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from edgespec.distill.finetune import evaluate
     from edgespec.distill.target import load_target
     from edgespec.distill.train import head_index
     from edgespec.drafting.draft_model import input_embedding, load_draft
     from edgespec.loading.weights import dequantize_model
+    from research.distill.finetune import evaluate
 
     run = Path(a.run)
     folder = Path(a.work) / "gpu-import"
@@ -292,12 +292,12 @@ def gpu_answers_to_data(run: Path, pool_path: Path, dest: Path, shard: int = 102
     with each answer's kind, compressed as a committed folder; sources.tsv.gz naming every quoted
     passage's origin and licence)."""
     import numpy as np
-    from edgespec.models.recipes.real_data import write_manifest
 
-    from edgespec.distill.pool import read_pool
-    from edgespec.distill.realdata import pool_meta, write_pool_shard
-    from edgespec.distill.requests import KINDS
     from edgespec.distill.shards import Meta, SamplingPlan, add_counts, read_shard
+    from research.distill.pool import read_pool
+    from research.distill.realdata import pool_meta, write_pool_shard
+    from research.distill.requests import KINDS
+    from research.recipes.real_data import write_manifest
 
     pool, sha = read_pool(pool_path)
     plan = SamplingPlan(temperature=0.8, top_p=0.95, greedy_fraction=0.5, max_new_tokens=256)
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     from edgespec.cpu.blas import reexec_with_blas
 
     argv = sys.argv[1:] if argv is None else argv
-    reexec_with_blas(argv, module="edgespec.models.recipes.draft_r2")
+    reexec_with_blas(argv, module="research.recipes.draft_r2")
     a = parser().parse_args(argv)
     return {
         "topk": cmd_topk, "train": cmd_train, "export": cmd_export,

@@ -1,4 +1,4 @@
-"""Train an EAGLE-3-style feature draft (edgespec.distill.eagle3) for the embedded target on this
+"""Train an EAGLE-3-style feature draft (research.distill.eagle3) for the embedded target on this
 machine: features fused from a low, a middle and the top target layer, trained on its own
 predictions for several steps ("training-time test"), warm-started from the shipped feature draft
 models/smollm2-135m-eagle (its layer, norm and feature scale; the fusion starts as the identity on
@@ -86,8 +86,8 @@ def sequences(a: argparse.Namespace) -> tuple[list, list]:
 
 
 def features(a: argparse.Namespace) -> None:
-    from edgespec.distill.eagle import extract_features
     from edgespec.runtime import Engine
+    from research.distill.eagle import extract_features
 
     target = Engine.load().target.model
     train, held = sequences(a)
@@ -99,9 +99,9 @@ def features(a: argparse.Namespace) -> None:
 
 def start(a: argparse.Namespace) -> tuple:
     """(model warm-started from the shipped feature draft, its config, train items, held items)."""
-    from edgespec.distill.eagle import load_items
-    from edgespec.distill.eagle3 import warm_start
     from edgespec.runtime import Engine
+    from research.distill.eagle import load_items
+    from research.distill.eagle3 import warm_start
 
     target = Engine.load().target.model
     items = [crop(it, a.context) for it in load_items(a.work / "features")]
@@ -113,15 +113,15 @@ def start(a: argparse.Namespace) -> tuple:
 def crop(item, context: int):  # type: ignore[no-untyped-def]
     """The answer with at most `context` prompt tokens before it (prompt positions carry no
     loss; long real-text prompts would cost most of the compute)."""
-    from edgespec.distill.eagle import Item
+    from research.distill.eagle import Item
 
     cut = max(0, item.prompt_len - context)
     return Item(item.ids[cut:], item.feats[cut:], item.prompt_len - cut)
 
 
 def train(a: argparse.Namespace) -> None:
-    from edgespec.distill.eagle import EagleTrainConfig, train_eagle
-    from edgespec.distill.eagle3 import chain_agreement, ttt_loss
+    from research.distill.eagle import EagleTrainConfig, train_eagle
+    from research.distill.eagle3 import chain_agreement, ttt_loss
 
     model, _, items, held = start(a)
     print(f"training on {len(items)} answers, {sum(len(i.ids) for i in items)} tokens")
@@ -144,10 +144,10 @@ def train(a: argparse.Namespace) -> None:
 
 
 def export(a: argparse.Namespace) -> None:
-    from edgespec.distill.eagle import load_trained
-    from edgespec.distill.eagle3 import chain_agreement
     from edgespec.distill.export import quantize
     from edgespec.drafting.eagle import save_eagle
+    from research.distill.eagle import load_trained
+    from research.distill.eagle3 import chain_agreement
 
     model, cfg, _, held = start(a)
     load_trained(model, a.work / "train")
@@ -166,12 +166,12 @@ def mtbench(a: argparse.Namespace) -> None:
 
     from edgespec.cache import target_features
     from edgespec.distill.data import SamplingPlan, answer
-    from edgespec.distill.eagle import Item
-    from edgespec.distill.eagle3 import chain_agreement
     from edgespec.distill.evaluate import find_prompt_file, load_prompts
     from edgespec.distill.train import agreement_counts, head_index
     from edgespec.drafting.eagle import load_eagle
     from edgespec.runtime import Engine
+    from research.distill.eagle import Item
+    from research.distill.eagle3 import chain_agreement
 
     engine = Engine.load()
     target, token_draft = engine.target.model, engine.draft.model

@@ -26,7 +26,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from edgespec.distill.debian import (
+from research.distill.debian import (
     debian_doc_passages,
     debian_licences,
     dpkg_owners,
@@ -36,7 +36,7 @@ from edgespec.distill.debian import (
     licence_passages,
     man_passages,
 )
-from edgespec.distill.passages import (
+from research.distill.passages import (
     MAX_CHARS,
     MIN_CHARS,
     SKIP_STDLIB,

@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.distill.data import answer, is_greedy, reconcile_meta
-from edgespec.distill.pool import SLOTS, Pool, PoolPrompt
-from edgespec.distill.requests import KINDS, written_prompt
 from edgespec.distill.shards import (
     Meta,
     Sequence,
@@ -29,6 +27,8 @@ from edgespec.distill.shards import (
     shard_path,
     shard_paths,
 )
+from research.distill.pool import SLOTS, Pool, PoolPrompt
+from research.distill.requests import KINDS, written_prompt
 
 
 def pool_meta(pool: Pool, sha: str, target: str, meta: Meta) -> Meta:

@@ -1,5 +1,5 @@
 """Training a feature draft along EAGLE-3's lines (the model: edgespec.drafting.eagle with several
-`feature_layers`; data, feature cache and training loop: edgespec.distill.eagle).
+`feature_layers`; data, feature cache and training loop: research.distill.eagle).
 
 Two changes from the first feature draft:
 - Fused features: the draft reads fuse(low, middle, top) = one linear layer over the target's
@@ -27,9 +27,9 @@ import mlx.nn as nn
 import numpy as np
 
 from edgespec.cache import TOP
-from edgespec.distill.eagle import Item, _num, make_batch, top_block
 from edgespec.drafting.draft_model import read_weights
 from edgespec.drafting.eagle import EagleModel, build
+from research.distill.eagle import Item, _num, make_batch, top_block
 
 
 def ttt_mask(width: int, step: int) -> mx.array:
