@@ -5,7 +5,7 @@ shared-prefix KV caches. The CLI, the TUI and the bench all drive generation thr
     for event in engine.chat([{"role": "user", "content": "Hi"}], GenerationConfig()):
         ...  # Token* Round (per round) ... Finished
 
-Threading: MLX streams belong to one thread; load and generate on the same thread (FACTS.md).
+Threading: MLX streams belong to one thread; load and generate on the same thread (docs/library.md).
 `cancel` (a threading.Event) may be set from any thread; it is checked between rounds.
 """
 

@@ -1,5 +1,5 @@
 """Every architecture family a Mac user runs, built by mlx-lm's own model classes and quantized to
-4 bits like an mlx-community folder (edgespec/loading/tiny_arch.py): attention KV caches (llama
+4 bits like an mlx-community folder (tests/tiny_arch.py): attention KV caches (llama
 with Llama 3 rope scaling, qwen2, qwen3, phi3 with longrope, ministral3 with yarn, qwen3_moe),
 sliding windows (gemma3_text, gpt_oss: answers several windows long) and recurrent layers
 (qwen3_next, qwen3_5: gated delta-nets in ArraysCache).

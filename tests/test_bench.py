@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import fields
@@ -17,9 +16,8 @@ from edgespec.bench.records import RunRecord, Summary, aggregate
 from edgespec.bench.report import format_markdown, format_table, write_report
 from edgespec.bench.runner import BenchPlan, BenchResult
 from edgespec.errors import ConfigError, PromptError
+from tests.prompt_sets import SPEC_BENCH, prompt_set
 
-SHARED = Path(os.environ.get("EDGESPEC_SHARED", Path(__file__).parents[1] / ".." / "shared"))
-SPEC_BENCH = SHARED / "prompts" / "spec_bench_question.jsonl"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -40,9 +38,8 @@ def test_categories_and_per_category_limit() -> None:
         load_prompts(None, categories=["nope"])
 
 
-@pytest.mark.skipif(not SPEC_BENCH.is_file(), reason="needs ../shared/prompts")
 def test_spec_bench_mt_bench_categories() -> None:
-    prompts = load_prompts(SPEC_BENCH, categories=["mt-bench"])
+    prompts = load_prompts(prompt_set(SPEC_BENCH), categories=["mt-bench"])
     assert len(prompts) == 80 and {p.category for p in prompts} == set(MT_BENCH)
     assert prompts[0].id == "81" and prompts[0].text.startswith("Compose an engaging travel")
 
@@ -233,10 +230,8 @@ def test_self_draft_accepts_every_token(tiny_pairs) -> None:
 def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
     pytest.importorskip("edgespec.runtime")
     target, draft = tiny_pairs["subset"]
-    prompts = SPEC_BENCH if SPEC_BENCH.is_file() else DEFAULT_PROMPTS
-    cats = "writing,coding" if SPEC_BENCH.is_file() else "qa,coding"
     cmd = [sys.executable, "-m", "edgespec", "bench", "--target", str(target), "--draft",
-           str(draft), "--draft-bits", "0", "--prompts", str(prompts), "--categories", cats,
+           str(draft), "--draft-bits", "0", "--prompts", str(DEFAULT_PROMPTS), "--categories", "qa,coding",
            "--limit", "1", "--max-tokens", "6", "-k", "2", "--out", str(tmp_path), "--quiet"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -14,10 +14,14 @@ import pytest
 from edgespec.distill import data as D
 from edgespec.distill import shards as S
 from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint
+from edgespec.distill.evaluate import OWN_PROMPTS, find_prompt_file
+from edgespec.distill.evaluate import load_prompts as load_eval_prompts
 from edgespec.distill.instructions import instructions, split
 from edgespec.distill.target import Target, load_target, load_with_topk
 from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data, train
 from edgespec.drafting.draft_model import input_embedding, load_draft
+from edgespec.errors import ConfigError
+from tests.prompt_sets import MT_BENCH, SPEC_BENCH, prompt_set
 from tests.tiny import make_tiny_pair
 
 N_INSTR = 120
@@ -60,16 +64,26 @@ def test_split_is_disjoint_and_covers_every_id() -> None:
     assert 50 <= len(held) <= 150
 
 
-def test_instructions_never_contain_benchmark_prompts() -> None:
-    shared = Path(__file__).resolve().parents[2] / "shared" / "prompts"
-    if not shared.is_dir():
-        pytest.skip("../shared/prompts not present")
+@pytest.mark.parametrize("variable", [MT_BENCH, SPEC_BENCH])
+def test_instructions_never_contain_benchmark_prompts(variable: str) -> None:
+    path = prompt_set(variable)
     bench = set()
-    for f in shared.glob("*.jsonl"):
-        for line in f.read_text().splitlines():
-            if line.strip():
-                bench.update(t.strip() for t in json.loads(line)["turns"])
+    for line in path.read_text().splitlines():
+        if line.strip():
+            bench.update(t.strip() for t in json.loads(line)["turns"])
     assert not bench & set(instructions(20_000))
+
+
+def test_evaluation_defaults_to_the_projects_own_prompts(tmp_path: Path) -> None:
+    """Without --prompts, `edgespec distill --evaluate` reads edgespec/data/bench_prompts.jsonl
+    (nothing outside the installed package); a missing --prompts file is a one-line error."""
+    path = find_prompt_file(None)
+    assert path == OWN_PROMPTS and path.is_file()
+    questions = load_eval_prompts(path, 0, per_category=1)
+    assert len(questions) >= 4 and len({q.category for q in questions}) == len(questions)
+    assert not {q.text for q in questions} & set(instructions(20_000))  # never trained on
+    with pytest.raises(ConfigError, match="prompt file not found"):
+        find_prompt_file(str(tmp_path / "missing.jsonl"))
 
 
 # ----------------------------------------------------------------------------- data

@@ -13,11 +13,7 @@ import pytest
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafting.eagle import EagleModel
 from tests.cli import run_edgespec
-from tests.test_embedded_pair import (
-    SHARED,
-    assert_greedy_speculative_equals_plain,
-    mt_bench_prompts,
-)
+from tests.test_embedded_pair import assert_greedy_speculative_equals_plain, mt_bench_prompts
 
 pytestmark = pytest.mark.slow
 PAIR = "smollm2-135m-eagle"
@@ -42,7 +38,7 @@ def test_the_pair_loads_its_feature_draft_on_the_targets_embedding(engine):
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_greedy_speculative_equals_plain_on_mt_bench(engine, k):
+def test_greedy_speculative_equals_plain_on_own_prompts(engine, k):
     assert_greedy_speculative_equals_plain(engine, k)
 
 
@@ -60,9 +56,8 @@ def test_the_trained_feature_draft_gets_tokens_accepted(engine):
 def test_bench_compares_against_mlx_lm_with_the_pairs_token_draft(tmp_path):
     """mlx-lm cannot run a feature draft; the bench hands it the pair's token draft, same run."""
     out = run_edgespec(
-        "bench", "--pair", PAIR, "--prompts", str(SHARED / "prompts" / "spec_bench_question.jsonl"),
-        "--categories", "writing", "--limit", "1", "--max-tokens", "16", "-k", "1",
-        "--methods", "plain,spec,mlx-lm", "--no-warmup", "--quiet", "--out", str(tmp_path),
+        "bench", "--pair", PAIR, "--categories", "writing", "--limit", "1", "--max-tokens", "16",
+        "-k", "1", "--methods", "plain,spec,mlx-lm", "--no-warmup", "--quiet", "--out", str(tmp_path),
         timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

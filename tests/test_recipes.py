@@ -44,3 +44,13 @@ def test_gpu_data_becomes_the_next_shard_with_fresh_counts(tmp_path):
     assert (meta.n_sequences, meta.n_tokens, meta.n_completion_tokens) == (3, 10, 5)
     assert meta.shards == 2 and meta.n_instructions == 150
     assert D.Meta.read(data_dir).n_completion_tokens == 5
+
+
+def test_the_recipes_find_the_drafts_they_continue():
+    """The recipes name the shipped drafts by their folders in the repository's models/."""
+    from research.recipes import draft_r2, eagle3_cpu, eagle_cpu
+
+    assert (draft_r2.DRAFT / "config.json").is_file()
+    assert (draft_r2.DRAFT / "data-real-gpu" / "meta.json").is_file()
+    assert (eagle_cpu.TOKEN_DRAFT / "model.safetensors").is_file()
+    assert (eagle3_cpu.OLD_EAGLE / "model.safetensors").is_file()

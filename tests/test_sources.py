@@ -25,7 +25,6 @@ from research.distill.passages import (
 )
 from research.distill.pool import (
     SLOTS,
-    benchmark_turns,
     build_pool,
     decontaminate,
     read_pool,
@@ -33,8 +32,8 @@ from research.distill.pool import (
     write_pool,
 )
 from research.distill.requests import KINDS, written_prompt
+from tests.prompt_sets import MT_BENCH, SPEC_BENCH, given_turns
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "shared" / "prompts"
 CAPS = S.Caps(per_file=4, gettext_per_file=4)
 GROUPS = 1500
 
@@ -56,7 +55,7 @@ def passages() -> list[Passage]:
 
 @pytest.fixture(scope="module")
 def pool(passages):  # type: ignore[no-untyped-def]
-    return build_pool(passages, GROUPS, seed=0, benchmark=benchmark_turns(BENCH_DIR))
+    return build_pool(passages, GROUPS, seed=0, benchmark=given_turns())
 
 
 # ----------------------------------------------------------------------------- passages
@@ -125,7 +124,7 @@ def test_every_kind_is_represented(pool) -> None:  # type: ignore[no-untyped-def
 
 
 def test_pool_is_deterministic_and_its_file_round_trips(passages, pool, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    again = build_pool(passages, GROUPS, seed=0, benchmark=benchmark_turns(BENCH_DIR))
+    again = build_pool(passages, GROUPS, seed=0, benchmark=given_turns())
     assert again.prompts == pool.prompts
     other = build_pool(passages, 50, seed=1)
     assert [p.user for p in other.prompts[:20]] != [p.user for p in pool.prompts[:20]]
@@ -160,9 +159,9 @@ def test_no_template_field_is_left_unfilled(passages, pool) -> None:  # type: ig
 
 
 def test_no_prompt_contains_benchmark_text(pool) -> None:  # type: ignore[no-untyped-def]
-    turns = benchmark_turns(BENCH_DIR)
+    turns = given_turns()
     if not turns:
-        pytest.skip("../shared/prompts not present")
+        pytest.skip(f"needs a public prompt set: set {MT_BENCH} or {SPEC_BENCH}")
     bad: set[str] = set()
     for t in turns:
         bad |= shingles(t)
@@ -174,9 +173,9 @@ def test_no_prompt_contains_benchmark_text(pool) -> None:  # type: ignore[no-unt
 
 
 def test_decontamination_drops_a_passage_that_quotes_a_benchmark_turn() -> None:
-    turns = benchmark_turns(BENCH_DIR)
+    turns = given_turns()
     if not turns:
-        pytest.skip("../shared/prompts not present")
+        pytest.skip(f"needs a public prompt set: set {MT_BENCH} or {SPEC_BENCH}")
     turn = max(turns, key=len)
     quote = " ".join(turn.split()[:14])  # only in memory, for this check
     clean = Passage("An unrelated paragraph about tar archives. " * 10, "t", "o1", "MIT", "prose")

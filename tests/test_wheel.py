@@ -14,7 +14,8 @@ import pytest
 
 from tests.import_graph import ROOT
 
-MAX_WHEEL_BYTES = 30_000_000  # the three shipped drafts plus code; the shards alone add 15 MB
+MAX_WHEEL_BYTES = 24_000_000  # the three shipped drafts and the code, with some room; a new draft
+# or data file in the wheel must raise it on purpose
 LEFT_BEHIND = (
     ".git",
     "build",

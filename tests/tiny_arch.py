@@ -3,7 +3,7 @@
 `make_family(root, family)` writes `root/target` and `root/draft` for one family of
 `FAMILIES` the way an mlx-community folder is made: the model built from a config by mlx-lm
 (`mlx_lm.models.<type>.Model`), seeded weights, `mlx_lm.utils.quantize_model` to 4 bits,
-`save_model` / `save_config`, plus the small byte-level BPE tokenizer of edgespec/loading/tiny.py.
+`save_model` / `save_config`, plus the small byte-level BPE tokenizer of tests/tiny.py.
 The draft is the same family with fewer layers: the target's embedding, head and first layers
 (a layer subset agrees with the target often but not always), or the target itself.
 

@@ -1,6 +1,6 @@
 """The one long-lived thread that owns the engine (and so all MLX state), plus a batcher.
 
-MLX streams belong to the thread that created them (FACTS.md), so the engine is loaded *and* run on
+MLX streams belong to the thread that created them (docs/library.md), so the engine is loaded *and* run on
 the same thread, which serves requests from a queue for the app's whole life. The UI thread only
 enqueues requests and sets cancel events; it never waits on the engine.
 

@@ -57,7 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weight bits of the exported draft (default 8: 4 bits cost agreement)",
     )
     g = parser.add_argument_group("evaluation")
-    g.add_argument("--prompts", help="path to mt_bench_question.jsonl (default ../shared/prompts)")
+    g.add_argument(
+        "--prompts", help="question file, MT-bench style (default: the built-in bench prompts)"
+    )
     g.add_argument("--n-prompts", type=int, default=20, help="the first N questions (default 20)")
     g.add_argument("--eval-tokens", type=int, default=128, help="tokens per evaluated answer")
     g.add_argument(

@@ -1,7 +1,7 @@
 """`edgespec tree-bench`: chains against draft trees side by side in one run (edgespec/bench/tree.py).
 
 edgespec tree-bench --depth 4 --trees 3,2,1,1 dynamic --max-tokens 64
-edgespec tree-bench --prompts ../shared/prompts/spec_bench_question.jsonl --limit 2
+edgespec tree-bench --prompts question.jsonl --limit 2
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Use an optimised BLAS under MLX's CPU backend on Linux, without rebuilding anything.
 
-The `mlx[cpu]` wheel links the unoptimised reference BLAS (FACTS.md: a 1024x1024 fp32 matmul at
-~5 GFLOP/s). A library cannot swap BLAS after MLX is loaded, so the `edgespec` command (and pytest,
+The `mlx[cpu]` wheel links the unoptimised reference BLAS (docs/cpu-backend.md has its speed next
+to the others'). A library cannot swap BLAS after MLX is loaded, so the `edgespec` command (and pytest,
 through edgespec.cpu.pytest_blas) re-executes itself once, before importing MLX, with a better one in
 LD_PRELOAD. EDGESPEC_BLAS picks it:
 

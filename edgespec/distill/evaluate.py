@@ -1,4 +1,4 @@
-"""Measure a draft against its target on MT-bench-style prompts it never saw (temperature 0):
+"""Measure a draft against its target on prompts it never saw (temperature 0):
 
 - greedy agreement: draft argmax == target argmax along the target's own greedy answers;
 - c = draft per-token decode time / target per-token decode time (batch 1, KV cache);
@@ -10,8 +10,9 @@ Agreement, acceptance, tau and identical outputs are also given per prompt categ
 `category` field of MT-bench / Spec-Bench questions), with the categories that fall below the
 overall figure by more than a margin, or below a floor, flagged (`flag_categories`).
 
-Prompts are read at run time from ../shared/prompts/mt_bench_question.jsonl (first turns):
-evaluation only, never training. Run: `edgespec distill --evaluate --target T --draft D`.
+Prompts: the first turns of a question file in MT-bench / Spec-Bench format the user gives
+(--prompts), else the project's own bench prompts (edgespec/data/bench_prompts.jsonl); evaluation
+only, never training. Run: `edgespec distill --evaluate --target T --draft D --prompts FILE`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from edgespec.errors import ConfigError
 from edgespec.events import Finished
 from edgespec.runtime import Engine
 
-PROMPT_FILE = "mt_bench_question.jsonl"
+OWN_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench_prompts.jsonl"
 NO_CATEGORY = "-"  # questions without a `category` field
 MARGIN = 0.10  # default: flag a category this far below the overall figure
 
@@ -77,15 +78,11 @@ class EvalReport:
 
 
 def find_prompt_file(explicit: str | None = None) -> Path:
-    """--prompts, else ../shared/prompts/<file> beside the working directory or the repo."""
-    here = Path(__file__).resolve().parents[2]
-    candidates = [Path(explicit)] if explicit else []
-    candidates += [Path.cwd().parent / "shared" / "prompts" / PROMPT_FILE]
-    candidates += [here.parent / "shared" / "prompts" / PROMPT_FILE]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise ConfigError(f"cannot find {PROMPT_FILE}; pass --prompts PATH")
+    """--prompts, else the project's own prompts (OWN_PROMPTS, the bench's default)."""
+    path = Path(explicit) if explicit else OWN_PROMPTS
+    if not path.is_file():
+        raise ConfigError(f"prompt file not found: {path}")
+    return path
 
 
 @dataclass(frozen=True)

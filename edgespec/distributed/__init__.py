@@ -3,6 +3,6 @@ distributed engine (mx.distributed, mlx.launch) and mlx-lm's sharding.
 
 launch: what the launcher's environment says (no MLX import); group: the group, and the check
 that its ranks stay in step; shard: loading a target split tensor- or pipeline-parallel;
-probe: per-forward and per-collective latencies for the bench; simlink: delayed links between
-ranks, to simulate slower networks.
+probe: per-forward and per-collective latencies for the bench. (Delayed links between ranks, to
+simulate slower networks, are research tooling: research/measure/simlink.py.)
 """

@@ -39,7 +39,7 @@ PRIOR_WEIGHT = 2.0
 ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of memory)
 COST_WINDOW = 5  # timings per cost estimate (their median): a single stall never moves it
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L
-# have been measured. FACTS.md: an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
+# have been measured. On a CPU an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
 PRIOR_VERIFY_SLOPE = 0.1
 # The policy takes the shortest round predicted within this share of the best: its inputs are
 # medians of a few noisy timings, and on a 2-core CPU (verify of 2 tokens ~1 step, of 4 ~1.65)

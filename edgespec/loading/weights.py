@@ -1,5 +1,5 @@
-"""Backend policy for weights (FACTS.md): 4-bit matmuls are the fast path on Metal/CUDA but a naive,
-slow kernel on the CPU backend, and fp16/bf16 compute on CPU is slow too. So on a GPU quantized
+"""Backend policy for weights (docs/cpu-backend.md): 4-bit matmuls are the fast path on Metal/CUDA
+but a naive, slow kernel on the CPU backend, and fp16/bf16 compute on CPU is slow too. So on a GPU quantized
 weights stay quantized (and an unquantized draft is quantized to `draft_bits`); on the CPU every
 quantized layer is dequantized and every float weight cast to fp32 at load time.
 """

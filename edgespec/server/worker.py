@@ -1,6 +1,6 @@
 """The one thread that owns the models: it loads the engine, then serves jobs first in, first out.
 
-MLX streams belong to the thread that made them (FACTS.md), so loading and every generation run
+MLX streams belong to the thread that made them (docs/library.md), so loading and every generation run
 on this thread; the HTTP side only submits jobs, sets their cancel events and reads what they emit.
 
     worker = Worker(loader, budget_bytes=1 << 30, max_slots=4)

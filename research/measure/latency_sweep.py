@@ -1,6 +1,6 @@
 """How the speedup of speculative over plain decoding grows with the network latency of a sharded
 target: `edgespec bench` on N local ranks whose ring connections run through delaying relays
-(edgespec/distributed/simlink.py), once per delay, then a table and a plot.
+(research/measure/simlink.py), once per delay, then a table and a plot.
 
     python -m research.measure.latency_sweep bench -n 3 --out bench-out/n3 -- --methods plain,spec -k 3
     python -m research.measure.latency_sweep make-pair /tmp/sweep-pair

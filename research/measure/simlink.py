@@ -1,5 +1,5 @@
 """Slower links between local ranks, to simulate a network: a delaying TCP relay in front of each
-rank's ring address. A simulation knob for measurements (edgespec/bench/latency_sweep.py), never a
+rank's ring address. A simulation knob for measurements (research/measure/latency_sweep.py), never a
 transport: the ranks still talk through MLX's own ring backend, only over a longer wire.
 
 Why a relay: MLX's ring backend has no latency setting, `tc netem` needs a kernel module that

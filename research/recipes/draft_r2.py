@@ -2,8 +2,8 @@
 trained through 4-bit rounding, exported at 4 bits. Every phase resumes where it stopped.
 
     python -m research.recipes.draft_r2 topk --work W --sequences 4000
-    python -m research.recipes.draft_r2 train --work W --real /work/distill-real/data --steps 1500
-    python -m research.recipes.draft_r2 export --work W --real /work/distill-real/data --out models/smollm2-135m-draft
+    python -m research.recipes.draft_r2 train --work W --real REAL --steps 1500
+    python -m research.recipes.draft_r2 export --work W --real REAL --out models/smollm2-135m-draft
 
 - topk: the target's top-16 next-token log-probs for a seeded sample of the GPU set
   (models/smollm2-135m-draft/data/shard-00011.npz carries token ids only), W/gpu-topk/chunk-NNNNN.npz
@@ -16,7 +16,7 @@ trained through 4-bit rounding, exported at 4 bits. Every phase resumes where it
 - gpu-pack / gpu-import: the same recipe on a lent GPU (research/recipes/gpu_finetune.py, PyTorch):
   the token ids it reads, then its 4-bit export measured here with MLX on the same held-out sets
   and installed (research/recipes/README.md has the calls).
-No benchmark prompt (../shared/prompts) is read by any phase.
+No benchmark prompt is read by any phase.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-DRAFT = HERE.parent / "smollm2-135m-draft"
+MODELS = Path(__file__).resolve().parents[2] / "models"  # the repository's models/
+DRAFT = MODELS / "smollm2-135m-draft"
 TARGET = "smollm2-135m-instruct"
 
 

@@ -5,8 +5,8 @@ models/smollm2-135m-eagle (its layer, norm and feature scale; the fusion starts 
 the top block, so training starts from the old draft's quality).
 
 Data: the token draft's data (models/smollm2-135m-draft/data, the target's answers to EdgeSpec's
-generated instructions) plus real-text prompts answered by the target (--real, e.g.
-/work/distill-real/data); both split into train / held-out by edgespec.distill.train.split_data.
+generated instructions) plus real-text prompts answered by the target (--real: the full
+shards of `research.recipes.real_data generate`); both split into train / held-out by edgespec.distill.train.split_data.
 No benchmark prompt is ever read.
 
 Phases, each resumable (run it again to continue):
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-TOKEN_DRAFT = HERE.parent / "smollm2-135m-draft"
-OLD_EAGLE = HERE.parent / "smollm2-135m-eagle"
+MODELS = Path(__file__).resolve().parents[2] / "models"  # the repository's models/
+TOKEN_DRAFT = MODELS / "smollm2-135m-draft"
+OLD_EAGLE = MODELS / "smollm2-135m-eagle"
 PHASES = ("features", "train", "export", "mtbench", "loop")
 
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-TOKEN_DRAFT = HERE.parent / "smollm2-135m-draft"
+MODELS = Path(__file__).resolve().parents[2] / "models"  # the repository's models/
+TOKEN_DRAFT = MODELS / "smollm2-135m-draft"
 PHASES = ("features", "train", "export", "all")
 
 

@@ -1,7 +1,7 @@
 """Training data from real text (issue 31): build a prompt pool on this machine's documentation and
 source code, let the target answer it (resumable, for hours), describe and export the result.
 
-    python -m research.recipes.real_data pool --out POOL.jsonl.gz --groups 60000
+    python -m research.recipes.real_data pool --out POOL.jsonl.gz --groups 60000 --exclude-prompts DIR
     python -m research.recipes.real_data generate --pool POOL.jsonl.gz --data DIR --tokens 5000000
     python -m research.recipes.real_data card --pool POOL.jsonl.gz --data DIR
     python -m research.recipes.real_data export --data DIR --dest models/smollm2-135m-draft/data-real
@@ -11,7 +11,8 @@ picks (edgespec/cpu/blas.py; EDGESPEC_BLAS=mkl-fast is fastest and exactness doe
 It writes a shard every --shard-size answers and one log line per shard; kill it at any time and
 run the same command again to go on. The pool is read from its file, never rebuilt, so the prompt
 ids in the shards keep their meaning; meta.json records the pool's sha256 and refuses another.
-Benchmark prompts (../shared/prompts) are read by `pool` only to drop overlapping passages.
+Benchmark prompts (the question files in --exclude-prompts) are read by `pool` only to drop
+overlapping passages.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-
-DEFAULT_BENCH = Path(__file__).resolve().parents[3] / "shared" / "prompts"
 
 
 def cmd_pool(a: argparse.Namespace) -> int:
@@ -163,7 +162,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-man", action="store_true", help="skip manual pages (faster)")
     p.add_argument("--force", action="store_true", help="replace an existing pool file")
     p.add_argument(
-        "--exclude-prompts", default=str(DEFAULT_BENCH) if DEFAULT_BENCH.is_dir() else ""
+        "--exclude-prompts",
+        default="",
+        help="folder of benchmark question files (*.jsonl) whose turns no passage may quote",
     )
     g = sub.add_parser("generate", help="the target answers the pool (resumable)")
     g.add_argument("--pool", required=True)
