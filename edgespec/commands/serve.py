@@ -167,7 +167,10 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise
     model_id = _model_id(args)
-    defaults = Defaults(model_id, config, random_seed=random_seed, has_draft=engine.has_draft)
+    from edgespec.cache import vocab_size
+
+    vocab = vocab_size(engine.target.model)
+    defaults = Defaults(model_id, config, random_seed, engine.has_draft, vocab)
     app = create_app(worker, defaults, api_key=args.api_key, description=engine.name,
                      budget_bytes=args.cache_mb << 20, allow_origins=tuple(args.allow_origin))  # fmt: skip
     server = _make_server(app, worker, args.verbose)
