@@ -209,7 +209,7 @@ def reexec_with_blas(
     argv: list[str], module: str = "edgespec", report: Callable[[str], None] | None = None
 ) -> None:
     """On Linux, replace this process with `python -m MODULE *argv` preloading the BLAS that
-    `plan()` picks (once). `report` is handed plan's notes (a fallback) before that.
+    `plan()` picks (once), in safe-path mode (`safe_command`). `report` is handed plan's notes (a fallback) before that.
 
     No-op on macOS (MLX uses Accelerate/Metal), for EDGESPEC_BLAS=system, when already re-executed
     or already preloaded, when no optimised BLAS is installed, or when MLX is already imported
@@ -233,6 +233,28 @@ def reexec_with_blas(
     env = dict(os.environ, **extra, **{_MARK: "1", ACTIVE: name})
     env["LD_PRELOAD"] = ":".join(filter(None, [lib, preload]))
     try:
-        os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+        os.execve(sys.executable, safe_command(module, argv), env)
     except OSError:
         return  # keep going on the reference BLAS rather than fail
+
+
+# Python < 3.11 has no -P: this runs the module once the working directory (sys.path[0], "" under
+# -c) is off the import path, before anything else is imported.
+_SAFE_BOOT = (
+    "import sys; del sys.path[0]; import runpy; "
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+)
+
+
+def safe_command(
+    module: str, argv: list[str], version: tuple[int, ...] = sys.version_info
+) -> list[str]:
+    """`python -m MODULE *argv` without the working directory on the import path, so that a file
+    named like a standard module where the command was started (a queue.py) cannot replace it.
+
+        safe_command("edgespec", ["serve"], (3, 11))  -> [python, "-P", "-m", "edgespec", "serve"]
+        safe_command("edgespec", ["serve"], (3, 10))  -> [python, "-c", _SAFE_BOOT, "edgespec", "serve"]
+    """
+    if version >= (3, 11):
+        return [sys.executable, "-P", "-m", module, *argv]
+    return [sys.executable, "-c", _SAFE_BOOT, module, *argv]
