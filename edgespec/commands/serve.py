@@ -30,6 +30,7 @@ HELP = (
 )
 DEFAULT_CACHE_MB = 1024
 DEFAULT_SLOTS = 4
+FILES_RESERVED = 64  # file descriptors kept for the process's own files (models, libraries, logs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +73,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let scripts on this web origin call the API (CORS), e.g. http://localhost:3000; "
         "repeat for several, '*' for any",
     )
+    add_limit_args(g)
     g.add_argument("--verbose", action="store_true", help="log every request (uvicorn's log)")
+
+
+def add_limit_args(g: Any) -> None:
+    """What one client may hold: body size, time to send a request, open connections."""
+    from edgespec.server.limits import Limits
+
+    d = Limits()
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help=f"largest request body, bytes (default {d.max_body_bytes}; above: 413)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=d.request_timeout_s,
+        help="seconds a client has to send a request's head, and again its body (default "
+        f"{d.request_timeout_s:g}); a connection that sends nothing for that long is closed",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help=f"open connections (default {d.max_connections}; at the cap a new one closes the "
+        "longest idle one; lowered to fit the open-file limit)",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -84,6 +113,32 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key (or EDGESPEC_API_KEY) is empty")
+    if args.max_body_bytes < 1 or args.max_connections < 1 or not args.request_timeout > 0:
+        raise ConfigError("--max-body-bytes, --max-connections and --request-timeout must be > 0")
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    """The request limits, --max-connections fitted under the open-file limit (raised first,
+    up to its hard ceiling, when it is lower: each connection holds a file descriptor)."""
+    from edgespec.server.limits import Limits
+
+    cap = args.max_connections
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = cap + FILES_RESERVED
+        if soft != resource.RLIM_INFINITY and soft < want:
+            ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+            soft = ceiling
+        if soft != resource.RLIM_INFINITY and soft < want:
+            cap = max(1, soft - FILES_RESERVED)
+            note = f"--max-connections lowered to {cap} to fit the open-file limit ({soft})"
+            print(f"edgespec serve: {note}", file=sys.stderr)
+    except (ImportError, ValueError, OSError):  # no such limit here (Windows), or not allowed
+        pass
+    return Limits(args.max_body_bytes, args.request_timeout, cap)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -171,9 +226,14 @@ def run(args: argparse.Namespace) -> int:
 
     vocab = vocab_size(engine.target.model)
     defaults = Defaults(model_id, config, random_seed, engine.has_draft, vocab)
+    from edgespec.server.guard import ConnectionGuard
+
+    limits = _limits(args)
+    guard = ConnectionGuard(limits.max_connections, limits.request_timeout_s)
     app = create_app(worker, defaults, api_key=args.api_key, description=engine.name,
-                     budget_bytes=args.cache_mb << 20, allow_origins=tuple(args.allow_origin))  # fmt: skip
-    server = _make_server(app, worker, args.verbose)
+                     budget_bytes=args.cache_mb << 20, allow_origins=tuple(args.allow_origin),
+                     limits=limits, connections=guard.figures)  # fmt: skip
+    server = _make_server(app, worker, guard, args.verbose)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"edgespec serve: {engine.name} at http://{shown}:{port}/v1 (model {model_id!r}; "
@@ -186,19 +246,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_server(app: Any, worker: Any, verbose: bool) -> Any:
-    """uvicorn's Server, whose exit signal also stops the worker (running and queued jobs)."""
+def _make_server(app: Any, worker: Any, guard: Any, verbose: bool) -> Any:
+    """uvicorn's Server, whose exit signal also stops the worker (running and queued jobs), on
+    its h11 protocol under the connection guard; repeated log lines are said once unless
+    --verbose."""
     import uvicorn
 
     from edgespec.server.app import GRACEFUL_SHUTDOWN_S
+    from edgespec.server.guard import guarded_h11, quiet_repeats
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             worker.close()
             super().handle_exit(sig, frame)
 
+    if not verbose:
+        quiet_repeats()
     config = uvicorn.Config(
         app,
+        http=guarded_h11(guard),
         log_level="info" if verbose else "warning",
         access_log=verbose,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

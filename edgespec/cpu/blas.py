@@ -247,7 +247,7 @@ _SAFE_BOOT = (
 
 
 def safe_command(
-    module: str, argv: list[str], version: tuple[int, ...] = sys.version_info
+    module: str, argv: list[str], version: tuple[int, ...] = tuple(sys.version_info[:2])
 ) -> list[str]:
     """`python -m MODULE *argv` without the working directory on the import path, so that a file
     named like a standard module where the command was started (a queue.py) cannot replace it.

@@ -1,0 +1,222 @@
+"""`edgespec serve` against hostile clients (loopback only, every loop bounded): oversized
+bodies, half-sent and idle connections by the thousand, slow bodies, out-of-range sampling,
+a full queue; and the API key's edges (the scheme's case, CORS preflights)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edgespec.server.process import ServerProcess
+
+httpx = pytest.importorskip("httpx")
+
+KEY = {"Authorization": "Bearer sesame"}
+HI = [{"role": "user", "content": "hi"}]
+BODY_LIMIT = 65536
+TIMEOUT_S = 2
+
+
+def models(pair) -> list[str]:
+    return ["--target", str(pair[0]), "--draft", str(pair[1]), "--max-tokens", "8"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair):
+    """Small limits, a queue of one, an API key."""
+    srv = ServerProcess(
+        *models(tiny_pair),
+        "--max-body-bytes", str(BODY_LIMIT),
+        "--request-timeout", str(TIMEOUT_S),
+        "--max-queue", "1",
+        env={"EDGESPEC_API_KEY": "sesame"},
+    )  # fmt: skip
+    yield srv
+    srv.kill()
+
+
+def port(srv: ServerProcess) -> int:
+    return int(srv.url.rsplit(":", 1)[1])
+
+
+def post(srv: ServerProcess, body=None, headers=KEY, **kw):
+    body = {"messages": HI} if body is None else body
+    kw.setdefault("timeout", 60)
+    data = {"content": body} if isinstance(body, bytes) else {"json": body}
+    return httpx.post(f"{srv.base}/chat/completions", headers=headers, **data, **kw)
+
+
+def health(srv: ServerProcess) -> dict:
+    return httpx.get(f"{srv.url}/health", timeout=10).json()
+
+
+def in_thread(fn):
+    """Run fn in a thread; returns a callable giving its result (or raising its error)."""
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(_call(fn)), daemon=True)
+    thread.start()
+
+    def result():
+        thread.join(120)
+        assert out, "the request did not end"
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    return result
+
+
+def _call(fn):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - handed back to the test
+        return exc
+
+
+def test_an_oversized_body_gets_413_at_once_while_another_request_completes(server):
+    normal = in_thread(lambda: post(server, {"messages": HI, "max_tokens": 8}))
+    for body in (b"x" * (1 << 20), b'{"messages": [' + b" " * (BODY_LIMIT + 1)):
+        t0 = time.monotonic()
+        r = post(server, body)
+        assert r.status_code == 413 and time.monotonic() - t0 < 1.0
+        assert "--max-body-bytes" in r.json()["error"]["message"]
+
+    def chunked():  # no Content-Length: counted as it arrives
+        for _ in range(40):
+            yield b" " * 4096
+
+    r = httpx.post(f"{server.base}/chat/completions", headers=KEY, content=chunked(), timeout=30)
+    assert r.status_code == 413
+    assert normal().status_code == 200
+
+
+def test_a_text_certain_to_overflow_is_refused_before_tokenizing(server):
+    """Under the body limit, far over the context window: refused from its length alone."""
+    r = post(server, {"messages": [{"role": "user", "content": "the cat " * 7000}]})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded"
+    assert re.search(r"the prompt is at least \d+ tokens", err["message"])
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (at most 64 reads)."""
+    got = b""
+    for _ in range(64):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_a_half_sent_request_is_closed_and_a_slow_body_gets_408(server):
+    half = socket.create_connection(("127.0.0.1", port(server)), timeout=TIMEOUT_S + 10)
+    half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n")
+    slow = socket.create_connection(("127.0.0.1", port(server)), timeout=TIMEOUT_S + 10)
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer sesame\r\n"
+    slow.sendall(f"{head}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{".encode())
+    t0 = time.monotonic()
+    assert half.recv(100) == b""  # closed by the server
+    assert TIMEOUT_S - 0.5 < time.monotonic() - t0 < TIMEOUT_S + 5
+    answer = read_all(slow).decode()
+    assert answer.startswith("HTTP/1.1 408") and "did not arrive within" in answer
+    half.close()
+    slow.close()
+    assert health(server)["connections"]["timed_out"] >= 1
+
+
+def test_sampling_out_of_range_is_a_400_that_says_the_range(server):
+    for field, value, words in (("temperature", 1e9, "between 0 and 2"), ("top_k", 10**9, "384")):
+        r = post(server, {"messages": HI, field: value})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == field and words in err["message"]
+
+
+def test_the_bearer_scheme_in_any_case_and_preflights_without_a_key(server):
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        assert post(server, headers={"Authorization": f"{scheme} sesame"}).status_code == 200
+    for wrong in ("bearer nope", "Basic sesame", "sesame", ""):
+        assert post(server, headers={"Authorization": wrong}).status_code == 401
+    preflight = httpx.options(
+        f"{server.base}/chat/completions",
+        headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"},
+        timeout=10,
+    )
+    assert preflight.status_code != 401  # no CORS configured: the method is refused (405)
+
+
+def test_a_full_queue_answers_503_with_retry_after(server):
+    """One runs, one waits (--max-queue 1), the third is refused with Retry-After."""
+    url = f"{server.base}/chat/completions"
+    long_body = {
+        "messages": [{"role": "user", "content": "go on"}],
+        "max_tokens": 480,
+        "temperature": 0,
+    }
+    with httpx.stream("POST", url, json=dict(long_body, stream=True), headers=KEY) as a:
+        next(line for line in a.iter_lines() if '"content":"' in line)
+        with httpx.stream("POST", url, json=dict(long_body, stream=True), headers=KEY) as b:
+            assert '"role":"assistant"' in next(line for line in b.iter_lines() if line)
+            r = post(server)
+            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+            assert "busy" in r.json()["error"]["message"]
+    deadline = time.monotonic() + 60
+    while health(server)["queued"] or health(server)["busy"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert post(server).status_code == 200
+
+
+def open_files_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError("no open-files line")
+
+
+def room_for(files: int) -> bool:
+    """Whether this process may open `files` files (raising its soft limit if need be)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= files:
+        return True
+    if hard != resource.RLIM_INFINITY and hard < files:
+        return False
+    resource.setrlimit(resource.RLIMIT_NOFILE, (files, hard))
+    return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="needs /proc (Linux)")
+def test_more_idle_connections_than_open_files_do_not_stop_a_request(tiny_pair):
+    """Half-sent and silent connections, more than the server may open files: a normal request
+    still gets its answer, the flood is closed, the log says each kind of event once."""
+    srv = ServerProcess(*models(tiny_pair))
+    socks: list[socket.socket] = []
+    try:
+        count = open_files_limit(srv.proc.pid) + 100
+        if count > 10_000 or not room_for(count + 64):
+            pytest.skip(f"{count} connections: more than this test may open here")
+        t0 = time.monotonic()
+        for i in range(count):
+            assert time.monotonic() - t0 < 60, f"only {i} connections in 60 s"
+            s = socket.create_connection(("127.0.0.1", port(srv)), timeout=10)
+            if i % 2:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n")
+            socks.append(s)
+        r = httpx.post(f"{srv.base}/chat/completions", json={"messages": HI}, timeout=30)
+        assert r.status_code == 200
+        figures = health(srv)["connections"]
+        assert figures["evicted"] >= count - 256 and figures["open"] <= 256
+        err = "".join(srv.stderr)
+        assert "Traceback" not in err and "Too many open files" not in err
+        assert err.count("closing the longest idle one") == 1
+    finally:
+        for s in socks:
+            s.close()
+        srv.kill()
