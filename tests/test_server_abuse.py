@@ -159,11 +159,14 @@ def test_a_full_queue_answers_503_with_retry_after(server):
         "temperature": 0,
     }
     with httpx.stream("POST", url, json=dict(long_body, stream=True), headers=KEY) as a:
-        next(line for line in a.iter_lines() if '"content":"' in line)
+        next(
+            line for line in a.iter_lines() if '"content":"' in line and '"content":""' not in line
+        )
         with httpx.stream("POST", url, json=dict(long_body, stream=True), headers=KEY) as b:
             assert '"role":"assistant"' in next(line for line in b.iter_lines() if line)
             r = post(server)
-            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+            assert r.status_code == 503, (r.text, health(server))
+            assert int(r.headers["retry-after"]) >= 1
             assert "busy" in r.json()["error"]["message"]
     deadline = time.monotonic() + 60
     while health(server)["queued"] or health(server)["busy"]:
@@ -214,7 +217,7 @@ def test_more_idle_connections_than_open_files_do_not_stop_a_request(tiny_pair):
         figures = health(srv)["connections"]
         assert figures["evicted"] >= count - 256 and figures["open"] <= 256
         err = "".join(srv.stderr)
-        assert "Traceback" not in err and "Too many open files" not in err
+        assert "Traceback" not in err and "out of system resource" not in err  # no EMFILE
         assert err.count("closing the longest idle one") == 1
     finally:
         for s in socks:

@@ -30,7 +30,11 @@ HELP = (
 )
 DEFAULT_CACHE_MB = 1024
 DEFAULT_SLOTS = 4
-FILES_RESERVED = 64  # file descriptors kept for the process's own files (models, libraries, logs)
+# Connections accepted in one go (and the listen backlog): asyncio accepts up to this many before
+# the guard sees any, and a connection the guard closes frees its descriptor a loop turn later.
+ACCEPT_BACKLOG = 128
+# File descriptors kept beyond --max-connections: the process's own files, and two accept batches.
+FILES_RESERVED = 64 + 2 * ACCEPT_BACKLOG
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,12 +146,13 @@ def _limits(args: argparse.Namespace) -> Any:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """A bound socket, or a one-line error (port in use, unknown address)."""
+    """A listening socket, or a one-line error (port in use, unknown address)."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
+        sock.listen(ACCEPT_BACKLOG)  # before the ready line: a client may connect on seeing it
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise EdgeSpecError(
@@ -265,6 +270,7 @@ def _make_server(app: Any, worker: Any, guard: Any, verbose: bool) -> Any:
     config = uvicorn.Config(
         app,
         http=guarded_h11(guard),
+        backlog=ACCEPT_BACKLOG,
         log_level="info" if verbose else "warning",
         access_log=verbose,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
