@@ -29,13 +29,8 @@ def models(pair) -> list[str]:
 @pytest.fixture(scope="module")
 def server(tiny_pair):
     """Small limits, a queue of one, an API key."""
-    srv = ServerProcess(
-        *models(tiny_pair),
-        "--max-body-bytes", str(BODY_LIMIT),
-        "--request-timeout", str(TIMEOUT_S),
-        "--max-queue", "1",
-        env={"EDGESPEC_API_KEY": "sesame"},
-    )  # fmt: skip
+    limits = f"--max-body-bytes {BODY_LIMIT} --request-timeout {TIMEOUT_S} --max-queue 1"
+    srv = ServerProcess(*models(tiny_pair), *limits.split(), env={"EDGESPEC_API_KEY": "sesame"})
     yield srv
     srv.kill()
 
@@ -148,6 +143,15 @@ def test_the_bearer_scheme_in_any_case_and_preflights_without_a_key(server):
         timeout=10,
     )
     assert preflight.status_code != 401  # no CORS configured: the method is refused (405)
+
+
+def test_a_flood_of_bad_request_lines_is_logged_once(server):
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", port(server)), timeout=10) as s:
+            s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            assert read_all(s).startswith(b"HTTP/1.1 400")
+    assert health(server)["status"] == "ok"
+    assert "".join(server.stderr).count("Invalid HTTP request") == 1
 
 
 def test_a_full_queue_answers_503_with_retry_after(server):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from edgespec.server.auth import credentials
+from edgespec.server.guard import ConnectionGuard, OncePerKind
 from edgespec.server.limits import TextBound, refuse_certain_overflow
 from edgespec.server.protocol import ParsedRequest, RequestError
 
@@ -103,3 +104,49 @@ def test_the_bearer_scheme_is_case_insensitive():
         assert credentials(header) == b"k1"
     for header in (b"Basic k1", b"k1", b"", b"Bearerk1"):
         assert credentials(header) is None
+
+
+class Conn:
+    """A connection as the guard sees it: busy while a request is in flight; drop() closes it."""
+
+    def __init__(self, busy: bool = False):
+        self.is_busy, self.dropped = busy, False
+
+    def busy(self) -> bool:
+        return self.is_busy
+
+    def drop(self) -> None:
+        self.dropped = True
+
+
+def test_at_the_cap_the_longest_idle_connection_goes_and_only_a_busy_house_refuses():
+    said: list[str] = []
+    guard = ConnectionGuard(max_connections=3, timeout_s=5, say=said.append)
+    a, b, c = Conn(), Conn(busy=True), Conn()
+    assert all(guard.admit(conn) for conn in (a, b, c))
+    guard.touch(a)  # a started a request: c is now the longest idle
+    a.is_busy = False
+    d = Conn()
+    assert guard.admit(d) and c.dropped and not a.dropped and list(guard.open) == [b, a, d]
+    e = Conn()
+    assert guard.admit(e) and a.dropped  # then a: b is busy
+    b.is_busy = d.is_busy = e.is_busy = True
+    assert not guard.admit(Conn()) and not guard.admit(Conn())
+    assert guard.figures() == {"open": 3, "timed_out": 0, "evicted": 2, "refused": 2}
+    assert len(said) == 2 and "closing the longest idle" in said[0] and "all with" in said[1]
+    guard.forget(b)
+    assert guard.admit(Conn()) and guard.figures()["open"] == 3
+
+
+def test_repeated_log_lines_are_said_once_without_their_traceback():
+    import logging
+
+    once = OncePerKind()
+    message = "socket.accept() out of system resource\nsocket: <fd=%d>"
+    error = (OSError, OSError(24, "Too many open files"), None)
+    records = [
+        logging.LogRecord("asyncio", logging.ERROR, "", 0, message, (n,), error) for n in (3, 4, 5)
+    ]
+    passed = [r for r in records if once.filter(r)]
+    assert len(passed) == 1 and passed[0].exc_info is None
+    assert passed[0].getMessage() == "socket.accept() out of system resource (said once)"
