@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.cpu import blas
-from edgespec.cpu.blas import safe_command
+from edgespec.cpu.blas import checkout_path, safe_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,3 +66,13 @@ def test_the_safe_forms():
     assert safe_command("edgespec", ["models"], (3, 12))[1:] == ["-P", "-m", "edgespec", "models"]
     old = safe_command("edgespec", ["models"], (3, 10))
     assert old[1] == "-c" and old[3:] == ["edgespec", "models"]
+
+
+def test_a_checkout_run_from_its_own_folder_keeps_importing_that_checkout(tmp_path):
+    """Safe-path mode drops the working directory; when edgespec was imported from there (a
+    source checkout, not installed), the re-exec names it in PYTHONPATH instead."""
+    holder = Path(blas.__file__).resolve().parents[2]
+    assert checkout_path("", cwd=holder) == {"PYTHONPATH": str(holder)}
+    assert checkout_path("/x", cwd=holder) == {"PYTHONPATH": os.pathsep.join([str(holder), "/x"])}
+    assert checkout_path(str(holder), cwd=holder) == {}  # already there
+    assert checkout_path("", cwd=tmp_path) == {}  # anywhere else: nothing added

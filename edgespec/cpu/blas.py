@@ -232,10 +232,24 @@ def reexec_with_blas(
     name, lib, extra = chosen
     env = dict(os.environ, **extra, **{_MARK: "1", ACTIVE: name})
     env["LD_PRELOAD"] = ":".join(filter(None, [lib, preload]))
+    env.update(checkout_path(env.get("PYTHONPATH", "")))
     try:
         os.execve(sys.executable, safe_command(module, argv), env)
     except OSError:
         return  # keep going on the reference BLAS rather than fail
+
+
+def checkout_path(pythonpath: str, cwd: Path | None = None) -> dict[str, str]:
+    """{"PYTHONPATH": ...} naming the folder that holds this edgespec package when that folder is
+    the working directory (`python -m edgespec` or pytest run in a source checkout, which may be
+    what put it on the import path), else {}: the safe-path re-exec then imports the same code.
+
+        checkout_path("", cwd=Path("/src/edgespec-repo"))  -> {"PYTHONPATH": "/src/edgespec-repo"}
+    """
+    holder = Path(__file__).resolve().parents[2]
+    if holder != (cwd or Path.cwd()).resolve() or str(holder) in pythonpath.split(os.pathsep):
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(holder), pythonpath]))}
 
 
 # Python < 3.11 has no -P: this runs the module once the working directory (sys.path[0], "" under
