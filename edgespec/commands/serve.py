@@ -213,9 +213,6 @@ def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[A
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _require_extra()
-    from edgespec.server.app import create_app
-    from edgespec.server.protocol import Defaults
-
     _check(args)
     random_seed = args.seed is None
     args.seed = 0 if random_seed else args.seed
@@ -226,18 +223,8 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
-    model_id = _model_id(args)
-    from edgespec.cache import vocab_size
-
-    vocab = vocab_size(engine.target.model)
-    defaults = Defaults(model_id, config, random_seed, engine.has_draft, vocab)
-    from edgespec.server.guard import ConnectionGuard
-
-    limits = _limits(args)
-    guard = ConnectionGuard(limits.max_connections, limits.request_timeout_s)
-    app = create_app(worker, defaults, api_key=args.api_key, description=engine.name,
-                     budget_bytes=args.cache_mb << 20, allow_origins=tuple(args.allow_origin),
-                     limits=limits, connections=guard.figures)  # fmt: skip
+    app, guard = _make_app(args, worker, engine, config, random_seed)
+    model_id = app.state.edgespec.defaults.model_id
     server = _make_server(app, worker, guard, args.verbose)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -249,6 +236,34 @@ def run(args: argparse.Namespace) -> int:
     _serve(server, sock, worker)
     print("edgespec serve: stopped", file=sys.stderr)
     return 0
+
+
+def _make_app(
+    args: argparse.Namespace, worker: Any, engine: Any, config: GenerationConfig, random_seed: bool
+) -> tuple[Any, Any]:
+    """The ASGI app over the started worker, and the connection guard whose figures it shows."""
+    from edgespec.cache import vocab_size
+    from edgespec.server.app import create_app
+    from edgespec.server.guard import ConnectionGuard
+    from edgespec.server.protocol import Defaults
+
+    vocab = vocab_size(engine.target.model)
+    defaults = Defaults(
+        _model_id(args), config, random_seed, has_draft=engine.has_draft, vocab_size=vocab
+    )
+    limits = _limits(args)
+    guard = ConnectionGuard(limits.max_connections, limits.request_timeout_s)
+    app = create_app(
+        worker,
+        defaults,
+        api_key=args.api_key,
+        description=engine.name,
+        budget_bytes=args.cache_mb << 20,
+        allow_origins=tuple(args.allow_origin),
+        limits=limits,
+        connections=guard.figures,
+    )
+    return app, guard
 
 
 def _make_server(app: Any, worker: Any, guard: Any, verbose: bool) -> Any:
