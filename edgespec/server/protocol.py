@@ -88,6 +88,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # thousands of nested arrays or objects: no request needs them
+        raise RequestError("the request body nests too deeply to be a request") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
