@@ -40,7 +40,7 @@ def calls(monkeypatch):
 def test_reexec_prefers_mkl_in_exact_mode_and_keeps_arguments(calls):
     blas.reexec_with_blas(["generate", "hi", "-k", "3"])
     ((exe, argv, env),) = calls
-    assert argv[1:] == ["-m", "edgespec", "generate", "hi", "-k", "3"]
+    assert argv[1:] == ["-P", "-m", "edgespec", "generate", "hi", "-k", "3"]  # safe-path mode
     assert env["LD_PRELOAD"] == MKL and env[blas._MARK] == "1"
     assert env["MKL_CBWR"] == "AUTO,STRICT" and env[blas.ACTIVE] == "mkl"
 

@@ -122,6 +122,33 @@ def test_every_bad_field_is_refused_with_its_name(body, status, param, words):
     assert words in err.message and "\n" not in err.message
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("temperature", 1e9, "between 0 and 2 (as in the OpenAI API), got 1e+09"),
+        ("temperature", 2.01, "between 0 and 2"),
+        ("top_k", 10**9, "between 0 and 384, the model's vocabulary"),
+        ("top_p", 0, "(0, 1]"),
+        ("min_p", 1, "[0, 1)"),
+        ("seed", 2**64, "2**64"),
+    ],
+)
+def test_sampling_fields_out_of_range_are_refused(field, value, words):
+    vocab = Defaults("pair", BASE, random_seed=False, vocab_size=384)
+    with pytest.raises(RequestError) as info:
+        parse_chat({"messages": MSG, field: value}, vocab)
+    assert (info.value.status, info.value.param) == (400, field)
+    assert words in info.value.message
+    edges = parse_chat({"messages": MSG, "temperature": 2, "top_k": 384}, vocab).config.sampling
+    assert (edges.temperature, edges.top_k) == (2.0, 384)
+
+
+def test_the_servers_own_defaults_are_not_held_to_the_request_ranges():
+    hot = GenerationConfig(SamplingConfig(temperature=3.0, top_k=999), BASE.spec, 512)
+    r = parse_chat({"messages": MSG}, Defaults("pair", hot, random_seed=False, vocab_size=384))
+    assert (r.config.sampling.temperature, r.config.sampling.top_k) == (3.0, 999)
+
+
 def test_draft_methods_are_refused_without_a_draft():
     no_draft = Defaults("pair", BASE, random_seed=False, has_draft=False)
     with pytest.raises(RequestError, match="needs a draft model"):
@@ -131,7 +158,13 @@ def test_draft_methods_are_refused_without_a_draft():
 
 
 def test_bodies_that_are_not_json_objects():
-    for raw, words in [(b"{bad", "not valid JSON"), (b"[1]", "JSON object"), (b"\xff", "JSON")]:
+    deep = b"[" * 100_000  # json.loads runs out of stack (RecursionError), not a 500
+    for raw, words in [
+        (b"{bad", "not valid JSON"),
+        (b"[1]", "JSON object"),
+        (b"\xff", "JSON"),
+        (deep, "nests too deeply"),
+    ]:
         with pytest.raises(RequestError, match=words):
             parse_body(raw)
     with pytest.raises(RequestError, match="prompt must be"):

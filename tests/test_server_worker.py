@@ -142,6 +142,25 @@ def test_a_full_queue_refuses_and_loses_nothing(tiny_pair):
         w.shutdown()
 
 
+def test_a_burst_gets_exactly_max_queue_places_besides_the_running_one(tiny_pair):
+    """Jobs that arrive together, before the thread takes the first: max_queue wait and one
+    runs (the queue's own size counted the one about to run as waiting: one place fewer)."""
+    target, draft = (str(p) for p in tiny_pair)
+    w = Worker(lambda: Engine.load(target, draft), budget_bytes=1 << 30, max_queue=2)
+    try:
+        for _ in range(2):  # twice: places come back once jobs end
+            burst = [Job([5, 6, 7], config(2), (), Collect()) for _ in range(3)]
+            for job in burst:
+                w.submit(job)
+            with pytest.raises(QueueFullError, match="2 requests waiting"):
+                w.submit(Job([5, 6, 7], config(2), (), Collect()))
+            if not w.engine:
+                w.start()
+            assert all(isinstance(job.emit.wait(), Done) for job in burst)
+    finally:
+        w.shutdown()
+
+
 def test_shutdown_fails_running_and_queued_jobs_and_refuses_new_ones(tiny_pair):
     w = make_worker(tiny_pair, max_slots=2, max_queue=4)
     started = threading.Event()

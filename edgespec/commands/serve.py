@@ -30,6 +30,11 @@ HELP = (
 )
 DEFAULT_CACHE_MB = 1024
 DEFAULT_SLOTS = 4
+# Connections accepted in one go (and the listen backlog): asyncio accepts up to this many before
+# the guard sees any, and a connection the guard closes frees its descriptor a loop turn later.
+ACCEPT_BACKLOG = 128
+# File descriptors kept beyond --max-connections: the process's own files, and two accept batches.
+FILES_RESERVED = 64 + 2 * ACCEPT_BACKLOG
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +77,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let scripts on this web origin call the API (CORS), e.g. http://localhost:3000; "
         "repeat for several, '*' for any",
     )
+    add_limit_args(g)
     g.add_argument("--verbose", action="store_true", help="log every request (uvicorn's log)")
+
+
+def add_limit_args(g: Any) -> None:
+    """What one client may hold: body size, time to send a request, open connections."""
+    from edgespec.server.limits import Limits
+
+    d = Limits()
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help=f"largest request body, bytes (default {d.max_body_bytes}; above: 413)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=d.request_timeout_s,
+        help="seconds a client has to send a request's head, and again its body (default "
+        f"{d.request_timeout_s:g}); a connection that sends nothing for that long is closed",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help=f"open connections (default {d.max_connections}; at the cap a new one closes the "
+        "longest idle one; lowered to fit the open-file limit)",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -84,15 +117,42 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key (or EDGESPEC_API_KEY) is empty")
+    if args.max_body_bytes < 1 or args.max_connections < 1 or not args.request_timeout > 0:
+        raise ConfigError("--max-body-bytes, --max-connections and --request-timeout must be > 0")
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    """The request limits, --max-connections fitted under the open-file limit (raised first,
+    up to its hard ceiling, when it is lower: each connection holds a file descriptor)."""
+    from edgespec.server.limits import Limits
+
+    cap = args.max_connections
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = cap + FILES_RESERVED
+        if soft != resource.RLIM_INFINITY and soft < want:
+            ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+            soft = ceiling
+        if soft != resource.RLIM_INFINITY and soft < want:
+            cap = max(1, soft - FILES_RESERVED)
+            note = f"--max-connections lowered to {cap} to fit the open-file limit ({soft})"
+            print(f"edgespec serve: {note}", file=sys.stderr)
+    except (ImportError, ValueError, OSError):  # no such limit here (Windows), or not allowed
+        pass
+    return Limits(args.max_body_bytes, args.request_timeout, cap)
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """A bound socket, or a one-line error (port in use, unknown address)."""
+    """A listening socket, or a one-line error (port in use, unknown address)."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
+        sock.listen(ACCEPT_BACKLOG)  # before the ready line: a client may connect on seeing it
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise EdgeSpecError(
@@ -153,9 +213,6 @@ def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[A
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _require_extra()
-    from edgespec.server.app import create_app
-    from edgespec.server.protocol import Defaults
-
     _check(args)
     random_seed = args.seed is None
     args.seed = 0 if random_seed else args.seed
@@ -166,11 +223,9 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
-    model_id = _model_id(args)
-    defaults = Defaults(model_id, config, random_seed=random_seed, has_draft=engine.has_draft)
-    app = create_app(worker, defaults, api_key=args.api_key, description=engine.name,
-                     budget_bytes=args.cache_mb << 20, allow_origins=tuple(args.allow_origin))  # fmt: skip
-    server = _make_server(app, worker, args.verbose)
+    app, guard = _make_app(args, worker, engine, config, random_seed)
+    model_id = app.state.edgespec.defaults.model_id
+    server = _make_server(app, worker, guard, args.verbose)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"edgespec serve: {engine.name} at http://{shown}:{port}/v1 (model {model_id!r}; "
@@ -183,19 +238,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_server(app: Any, worker: Any, verbose: bool) -> Any:
-    """uvicorn's Server, whose exit signal also stops the worker (running and queued jobs)."""
+def _make_app(
+    args: argparse.Namespace, worker: Any, engine: Any, config: GenerationConfig, random_seed: bool
+) -> tuple[Any, Any]:
+    """The ASGI app over the started worker, and the connection guard whose figures it shows."""
+    from edgespec.cache import vocab_size
+    from edgespec.server.app import create_app
+    from edgespec.server.guard import ConnectionGuard
+    from edgespec.server.protocol import Defaults
+
+    vocab = vocab_size(engine.target.model)
+    defaults = Defaults(
+        _model_id(args), config, random_seed, has_draft=engine.has_draft, vocab_size=vocab
+    )
+    limits = _limits(args)
+    guard = ConnectionGuard(limits.max_connections, limits.request_timeout_s)
+    app = create_app(
+        worker,
+        defaults,
+        api_key=args.api_key,
+        description=engine.name,
+        budget_bytes=args.cache_mb << 20,
+        allow_origins=tuple(args.allow_origin),
+        limits=limits,
+        connections=guard.figures,
+    )
+    return app, guard
+
+
+def _make_server(app: Any, worker: Any, guard: Any, verbose: bool) -> Any:
+    """uvicorn's Server, whose exit signal also stops the worker (running and queued jobs), on
+    its h11 protocol under the connection guard; repeated log lines are said once unless
+    --verbose."""
     import uvicorn
 
     from edgespec.server.app import GRACEFUL_SHUTDOWN_S
+    from edgespec.server.guard import guarded_h11, quiet_repeats
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             worker.close()
             super().handle_exit(sig, frame)
 
+    if not verbose:
+        quiet_repeats()
     config = uvicorn.Config(
         app,
+        http=guarded_h11(guard),
+        backlog=ACCEPT_BACKLOG,
         log_level="info" if verbose else "warning",
         access_log=verbose,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -209,7 +209,7 @@ def reexec_with_blas(
     argv: list[str], module: str = "edgespec", report: Callable[[str], None] | None = None
 ) -> None:
     """On Linux, replace this process with `python -m MODULE *argv` preloading the BLAS that
-    `plan()` picks (once). `report` is handed plan's notes (a fallback) before that.
+    `plan()` picks (once), in safe-path mode (`safe_command`). `report` is handed plan's notes (a fallback) before that.
 
     No-op on macOS (MLX uses Accelerate/Metal), for EDGESPEC_BLAS=system, when already re-executed
     or already preloaded, when no optimised BLAS is installed, or when MLX is already imported
@@ -232,7 +232,43 @@ def reexec_with_blas(
     name, lib, extra = chosen
     env = dict(os.environ, **extra, **{_MARK: "1", ACTIVE: name})
     env["LD_PRELOAD"] = ":".join(filter(None, [lib, preload]))
+    env.update(checkout_path(env.get("PYTHONPATH", "")))
     try:
-        os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+        os.execve(sys.executable, safe_command(module, argv), env)
     except OSError:
         return  # keep going on the reference BLAS rather than fail
+
+
+def checkout_path(pythonpath: str, cwd: Path | None = None) -> dict[str, str]:
+    """{"PYTHONPATH": ...} naming the folder that holds this edgespec package when that folder is
+    the working directory (`python -m edgespec` or pytest run in a source checkout, which may be
+    what put it on the import path), else {}: the safe-path re-exec then imports the same code.
+
+        checkout_path("", cwd=Path("/src/edgespec-repo"))  -> {"PYTHONPATH": "/src/edgespec-repo"}
+    """
+    holder = Path(__file__).resolve().parents[2]
+    if holder != (cwd or Path.cwd()).resolve() or str(holder) in pythonpath.split(os.pathsep):
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(holder), pythonpath]))}
+
+
+# Python < 3.11 has no -P: this runs the module once the working directory (sys.path[0], "" under
+# -c) is off the import path, before anything else is imported.
+_SAFE_BOOT = (
+    "import sys; del sys.path[0]; import runpy; "
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+)
+
+
+def safe_command(
+    module: str, argv: list[str], version: tuple[int, ...] = tuple(sys.version_info[:2])
+) -> list[str]:
+    """`python -m MODULE *argv` without the working directory on the import path, so that a file
+    named like a standard module where the command was started (a queue.py) cannot replace it.
+
+        safe_command("edgespec", ["serve"], (3, 11))  -> [python, "-P", "-m", "edgespec", "serve"]
+        safe_command("edgespec", ["serve"], (3, 10))  -> [python, "-c", _SAFE_BOOT, "edgespec", "serve"]
+    """
+    if version >= (3, 11):
+        return [sys.executable, "-P", "-m", module, *argv]
+    return [sys.executable, "-c", _SAFE_BOOT, module, *argv]

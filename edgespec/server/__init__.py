@@ -2,5 +2,7 @@
 
 app (routes) -> protocol (request validation) / responses (bodies) -> worker (the MLX thread, a
 FIFO queue, cancellation) -> prefix (conversations' cache sets, LRU within a byte budget) and
-stops (exact stop strings). Needs the `serve` extra: pip install 'edgespec[serve]'.
+stops (exact stop strings); limits (body size, request time, prompts certain to overflow), guard
+(connection deadline and cap, under uvicorn's h11 protocol) and auth (the API key) hold off
+hostile clients. Needs the `serve` extra: pip install 'edgespec[serve]'.
 """

@@ -13,10 +13,9 @@ cancel event: the engine stops at the next round, with both caches consistent.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +27,12 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from edgespec.errors import PromptError
 from edgespec.server import responses as R
+from edgespec.server.auth import ApiKeyMiddleware
+from edgespec.server.limits import Limits, TextBound, read_body, refuse_certain_overflow
 from edgespec.server.protocol import (
     Defaults,
     ParsedRequest,
@@ -56,6 +57,7 @@ DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its cli
 # down"; a stream gets this long to do so before it is cut (under uvicorn's graceful timeout).
 SHUTDOWN_GRACE_S = 4.0
 GRACEFUL_SHUTDOWN_S = 5
+RETRY_AFTER_S = 2  # a 503's Retry-After: the queue moves every few seconds
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class ServerState:
     description: str
     created: int
     budget_bytes: int
+    limits: Limits = Limits()
+    bound: TextBound | None = None  # a floor on a text's token count (limits.py)
+    connections: Callable[[], dict[str, int]] | None = None  # the guard's figures (guard.py)
     # Tokenization runs in a thread pool; a Hugging Face fast tokenizer may refuse concurrent
     # calls ("Already borrowed"), so requests take turns (each takes a millisecond or so).
     tokenizing: threading.Lock = field(default_factory=threading.Lock)
@@ -93,9 +98,12 @@ def create_app(
     description: str = "",
     budget_bytes: int = 0,
     allow_origins: tuple[str, ...] = (),
+    limits: Limits | None = None,
+    connections: Callable[[], dict[str, int]] | None = None,
 ) -> Starlette:
     """The ASGI app. `worker` must be started (its engine loaded). `allow_origins`: web pages
-    (origins) whose scripts may call the API (CORS); none by default."""
+    (origins) whose scripts may call the API (CORS); none by default. `connections`: figures
+    that GET /health shows (the connection guard's)."""
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -111,7 +119,10 @@ def create_app(
             Exception: _internal_error,
         },
     )
-    app.state.edgespec = ServerState(worker, defaults, description, R.now(), budget_bytes)
+    bound = TextBound.of(worker.engine.tokenizer)
+    app.state.edgespec = ServerState(
+        worker, defaults, description, R.now(), budget_bytes, limits or Limits(), bound, connections
+    )
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
     if allow_origins:  # added last, so outermost: a preflight is answered before the key check
@@ -139,6 +150,7 @@ async def health(request: Request) -> JSONResponse:
             "queued": s.worker.queued,
             "requests": dict(s.worker.counts),
             "cache": cache,
+            "connections": s.connections() if s.connections else {},
         }
     )
 
@@ -158,7 +170,7 @@ async def completions(request: Request) -> Response:
 
 async def _complete(request: Request, kind: str) -> Response:
     s = _state(request)
-    body = parse_body(await request.body())
+    body = parse_body(await read_body(request, s.limits))
     parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
     ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
     channel = Channel(asyncio.get_running_loop())
@@ -188,13 +200,16 @@ class JobStream(EventSourceResponse):
 
 def _tokenize_locked(s: ServerState, parsed: ParsedRequest) -> list[int]:
     with s.tokenizing:
-        return tokenize(s.worker.engine, parsed)
+        return tokenize(s.worker.engine, parsed, s.bound)
 
 
-def tokenize(engine: Any, parsed: ParsedRequest) -> list[int]:
-    """The request's prompt as token ids, checked against the model (no MLX is touched)."""
+def tokenize(engine: Any, parsed: ParsedRequest, bound: TextBound | None = None) -> list[int]:
+    """The request's prompt as token ids, checked against the model (no MLX is touched). With
+    `bound`, a text certain to overflow the context window is refused before tokenizing."""
     param = "messages" if parsed.kind == "chat" else "prompt"
     try:
+        if bound is not None:
+            refuse_certain_overflow(engine, parsed, bound, param)
         if parsed.messages is not None:
             ids = engine.encode_chat(list(parsed.messages))
         elif isinstance(parsed.prompt, str):
@@ -271,7 +286,7 @@ async def _collect(
                 texts.extend(s.text for s in event.segments)
             elif isinstance(event, Failed):
                 body = R.error_json(event.message, _error_type(event.status), None, event.code)
-                return JSONResponse(body, status_code=event.status)
+                return _error_response(body, event.status)
             else:
                 return JSONResponse(_final(parsed, "".join(texts), event, rid, created))
     finally:
@@ -290,11 +305,18 @@ def _error_type(status: int) -> str:
 async def _request_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestError)
     body = R.error_json(exc.message, exc.kind, exc.param, exc.code)
-    return JSONResponse(body, status_code=exc.status)
+    closing = {"Connection": "close"} if exc.status == 408 else None  # the body never came
+    return JSONResponse(body, status_code=exc.status, headers=closing)
 
 
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse(R.error_json(str(exc), "server_error"), status_code=503)
+    return _error_response(R.error_json(str(exc), "server_error"), 503)
+
+
+def _error_response(body: dict[str, Any], status: int) -> JSONResponse:
+    """An error body; a 503 says when to try again (Retry-After, as RFC 9110 suggests)."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -309,22 +331,3 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     first = (str(exc).strip().splitlines() or [""])[0]
     message = f"internal error: {type(exc).__name__}: {first}"
     return JSONResponse(R.error_json(message, "server_error"), status_code=500)
-
-
-class ApiKeyMiddleware:
-    """401 for requests without `Authorization: Bearer KEY` (/health stays open)."""
-
-    def __init__(self, app: ASGIApp, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                body = R.error_json(
-                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                    code="invalid_api_key",
-                )
-                await JSONResponse(body, status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

@@ -4,7 +4,8 @@ Pure Python (no HTTP framework, no MLX), so every rule is unit-tested directly. 
 raises RequestError with an OpenAI-style status, one-line message and the field's name:
 
     parse_chat({"messages": [{"role": "user", "content": "Hi"}], "temperature": -1}, defaults)
-    -> RequestError(400, "temperature must be a finite number >= 0, got -1.0", param="temperature")
+    -> RequestError(400, "temperature must be between 0 and 2 (as in the OpenAI API), got -1",
+                    param="temperature")
 
 Fields honoured: model, messages / prompt, max_tokens / max_completion_tokens, temperature, top_p,
 top_k, min_p, seed, stop, n (1 only), stream, stream_options.include_usage, and the extension
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from edgespec.config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError, EdgeSpecError
 
+MAX_TEMPERATURE = 2.0  # the OpenAI API's range is 0..2; far above it the answer is noise
 MAX_STOPS = 16  # OpenAI allows 4; front-ends for local models often send a few more
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SPEC_FIELDS = ("k", "method", "adaptive", "k_max")
@@ -62,6 +64,7 @@ class Defaults:
     config: GenerationConfig
     random_seed: bool = True  # a request without a seed gets a fresh one (else config's seed)
     has_draft: bool = True
+    vocab_size: int = 0  # the target's vocabulary, the largest top_k (0: not checked)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # thousands of nested arrays or objects: no request needs them
+        raise RequestError("the request body nests too deeply to be a request") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
@@ -217,12 +222,32 @@ def _sampling(body: dict[str, Any], defaults: Defaults) -> SamplingConfig:
     }
     if values["top_k"] == -1:
         values["top_k"] = 0  # -1 means "off" in vLLM and llama.cpp
+    _check_ranges({k: v for k, v in values.items() if body.get(k) is not None}, defaults.vocab_size)
     if values["seed"] is None:
         values["seed"] = secrets.randbits(63) if defaults.random_seed else base.seed
     try:
         return replace(base, **values)
     except ConfigError as exc:
         raise RequestError(str(exc), param=_param_of(str(exc))) from None
+
+
+def _check_ranges(values: dict[str, Any], vocab_size: int) -> None:
+    """The fields a request set, in the OpenAI API's ranges (temperature 0..2) and top_k within
+    the vocabulary; the other ranges (top_p in (0, 1], min_p in [0, 1), seed) are SamplingConfig's
+    own. The server's defaults are not checked here: the command line allows more."""
+    if not 0 <= values.get("temperature", 0) <= MAX_TEMPERATURE:
+        raise RequestError(
+            f"temperature must be between 0 and {MAX_TEMPERATURE:g} (as in the OpenAI API), "
+            f"got {values['temperature']:g}",
+            param="temperature",
+        )
+    top_k = values.get("top_k", 0)
+    if vocab_size and top_k > vocab_size:
+        raise RequestError(
+            f"top_k must be between 0 and {vocab_size}, the model's vocabulary (0 or -1: off), "
+            f"got {top_k}",
+            param="top_k",
+        )
 
 
 def _spec(ext: Any, defaults: Defaults) -> SpecConfig:

@@ -82,7 +82,10 @@ class Worker:
     ):
         self._loader = loader
         self._budget, self._slots = budget_bytes, max_slots
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        # Jobs submitted and not yet ended (the running one included): the queue's own size would
+        # count a job the thread has not taken yet as waiting, so a burst got one place fewer.
+        self._max_queue, self._admitted, self._admit = max_queue, 0, threading.Lock()
         self._thread = threading.Thread(target=self._run, name="edgespec-mlx", daemon=True)
         self._ready = threading.Event()
         self._closing = threading.Event()
@@ -102,16 +105,26 @@ class Worker:
         return self.engine
 
     def submit(self, job: Job) -> None:
-        """Queue a job behind the others. Raises QueueFullError when `max_queue` jobs wait and
-        ShuttingDownError once the server is stopping (the job is then not queued)."""
+        """Queue a job behind the others. Raises QueueFullError when `max_queue` jobs wait
+        besides the running one (however fast they came) and ShuttingDownError once the server
+        is stopping (the job is then not queued)."""
         if self._closing.is_set():
             raise ShuttingDownError("the server is shutting down")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError(
-                f"the server is busy ({self._queue.maxsize} requests waiting); retry later"
-            ) from None
+        with self._admit:
+            if self._admitted > self._max_queue:
+                raise QueueFullError(
+                    f"the server is busy ({self._max_queue} requests waiting); retry later"
+                )
+            self._admitted += 1
+        self._queue.put_nowait(job)
+
+    def _end(self, job: Job, outcome: WorkerEvent | None) -> None:
+        """Free the job's place, then emit its last event: a client that sends its next request
+        as soon as it has the answer finds the place free."""
+        with self._admit:
+            self._admitted -= 1
+        if outcome is not None:
+            job.emit(outcome)
 
     @property
     def queued(self) -> int:
@@ -129,10 +142,7 @@ class Worker:
         if running is not None:
             running.cancel.set()
         self._drain()
-        try:
-            self._queue.put_nowait(None)  # wakes the thread, which then ends
-        except queue.Full:  # pragma: no cover - just emptied; a racing submit refilled it
-            pass
+        self._queue.put_nowait(None)  # wakes the thread, which then ends
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """close(), then wait up to `timeout` seconds for the thread to end."""
@@ -154,9 +164,12 @@ class Worker:
             self._running = job
             try:
                 if self._closing.is_set():
-                    job.emit(Failed(503, "the server is shutting down", "server_shutting_down"))
+                    self._end(
+                        job, Failed(503, "the server is shutting down", "server_shutting_down")
+                    )
                 elif job.cancel.is_set():  # a client gone while queued needs nothing
                     self.counts["cancelled"] += 1
+                    self._end(job, None)
                 else:
                     self._serve(engine, pool, job)
             finally:
@@ -172,7 +185,7 @@ class Worker:
             except queue.Empty:
                 return
             if job is not None:
-                job.emit(Failed(503, "the server is shutting down", "server_shutting_down"))
+                self._end(job, Failed(503, "the server is shutting down", "server_shutting_down"))
 
     def _serve(self, engine: Any, pool: ConversationPool, job: Job) -> None:
         outcome: WorkerEvent
@@ -186,7 +199,7 @@ class Worker:
         finally:
             pool.release()
         self._count(outcome)
-        job.emit(outcome)
+        self._end(job, outcome)
 
     def _count(self, outcome: WorkerEvent) -> None:
         if isinstance(outcome, Failed):
