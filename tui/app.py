@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 from edgespec.tui import settings
+from edgespec.tui.answer_actions import ANSWER_BINDINGS, AnswerActions
 from edgespec.tui.engine_thread import EngineThread, Loader
 from edgespec.tui.messages import (
     EngineFailed,
@@ -32,7 +33,7 @@ from edgespec.tui.widgets import (
     UserMessage,
 )
 from textual import on
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
@@ -43,7 +44,7 @@ from edgespec.config import GenerationConfig
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
 
 
-class ChatApp(App[int]):
+class ChatApp(AnswerActions):
     """The chat app. `loader(on_progress)` builds the engine on the engine thread."""
 
     TITLE = "EdgeSpec chat"
@@ -65,6 +66,7 @@ class ChatApp(App[int]):
         Binding("ctrl+t", "toggle_spec", "Spec on/off"),
         Binding("ctrl+y", "copy_answer", "Copy answer"),
         Binding("ctrl+o", "open_chats", "Past chats"),
+        *ANSWER_BINDINGS,
     ]
 
     def __init__(
@@ -172,7 +174,7 @@ class ChatApp(App[int]):
         self.conv.messages.append(self._reply)
         self._save()
         view = self.query_one("#conversation", VerticalScroll)
-        self._answer = AnswerView()
+        self._answer = self.answer_view()
         view.mount(UserMessage(prompt), self._answer)
         view.scroll_end(animate=False)
         self._turn += 1
@@ -211,9 +213,10 @@ class ChatApp(App[int]):
         per_round = [] if self._meter is None else self._meter.rounds_in_order()
         k_now = None if self._meter is None else self._meter.k_now
         branches = (0, 0) if self._meter is None else self._meter.branches  # tree rounds
+        think = None if self._meter is None else self._meter.think
         self.waiting, self._meter = None, None
         self._save()
-        self._show_stats(final=(fin, per_round, k_now, branches))
+        self._show_stats(final=(fin, per_round, k_now, branches, think))
 
     def on_turn_failed(self, message: TurnFailed) -> None:
         if message.turn != self.waiting:
@@ -251,8 +254,9 @@ class ChatApp(App[int]):
             spec_tps=self.spec_tps,
         )
         if final is not None:
-            fin, per_round, k_now, branches = final
+            fin, per_round, k_now, branches, think = final
             view.with_stats(fin.stats, per_round, k_now).branches = branches
+            view.with_think(think)
         elif self._meter is not None:
             view.with_meter(self._meter)
         elif self._last_view is not None:  # keep the last turn's numbers, new settings
@@ -294,7 +298,7 @@ class ChatApp(App[int]):
         self.conv = conv
         view = self.query_one("#conversation", VerticalScroll)
         view.remove_children()
-        view.mount(*message_widgets(conv))
+        view.mount(*message_widgets(conv, self.provenance, self.show_thinking))
         view.scroll_end(animate=False)
         self._last_view = None
         self._show_stats()
@@ -355,19 +359,6 @@ class ChatApp(App[int]):
     def action_temp_down(self) -> None:
         """Lower the temperature by 0.1 (0 = greedy)."""
         self._set_temp(self.config.sampling.temperature - settings.TEMP_STEP)
-
-    def last_answer(self) -> str:
-        """The text of the newest assistant message ('' if none)."""
-        return next((m.content for m in reversed(self.conv.messages) if m.role == "assistant"), "")
-
-    def action_copy_answer(self) -> None:
-        """Copy the last answer to the clipboard (OSC 52)."""
-        text = self.last_answer()
-        if not text:
-            self.notify("No answer to copy yet.", severity="warning")
-            return
-        self.copy_to_clipboard(text)
-        self.notify(f"Copied {len(text)} characters")
 
     def action_open_chats(self) -> None:
         """List saved chats; choosing one reopens it."""
