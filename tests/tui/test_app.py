@@ -297,6 +297,7 @@ def test_command_palette_lists_every_action(tmp_path: Path) -> None:
             assert not any(t.startswith("New chat") for t in titles())  # still loading
             await wait_for(pilot, lambda: app.ready)
             names = ("New chat", "K+", "K−", "Temp+", "Temp−", "Spec on/off", "Copy answer")
+            names += ("Colours", "Copy code", "Thinking")
             for name in (*names, "Past chats"):
                 assert any(t.startswith(name) for t in titles()), name
             assert not any(t.startswith("Stop") for t in titles())  # nothing to stop
