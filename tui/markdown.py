@@ -103,6 +103,14 @@ class _Walk:
         out.put(" ", aligned=False)
 
 
+def _skip_target(out: _Out) -> None:
+    """After a link's text: move past its ``](target)``, so that no later character is matched to
+    a character of the target."""
+    if out.src.startswith("](", out.pos):
+        end = out.src.find(")", out.pos)
+        out.pos = end + 1 if end >= 0 else out.pos
+
+
 def _inline(tok: MdToken, walk: _Walk, out: _Out, look: Look, base: Style) -> None:
     """Render an inline token's children with the emphasis / code / link styles."""
     stack = [base]
@@ -112,9 +120,8 @@ def _inline(tok: MdToken, walk: _Walk, out: _Out, look: Look, base: Style) -> No
             stack.append(stack[-1] + look.mark(_INLINE[kind]))
         elif kind in _CLOSE:
             stack.pop() if len(stack) > 1 else None
-            if kind == "link_close" and out.src.startswith("](", out.pos):
-                end = out.src.find(")", out.pos)
-                out.pos = end + 1 if end >= 0 else out.pos
+            if kind == "link_close":
+                _skip_target(out)
         elif kind in ("softbreak", "hardbreak"):  # kept as a line break, as the model wrote it
             nl = out.src.find("\n", out.pos)
             out.pos = nl + 1 if nl >= 0 else out.pos
@@ -123,6 +130,7 @@ def _inline(tok: MdToken, walk: _Walk, out: _Out, look: Look, base: Style) -> No
             out.put(child.content, stack[-1] + look.mark("code"))
         elif kind == "image":
             _inline(child, walk, out, look, stack[-1] + look.mark("link"))
+            _skip_target(out)
         else:
             out.put(child.content, stack[-1])
 

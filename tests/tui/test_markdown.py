@@ -96,6 +96,17 @@ def test_every_markdown_element_keeps_each_tokens_colour() -> None:
     assert "• bullet" in text.plain and "python" in text.plain
 
 
+def test_text_after_a_link_or_image_is_not_matched_inside_its_target() -> None:
+    src = "[a](x.org)x and ![b](y.png)y"
+    kinds = ["target"] * len(src)
+    kinds[src.index(")x") + 1] = kinds[len(src) - 1] = "accepted"
+    text = BlockCache(LOOK).render(src, kinds)
+    assert text.plain == "ax and by"
+    green = KINDS["accepted"].color
+    assert [text.get_style_at_offset(CONSOLE, i).color == green for i in (1, 8)] == [True, True]
+    assert text.get_style_at_offset(CONSOLE, 0).color != green
+
+
 def test_streaming_gives_the_same_text_as_one_render_and_caches_finished_blocks() -> None:
     pieces = FakeScript(text=MARKDOWN).pieces() or []
     kinds_cycle = ("accepted", "corrected", "bonus", "target")
