@@ -8,14 +8,15 @@ character finds the source character it was copied from. Its provenance `kinds[i
 colour, layered over the Markdown style (bold, italic, code background): the colour wins, the
 attributes add up. Characters with no source (bullet padding, code box margins) get no colour.
 
-Streaming: `BlockCache` re-renders only the last, still open block; a block followed by another one
-cannot change any more (a blank line or a new block's start closed it), so it is cached.
+Streaming: `BlockCache` re-renders only the last, still open block (or a list's last item); a block
+followed by another one cannot change any more (a blank line or a new block's start closed it), so
+it is cached.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token as MdToken
@@ -232,34 +233,58 @@ def render_block(tokens: Sequence[MdToken], src: str, kinds: Sequence[str], look
 
 @dataclass(frozen=True)
 class Block:
-    """A top-level block: `text[start:end]` of the parsed text and its tokens."""
+    """A unit of rendering: `text[start:end]` of the parsed text and its tokens, drawn after the
+    previous unit with `joint` between them. A top-level block, or one top-level item of a list
+    (wrapped in its list's tokens): a long list then streams item by item, not redrawn whole."""
 
     start: int
     end: int
     tokens: tuple[MdToken, ...]
+    joint: str = "\n\n"
+
+
+_LISTS = ("bullet_list_open", "ordered_list_open")
 
 
 def blocks(text: str) -> list[Block]:
-    """Top-level blocks, in order (link reference definitions give none).
+    """The units of `text`, in order (link reference definitions give none).
 
-    >>> [(b.start, b.end) for b in blocks("# Hi\\n\\nsome *text*\\n")]
-    [(0, 5), (6, 18)]
+    >>> [(b.start, b.end, b.joint) for b in blocks("# Hi\\n\\n- a\\n- b\\n")]
+    [(0, 5, '\\n\\n'), (6, 10, '\\n\\n'), (10, 14, '\\n')]
     """
     lines = [0]
     for i, ch in enumerate(text):
         if ch == "\n":
             lines.append(i + 1)
     lines.append(len(text))
+
+    def span(tok: MdToken) -> tuple[int, int]:
+        first = tok.map or [0, 0]
+        return lines[first[0]], lines[min(first[1], len(lines) - 1)]
+
     out: list[Block] = []
     group: list[MdToken] = []
     for tok in _MD.parse(text):
         group.append(tok)
         if tok.level == 0 and tok.nesting <= 0:
-            first = group[0].map or [0, 0]
-            end = min(first[1], len(lines) - 1)
-            out.append(Block(lines[first[0]], lines[end], tuple(group)))
+            out.extend(_units(group, span))
             group = []
     return out
+
+
+def _units(group: list[MdToken], span: Callable[[MdToken], tuple[int, int]]) -> list[Block]:
+    """One top-level block, or a list's items each in its own unit."""
+    if group[0].type not in _LISTS:
+        return [Block(*span(group[0]), tuple(group))]
+    units: list[Block] = []
+    item: list[MdToken] = []
+    for tok in group[1:-1]:
+        item.append(tok)
+        if tok.type == "list_item_close" and tok.level == 1:
+            tokens = (group[0], *item, group[-1])
+            units.append(Block(*span(item[0]), tokens, "\n" if units else "\n\n"))
+            item = []
+    return units
 
 
 def code_blocks(text: str) -> list[str]:
@@ -269,6 +294,10 @@ def code_blocks(text: str) -> list[str]:
     ['ls -l\\n']
     """
     return [t.content for t in _MD.parse(text) if t.type in ("fence", "code_block")]
+
+
+def _digits(block: Block, text: str, base: int) -> bool:
+    return text[base + block.start : base + block.end].strip().isdigit()
 
 
 class BlockCache:
@@ -282,23 +311,29 @@ class BlockCache:
         self.look = look
         self.done = Text()  # the finished blocks, joined by blank lines
         self.upto = 0  # text[:upto] is rendered into `done`
-        self.blocks = 0  # how many finished blocks
+        self.blocks = 0  # how many finished units
+        self.joint = "\n\n"  # before the unit at `upto` (a list's next item: one line break)
 
     def render(self, text: str, kinds: Sequence[str]) -> Text:
         """The whole text rendered: the cached finished blocks plus the open one."""
         base = self.upto
         found = blocks(text[base:])
-        for block in found[:-1]:
+        if found:
+            found[0] = replace(found[0], joint=self.joint)
+        # A paragraph of digits may still become the next item of the list before it ("3" -> "3.")
+        keep = 2 if len(found) > 1 and _digits(found[-1], text, base) else 1
+        for block in found[:-keep]:
             self._add(self.done, base, block, text, kinds)
             self.blocks += 1
         shown = self.done.copy()
+        for block in found[-keep:]:
+            self._add(shown, base, block, text, kinds)
         if found:
-            self._add(shown, base, found[-1], text, kinds)
-            self.upto = base + found[-1].start
+            self.upto, self.joint = base + found[-keep].start, found[-keep].joint
         return shown
 
     def _add(self, into: Text, base: int, block: Block, text: str, kinds: Sequence[str]) -> None:
         a, b = base + block.start, base + block.end
         if into:
-            into.append("\n\n")
+            into.append(block.joint)
         into.append_text(render_block(block.tokens, text[a:b], kinds[a:b], self.look))

@@ -107,18 +107,28 @@ def test_text_after_a_link_or_image_is_not_matched_inside_its_target() -> None:
     assert text.get_style_at_offset(CONSOLE, 0).color != green
 
 
+LISTS = (
+    "1. one\n2. two\n   - nested **a**\n   - nested b\n\n3. after a blank\n\n   more of it\n"
+    "10. ten\n\n```\ncode\n```\n- x\n- y\n  > quoted\n\n> end\n"
+)
+
+
 def test_streaming_gives_the_same_text_as_one_render_and_caches_finished_blocks() -> None:
-    pieces = FakeScript(text=MARKDOWN).pieces() or []
     kinds_cycle = ("accepted", "corrected", "bonus", "target")
-    kinds = [kinds_cycle[i % 4] for i, piece in enumerate(pieces) for _ in piece]
-    cache, shown = BlockCache(LOOK), ""
-    for piece in pieces:
-        shown += piece
-        streamed = cache.render(shown, kinds)
-        whole = BlockCache(LOOK).render(shown, kinds)
-        assert streamed.plain == whole.plain, shown
-        assert streamed.spans == whole.spans, shown
-    assert cache.blocks == len(blocks(MARKDOWN)) - 1  # all but the last block were cached
+    for text in (MARKDOWN, LISTS):
+        pieces = FakeScript(text=text).pieces() or []
+        if text == LISTS:  # one character at a time: every cut inside a list item and a marker
+            pieces = list(text)
+        kinds = [kinds_cycle[i % 4] for i, piece in enumerate(pieces) for _ in piece]
+        cache, shown = BlockCache(LOOK), ""
+        for piece in pieces:
+            shown += piece
+            streamed = cache.render(shown, kinds)
+            whole = BlockCache(LOOK).render(shown, kinds)
+            assert streamed.plain == whole.plain, shown
+            assert streamed.spans == whole.spans, shown
+        assert cache.blocks == len(blocks(text)) - 1  # all but the last unit were cached
+    assert len(blocks(LISTS)) == 4 + 1 + 2 + 1  # list items are units: 4 items, code, 2, quote
 
 
 def test_provenance_off_shows_markdown_only_and_highlights_code() -> None:
