@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import groupby
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token as MdToken
@@ -60,6 +61,11 @@ class _Out:
     def put(self, piece: str, style: Style | None = None, aligned: bool = True) -> None:
         """Append `piece`; `aligned` matches its characters to the source, else they have none."""
         self.text.append(piece, style)
+        at = self.src.find(piece[:1], self.pos) if aligned and piece else -1
+        if at >= 0 and self.src.startswith(piece, at):  # what the search below would find
+            self.origin.extend(range(at, at + len(piece)))
+            self.pos = at + len(piece)
+            return
         for ch in piece:
             i = self.src.find(ch, self.pos) if aligned else -1
             self.origin.append(i)
@@ -188,13 +194,13 @@ def _walk(tokens: Sequence[MdToken], out: _Out, look: Look) -> None:
 
 def _provenance(out: _Out, kinds: Sequence[str], look: Look) -> None:
     """Colour each character by its source character's kind (run-length spans, layered last)."""
-    start, current = 0, None
-    for i, o in enumerate([*out.origin, -1]):
-        kind = kinds[o] if 0 <= o < len(kinds) else None
-        if kind != current:
-            if current is not None and look.kinds.get(current):
-                out.text.spans.append(Span(start, i, look.kinds[current]))
-            start, current = i, kind
+    n = len(kinds)
+    start = 0
+    for kind, run in groupby([kinds[o] if 0 <= o < n else "" for o in out.origin]):
+        end = start + len(list(run))
+        if look.kinds.get(kind):
+            out.text.spans.append(Span(start, end, look.kinds[kind]))
+        start = end
 
 
 def _highlight(out: _Out, look: Look) -> None:
