@@ -204,6 +204,8 @@ class AnswerView(Widget):
         if self._look is None:
             self._look = self._make_look()
         split = split_think(self._plain)
+        if split is not None and split.closed and not self._plain[split.start : split.end].strip():
+            return self._part("body", split.body, len(self._plain), self._look)  # thinking off
         if split is None:
             return self._part("body", 0, len(self._plain), self._look)
         shown = self._think_shown(split)

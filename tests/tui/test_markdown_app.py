@@ -78,3 +78,19 @@ def test_reasoning_is_shown_while_it_streams(tmp_path: Path) -> None:
             await wait_for(pilot, lambda: app.waiting is None)
 
     run(scenario)
+
+
+def test_an_empty_reasoning_part_is_not_shown(tmp_path: Path) -> None:
+    """Qwen3 with thinking off writes an empty <think></think> first: no block for it."""
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            empty = AnswerView([("target", "<think>\n\n</think>\n\nHi **there**")])
+            full = AnswerView([("target", "<think>why</think>Hi")])
+            await app.query_one("#conversation").mount(empty, full)
+            assert shown(empty) == "Hi there"
+            assert shown(full).startswith("▶ Thought") and shown(full).endswith("Hi")
+
+    run(scenario)
