@@ -15,6 +15,7 @@ it is cached.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -35,7 +36,7 @@ _CLOSE = {"strong_close", "em_close", "s_close", "link_close"}
 @dataclass(frozen=True)
 class Look:
     """How to draw: provenance kind -> style, Markdown element -> style (keys: heading, h1,
-    strong, emphasis, strike, link, code, code_block, label, quote, marker, think), whether to
+    strong, emphasis, strike, link, code, code_block, label, quote, marker), whether to
     colour by provenance, and the Pygments theme for code when not colouring by provenance."""
 
     kinds: Mapping[str, Style]
@@ -80,13 +81,12 @@ class _Out:
 
 @dataclass
 class _Walk:
-    """Where the block walker is: enclosing lists (ordered?), quote depth, a pending list marker
-    and the inline style stack."""
+    """Where the block walker is: enclosing lists (ordered?), quote depth, a pending list
+    marker (drawn at the start of the item's first line)."""
 
     lists: list[bool]
     quotes: int = 0
     marker: MdToken | None = None
-    styles: list[Style] | None = None
 
     def prefix(self, out: _Out, look: Look) -> None:
         """Start a line: quote bars, list indentation, the item's bullet or number once."""
@@ -126,7 +126,8 @@ def _inline(tok: MdToken, walk: _Walk, out: _Out, look: Look, base: Style) -> No
         if kind in _INLINE:
             stack.append(stack[-1] + look.mark(_INLINE[kind]))
         elif kind in _CLOSE:
-            stack.pop() if len(stack) > 1 else None
+            if len(stack) > 1:
+                stack.pop()
             if kind == "link_close":
                 _skip_target(out)
         elif kind in ("softbreak", "hardbreak"):  # kept as a line break, as the model wrote it
@@ -258,11 +259,7 @@ def blocks(text: str) -> list[Block]:
     >>> [(b.start, b.end, b.joint) for b in blocks("# Hi\\n\\n- a\\n- b\\n")]
     [(0, 5, '\\n\\n'), (6, 10, '\\n\\n'), (10, 14, '\\n')]
     """
-    lines = [0]
-    for i, ch in enumerate(text):
-        if ch == "\n":
-            lines.append(i + 1)
-    lines.append(len(text))
+    lines = [0, *(m.end() for m in re.finditer("\n", text)), len(text)]  # line -> offset
 
     def span(tok: MdToken) -> tuple[int, int]:
         first = tok.map or [0, 0]
