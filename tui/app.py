@@ -81,7 +81,7 @@ class ChatApp(AnswerActions):
         self.config = config
         self.store = store or ChatStore()
         self.what = what
-        self.engine_thread = EngineThread(loader, self.post_message, flush_interval)
+        self.engine_thread = EngineThread(loader, self.post_message, flush_interval, config)
         self.engine_name = ""
         self.has_draft = True
         self.ready = False
@@ -151,7 +151,7 @@ class ChatApp(AnswerActions):
         self._show_stats()
 
     def on_engine_failed(self, message: EngineFailed) -> None:
-        self.load_error = message.error
+        self.load_error, self.ready = message.error, False
         if screen := self._loading():
             screen.fail(message.error)
         else:

@@ -97,6 +97,7 @@ class FakeEngine:
         self.release = threading.Event()
         self.calls: list[tuple[list[dict[str, str]], GenerationConfig]] = []
         self.resets = 0
+        self.warmed: list[GenerationConfig] = []  # warm_up's settings, in order
         self.threads: set[int] = {threading.get_ident()}  # threads that loaded or ran the engine
         self._cached: list[
             int
@@ -126,6 +127,11 @@ class FakeEngine:
         """Forget the cached prefix (a new conversation)."""
         self._cached = []
         self.resets += 1
+
+    def warm_up(self, config: GenerationConfig) -> None:
+        """Record the settings (the fake has no kernels to compile)."""
+        self.threads.add(threading.get_ident())
+        self.warmed.append(config)
 
     def _prefill(self, messages: list[dict[str, str]]) -> tuple[int, int]:
         ids = [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"]
