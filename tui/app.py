@@ -17,6 +17,7 @@ from edgespec.tui.engine_thread import EngineThread, Loader
 from edgespec.tui.messages import (
     EngineFailed,
     EngineReady,
+    EngineWarm,
     LoadProgress,
     StreamBatch,
     TurnFailed,
@@ -85,6 +86,7 @@ class ChatApp(AnswerActions):
         self.engine_name = ""
         self.has_draft = True
         self.ready = False
+        self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
         self.load_error: str | None = None
         self.conv = Conversation()
         self._spec_method = config.spec.method if config.spec.enabled else "draft"
@@ -149,6 +151,9 @@ class ChatApp(AnswerActions):
         self.refresh_bindings()
         self.query_one("#prompt", Input).focus()
         self._show_stats()
+
+    def on_engine_warm(self, message: EngineWarm) -> None:
+        self.warm = True
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.load_error, self.ready = message.error, False

@@ -21,6 +21,7 @@ from typing import Protocol
 from edgespec.tui.messages import (
     EngineFailed,
     EngineReady,
+    EngineWarm,
     LoadProgress,
     StreamBatch,
     TurnFailed,
@@ -223,11 +224,13 @@ class EngineThread:
             return
         self._post(EngineReady(engine.name, engine.has_draft, engine.context_window))
         if self._warm is not None:
+            start = time.monotonic()
             try:
                 engine.warm_up(self._warm)
             except Exception as exc:  # noqa: BLE001 - a turn would fail alike: say it once
                 self._post(EngineFailed(error_line(exc)))
                 return
+            self._post(EngineWarm(time.monotonic() - start))
         while (request := self._requests.get()) is not None:
             if isinstance(request, _Reset):
                 engine.reset()

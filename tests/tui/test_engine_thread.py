@@ -7,7 +7,13 @@ import time
 
 from edgespec.tui.engine_thread import Batcher, EngineThread, error_line
 from edgespec.tui.fake import FakeEngine, FakeScript
-from edgespec.tui.messages import EngineFailed, EngineReady, StreamBatch, TurnFinished
+from edgespec.tui.messages import (
+    EngineFailed,
+    EngineReady,
+    EngineWarm,
+    StreamBatch,
+    TurnFinished,
+)
 
 from edgespec.config import GenerationConfig
 from edgespec.errors import ModelLoadError
@@ -123,7 +129,8 @@ def test_engine_thread_warms_up_after_ready_and_before_the_first_turn() -> None:
     worker.start()
     worker.submit(1, [{"role": "user", "content": "hi"}], GenerationConfig())
     assert inbox.done.wait(5)
-    assert isinstance(inbox.items[0], EngineReady) and order == ["warm", "chat"]
+    assert [type(m) for m in inbox.items[:2]] == [EngineReady, EngineWarm]
+    assert order == ["warm", "chat"]
     worker.shutdown()
 
 
