@@ -16,10 +16,12 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
 
+from edgespec import calibration as calib
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu import rewrites
@@ -76,6 +78,7 @@ class Engine:
         # and the ranks compare what each step committed (Agreement). None: a lone process.
         self.group: Group | None = None
         self.agreement: Agreement | None = None
+        self.calibration: calib.Calibration | None = None  # set by warm_up: seeds adaptive K
 
     @classmethod
     def load(
@@ -221,6 +224,8 @@ class Engine:
             policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
             if hybrid is not None and isinstance(policy, AdaptiveK):
                 hybrid.lookup_k = policy.lookup_k
+            if self.calibration is not None and isinstance(policy, AdaptiveK):
+                policy.seed(*self.calibration.medians())
         return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
@@ -299,6 +304,30 @@ class Engine:
                     outs.append(state.forward(inputs, head_only=True))
                 mx.eval(outs)
         self.reset()
+
+    def warm_up(self, config: GenerationConfig, folder: Path | None = None) -> calib.Calibration:
+        """Compile the shapes `config`'s loop will use and calibrate adaptive K (edgespec.calibration):
+        one short generation whose K cycles over 1..k_max twice (a tree: its own shapes), its
+        post-compile costs added to the calibration saved in `folder` (default
+        <home>/calibration) for this machine, backend and pair; then forget both caches. Later
+        adaptive requests start from the calibration's medians."""
+        from importlib.metadata import version
+
+        from edgespec.loading.paths import home
+
+        key = calib.calibration_key(self.name, str(mx.default_device()), {"mlx": version("mlx")})
+        path = calib.calibration_path(folder or home() / "calibration", self.name)
+        saved = calib.Calibration.load(path, key) or calib.Calibration(key)
+        prompt = self.encode_chat([{"role": "user", "content": calib.WARM_PROMPT}])
+        ks = calib.k_cycle(config.spec.k_max)
+        cycle = iter(ks * 2)  # a round that commits several tokens may end the run early
+        policy = None if config.spec.tree or not config.spec.enabled else lambda _: next(cycle, 0)
+        budget = dataclasses.replace(config, max_tokens=sum(ks) + len(ks))
+        events = list(self.generate(prompt, budget, k_policy=policy))
+        self.reset()
+        self.calibration = saved.add(*calib.round_costs(e for e in events if isinstance(e, Round)))
+        self.calibration.save(path)
+        return self.calibration
 
     def reset(self) -> None:
         """Forget both caches (the next request prefills from scratch)."""

@@ -322,3 +322,45 @@ def test_adaptive_round_events_record_the_chosen_k(engine):
     assert [r.k for r in rounds] == policy.chosen[: len(rounds)]
     assert rounds[0].k == 2 and all(0 <= r.k <= 7 for r in rounds)
     assert all(r.drafted == 0 and r.accepted == 0 for r in rounds if r.k == 0)  # plain steps
+
+
+# ---------------------------------------------------------------------------- a fresh engine
+
+
+def _drive(policy: AdaptiveK, rounds: int, first_draft: float) -> list[int]:
+    """Feed `policy` the rounds it asks for: a draft that pays (7 of 8 drafts accepted, 0.01 s
+    per drafted token, verify 0.1 s), except that the first drafting round's draft took
+    `first_draft` seconds (a fresh engine compiling its kernels). Returns the K chosen."""
+    last: Round | None = None
+    for i in range(rounds):
+        k = policy(last)
+        if k == 0:
+            last = Round(i, 0, 0, 0, 0.0, 0.1)
+        else:
+            t = first_draft if i == 0 else 0.01 * k
+            last = Round(i, k, k - (i % 8 == 0), k, t, 0.1 + 0.005 * k)
+    return policy.chosen
+
+
+def test_a_compile_timing_on_the_first_round_does_not_switch_the_draft_off() -> None:
+    # 30 s for the first 4 drafts: the median of one timing said drafting costs 300 verifies.
+    chosen = _drive(AdaptiveK(4, 8), 200, first_draft=30.0)
+    assert all(k > 0 for k in chosen), chosen[:20]
+
+
+def test_probes_bring_back_a_draft_switched_off_on_stalled_timings() -> None:
+    policy = AdaptiveK(4, 8)
+    policy.seed({"draft": 30.0}, {2: 0.1})  # a stalled calibration
+    for _ in range(2):  # two more stalled rounds: the median is dear, the draft goes off
+        policy.observe(Round(0, 4, 4, 4, 120.0, 0.12))
+    chosen = _drive(policy, 300, first_draft=0.04)
+    assert 0 in chosen[:10]
+    assert all(k > 0 for k in chosen[-50:]), chosen[-50:]
+
+
+def test_seeded_costs_are_used_from_the_first_round() -> None:
+    policy = AdaptiveK(4, 8)
+    policy.seed({"draft": 1.0}, {1: 0.1, 2: 0.1})  # a draft step dearer than a verify
+    # The shortest round; not K = 0 on one timing (a saved one is a timing like the others).
+    assert policy.choose("draft") == 1
+    assert AdaptiveK(4, 8).choose("draft") == 4  # unseeded: k_init until both were timed

@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterable
 
 from edgespec.tui import settings
+from edgespec.tui.answer_actions import ANSWER_BINDINGS, AnswerActions
 from edgespec.tui.engine_thread import EngineThread, Loader
 from edgespec.tui.messages import (
     EngineFailed,
     EngineReady,
+    EngineWarm,
     LoadProgress,
     StreamBatch,
     TurnFailed,
@@ -32,7 +34,7 @@ from edgespec.tui.widgets import (
     UserMessage,
 )
 from textual import on
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
@@ -43,7 +45,7 @@ from edgespec.config import GenerationConfig
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
 
 
-class ChatApp(App[int]):
+class ChatApp(AnswerActions):
     """The chat app. `loader(on_progress)` builds the engine on the engine thread."""
 
     TITLE = "EdgeSpec chat"
@@ -65,6 +67,7 @@ class ChatApp(App[int]):
         Binding("ctrl+t", "toggle_spec", "Spec on/off"),
         Binding("ctrl+y", "copy_answer", "Copy answer"),
         Binding("ctrl+o", "open_chats", "Past chats"),
+        *ANSWER_BINDINGS,
     ]
 
     def __init__(
@@ -79,10 +82,11 @@ class ChatApp(App[int]):
         self.config = config
         self.store = store or ChatStore()
         self.what = what
-        self.engine_thread = EngineThread(loader, self.post_message, flush_interval)
+        self.engine_thread = EngineThread(loader, self.post_message, flush_interval, config)
         self.engine_name = ""
         self.has_draft = True
         self.ready = False
+        self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
         self.load_error: str | None = None
         self.conv = Conversation()
         self._spec_method = config.spec.method if config.spec.enabled else "draft"
@@ -148,8 +152,11 @@ class ChatApp(App[int]):
         self.query_one("#prompt", Input).focus()
         self._show_stats()
 
+    def on_engine_warm(self, message: EngineWarm) -> None:
+        self.warm = True
+
     def on_engine_failed(self, message: EngineFailed) -> None:
-        self.load_error = message.error
+        self.load_error, self.ready = message.error, False
         if screen := self._loading():
             screen.fail(message.error)
         else:
@@ -172,7 +179,7 @@ class ChatApp(App[int]):
         self.conv.messages.append(self._reply)
         self._save()
         view = self.query_one("#conversation", VerticalScroll)
-        self._answer = AnswerView()
+        self._answer = self.answer_view()
         view.mount(UserMessage(prompt), self._answer)
         view.scroll_end(animate=False)
         self._turn += 1
@@ -211,9 +218,10 @@ class ChatApp(App[int]):
         per_round = [] if self._meter is None else self._meter.rounds_in_order()
         k_now = None if self._meter is None else self._meter.k_now
         branches = (0, 0) if self._meter is None else self._meter.branches  # tree rounds
+        think = None if self._meter is None else self._meter.think
         self.waiting, self._meter = None, None
         self._save()
-        self._show_stats(final=(fin, per_round, k_now, branches))
+        self._show_stats(final=(fin, per_round, k_now, branches, think))
 
     def on_turn_failed(self, message: TurnFailed) -> None:
         if message.turn != self.waiting:
@@ -251,8 +259,9 @@ class ChatApp(App[int]):
             spec_tps=self.spec_tps,
         )
         if final is not None:
-            fin, per_round, k_now, branches = final
+            fin, per_round, k_now, branches, think = final
             view.with_stats(fin.stats, per_round, k_now).branches = branches
+            view.with_think(think)
         elif self._meter is not None:
             view.with_meter(self._meter)
         elif self._last_view is not None:  # keep the last turn's numbers, new settings
@@ -294,7 +303,7 @@ class ChatApp(App[int]):
         self.conv = conv
         view = self.query_one("#conversation", VerticalScroll)
         view.remove_children()
-        view.mount(*message_widgets(conv))
+        view.mount(*message_widgets(conv, self.provenance, self.show_thinking))
         view.scroll_end(animate=False)
         self._last_view = None
         self._show_stats()
@@ -355,19 +364,6 @@ class ChatApp(App[int]):
     def action_temp_down(self) -> None:
         """Lower the temperature by 0.1 (0 = greedy)."""
         self._set_temp(self.config.sampling.temperature - settings.TEMP_STEP)
-
-    def last_answer(self) -> str:
-        """The text of the newest assistant message ('' if none)."""
-        return next((m.content for m in reversed(self.conv.messages) if m.role == "assistant"), "")
-
-    def action_copy_answer(self) -> None:
-        """Copy the last answer to the clipboard (OSC 52)."""
-        text = self.last_answer()
-        if not text:
-            self.notify("No answer to copy yet.", severity="warning")
-            return
-        self.copy_to_clipboard(text)
-        self.notify(f"Copied {len(text)} characters")
 
     def action_open_chats(self) -> None:
         """List saved chats; choosing one reopens it."""

@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens", type=int, default=512, help="longest answer in tokens (default 512)"
     )
     # Hidden: run the UI on the scripted fake engine (demos, UI work without models).
-    parser.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
+    # `--fake markdown`: its answer is a reasoning model's, in Markdown (tui/fake.py MARKDOWN).
+    parser.add_argument(
+        "--fake", nargs="?", const="words", choices=("words", "markdown"), help=argparse.SUPPRESS
+    )
 
 
 def describe(args: argparse.Namespace) -> str:
@@ -47,9 +50,11 @@ def run(args: argparse.Namespace) -> int:
 
     def load(on_progress: ProgressFn) -> ChatEngine:
         if args.fake:
-            from edgespec.tui.fake import FakeEngine, FakeScript
+            from edgespec.tui.fake import MARKDOWN, FakeEngine, FakeScript
 
-            return FakeEngine.load(FakeScript(round_delay=0.05, load_delay=0.2), on_progress)
+            text = MARKDOWN if args.fake == "markdown" else None
+            script = FakeScript(round_delay=0.05, load_delay=0.2, text=text)
+            return FakeEngine.load(script, on_progress)
         from edgespec.runtime import Engine  # imported on the engine thread: it owns MLX
 
         return Engine.load(  # type: ignore[no-any-return]

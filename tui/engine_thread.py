@@ -21,6 +21,7 @@ from typing import Protocol
 from edgespec.tui.messages import (
     EngineFailed,
     EngineReady,
+    EngineWarm,
     LoadProgress,
     StreamBatch,
     TurnFailed,
@@ -51,6 +52,8 @@ class ChatEngine(Protocol):
     ) -> Iterator[Token | Round | Finished]: ...
 
     def reset(self) -> None: ...
+
+    def warm_up(self, config: GenerationConfig) -> object: ...
 
 
 Loader = Callable[[ProgressFn], ChatEngine]
@@ -154,10 +157,20 @@ class Batcher:
 
 
 class EngineThread:
-    """Loads the engine with `loader` and then serves chat / reset requests, all on one thread."""
+    """Loads the engine with `loader` and then serves chat / reset requests, all on one thread.
+    With `warm` (the app's settings at start), the engine first compiles the shapes a turn with
+    those settings uses and calibrates adaptive K (`Engine.warm_up`), after `EngineReady`: while
+    the user types, and before the first turn, which waits in the queue until it is done."""
 
-    def __init__(self, loader: Loader, post: Post, flush_interval: float = 0.04) -> None:
+    def __init__(
+        self,
+        loader: Loader,
+        post: Post,
+        flush_interval: float = 0.04,
+        warm: GenerationConfig | None = None,
+    ) -> None:
         self._loader = loader
+        self._warm = warm
         self._post = post
         self._requests: queue.Queue[_Chat | _Reset | None] = queue.Queue()
         self._batcher = Batcher(post, flush_interval)
@@ -210,6 +223,14 @@ class EngineThread:
             self._post(EngineFailed(error_line(exc)))
             return
         self._post(EngineReady(engine.name, engine.has_draft, engine.context_window))
+        if self._warm is not None:
+            start = time.monotonic()
+            try:
+                engine.warm_up(self._warm)
+            except Exception as exc:  # noqa: BLE001 - a turn would fail alike: say it once
+                self._post(EngineFailed(error_line(exc)))
+                return
+            self._post(EngineWarm(time.monotonic() - start))
         while (request := self._requests.get()) is not None:
             if isinstance(request, _Reset):
                 engine.reset()

@@ -3,7 +3,8 @@
 It imports nothing from Textual or MLX. Every number it reports comes from a simulated clock, so the
 same prompt and settings always give the same tokens, kinds and stats (snapshots stay stable).
 
-Script: the answer is a fixed cycle of words (one token each); round i accepts
+Script: the answer is a fixed cycle of words (one token each), or the pieces of a given `text`
+(each run of blanks with the word after it, e.g. `MARKDOWN`); round i accepts
 `accept_pattern[i % len]` of its K drafts, the round then commits those accepted tokens plus one
 corrected token (a rejection) or one bonus token (all K accepted). With speculation off
 (`spec.method == "none"`) every token is a plain `target` token, one per round.
@@ -11,6 +12,7 @@ corrected token (a rejection) or one bonus token (all K accepted). With speculat
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +27,31 @@ WORDS = (
     "them all in one forward pass so the answer is exactly what the target alone would write "
     "only faster when the draft guesses well."
 ).split()
+
+# A reasoning model's answer in Markdown: a <think> part, a heading, emphasis, inline code, a fenced
+# code block, a list and a link (demos: `edgespec chat --fake markdown`; snapshot tests).
+MARKDOWN = """<think>
+The user wants a *small* example. Show a cached function, then say why it is fast.
+</think>
+
+## Fibonacci in Python
+
+Here is a **fast** version with `functools.cache`:
+
+```python
+from functools import cache
+
+@cache
+def fib(n: int) -> int:
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+```
+
+Why it is fast:
+
+1. each value is computed *once*
+2. later calls are lookups
+- see [the docs](https://docs.python.org/3/library/functools.html)
+"""
 
 # Simulated costs (seconds): drafting one token, one verify forward, one plain decode step,
 # and prefill per prompt token. Chosen so speculation at K=4 looks ~1.9x faster than plain.
@@ -45,6 +72,15 @@ class FakeScript:
     load_delay: float = 0.0
     load_error: EdgeSpecError | None = None
     chat_error: EdgeSpecError | None = None
+    text: str | None = None  # say this (in pieces) instead of the cycle of words
+
+    def pieces(self) -> list[str] | None:
+        """`text` cut into tokens: each run of blanks with the word after it.
+
+        >>> FakeScript(text="a **b**\\n\\n- c").pieces()
+        ['a', ' **b**', '\\n\\n-', ' c']
+        """
+        return None if self.text is None else re.findall(r"\s*\S+|\s+", self.text)
 
 
 class FakeEngine:
@@ -61,6 +97,7 @@ class FakeEngine:
         self.release = threading.Event()
         self.calls: list[tuple[list[dict[str, str]], GenerationConfig]] = []
         self.resets = 0
+        self.warmed: list[GenerationConfig] = []  # warm_up's settings, in order
         self.threads: set[int] = {threading.get_ident()}  # threads that loaded or ran the engine
         self._cached: list[
             int
@@ -91,6 +128,11 @@ class FakeEngine:
         self._cached = []
         self.resets += 1
 
+    def warm_up(self, config: GenerationConfig) -> None:
+        """Record the settings (the fake has no kernels to compile)."""
+        self.threads.add(threading.get_ident())
+        self.warmed.append(config)
+
     def _prefill(self, messages: list[dict[str, str]]) -> tuple[int, int]:
         ids = [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"]
         common = 0
@@ -115,13 +157,15 @@ class FakeEngine:
         prompt_tokens, prefilled = self._prefill(messages)
         spec = config.spec.enabled and self.has_draft
         k = config.spec.k
-        limit = min(self.script.answer_tokens, config.max_tokens)
+        pieces = self.script.pieces()
+        length = self.script.answer_tokens if pieces is None else len(pieces)
+        limit = min(length, config.max_tokens)
         start = sum(len(m["content"]) for m in messages)  # vary the words between turns
         texts: list[str] = []
         hist = [0] * (k + 1)
         drafted = accepted_total = rounds = 0
         decode = 0.0
-        reason = "stop" if limit == self.script.answer_tokens else "length"
+        reason = "stop" if limit == length else "length"
         while len(texts) < limit:
             if cancel is not None and cancel.is_set():
                 reason = "cancelled"
@@ -143,7 +187,7 @@ class FakeEngine:
             kinds = kinds[: limit - len(texts)]
             for kind in kinds:
                 word = WORDS[(start + len(texts)) % len(WORDS)]
-                text = word if not texts else " " + word
+                text = (word if not texts else " " + word) if pieces is None else pieces[len(texts)]
                 texts.append(text)
                 yield Token(id=len(texts), text=text, kind=kind, round=rounds)  # type: ignore[arg-type]
             yield Round(

@@ -31,6 +31,13 @@ class EngineReady(Message):
 
 
 @dataclass
+class EngineWarm(Message):
+    """The engine compiled the shapes of a turn and calibrated adaptive K (`Engine.warm_up`)."""
+
+    seconds: float
+
+
+@dataclass
 class EngineFailed(Message):
     """Loading failed; `error` is a one-line message for the user."""
 

@@ -14,13 +14,19 @@ from edgespec.events import Finished, Token
 NOTES = {"cancelled": "[stopped]", "partial": "[interrupted]"}  # a reopened answer's note
 
 
-def message_widgets(conv: Conversation) -> Iterator[Widget]:
-    """One widget per saved message: the user's text, or the answer coloured by its runs."""
+def message_widgets(
+    conv: Conversation, provenance: bool = True, think_open: bool | None = None
+) -> Iterator[Widget]:
+    """One widget per saved message: the user's text, or the answer coloured by its runs (or
+    Markdown only, with `provenance` False; `think_open` folds its reasoning, see AnswerView)."""
     for m in conv.messages:
         if m.role == "user":
             yield UserMessage(m.content)
         else:
-            yield AnswerView(m.runs or [("target", m.content)], note=NOTES.get(m.reason or "", ""))
+            runs, note = m.runs or [("target", m.content)], NOTES.get(m.reason or "", "")
+            view = AnswerView(runs, note, provenance=provenance)
+            view.think_open = think_open
+            yield view
 
 
 def finish_answer(answer: AnswerView, fin: Finished) -> None:

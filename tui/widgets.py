@@ -1,150 +1,23 @@
-"""Widgets of the chat screen: the token-coloured answer, the legend, the live stats panel.
-
-Token styles are component classes (`token--accepted` ...), so themes and users restyle them in CSS.
-They differ in more than hue, for colour-blind users and monochrome terminals:
-accepted = plain colour, corrected = bold + underline, bonus = italic on a tinted background,
-target (speculation off) = the default text style.
+"""Widgets of the chat screen: the user's messages, the legend, the live stats panel (the
+answer itself is `edgespec.tui.answer.AnswerView`, re-exported here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rich.style import Style
-from rich.text import Span, Text
+from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs
+from edgespec.tui.think import ThinkCounter
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from edgespec.events import TOKEN_KINDS, Round, Stats, Token
+from edgespec.events import Round, Stats, Token
 
-Run = tuple[str, str]  # (kind, text)
-
-# C0 controls and DEL (except newline and tab) would move the terminal's cursor: show their
-# Unicode "control pictures" instead (one cell each). Random tiny models emit them.
-_CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
-
-
-def clean_text(text: str) -> str:
-    """Text safe to draw: control characters become visible symbols.
-
-    >>> clean_text("a\x0bb\n")
-    'a␋b\n'
-    """
-    return text.translate(_CONTROLS)
-
-
-def append_styled(text: Text, piece: str, style: Style) -> None:
-    """Append `piece` to `text`, extending the last span when it has the same style.
-
-    Building an answer token by token or run by run then gives identical spans (and identical
-    screen output), whatever the batching was.
-    """
-    start = len(text)
-    text.append(piece)
-    if not style or not piece:
-        return
-    spans = text.spans
-    if spans and spans[-1].end == start and spans[-1].style == style:
-        spans[-1] = Span(spans[-1].start, len(text), style)
-    else:
-        spans.append(Span(start, len(text), style))
-
-
-def merge_runs(runs: list[Run], tokens: Iterable[Token]) -> list[Run]:
-    """Append tokens to run-length `(kind, text)` runs in place and return `runs`.
-
-    >>> merge_runs([("accepted", "a")], [Token(1, "b", "accepted", 0), Token(2, "c", "bonus", 0)])
-    [('accepted', 'ab'), ('bonus', 'c')]
-    """
-    for tok in tokens:
-        text = clean_text(tok.text)
-        if runs and runs[-1][0] == tok.kind:
-            runs[-1] = (tok.kind, runs[-1][1] + text)
-        elif text:
-            runs.append((tok.kind, text))
-    return runs
-
-
-class AnswerView(Widget):
-    """One assistant answer. `append` adds styled spans to a cached `Text` (O(batch), no
-    re-styling of earlier tokens); the whole text is re-styled only when the theme changes."""
-
-    COMPONENT_CLASSES = {f"token--{kind}" for kind in TOKEN_KINDS}
-    DEFAULT_CSS = """
-    AnswerView {
-        height: auto;
-        padding: 0 1;
-        margin: 0 0 1 0;
-    }
-    AnswerView > .token--accepted { color: $text-success; }
-    AnswerView > .token--corrected { color: $text-error; text-style: bold underline; }
-    AnswerView > .token--bonus { color: $text-accent; background: $accent 20%; text-style: italic; }
-    AnswerView > .token--target { }
-    """
-
-    def __init__(
-        self,
-        runs: Sequence[Run] = (),
-        note: str = "",
-        *,
-        id: str | None = None,
-        classes: str | None = None,
-    ) -> None:
-        super().__init__(id=id, classes=classes)
-        self._runs: list[Run] = list(runs)
-        self._text: Text | None = None  # built lazily: component styles need a mounted widget
-        self.note = note
-
-    @property
-    def runs(self) -> list[Run]:
-        """Run-length (kind, text) pairs of everything shown so far."""
-        return list(self._runs)
-
-    @property
-    def plain(self) -> str:
-        """The answer text without styles."""
-        return "".join(text for _, text in self._runs)
-
-    def on_mount(self) -> None:
-        self.watch(self.app, "theme", self._restyle, init=False)
-
-    def _restyle(self) -> None:
-        self._text = None
-        self.refresh(layout=True)
-
-    def _style(self, kind: str) -> Style:
-        return self.get_component_rich_style(f"token--{kind}", default=Style())
-
-    def _build(self) -> Text:
-        text = Text()
-        for kind, piece in self._runs:
-            append_styled(text, piece, self._style(kind))
-        return text
-
-    def append(self, tokens: Sequence[Token]) -> None:
-        """Add streamed tokens at the end, each styled by its kind."""
-        if not tokens:
-            return
-        merge_runs(self._runs, tokens)
-        if self._text is not None:
-            for tok in tokens:
-                append_styled(self._text, clean_text(tok.text), self._style(tok.kind))
-        self.refresh(layout=True)
-
-    def set_note(self, note: str) -> None:
-        """A dim remark after the answer, e.g. '[stopped]'."""
-        self.note = note
-        self.refresh(layout=True)
-
-    def render(self) -> Text:
-        if self._text is None:
-            self._text = self._build()
-        if not self.note:
-            return self._text
-        return Text.assemble(self._text, (f"  {self.note}", "dim italic"))
+__all__ = ["AnswerView", "Legend", "StatsPanel", "StatsView", "TurnMeter", "UserMessage"]
+__all__ += ["clean_text", "merge_runs"]
 
 
 class UserMessage(Static):
@@ -198,6 +71,7 @@ class TurnMeter:
     hist: list[int] = field(default_factory=list)  # hist[i] = rounds that accepted i drafts
     k_now: int | None = None  # K of the latest speculative round (adaptive K: the chosen one)
     branches: tuple[int, int] = (0, 0)  # tree rounds, and those won by a non-first branch
+    think: ThinkCounter = field(default_factory=ThinkCounter)  # reasoning tokens apart
 
     def rounds_in_order(self) -> list[int]:
         """Tokens committed by each round so far, in round order."""
@@ -212,6 +86,7 @@ class TurnMeter:
             self.tokens += len(tokens)
             for tok in tokens:
                 self.per_round[tok.round] = self.per_round.get(tok.round, 0) + 1
+                self.think.add(tok.text)
         for r in rounds:
             if r.method != "none":
                 self.k_now = r.k
@@ -262,6 +137,13 @@ class StatsView:
     hist: list[int] = field(default_factory=list)
     live: bool = False
     branches: tuple[int, int] = (0, 0)  # tree rounds, and those won by a non-first branch
+    think_tokens: tuple[int, int] | None = None  # (reasoning, answer), for a reasoning model
+
+    def with_think(self, counter: ThinkCounter | None) -> StatsView:
+        """Count the reasoning apart when the answer had any."""
+        if counter is not None and counter.think:
+            self.think_tokens = (counter.think, counter.answer + counter.pending)
+        return self
 
     def with_meter(self, meter: TurnMeter) -> StatsView:
         """Fill the turn's numbers from a live meter."""
@@ -275,7 +157,7 @@ class StatsView:
         self.hist = list(meter.hist)
         self.k_now, self.branches = meter.k_now, meter.branches
         self.live = True
-        return self
+        return self.with_think(meter.think)
 
     def with_stats(self, stats: Stats, per_round: list[int], k_now: int | None) -> StatsView:
         """Fill the turn's numbers from the engine's final `Stats` (exact), the streamed
@@ -333,6 +215,11 @@ def stats_table(v: StatsView) -> Text:
     ]
     if v.branches[0]:  # draft trees: how often a branch other than the first-ranked path won
         rows.insert(5, ("Other branch", f"{v.branches[1]} of {v.branches[0]} rounds"))
+    if v.think_tokens is not None:  # a reasoning model: tokens inside <think> and after it
+        rows[5:5] = [
+            ("Reasoning", f"{v.think_tokens[0]} tokens"),
+            ("Answer", f"{v.think_tokens[1]} tokens"),
+        ]
     text = Text()
     for i, (key, value) in enumerate(rows):
         text.append(f"{key:<13}", "dim")

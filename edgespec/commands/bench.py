@@ -78,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", help="output folder (default ./bench-out/<timestamp>)")
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--cold",
+        action="store_true",
+        help="each prompt's first answer in fresh processes: cold, warmed up, and in the chat app "
+        "(headless); methods plain,adaptive-hybrid unless --methods (edgespec/bench/cold.py)",
+    )
     add_shard_args(g)
 
 
@@ -147,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     primary = group is None or group.is_primary  # rank 0 alone writes; the others follow
     created = _writable_folder(out) if primary else False
     try:
+        if args.cold:
+            return _run_cold(args, prompts, out)
         return _run(args, plan, prompts, out, group)
     except BaseException:
         if created:  # a run that ends before writing leaves no empty folder behind
@@ -166,6 +174,19 @@ def _writable_folder(out: Path) -> bool:
     except OSError as exc:
         raise ConfigError(f"cannot write the results to {out}: {exc.strerror or exc}") from None
     return created
+
+
+def _run_cold(args: argparse.Namespace, prompts: list, out: Path) -> int:
+    from edgespec.bench import cold
+
+    methods = cold.DEFAULT_COLD if args.methods is DEFAULT_METHODS else args.methods
+    model = {"target": args.target, "draft": args.draft, "pair": args.pair}
+    model |= {"draft_bits": args.draft_bits, "dtype": args.dtype}
+    settings = {"max_tokens": args.max_tokens, "k": args.k[0], "temp": args.temp[0]}
+    jobs = cold.plan_jobs(model, prompts, cold.check_cold_methods(methods), **settings)
+    print(cold.format_summary(cold.run_cold(jobs, out, args.quiet)))
+    print(f"\nwrote {out / 'cold.json'}")
+    return 0
 
 
 def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, group: Any) -> int:

@@ -48,6 +48,9 @@ PRIOR_VERIFY_SLOPE = 0.1
 TIE_TOLERANCE = 0.05
 PROBE_EVERY = 8  # plain rounds before the first probe round
 PROBE_MAX = 64  # longest gap between probes
+# Draft timings a method needs before the policy may switch it off: a median of fewer is one
+# timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
+OFF_AFTER = COST_WINDOW // 2 + 1
 
 
 def best_k(
@@ -172,14 +175,24 @@ class DrafterEstimate:
         """Seconds per drafted token (median of the recent rounds), None before one was timed."""
         return self.step_costs.value
 
-    def observe(self, r: Round, timed: bool = True) -> None:
+    @property
+    def timings(self) -> int:
+        """How many draft timings the cost's median rests on (at most COST_WINDOW)."""
+        return len(self.step_costs.samples)
+
+    def observe(self, r: Round, timed: bool = True, bound: bool = False) -> None:
         """Fold one round with r.drafted > 0: r.accepted successes, one failure if any rejected.
-        timed=False keeps its time out of the cost (a draft that had to catch up first)."""
+        timed=False keeps its time out of the cost, except with bound=True (a draft that had to
+        catch up first, which only adds time) where it is below the current estimate: such a
+        round bounds the true cost from above, and folding it in lets probes bring down an
+        estimate inflated by compiles or stalls (left out, they never could: the draft of a
+        fresh engine stayed off for a whole answer)."""
         failure = 1.0 if r.accepted < r.drafted else 0.0
         self.accepted = ALPHA_DECAY * self.accepted + r.accepted
         self.trials = ALPHA_DECAY * self.trials + r.accepted + failure
-        if timed:
-            self.step_costs.add(r.t_draft / r.drafted)
+        cost, known = r.t_draft / r.drafted, self.draft_cost
+        if timed or (bound and known is not None and cost < known):
+            self.step_costs.add(cost)
 
 
 class AdaptiveK:
@@ -225,6 +238,17 @@ class AdaptiveK:
         self._probe_gap = PROBE_EVERY
         self._seen: Round | None = None  # the round observed last
 
+    def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
+        """Start from saved costs (a calibration: seconds per drafted token per method, seconds
+        per verify of L tokens), one timing each, soon outvoted by this run's own.
+
+        Example: seed({"draft": 0.01}, {1: 0.05, 5: 0.08}) makes choose("draft") use c = 0.01
+        and v(5) = 0.08 from the first round, instead of k_init until both were timed."""
+        for method, cost in draft_costs.items():
+            self.estimates.setdefault(method, DrafterEstimate()).step_costs.add(cost)
+        for length, seconds in verify_costs.items():
+            self.verify_costs.setdefault(length, RecentMedian()).add(seconds)
+
     def observe(self, r: Round) -> None:
         long = self.long_match > 0 and r.match >= self.long_match
         est = self.estimates.setdefault(f"{r.method}-long" if long else r.method, DrafterEstimate())
@@ -232,7 +256,8 @@ class AdaptiveK:
             # After K = 0 rounds a draft model first catches up on every token committed
             # meanwhile (up to PROBE_MAX + 1): one longer forward that is not the cost of drafting,
             # and counting it would keep K = 0 chosen.
-            est.observe(r, timed=r.timed and not self._after_plain)
+            catch_up = r.timed and self._after_plain
+            est.observe(r, timed=r.timed and not catch_up, bound=catch_up)
         self._after_plain = r.drafted == 0
         if not r.timed:
             # A pipelined plain step and the lookup queued behind it: the host, starved by the
@@ -262,13 +287,15 @@ class AdaptiveK:
         args = self._inputs(method)
         if args is None:
             return self.k_init
-        k = best_k(*args, k_min=0 if self.allow_plain else 1, tolerance=TIE_TOLERANCE)
+        est = self.estimates[method]  # type: ignore[index]
+        # Off only on a median of several draft timings: never on the first round's compile.
+        may_stop = self.allow_plain and (est.timings >= OFF_AFTER or not self._on)
+        k = best_k(*args, k_min=0 if may_stop else 1, tolerance=TIE_TOLERANCE)
         if k == 0 and self._on:
             # Switching the draft off: only if plain still wins at the optimistic alpha. Off, its
             # acceptance is seen only in rare probes, so one unlucky streak (alpha's estimate
             # remembers ~10 rounds) kept a draft that pays ~10% off for a whole answer. (A probe
             # does not switch it back on: only the estimate itself does.)
-            est = self.estimates[method]  # type: ignore[index]
             k = best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE)
         self._on = k > 0
         if k > 0:

@@ -297,6 +297,7 @@ def test_command_palette_lists_every_action(tmp_path: Path) -> None:
             assert not any(t.startswith("New chat") for t in titles())  # still loading
             await wait_for(pilot, lambda: app.ready)
             names = ("New chat", "K+", "K−", "Temp+", "Temp−", "Spec on/off", "Copy answer")
+            names += ("Colours", "Copy code", "Thinking")
             for name in (*names, "Past chats"):
                 assert any(t.startswith(name) for t in titles()), name
             assert not any(t.startswith("Stop") for t in titles())  # nothing to stop
@@ -308,9 +309,21 @@ def test_command_palette_lists_every_action(tmp_path: Path) -> None:
     run(scenario)
 
 
-def test_answer_appends_spans_and_restyles_on_theme_change(tmp_path: Path) -> None:
+def test_answer_redraws_only_its_open_block_and_restyles_on_theme_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgespec.tui import markdown
+
     from edgespec.events import Token
 
+    drawn: list[str] = []
+    real = markdown.render_block
+
+    def counting(tokens, src, kinds, look):  # noqa: ANN001, ANN202
+        drawn.append(src)
+        return real(tokens, src, kinds, look)
+
+    monkeypatch.setattr(markdown, "render_block", counting)
     app, _ = make_app(tmp_path)
 
     async def scenario() -> None:
@@ -320,17 +333,19 @@ def test_answer_appends_spans_and_restyles_on_theme_change(tmp_path: Path) -> No
             await app.query_one("#conversation").mount(view)
             view.append([Token(1, "Hi", "accepted", 0), Token(2, " there", "corrected", 0)])
             await pilot.pause()
-            text = view.render()
-            view.append([Token(3, "!", "bonus", 1), Token(4, "\x1b[2J", "bonus", 1)])
+            view.append([Token(3, "\n\n", "accepted", 1), Token(4, "!\x1b[2J", "bonus", 1)])
             await pilot.pause()
-            assert view.render() is text  # appended in place, earlier spans untouched
-            assert text.plain == "Hi there!␛[2J"  # a control char cannot reach the terminal
+            drawn.clear()
+            view.append([Token(5, " more", "bonus", 2)])
+            text = view.render()
+            assert drawn == ["!␛[2J more"]  # the finished first paragraph came from the cache
+            assert text.plain == "Hi there\n\n!␛[2J more"  # no control char reaches the screen
             styles = [str(span.style) for span in text.spans]
             assert len(styles) == 3 and styles[1] != styles[0] and "underline" in styles[1]
             accepted_dark = text.spans[0].style.color
             app.theme = "textual-light"
             await pilot.pause()
             assert view.render().spans[0].style.color != accepted_dark
-            assert view.runs == [("accepted", "Hi"), ("corrected", " there"), ("bonus", "!␛[2J")]
+            assert view.runs[-1] == ("bonus", "!␛[2J more")
 
     run(scenario)

@@ -7,7 +7,13 @@ import time
 
 from edgespec.tui.engine_thread import Batcher, EngineThread, error_line
 from edgespec.tui.fake import FakeEngine, FakeScript
-from edgespec.tui.messages import EngineFailed, EngineReady, StreamBatch, TurnFinished
+from edgespec.tui.messages import (
+    EngineFailed,
+    EngineReady,
+    EngineWarm,
+    StreamBatch,
+    TurnFinished,
+)
 
 from edgespec.config import GenerationConfig
 from edgespec.errors import ModelLoadError
@@ -102,3 +108,40 @@ def test_error_line_is_one_line() -> None:
     assert error_line(ValueError("a\nb")) == "ValueError: a"
     assert error_line(KeyError()) == "KeyError"
     assert error_line(MemoryError()).startswith("out of memory")
+
+
+def test_engine_thread_warms_up_after_ready_and_before_the_first_turn() -> None:
+    inbox = Inbox()
+    order: list[str] = []
+
+    class Slow(FakeEngine):
+        def warm_up(self, config: GenerationConfig) -> None:
+            time.sleep(0.2)  # the first turn, submitted meanwhile, waits
+            order.append("warm")
+            super().warm_up(config)
+
+        def chat(self, messages, config, cancel=None):  # noqa: ANN001, ANN201
+            order.append("chat")
+            return super().chat(messages, config, cancel)
+
+    config = GenerationConfig(max_tokens=5)
+    worker = EngineThread(lambda p: Slow(FakeScript()), inbox, flush_interval=0.01, warm=config)
+    worker.start()
+    worker.submit(1, [{"role": "user", "content": "hi"}], GenerationConfig())
+    assert inbox.done.wait(5)
+    assert [type(m) for m in inbox.items[:2]] == [EngineReady, EngineWarm]
+    assert order == ["warm", "chat"]
+    worker.shutdown()
+
+
+def test_a_failed_warm_up_becomes_one_line() -> None:
+    inbox = Inbox()
+
+    class Broken(FakeEngine):
+        def warm_up(self, config: GenerationConfig) -> None:
+            raise ModelLoadError("no kernels")
+
+    worker = EngineThread(lambda p: Broken(), inbox, warm=GenerationConfig())
+    worker.start()
+    assert inbox.done.wait(5)
+    assert inbox.items[-1] == EngineFailed("no kernels")

@@ -15,10 +15,11 @@ from tests.tui.helpers import ask, run, wait_for
 pytest.importorskip("mlx.core")
 
 
-def test_real_tiny_pair_end_to_end(tmp_path: Path) -> None:
+def test_real_tiny_pair_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from edgespec.runtime import Engine
     from tests.tiny import make_tiny_pair
 
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))  # the warm-up's calibration
     target, draft = make_tiny_pair(tmp_path / "pair", seed=0, draft="self")
 
     def load(progress):  # noqa: ANN001
@@ -31,6 +32,7 @@ def test_real_tiny_pair_end_to_end(tmp_path: Path) -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.ready or app.load_error, timeout=120)
             assert app.load_error is None
+            await wait_for(pilot, lambda: list((tmp_path / "home").glob("calibration/*.json")))
             await ask(pilot, app, "hello model")
             first = app.conv.messages[-1]
             assert first.reason == "length" and first.content

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgespec.tui.fake import FakeScript
+from edgespec.tui.fake import MARKDOWN, FakeScript
 from textual.pilot import Pilot
 from textual.widgets import Input
 
@@ -48,6 +48,32 @@ def test_light_theme(snap_compare, tmp_path: Path) -> None:
     async def run_before(pilot: Pilot) -> None:
         pilot.app.theme = "textual-light"
         await ask(pilot, app, "What is speculative decoding?")
+        await _quiet(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_markdown_answer_coloured_by_provenance(snap_compare, tmp_path: Path) -> None:
+    """A reasoning model's Markdown answer: the reasoning folded (and counted apart in the
+    panel), a heading, bold, inline code, a fenced block with its language label and no fences,
+    a list and a link, every character in its token's colour."""
+    app, _ = make_app(tmp_path, FakeScript(text=MARKDOWN))
+
+    async def run_before(pilot: Pilot) -> None:
+        await ask(pilot, app, "Fibonacci in Python?")
+        await _quiet(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_markdown_answer_without_provenance(snap_compare, tmp_path: Path) -> None:
+    """The same answer with provenance colours off (F7) and the reasoning unfolded (F9): the
+    Markdown styles only, the reasoning dimmed, the code in syntax colours."""
+    app, _ = make_app(tmp_path, FakeScript(text=MARKDOWN))
+
+    async def run_before(pilot: Pilot) -> None:
+        await ask(pilot, app, "Fibonacci in Python?")
+        await pilot.press("f7", "f9")
         await _quiet(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -147,3 +147,28 @@ def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
         assert len(styles) >= 2, "the answer shows fewer than two token styles"
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+
+
+def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path) -> None:
+    """`edgespec chat --fake markdown`: a reasoning model's Markdown answer, drawn on a real
+    terminal: no fence, emphasis marker or think tag on screen, the code and its label are."""
+    cmd = (
+        f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} "
+        f"EDGESPEC_DATA_DIR={tmp_path / 'chats'} COLORTERM=truecolor "
+        f"{sys.executable} -m edgespec chat --fake markdown; sleep 60"
+    )
+    _tmux("new-session", "-d", "-s", "md", "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
+    try:
+        screen = lambda: _tmux("capture-pane", "-t", "md", "-p")  # noqa: E731
+        _wait(lambda: "Ask something" in screen(), 60, "the app to start")
+        _tmux("send-keys", "-t", "md", "Fibonacci?", "Enter")
+        _wait(lambda: "• see the docs" in screen(), 60, "the answer to finish")
+        rows = [line[:CONVERSATION_COLS] for line in screen().splitlines()]
+        shown = "\n".join(rows)
+        print(f"\nconversation on screen:\n{shown}")
+        for raw in ("```", "**", "<think>", "</think>", "## ", "](https"):
+            assert raw not in shown, raw
+        assert "▶ Thought" in shown and "python" in shown
+        assert "def fib(n: int) -> int:" in shown and "1. each value is computed once" in shown
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)

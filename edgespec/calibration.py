@@ -1,0 +1,134 @@
+"""Warm-up and cost calibration: compile the shapes a speculative loop uses before the first
+request, and keep the draft and verify costs measured after the compiles for adaptive K.
+
+A fresh engine compiles each input shape on first use (a draft step, a verify of L tokens, the
+CPU backend's compiled blocks, a GPU's kernels), so its first answer timed its compiles as draft
+and verify costs. `warm_up` runs one short generation whose K cycles over 1..k_max twice (every
+verify length 2..k_max + 1, the draft's steps, a plain step), times the second cycle, and returns
+a `Calibration`. The calibration is saved as a small JSON file per pair under
+``$EDGESPEC_HOME/calibration/``, keyed by the machine, the backend and the pair (`calibration_key`):
+a file whose key differs is ignored and rewritten, so a new machine, MLX version or pair starts
+over. The file keeps the last SAVED timings of each cost; adaptive K is seeded with their
+medians (AdaptiveK.seed), one timing each, outvoted by a request's own after a few rounds.
+
+Example: `engine.warm_up(config)` at load; `Calibration.load(path, key)` is None for another key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgespec.events import Round
+
+SAVED = 5  # timings kept per cost in the file
+WARM_PROMPT = "Count from one to two hundred, one number per line."
+
+
+def calibration_key(pair: str, backend: str, versions: dict[str, str]) -> dict[str, str]:
+    """What a calibration is valid for: this machine (host, CPU, cores), the backend, the pair and
+    the versions that compile the kernels.
+
+    >>> calibration_key("T + D", "Device(cpu, 0)", {"mlx": "0.30"})["pair"]
+    'T + D'
+    """
+    machine = f"{platform.node()} {platform.machine()} {platform.processor()} {os.cpu_count()}"
+    return {"machine": machine, "backend": backend, "pair": pair} | versions
+
+
+def calibration_path(folder: Path, pair: str) -> Path:
+    """One file per pair: `folder`/<the pair's name as a file name>.json.
+
+    >>> calibration_path(Path("c"), "a/b + d").name
+    'a_b_d.json'
+    """
+    return folder / (re.sub(r"[^A-Za-z0-9.-]+", "_", pair).strip("_") + ".json")
+
+
+def k_cycle(k_max: int, repeats: int = 2) -> list[int]:
+    """The K sequence of a warm-up: 1..k_max then a plain step, `repeats` times.
+
+    >>> k_cycle(3)
+    [1, 2, 3, 0, 1, 2, 3, 0]
+    """
+    return [*range(1, k_max + 1), 0] * repeats
+
+
+def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, float]]:
+    """Seconds per drafted token per method and seconds per verify of L tokens, each the median of
+    the timed rounds, leaving out each shape's first round (its compile) and the draft time of a
+    round after a plain one (its catch-up).
+
+    >>> times = [(9.0, 5.0), (0.02, 0.1), (0.04, 0.3)]  # the first: a compile
+    >>> round_costs([Round(i, 2, 1, 2, d, v) for i, (d, v) in enumerate(times)])
+    ({'draft': 0.015}, {3: 0.2})
+    """
+    draft: dict[str, list[float]] = {}
+    verify: dict[int, list[float]] = {}
+    seen: set[tuple[str, int]] = set()
+    after_plain = False
+    for r in rounds:
+        shape = (r.method, r.drafted)
+        first, after_plain, was_plain = shape not in seen, r.drafted == 0, after_plain
+        seen.add(shape)
+        if first or not r.timed:
+            continue
+        verify.setdefault(r.drafted + 1, []).append(r.t_verify)
+        if r.drafted and not was_plain:
+            draft.setdefault(r.method, []).append(r.t_draft / r.drafted)
+    med = statistics.median
+    return {m: med(v) for m, v in draft.items()}, {L: med(v) for L, v in verify.items()}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Saved cost timings for one key: per drafting method and per verify length, the latest
+    SAVED seconds (oldest first)."""
+
+    key: dict[str, str]
+    draft: dict[str, list[float]] = field(default_factory=dict)
+    verify: dict[int, list[float]] = field(default_factory=dict)
+
+    def add(self, draft: dict[str, float], verify: dict[int, float]) -> Calibration:
+        """A calibration with one more timing per cost (the oldest beyond SAVED dropped)."""
+        d = {m: [*self.draft.get(m, []), t][-SAVED:] for m, t in draft.items()}
+        v = {L: [*self.verify.get(L, []), t][-SAVED:] for L, t in verify.items()}
+        return Calibration(self.key, self.draft | d, self.verify | v)
+
+    def medians(self) -> tuple[dict[str, float], dict[int, float]]:
+        """(seconds per drafted token per method, seconds per verify of L): AdaptiveK.seed's."""
+        med = statistics.median
+        draft = {m: med(ts) for m, ts in self.draft.items() if ts}
+        return draft, {L: med(ts) for L, ts in self.verify.items() if ts}
+
+    def to_json(self) -> dict[str, Any]:
+        verify = {str(L): ts for L, ts in self.verify.items()}
+        return {"key": self.key, "draft": self.draft, "verify": verify}
+
+    @classmethod
+    def load(cls, path: Path, key: dict[str, str]) -> Calibration | None:
+        """The calibration saved at `path` if it was measured for `key`, else None (no file, an
+        unreadable one, or another machine, backend, pair or version)."""
+        try:
+            data = json.loads(path.read_text())
+            if data["key"] != key:
+                return None
+            verify = {int(L): [float(t) for t in ts] for L, ts in data["verify"].items()}
+            draft = {str(m): [float(t) for t in ts] for m, ts in data["draft"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return cls(key, draft, verify)
+
+    def save(self, path: Path) -> None:
+        """Write the file (atomically: a reader sees the old one or the new one)."""
+        from edgespec.files import atomic_write_bytes
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(self.to_json(), indent=1).encode())

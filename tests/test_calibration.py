@@ -1,0 +1,77 @@
+"""Warm-up and cost calibration (edgespec.calibration, Engine.warm_up): the shapes are run, the
+costs saved per key and reused, a changed key starts over, and adaptive K starts from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgespec.calibration import Calibration, calibration_key, round_costs
+from edgespec.config import GenerationConfig, SpecConfig
+from edgespec.drafting.adaptive import AdaptiveK
+from edgespec.events import Round, Token
+from tests.helpers import PROMPT
+
+
+def _tokens(engine, config: GenerationConfig) -> list[int]:
+    return [
+        e.id
+        for e in engine.chat([{"role": "user", "content": PROMPT}], config)
+        if isinstance(e, Token)
+    ]
+
+
+def test_round_costs_leave_out_compiles_and_catch_ups() -> None:
+    rounds = [
+        Round(0, 2, 2, 2, 5.0, 5.0),  # first K = 2: compiles
+        Round(1, 2, 2, 2, 0.02, 0.1),
+        Round(2, 0, 0, 0, 0.0, 3.0),  # first plain step: compiles
+        Round(3, 0, 0, 0, 0.0, 0.05),
+        Round(4, 2, 1, 2, 0.5, 0.3),  # after a plain step: its draft caught up first
+        Round(5, 1, 1, 1, 0.01, 0.2, timed=False),
+    ]
+    assert round_costs(rounds) == ({"draft": 0.01}, {3: 0.2, 1: 0.05})
+
+
+def test_a_calibration_is_kept_per_key_and_keeps_the_latest_timings(tmp_path: Path) -> None:
+    key = calibration_key("T + D", "cpu", {"mlx": "1"})
+    cal = Calibration(key)
+    for i in range(7):
+        cal = cal.add({"draft": float(i)}, {2: 1.0})
+    cal.save(tmp_path / "c.json")
+    again = Calibration.load(tmp_path / "c.json", key)
+    assert again is not None and again.draft == {"draft": [2.0, 3.0, 4.0, 5.0, 6.0]}
+    assert again.medians() == ({"draft": 4.0}, {2: 1.0})
+    other = calibration_key("T + D", "gpu", {"mlx": "1"})
+    assert Calibration.load(tmp_path / "c.json", other) is None  # another backend: start over
+    assert Calibration.load(tmp_path / "missing.json", key) is None
+
+
+def test_warm_up_runs_every_verify_length_and_leaves_generation_unchanged(
+    engine, tiny_models, tmp_path: Path
+) -> None:
+    from edgespec.runtime import Engine
+
+    config = GenerationConfig(spec=SpecConfig(k=2, k_max=4, adaptive=True), max_tokens=24)
+    cal = engine.warm_up(config, tmp_path)
+    assert engine.cached_tokens() == ([], [])
+    # Every verify length 2..k_max + 1, each timed after its compile, and the draft's cost.
+    assert {2, 3, 4, 5} <= set(cal.verify) and set(cal.draft) == {"draft"}
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    fresh = Engine(*tiny_models)
+    assert _tokens(engine, config) == _tokens(fresh, config)  # exactness: same answer
+    fresh.warm_up(config, tmp_path)  # the same key: one more timing per cost, same file
+    assert fresh.calibration is not None
+    assert all(len(ts) == 2 for ts in fresh.calibration.verify.values() if ts)
+    assert list(tmp_path.glob("*.json")) == files
+
+
+def test_adaptive_requests_start_from_the_calibration(engine, monkeypatch) -> None:
+    seeds: list[tuple] = []
+    monkeypatch.setattr(AdaptiveK, "seed", lambda self, d, v: seeds.append((d, v)))
+    config = GenerationConfig(spec=SpecConfig(k=2, adaptive=True), max_tokens=8)
+    _tokens(engine, config)
+    assert seeds == []  # no warm-up, nothing to start from
+    engine.calibration = Calibration({}, {"draft": [0.1, 0.3, 0.2]}, {3: [0.5]})
+    _tokens(engine, config)
+    assert seeds == [({"draft": 0.2}, {3: 0.5})]

@@ -1,0 +1,61 @@
+"""The chat app driven headless through Textual's Pilot, for `edgespec bench --cold` (mode
+"app"): a user at a 120x40 terminal who waits for the warm-up, types one prompt and reads the
+answer. It returns the engine's own Stats of that answer as the panel shows them, so that the
+bench can set them beside the same engine's without the app (edgespec.bench.cold).
+
+The bench looks this module up by name (nothing imports tui/, pyproject.toml's layers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from edgespec.tui.app import ChatApp
+from edgespec.tui.engine_thread import ChatEngine, ProgressFn
+from edgespec.tui.store import ChatStore
+
+from edgespec.config import GenerationConfig
+from edgespec.errors import EdgeSpecError
+
+SIZE = (120, 40)
+
+
+async def _wait(pilot, predicate: Callable[[], object], timeout: float) -> None:  # noqa: ANN001
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise EdgeSpecError(f"the headless chat timed out after {timeout:.0f} s")
+        await pilot.pause(0.05)
+
+
+def first_answer(
+    load: Callable[[ProgressFn], ChatEngine],
+    config: GenerationConfig,
+    prompt: str,
+    timeout: float = 600.0,
+) -> dict:
+    """Open the app on `load`'s engine, wait until it is warm, ask `prompt`; returns the saved
+    answer's stats (ChatStore's JSON: tokens_per_s, ttft, acceptance, ...) plus "warm_up_s"."""
+    with tempfile.TemporaryDirectory() as tmp:
+        app = ChatApp(load, config, ChatStore(Path(tmp)), what="headless")
+        out: dict = {}
+
+        async def scenario() -> None:
+            async with app.run_test(size=SIZE) as pilot:
+                start = time.monotonic()
+                await _wait(pilot, lambda: app.warm or app.load_error, timeout)
+                if app.load_error:
+                    raise EdgeSpecError(app.load_error)
+                out["warm_up_s"] = time.monotonic() - start
+                app.query_one("#prompt").value = prompt  # type: ignore[attr-defined]
+                await pilot.press("enter")
+                await _wait(pilot, lambda: app._turn == 1 and app.waiting is None, timeout)
+                reply = app.conv.messages[-1]
+                out.update(reply.stats or {}, reason=reply.reason)
+
+        asyncio.run(scenario())
+        return out
