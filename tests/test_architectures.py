@@ -140,6 +140,7 @@ def _logits(state: KVState, prefix: list[int], lengths: list[int]) -> list[mx.ar
 # multi-token forwards whose mask is None or causal (sliding-window masks are arrays past the
 # window, attention sinks never).
 TABLE_ROPE = {"llama": 0, "phi3": 0, "ministral3": 0, "qwen3_next": 2, "qwen3_5": 2}
+TABLE_ROPE["gemma4_text"] = 2  # its sliding layers: global ones keep their proportional rope
 COMPILED = {"llama": 4}
 NOT_GROUPED = ("gpt_oss",)
 

@@ -1,0 +1,126 @@
+"""Gemma 4: mlx-lm's gemma4_text, and gemma4 as mlx-community folders ship it (edgespec/loading/
+tiny_arch.py builds both). Sliding-window layers (WindowKVCache) between global ones, and the last
+half of the layers KV-shared: they have no cache of their own and attend over the keys and values
+an earlier layer of their kind just stored, so rewinding the caches the model has rewinds them too.
+
+The per-family checks (greedy identity at K = 1..4, self-draft, as a draft of another family,
+trees refused, the T = 1 statistical test, CPU rewrites) run on gemma4_text in
+tests/test_architectures.py. Here: the cache layout those checks rely on, answers long enough for
+the window caches to compact, a prompt sharing a prefix with the previous request, the
+mlx-community form through the command line, and planted bugs the checks must catch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlx_lm.models.cache import KVCache
+
+from edgespec.config import SpecConfig
+from edgespec.rewind import Rewinder, WindowKVCache
+from edgespec.runtime import Engine
+from tests.arch_models import PROMPT, Families, first_difference, generate, sampled_p_value
+from tests.cli import run_edgespec
+
+LONG = 360  # past a window cache's first compaction (window 16 + DEPTH 66 + step 256 positions)
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> Families:
+    return Families(tmp_path_factory.mktemp("gemma4"))
+
+
+def _plain_and_spec(engine: Engine, ids: list[int], n: int, k: int = 3) -> tuple[list, list]:
+    plain = generate(engine, ids, SpecConfig(method="none"), n)[0]
+    return plain, generate(engine, ids, SpecConfig(k=k, method="draft"), n)[0]
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
+def test_only_the_layers_that_store_keys_have_caches(families, family):
+    """4 layers: sliding, global, then two KV-shared ones reading layers 0 and 1's keys. The
+    prompt cache has one rewindable layer per storing layer; the shared ones have none."""
+    model = families.engine(family).target.model
+    text = getattr(model, "language_model", model)
+    assert text.args.num_kv_shared_layers == 2
+    assert text.model.previous_kvs == [0, 1, 0, 1]
+    state = families.engine(family)._target
+    assert [type(c) for c in state.cache] == [WindowKVCache, KVCache]
+    assert state.layers.trims  # every layer goes back by trimming: no restore, no start over
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", pytest.param("gemma4", marks=pytest.mark.slow)])
+def test_a_long_answer_equals_plain_decoding_past_window_compaction(families, family):
+    """360 tokens: over 20 windows, and the window caches drop old keys (compaction) while the
+    KV-shared layers read them; speculation with the smaller Gemma 4 equals plain decoding."""
+    engine = families.engine(family)
+    ids = engine.encode_raw(PROMPT)
+    plain, spec = _plain_and_spec(engine, ids, LONG)
+    assert len(plain) == LONG and first_difference(spec, plain) is None
+    assert engine._target.cache[0].start > 0  # the window cache compacted
+    for held in engine.cached_tokens():
+        assert held is not None and held == (ids + plain)[: len(held)]
+
+
+def test_a_next_request_sharing_a_prefix_reuses_the_caches_exactly(families):
+    """A chat's next turn: the previous prompt and answer, then more. The caches keep the common
+    prefix (a trim, or a fresh window cache where the prefix lies too far back) and the answer
+    equals a fresh engine's plain one."""
+    engine = families.engine("gemma4_text")
+    ids = engine.encode_raw(PROMPT)
+    first = generate(engine, ids, SpecConfig(k=3, method="draft"), 60)[0]
+    for cut in (len(ids) + 55, len(ids) + 20):  # a short way back, then past the window depth
+        follow = (ids + first)[:cut] + engine.encode_raw(" and the bird")
+        spec = generate(engine, follow, SpecConfig(k=3, method="draft"), 40)[0]
+        fresh = Engine(*families.pair("gemma4_text"))
+        assert spec == generate(fresh, follow, SpecConfig(method="none"), 40)[0], cut
+
+
+def _token_ids(*args: str) -> list[int]:
+    proc = run_edgespec("generate", PROMPT, "--json", *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    return [e["id"] for e in lines if e.get("type") == "token"]
+
+
+def test_the_command_line_speculates_exactly_on_an_mlx_community_style_gemma4(families):
+    """`edgespec generate` with the gemma4 (multimodal-config) target and the smaller Gemma 4 as
+    --draft at --temp 0 prints --no-spec's tokens; --tree is refused in one line."""
+    target, draft = (str(p) for p in families.paths("gemma4"))
+    models = ("--target", target, "--draft", draft, "--temp", "0", "--max-tokens", "150")
+    plain = _token_ids(*models, "--no-spec")
+    assert len(plain) == 150
+    assert _token_ids(*models, "--method", "draft", "--no-adaptive", "-k", "3") == plain
+    proc = run_edgespec("generate", PROMPT, *models, "--tree", "3,2,1")
+    assert proc.returncode != 0 and "--tree chain" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------- planted bugs
+
+
+def _forget_global_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewinds trim the window layers only: the global layer's cache, which the KV-shared global
+    layer reads too, keeps the rejected drafts."""
+
+    def windows_only(self, keep):
+        drop = self.offset - keep
+        for layer in self.windows:
+            layer.trim(drop)
+        self.fed = keep
+        return keep
+
+    monkeypatch.setattr(Rewinder, "go_back", windows_only)
+
+
+def test_the_checks_catch_a_global_cache_not_rewound(families, monkeypatch):
+    """Greedy identity and the T = 1 statistical test (which passes on the real rewind:
+    test_architectures.py's test_sampled_answers_follow_the_target_distribution) both fail."""
+    engine = families.engine("gemma4_text")
+    ids = engine.encode_raw(PROMPT)
+    plain = generate(engine, ids, SpecConfig(method="none"), 56)[0]
+    _forget_global_layers(monkeypatch)
+    spec = generate(engine, ids, SpecConfig(k=3, method="draft"), 56)[0]
+    assert first_difference(spec, plain) is not None
+    p_value, _ = sampled_p_value(engine, SpecConfig(k=3, method="draft"), range(3), 40)
+    assert p_value < 1e-3
