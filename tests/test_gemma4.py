@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 
+import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
+from edgespec.cache import TOP, target_features
 from edgespec.config import SpecConfig
 from edgespec.rewind import Rewinder, WindowKVCache
 from edgespec.runtime import Engine
@@ -74,6 +76,18 @@ def test_a_next_request_sharing_a_prefix_reuses_the_caches_exactly(families):
         spec = generate(engine, follow, SpecConfig(k=3, method="draft"), 40)[0]
         fresh = Engine(*families.pair("gemma4_text"))
         assert spec == generate(fresh, follow, SpecConfig(method="none"), 40)[0], cut
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
+def test_a_forward_with_features_gives_the_models_own_logits(families, family):
+    """What a feature draft's verify reads (cache.target_features): the logits of model(ids),
+    soft-capped, through the multimodal config too (once: no soft-capping, and an AttributeError
+    on gemma4), and the hidden states of the layers asked for (here layer 1 and the top)."""
+    model = families.pair(family)[0].model
+    ids = mx.array([(7 * i + 3) % 300 + 4 for i in range(20)], dtype=mx.int32)
+    feats, logits = target_features(model, ids, None, (1, TOP))
+    assert mx.array_equal(logits, model(ids[None])[0]).item()
+    assert feats.shape == (20, 2 * 64)
 
 
 def _token_ids(*args: str) -> list[int]:
