@@ -20,6 +20,8 @@ from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import TOP, target_features
 from edgespec.config import SpecConfig
+from edgespec.errors import ConfigError
+from edgespec.loading.load import load_pair
 from edgespec.rewind import Rewinder, WindowKVCache
 from edgespec.runtime import Engine
 from tests.arch_models import PROMPT, Families, first_difference, generate, sampled_p_value
@@ -108,6 +110,19 @@ def test_the_command_line_speculates_exactly_on_an_mlx_community_style_gemma4(fa
     proc = run_edgespec("generate", PROMPT, *models, "--tree", "3,2,1")
     assert proc.returncode != 0 and "--tree chain" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_a_gemma4_assistant_given_as_the_draft_is_refused_in_one_line(families, tmp_path):
+    """Google's Gemma 4 drafters (`-assistant`, gemma4_assistant) are heads over the target's
+    activations and KV cache, not models: refused with what to pass instead."""
+    head = tmp_path / "gemma-4-E2B-it-assistant"
+    head.mkdir()
+    config = {"model_type": "gemma4_assistant", "text_config": {"model_type": "gemma4_text"}}
+    (head / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(head / "model.safetensors"), {"w": mx.zeros((4,))})
+    with pytest.raises(ConfigError, match="gemma4_assistant") as err:
+        load_pair(str(families.paths("gemma4")[0]), str(head))
+    assert "\n" not in str(err.value) and "--draft" in str(err.value)
 
 
 # ---------------------------------------------------------------------------- planted bugs
