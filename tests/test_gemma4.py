@@ -53,10 +53,17 @@ def test_only_the_layers_that_store_keys_have_caches(families, family):
     assert state.layers.trims  # every layer goes back by trimming: no restore, no start over
 
 
-@pytest.mark.parametrize("family", ["gemma4_text", pytest.param("gemma4", marks=pytest.mark.slow)])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["gemma4_text", pytest.param("gemma4", marks=SLOW), pytest.param("gemma4_moe", marks=SLOW)],
+)
 def test_a_long_answer_equals_plain_decoding_past_window_compaction(families, family):
     """360 tokens: over 20 windows, and the window caches drop old keys (compaction) while the
-    KV-shared layers read them; speculation with the smaller Gemma 4 equals plain decoding."""
+    KV-shared layers read them (the experts form has none); speculation with the smaller Gemma 4
+    equals plain decoding."""
     engine = families.engine(family)
     ids = engine.encode_raw(PROMPT)
     plain, spec = _plain_and_spec(engine, ids, LONG)
@@ -64,6 +71,18 @@ def test_a_long_answer_equals_plain_decoding_past_window_compaction(families, fa
     assert engine._target.cache[0].start > 0  # the window cache compacted
     for held in engine.cached_tokens():
         assert held is not None and held == (ids + plain)[: len(held)]
+
+
+def test_the_mixture_of_experts_form_speculates_exactly(families):
+    """26B-A4B style (experts beside every MLP): greedy output equals plain decoding at K = 1..4,
+    and answers sampled at T = 1 follow the target's distribution (KS test on PIT values)."""
+    engine = families.engine("gemma4_moe")
+    ids = engine.encode_raw(PROMPT)
+    plain = generate(engine, ids, SpecConfig(method="none"), 56)[0]
+    for k in (1, 2, 3, 4):
+        assert generate(engine, ids, SpecConfig(k=k, method="draft"), 56)[0] == plain, k
+    p_value, tau = sampled_p_value(engine, SpecConfig(k=3, method="draft"), range(3), 40)
+    assert p_value > 1e-3, (p_value, tau)
 
 
 def test_a_next_request_sharing_a_prefix_reuses_the_caches_exactly(families):

@@ -98,6 +98,11 @@ def gemma4(vocab: int, layers: int) -> dict:
     return tiny_gemma4.wrapped(gemma4_text(vocab, layers))
 
 
+def gemma4_moe(vocab: int, layers: int) -> dict:
+    """Gemma 4 26B-A4B style: experts beside every MLP, no KV-shared layers."""
+    return tiny_gemma4.moe_config(_base("gemma4_text", vocab, layers), layers)
+
+
 def phi3(vocab: int, layers: int) -> dict:
     """Phi-3.5 / Phi-4-mini: fused qkv and gate_up projections, longrope (SuScaledRoPE)."""
     half = 16 // 2
@@ -248,7 +253,7 @@ FAMILIES: dict[str, Family] = {
     )
 }
 # Built on request only (tests/test_restore.py, test_gemma4.py), not in every per-architecture test.
-MORE: dict[str, Family] = {"mamba2": mamba2, "gemma4": gemma4}
+MORE: dict[str, Family] = {"mamba2": mamba2, "gemma4": gemma4, "gemma4_moe": gemma4_moe}
 TARGET_LAYERS, DRAFT_LAYERS = 4, 2
 SPREAD = 3.0  # logit standard deviation (calibrate)
 

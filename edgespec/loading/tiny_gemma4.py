@@ -5,7 +5,8 @@ with global ones; global layers with their own head width, a proportional partia
 as values (`attention_k_eq_v`, as in 31B); per-layer input embeddings; and from 4 layers on, the
 last half KV-shared: they have no cache and attend over the keys and values that the last earlier
 layer of their type stored (they also run a double-wide MLP). Logits are soft-capped at 30.
-mlx-community's folders (converted by mlx-vlm) are the multimodal `gemma4` config around it.
+mlx-community's folders (converted by mlx-vlm) are the multimodal `gemma4` config around it;
+`gemma4_moe` is the mixture-of-experts form (26B-A4B).
 
 Two departures from a trained Gemma 4, both for random weights: the head is not tied (a random
 tied head mostly predicts its input token again), and the post-attention norms start at GAIN.
@@ -22,7 +23,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 # sqrt(hidden): with unit norm weights its random attention barely moves the logits (a bigram
 # model, through which a check of the caches sees little). Its post-attention norms start this high.
 GAIN = 4.0
-FAMILIES = ("gemma4_text", "gemma4")
+FAMILIES = ("gemma4_text", "gemma4", "gemma4_moe")
 
 
 def text_config(base: dict, layers: int) -> dict:
@@ -45,6 +46,15 @@ def text_config(base: dict, layers: int) -> dict:
         "final_logit_softcapping": 30.0,
         "tie_word_embeddings": False,
     }
+
+
+def moe_config(base: dict, layers: int) -> dict:
+    """26B-A4B style: every layer's MLP joined by 4 experts (2 per token, a router with its own
+    norm), keys as values on the global layers, no KV-shared layers."""
+    moe = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2}
+    return (
+        text_config(base, layers) | moe | {"moe_intermediate_size": 32, "num_kv_shared_layers": 0}
+    )
 
 
 def wrapped(text: dict) -> dict:
