@@ -40,6 +40,14 @@ def _plain_and_spec(engine: Engine, ids: list[int], n: int, k: int = 3) -> tuple
     return plain, generate(engine, ids, SpecConfig(k=k, method="draft"), n)[0]
 
 
+def _next_turn_is_exact(families: Families, family: str, engine: Engine, follow: list[int]) -> None:
+    """The engine's speculative answer to `follow` (its caches hold an earlier request) equals a
+    fresh engine's plain one."""
+    spec = generate(engine, follow, SpecConfig(k=3, method="draft"), 40)[0]
+    fresh = Engine(*families.pair(family))
+    assert spec == generate(fresh, follow, SpecConfig(method="none"), 40)[0]
+
+
 @pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
 def test_only_the_layers_that_store_keys_have_caches(families, family):
     """4 layers: sliding, global, then two KV-shared ones reading layers 0 and 1's keys. The
@@ -63,7 +71,8 @@ SLOW = pytest.mark.slow
 def test_a_long_answer_equals_plain_decoding_past_window_compaction(families, family):
     """360 tokens: over 20 windows, and the window caches drop old keys (compaction) while the
     KV-shared layers read them (the experts form has none); speculation with the smaller Gemma 4
-    equals plain decoding."""
+    equals plain decoding. Then a request sharing only the answer's first 20 tokens: keys the
+    window caches dropped are needed again, so the caches start over, exactly."""
     engine = families.engine(family)
     ids = engine.encode_raw(PROMPT)
     plain, spec = _plain_and_spec(engine, ids, LONG)
@@ -71,6 +80,8 @@ def test_a_long_answer_equals_plain_decoding_past_window_compaction(families, fa
     assert engine._target.cache[0].start > 0  # the window cache compacted
     for held in engine.cached_tokens():
         assert held is not None and held == (ids + plain)[: len(held)]
+    _next_turn_is_exact(families, family, engine, (ids + plain)[: len(ids) + 20] + ids)
+    assert engine._target.cache[0].start == 0  # started over (this answer is too short to compact)
 
 
 def test_the_mixture_of_experts_form_speculates_exactly(families):
@@ -86,17 +97,16 @@ def test_the_mixture_of_experts_form_speculates_exactly(families):
 
 
 def test_a_next_request_sharing_a_prefix_reuses_the_caches_exactly(families):
-    """A chat's next turn: the previous prompt and answer, then more. The caches keep the common
-    prefix (a trim, or a fresh window cache where the prefix lies too far back) and the answer
-    equals a fresh engine's plain one."""
+    """A chat's next turn: the previous prompt and part of its answer, then more. The caches are
+    trimmed back to the common prefix (before compaction a window cache holds every position;
+    after it: the long-answer test) and the answer equals a fresh engine's plain one."""
     engine = families.engine("gemma4_text")
     ids = engine.encode_raw(PROMPT)
     first = generate(engine, ids, SpecConfig(k=3, method="draft"), 60)[0]
-    for cut in (len(ids) + 55, len(ids) + 20):  # a short way back, then past the window depth
+    for cut in (len(ids) + 55, len(ids) + 20):  # a few positions back, then past the window
         follow = (ids + first)[:cut] + engine.encode_raw(" and the bird")
-        spec = generate(engine, follow, SpecConfig(k=3, method="draft"), 40)[0]
-        fresh = Engine(*families.pair("gemma4_text"))
-        assert spec == generate(fresh, follow, SpecConfig(method="none"), 40)[0], cut
+        _next_turn_is_exact(families, "gemma4_text", engine, follow)
+        assert engine._target.tokens[:cut] == follow[:cut]
 
 
 @pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
