@@ -180,5 +180,5 @@ def test_the_checks_catch_a_global_cache_not_rewound(families, monkeypatch):
     _forget_global_layers(monkeypatch)
     spec = generate(engine, ids, SpecConfig(k=3, method="draft"), 56)[0]
     assert first_difference(spec, plain) is not None
-    p_value, _ = sampled_p_value(engine, SpecConfig(k=3, method="draft"), range(3), 40)
-    assert p_value < 1e-3
+    p_value, _ = sampled_p_value(engine, SpecConfig(k=3, method="draft"), range(4), 60)
+    assert p_value < 1e-6  # far from the test's 1e-3 threshold: docs/measurements
