@@ -84,6 +84,17 @@ def test_a_long_answer_equals_plain_decoding_past_window_compaction(families, fa
     assert engine._target.cache[0].start == 0  # started over (this answer is too short to compact)
 
 
+def test_a_prompt_longer_than_a_prefill_chunk_speculates_exactly(families):
+    """700 prompt tokens: prefilled in chunks of 512, the window caches compacting inside the
+    second chunk (a mask and held keys for 188 new positions at once, which the KV-shared layers
+    share); the answer after it equals plain decoding."""
+    engine = families.engine("gemma4_text")
+    ids = [(5 * i + 1) % 300 + 4 for i in range(700)]
+    plain, spec = _plain_and_spec(engine, ids, 40)
+    assert first_difference(spec, plain) is None
+    assert engine._target.cache[0].start > 0
+
+
 def test_the_mixture_of_experts_form_speculates_exactly(families):
     """26B-A4B style (experts beside every MLP): greedy output equals plain decoding at K = 1..4,
     and answers sampled at T = 1 follow the target's distribution (KS test on PIT values)."""
