@@ -72,25 +72,27 @@ class _Tap:
 def target_features(
     model: Any, inputs: mx.array, cache: Any, layers: Sequence[int] = (TOP,)
 ) -> tuple[mx.array, mx.array]:
-    """One target forward, [L] -> (hidden states [L, len(layers) * d], logits [L, V]); the same
-    arithmetic as model(inputs) (mlx-lm's llama-style Model.__call__ is model.model followed by
-    the head). `layers`: which hidden states, concatenated in that order: TOP (-1) is the top
-    (final-normed) one, i >= 0 the output of layer i, recorded as the forward passes it (no
-    extra forward). A feature draft (edgespec/drafting/eagle.py) reads them."""
-    blocks = model.model.layers
+    """One target forward, [L] -> (hidden states [L, len(layers) * d], logits [L, V]); the logits
+    are model(inputs)'s (the model's own call runs, whatever its head: Gemma's soft-capping, a
+    multimodal config's `language_model`). `layers`: which hidden states, concatenated in that
+    order: TOP (-1) is the top (final-normed) one, the trunk's output (`model.model`, or
+    `model.language_model.model`), i >= 0 the output of layer i, recorded as the forward passes it
+    (no extra forward). A feature draft (edgespec/drafting/eagle.py) reads them."""
+    owner = getattr(model, "language_model", model)
+    trunk = owner.model
+    blocks = trunk.layers
+    top: list[mx.array] = []
     taps: dict[int, list[mx.array]] = {i: [] for i in layers if i != TOP}
     for i, sink in taps.items():
         blocks[i] = _Tap(blocks[i], sink)
+    owner["model"] = _Tap(trunk, top)  # an nn.Module keeps its children as dict entries
     try:
-        h = model.model(inputs[None], cache=cache)
+        logits = model(inputs[None], cache=cache)
     finally:
+        owner["model"] = trunk
         for i in taps:
             blocks[i] = blocks[i].layer
-    if model.args.tie_word_embeddings:
-        logits = model.model.embed_tokens.as_linear(h)
-    else:
-        logits = model.lm_head(h)
-    parts = [h[0] if i == TOP else taps[i][0][0] for i in layers]
+    parts = [top[0][0] if i == TOP else taps[i][0][0] for i in layers]
     feats = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
     return feats, logits[0]
 

@@ -8,6 +8,8 @@ prompt caches hold three kinds of layer, and each goes back its own way:
   exactly `window` positions cannot be trimmed once it has wrapped. `rewindable` swaps each for a
   WindowKVCache, which keeps DEPTH positions beyond the window and masks attention to the window
   itself, so any rewind of up to DEPTH positions is a trim, past the window too.
+  Gemma 4's KV-shared layers have no cache: they attend over what an earlier layer's cache just
+  returned, so rewinding that cache rewinds them too (docs/architectures.md).
 - recurrent state (ArraysCache: gated delta-nets of Qwen3.5 / Qwen3-Next, Mamba, LFM2 convolutions;
   the recurrent half of a CacheList): one state sums up every position and cannot be trimmed.
   `Rewinder` keeps a few restore points (the state arrays as they were before a forward) and a

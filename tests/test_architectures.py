@@ -1,8 +1,9 @@
 """Every architecture family a Mac user runs, built by mlx-lm's own model classes and quantized to
 4 bits like an mlx-community folder (tests/tiny_arch.py): attention KV caches (llama
 with Llama 3 rope scaling, qwen2, qwen3, phi3 with longrope, ministral3 with yarn, qwen3_moe),
-sliding windows (gemma3_text, gpt_oss: answers several windows long) and recurrent layers
-(qwen3_next, qwen3_5: gated delta-nets in ArraysCache).
+sliding windows (gemma3_text, gemma4_text with KV-shared layers, gpt_oss: answers several
+windows long) and recurrent layers (qwen3_next, qwen3_5: gated delta-nets in ArraysCache).
+Gemma 4's own checks: tests/test_gemma4.py.
 
 Per family, as target and as draft: greedy output identical to plain decoding at K = 1..4, a
 self-draft (every token accepted, bonus paths), the family's model drafting for another family's
@@ -32,7 +33,7 @@ from tests.arch_models import Families, first_difference, generate, sampled_p_va
 from tests.tiny_arch import FAMILIES
 
 ALL = list(FAMILIES)
-WINDOWED = ("gemma3_text", "gpt_oss")
+WINDOWED = ("gemma3_text", "gemma4_text", "gpt_oss")
 RECURRENT = ("qwen3_next", "qwen3_5")
 GREEDY_TOKENS = 56  # two sliding windows (24) past the prompt
 
@@ -140,6 +141,7 @@ def _logits(state: KVState, prefix: list[int], lengths: list[int]) -> list[mx.ar
 # multi-token forwards whose mask is None or causal (sliding-window masks are arrays past the
 # window, attention sinks never).
 TABLE_ROPE = {"llama": 0, "phi3": 0, "ministral3": 0, "qwen3_next": 2, "qwen3_5": 2}
+TABLE_ROPE["gemma4_text"] = 2  # its sliding layers: global ones keep their proportional rope
 COMPILED = {"llama": 4}
 NOT_GROUPED = ("gpt_oss",)
 

@@ -33,7 +33,7 @@ def _token_ids(*args: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_next"])
+@pytest.mark.parametrize("family", ["gemma3_text", "gemma4_text", "qwen3_next"])
 def test_generate_speculative_equals_no_spec_over_300_tokens(families, family):
     target, draft = (str(p) for p in families.paths(family))
     models = ("--target", target, "--draft", draft, "--temp", "0", "--max-tokens", "300")

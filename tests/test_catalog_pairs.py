@@ -1,5 +1,5 @@
-"""The catalogue's Mac pairs (Qwen3, Llama 3.1/3.2, Qwen2.5, Gemma 3, Qwen3.5): what each declares
-about its vocabularies, checked offline.
+"""The catalogue's Mac pairs (Qwen3, Llama 3.1/3.2, Qwen2.5, Gemma 3 and 4, Qwen3.5): what each
+declares about its vocabularies, checked offline.
 
 The real tokenizer files cannot be fetched here; EdgeSpec checks them when it loads a pair
 (loading/checks.check_tokenizers: same ids for probe strings, same token at every shared id).
@@ -37,6 +37,7 @@ from tests.tiny_arch import build, family_config, save_quantized, seed_weights
 
 MAC_PAIRS = {
     "qwen3-4b", "qwen3-8b", "qwen3-14b", "llama3.1-8b", "qwen2.5-7b", "gemma3-12b", "qwen3.5-9b",
+    "gemma4-31b",
 }  # fmt: skip
 
 # Family -> (tokenizer size, special tokens at their ids): what the made-up configs mimic.
@@ -46,6 +47,7 @@ FAMILIES = {
     "llama3": (128256, {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128009: "<|eot_id|>"}),
     "gemma3": (262144, {0: "<pad>", 1: "<eos>", 2: "<bos>", 105: "<start_of_turn>", 106: "<end_of_turn>"}),
     "qwen3.5": (248077, {248044: "<|endoftext|>", 248045: "<|im_start|>", 248046: "<|im_end|>"}),
+    "gemma4": (262144, {0: "<pad>", 1: "<eos>", 2: "<bos>", 106: "<turn|>"}),
 }  # fmt: skip
 
 

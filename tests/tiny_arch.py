@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from tests import tiny_gemma4
 from tests.tiny import SPECIALS, make_tokenizer
 
 HIDDEN = 64
@@ -85,6 +86,21 @@ def gemma3_text(vocab: int, layers: int) -> dict:
         sliding_window_pattern=2,
         rope_local_base_freq=10000.0,
     )
+
+
+def gemma4_text(vocab: int, layers: int) -> dict:
+    """Gemma 4: windows and KV-shared layers (tests/tiny_gemma4.py)."""
+    return tiny_gemma4.text_config(_base("gemma4_text", vocab, layers), layers)
+
+
+def gemma4(vocab: int, layers: int) -> dict:
+    """Gemma 4 as mlx-community folders ship it: gemma4_text inside a multimodal config."""
+    return tiny_gemma4.wrapped(gemma4_text(vocab, layers))
+
+
+def gemma4_moe(vocab: int, layers: int) -> dict:
+    """Gemma 4 26B-A4B style: experts beside every MLP, no KV-shared layers."""
+    return tiny_gemma4.moe_config(_base("gemma4_text", vocab, layers), layers)
 
 
 def phi3(vocab: int, layers: int) -> dict:
@@ -227,6 +243,7 @@ FAMILIES: dict[str, Family] = {
         qwen2,
         qwen3,
         gemma3_text,
+        gemma4_text,
         phi3,
         ministral3,
         qwen3_moe,
@@ -235,8 +252,8 @@ FAMILIES: dict[str, Family] = {
         qwen3_5,
     )
 }
-# Built on request only (tests/test_restore.py), not in every per-architecture test.
-MORE: dict[str, Family] = {"mamba2": mamba2}
+# Built on request only (tests/test_restore.py, test_gemma4.py), not in every per-architecture test.
+MORE: dict[str, Family] = {"mamba2": mamba2, "gemma4": gemma4, "gemma4_moe": gemma4_moe}
 TARGET_LAYERS, DRAFT_LAYERS = 4, 2
 SPREAD = 3.0  # logit standard deviation (calibrate)
 
@@ -342,6 +359,7 @@ def make_family(
     tcfg = family_config(family, vocab, TARGET_LAYERS)
     target = build(tcfg)
     seed_weights(target, seed)
+    tiny_gemma4.boost_attention(target, family)
     calibrate(target, SPREAD)
     rare_eos(target)
     if draft == "self":
@@ -351,6 +369,7 @@ def make_family(
         dcfg = family_config(family, vocab, DRAFT_LAYERS)
         dmodel = build(dcfg)
         seed_weights(dmodel, seed + 1000)
+        tiny_gemma4.boost_attention(dmodel, family)
         _subset(target, dmodel)
     else:
         raise ValueError(f"unknown draft kind {draft!r}")

@@ -17,7 +17,7 @@ from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draf
 from edgespec.drafting.eagle import EagleModel, is_eagle, load_eagle
 from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError
 from edgespec.loading.catalog import Catalog, load_catalog
-from edgespec.loading.checks import check_tokenizers, check_trimmable
+from edgespec.loading.checks import check_standalone, check_tokenizers, check_trimmable
 from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer, read_config
 from edgespec.loading.progress import ProgressFn, one_line, report
 from edgespec.loading.resolve import resolve_model
@@ -78,6 +78,7 @@ def load_model(
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     report(on_progress, f"loading {spec}")
     config = read_config(path)
+    check_standalone(config, spec)
     model, config = _load_weights(path, config, embedding, target)
     tokenizer = load_tokenizer(path, config, tokenizer_fallback)
     if on_cpu() if dequantize is None else dequantize:
