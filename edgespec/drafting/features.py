@@ -20,6 +20,7 @@ from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Drafter, Proposal, no_proposal
 from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.model import full_q, pick_token
+from edgespec.drafting.mtp import MtpModel
 from edgespec.sampling import uniforms
 
 
@@ -32,7 +33,7 @@ class EagleState:
 
     def __init__(
         self,
-        model: EagleModel,
+        model: EagleModel | MtpModel,
         name: str = "draft",
         new_cache: Callable[[Any], list[Any]] = make_prompt_cache,
     ):

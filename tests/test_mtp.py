@@ -1,0 +1,168 @@
+"""MTP drafts (edgespec/drafting/mtp.py): a Qwen3.5 target's own multi-token-prediction head.
+
+On a tiny qwen3_5 written as an original Hugging Face checkpoint with its `mtp.*` weights
+(tests/mtp_models.py; its MTP layer learnt the target's greedy answer to PROMPT): greedy output
+identical to plain decoding over 300 tokens (the hybrid target's recurrent state is restored after
+rejections), through the Engine and the real CLI; sampled answers at T = 1 follow the target
+(PIT test of tests/arch_models.py), and the same test fails on a planted q that is not the
+distribution the drafted token was drawn from; an MTP head fed the wrong position's hidden state
+stays exact, only slower. Loading: the weights read from the checkpoint match the training copy,
+a folder without MTP weights is a one-line error, and the conversion keeps the head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from edgespec.commands.common import draft_from_args
+from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.drafting.features import EagleState
+from edgespec.drafting.mtp import MTP_FILE, MtpModel, read_mtp, sanitize_hf
+from edgespec.errors import ConfigError
+from edgespec.loading.load import load_model
+from edgespec.loading.mtp import convert_checkpoint
+from edgespec.runtime import Engine
+from edgespec.sampling import sample, warp
+from tests.arch_models import PROMPT, first_difference, generate, sampled_p_value
+from tests.cli import run_edgespec
+from tests.helpers import gen, rounds_of, token_ids
+from tests.mtp_models import make_checkpoint, strip_mtp
+
+TOKENS = 300
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("mtp"), [PROMPT], TOKENS)
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint: Path) -> Engine:
+    return Engine.load(target=str(checkpoint), draft="mtp")
+
+
+@pytest.fixture(scope="module")
+def plain(engine: Engine) -> list[int]:
+    ids = engine.encode_raw(PROMPT)
+    return generate(engine, ids, SpecConfig(method="none"), TOKENS)[0]
+
+
+def _greedy(engine: Engine, spec: SpecConfig) -> tuple[list[int], float]:
+    """(tokens, accepted per drafted token) of the greedy answer to PROMPT."""
+    events = gen(engine, engine.encode_raw(PROMPT), spec, TOKENS)
+    rounds = rounds_of(events)
+    drafted = sum(r.drafted for r in rounds)
+    return token_ids(events), sum(r.accepted for r in rounds) / max(drafted, 1)
+
+
+def test_the_head_loads_from_the_checkpoint_as_a_feature_draft(engine, checkpoint):
+    model = engine.draft.model
+    assert isinstance(model, MtpModel) and model.feature_layers == (3,)
+    assert engine._target.feature_layers == (3,)  # the verify records the last layer
+    raw = mx.load(str(checkpoint / "model.safetensors"))
+    norm = raw["mtp.norm.weight"]
+    assert mx.allclose(model.norm.weight, norm + 1.0)  # stored as offsets from 1
+
+
+SPECS = {
+    "k1": SpecConfig(k=1, method="mtp"),
+    "k3": SpecConfig(k=3, method="mtp"),
+    "adaptive": SpecConfig(k=2, method="mtp", adaptive=True),
+}
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+def test_greedy_output_equals_plain_decoding(engine, plain, spec):
+    tokens, acceptance = _greedy(engine, spec)
+    assert first_difference(tokens, plain) is None
+    assert acceptance > 0.3  # the head learnt this answer: most drafts pass
+
+
+def test_the_cli_answers_as_no_spec(checkpoint):
+    args = ["generate", PROMPT, "--target", str(checkpoint), "--raw", "--temp", "0"]
+    args += ["--max-tokens", str(TOKENS), "--json"]
+    mtp = run_edgespec(*args, "--method", "mtp")
+    plain = run_edgespec(*args, "--no-spec")
+    assert mtp.returncode == 0 and plain.returncode == 0, mtp.stderr[-2000:] + plain.stderr
+    records = [[json.loads(line) for line in out.stdout.splitlines()] for out in (mtp, plain)]
+    ids = [[r["id"] for r in recs if r["type"] == "token"] for recs in records]
+    assert len(ids[0]) == TOKENS and ids[0] == ids[1]
+    assert sum(r["accepted"] for r in records[0] if r["type"] == "round") > 0
+
+
+def test_sampled_answers_follow_the_target_distribution(engine):
+    p_value, tau = sampled_p_value(engine, SpecConfig(k=3, method="mtp"), range(6), 60)
+    assert p_value > 1e-3, (p_value, tau)
+
+
+def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch):
+    """Plant the bug: the draft token is drawn from a flatter distribution (T = 4) than the q it
+    reports (T = 1). The ratio test then keeps tokens the target would rarely give."""
+
+    def flat_pick(logits, sampling, u, i, head_ids, rows):
+        rows.append(warp(logits, sampling))
+        return sample(warp(logits, SamplingConfig(temperature=4.0)), u[i])
+
+    monkeypatch.setattr("edgespec.drafting.features.pick_token", flat_pick)
+    p_value, _ = sampled_p_value(engine, SpecConfig(k=3, method="mtp"), range(6), 60)
+    assert p_value < 1e-3
+
+
+def test_a_head_fed_the_wrong_position_stays_exact_only_slower(engine, plain, monkeypatch):
+    """Plant the bug: every committed position's feature is its predecessor's hidden state (one
+    position late, zeros at position 0), prompt and rounds alike."""
+    spec = SpecConfig(k=3, method="mtp")
+    engine.reset()
+    _, right = _greedy(engine, spec)
+    real, held = EagleState.set_features, {}
+
+    def late(state: EagleState, context: list[int], start: int, new: mx.array) -> None:
+        if new.shape[0] > 0:
+            before = held.get(start - 1, mx.zeros_like(new[:1]))
+            held[start + new.shape[0] - 1] = new[-1:]
+            new = mx.concatenate([before, new[:-1]])
+        real(state, context, start, new)
+
+    monkeypatch.setattr(EagleState, "set_features", late)
+    engine.reset()
+    tokens, wrong = _greedy(engine, spec)
+    assert first_difference(tokens, plain) is None
+    assert wrong < right - 0.1, (wrong, right)
+
+
+def test_a_folder_without_mtp_weights_is_a_one_line_error(checkpoint, tmp_path):
+    stripped = strip_mtp(checkpoint, tmp_path / "community")
+    out = run_edgespec("generate", PROMPT, "--target", str(stripped), "--method", "mtp")
+    assert out.returncode == 2
+    line = out.stderr.strip()
+    assert "\n" not in line and "no MTP weights" in line and "edgespec pull" in line
+    with pytest.raises(ConfigError, match="leave out --draft"):
+        draft_from_args(argparse.Namespace(draft="x"), SpecConfig(method="mtp"))
+
+
+def test_a_target_loaded_without_its_head_refuses_method_mtp(checkpoint):
+    engine = Engine.load(target=str(checkpoint), with_draft=False)
+    with pytest.raises(ConfigError, match="without its MTP head"):
+        generate(engine, engine.encode_raw(PROMPT), SpecConfig(method="mtp"), 4)
+
+
+def test_the_conversion_keeps_the_head_quantized_beside_the_model(checkpoint, plain, tmp_path):
+    out = convert_checkpoint(checkpoint, tmp_path / "mlx", bits=4, mtp_bits=8)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"]["bits"] == 4 and config["mtp_quantization"]["bits"] == 8
+    stored = read_mtp(out, config)
+    assert "fc.scales" in stored and (out / MTP_FILE).is_file()
+    raw = mx.load(str(checkpoint / "model.safetensors"))
+    want = sanitize_hf({k: v for k, v in raw.items() if k.startswith("mtp.")})
+    assert set(want) <= set(stored)
+    engine = Engine.load(target=str(out), draft="mtp")
+    ids = engine.encode_raw(PROMPT)
+    tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp"), 40)
+    assert tokens == generate(engine, ids, SpecConfig(method="none"), 40)[0]
+    loaded = load_model(str(out))
+    assert loaded.config["mtp_quantization"]["bits"] == 8
