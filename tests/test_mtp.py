@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+import huggingface_hub.constants as hf_constants
 import mlx.core as mx
 import pytest
 
@@ -24,14 +25,17 @@ from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.features import EagleState
 from edgespec.drafting.mtp import MTP_FILE, MtpModel, read_mtp, sanitize_hf
 from edgespec.errors import ConfigError
-from edgespec.loading.load import load_model
+from edgespec.loading.catalog import parse_catalog
+from edgespec.loading.load import load_pair
 from edgespec.loading.mtp import convert_checkpoint
+from edgespec.loading.pull import pull
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
 from tests.arch_models import PROMPT, first_difference, generate, sampled_p_value
 from tests.cli import run_edgespec
 from tests.helpers import gen, rounds_of, token_ids
 from tests.mtp_models import make_checkpoint, strip_mtp
+from tests.test_catalog import make_hub_cache
 
 TOKENS = 300
 
@@ -151,18 +155,41 @@ def test_a_target_loaded_without_its_head_refuses_method_mtp(checkpoint):
         generate(engine, engine.encode_raw(PROMPT), SpecConfig(method="mtp"), 4)
 
 
-def test_the_conversion_keeps_the_head_quantized_beside_the_model(checkpoint, plain, tmp_path):
-    out = convert_checkpoint(checkpoint, tmp_path / "mlx", bits=4, mtp_bits=8)
-    config = json.loads((out / "config.json").read_text())
+def test_pull_of_a_folder_converts_it_keeping_the_head(checkpoint, tmp_path, monkeypatch):
+    """`edgespec pull FOLDER`: the model at 4 bits, the MTP layer at 8 beside it, once."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    out = run_edgespec("pull", str(checkpoint))
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder = Path(out.stdout.split(": ", 1)[1].rsplit(" (", 1)[0])
+    config = json.loads((folder / "config.json").read_text())
     assert config["quantization"]["bits"] == 4 and config["mtp_quantization"]["bits"] == 8
-    stored = read_mtp(out, config)
-    assert "fc.scales" in stored and (out / MTP_FILE).is_file()
+    stored = read_mtp(folder, config)
     raw = mx.load(str(checkpoint / "model.safetensors"))
     want = sanitize_hf({k: v for k, v in raw.items() if k.startswith("mtp.")})
-    assert set(want) <= set(stored)
-    engine = Engine.load(target=str(out), draft="mtp")
+    assert "fc.scales" in stored and set(want) <= set(stored)
+    assert mx.array_equal(stored["norm.weight"], want["norm.weight"])  # norms stay float
+    assert convert_checkpoint(checkpoint, folder) == folder  # converted once
+    _speculates_exactly(Engine.load(target=str(folder), draft="mtp"))
+
+
+def test_pull_of_a_catalogue_checkpoint_converts_the_download(checkpoint, tmp_path, monkeypatch):
+    """A catalogue model whose Hugging Face repo is an original checkpoint: `pull` converts it
+    in place, and the pair whose draft is "mtp" loads its head."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    make_hub_cache(tmp_path / "hub", "org/Tiny-MTP", checkpoint)
+    model = {"license": "Apache-2.0", "hf_repo": "org/Tiny-MTP"}
+    raw = {"models": {"tiny": model}, "pairs": {"tiny-mtp": {"target": "tiny", "draft": "mtp"}}}
+    cat = parse_catalog(raw, tmp_path)
+    folder = pull("tiny", catalog=cat, progress_bar=False)
+    assert (folder / MTP_FILE).is_file() and not (folder / ".original").exists()
+    assert "quantization" in json.loads((folder / "config.json").read_text())
+    _speculates_exactly(Engine(*load_pair(pair="tiny-mtp", catalog=cat)))
+
+
+def _speculates_exactly(engine: Engine) -> None:
+    assert isinstance(engine.draft.model, MtpModel)
     ids = engine.encode_raw(PROMPT)
     tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp"), 40)
     assert tokens == generate(engine, ids, SpecConfig(method="none"), 40)[0]
-    loaded = load_model(str(out))
-    assert loaded.config["mtp_quantization"]["bits"] == 8

@@ -34,7 +34,8 @@ def build_drafter(
     if spec.method == "mtp":
         if not isinstance(draft, EagleState) or not isinstance(draft.model, MtpModel):
             raise ConfigError(
-                f"{engine_name} was loaded without its MTP head; load it for --method mtp"
+                f"{engine_name} was loaded without its MTP head; --method mtp needs the draft "
+                "'mtp' (the target's own head; `edgespec generate --method mtp` loads it)"
             )
         return EagleDrafter(draft, sampling, vocab)
     if spec.method not in ("draft", "hybrid"):

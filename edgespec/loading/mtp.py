@@ -8,13 +8,15 @@ none (mlx-lm drops them): a one-line ConfigError says how to get them.
 `convert_checkpoint(src, dst)` turns an original checkpoint folder (safetensors + config.json with
 `mtp_num_hidden_layers`) into an MLX folder: the model quantized by mlx-lm (4 bits by default),
 its MTP layer beside it in mtp.safetensors (8 bits by default; `mtp_quantization` in config.json),
-the tokenizer files copied. `edgespec pull FOLDER` runs it into the cache.
+the tokenizer files copied. `edgespec pull FOLDER` runs it into the cache; `edgespec pull NAME` of
+a catalogue model whose Hugging Face repo is such a checkpoint converts the download in place.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -74,30 +76,50 @@ def _quantize(model: nn.Module, bits: int) -> dict:
 
 
 def convert_checkpoint(src: Path, dst: Path, bits: int = 4, mtp_bits: int = 8) -> Path:
-    """Write the MLX folder of checkpoint `src` into `dst` (which must not exist yet), MTP kept."""
+    """Write the MLX folder of checkpoint `src` into `dst` atomically (an existing `dst` is kept:
+    a conversion runs once), MTP kept; returns `dst`."""
+    if (dst / "config.json").is_file():
+        return dst
+    with paths.atomic_dir(dst) as tmp:
+        write_conversion(src, tmp, bits, mtp_bits)
+        record = {"source": str(src.resolve()), "bits": bits, "mtp_bits": mtp_bits}
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return dst
+
+
+def convert_in_place(folder: Path, bits: int = 4, mtp_bits: int = 8) -> None:
+    """Replace the files of an original checkpoint in `folder` by its conversion (a pull's
+    download: links into the Hugging Face cache, moved aside, then dropped)."""
+    original = folder / ".original"
+    original.mkdir()
+    for f in list(folder.iterdir()):
+        if f.is_file():
+            os.replace(f, original / f.name)
+    write_conversion(original, folder, bits, mtp_bits)
+    shutil.rmtree(original)
+
+
+def write_conversion(src: Path, out: Path, bits: int, mtp_bits: int) -> None:
+    """Write checkpoint `src` into the existing folder `out`: the model quantized by mlx-lm
+    (`bits`), its MTP layer in mtp.safetensors (`mtp_bits`), config.json with both
+    quantizations, the tokenizer and licence files."""
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
     config = read_config(src)
     if mtp_layers(config) < 1:
         raise ConfigError(f"{src} declares no MTP layer (mtp_num_hidden_layers in config.json)")
     mtp = build(config)
-    weights = read_mtp(src, config)
-    mtp.load_weights(list(weights.items()), strict=True)
+    mtp.load_weights(list(read_mtp(src, config).items()), strict=True)
     model, loaded = load_model(src, lazy=True)
-    with paths.atomic_dir(dst) as tmp:
-        model, loaded = quantize_model(model, loaded, group_size=64, bits=bits)
-        save_model(tmp, model)
-        loaded["mtp_quantization"] = _quantize(mtp, mtp_bits)
-        mx.save_safetensors(
-            str(tmp / MTP_FILE), dict(tree_flatten(mtp.parameters())), metadata={"format": "mlx"}
-        )
-        save_config(loaded, tmp / "config.json")
-        for f in src.iterdir():
-            if f.is_file() and _copied(f.name):
-                shutil.copyfile(f, tmp / f.name)
-        record = {"source": str(src.resolve()), "bits": bits, "mtp_bits": mtp_bits}
-        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return dst
+    model, loaded = quantize_model(model, loaded, group_size=64, bits=bits)
+    save_model(out, model)
+    loaded["mtp_quantization"] = _quantize(mtp, mtp_bits)
+    weights = dict(tree_flatten(mtp.parameters()))
+    mx.save_safetensors(str(out / MTP_FILE), weights, metadata={"format": "mlx"})
+    save_config(loaded, out / "config.json")
+    for f in src.iterdir():
+        if f.is_file() and _copied(f.name):
+            shutil.copyfile(f, out / f.name)
 
 
 def _copied(name: str) -> bool:
