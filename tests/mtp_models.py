@@ -1,10 +1,11 @@
-"""A tiny Qwen3.5 written the way an original Hugging Face checkpoint ships, MTP weights included.
+"""A tiny Qwen3.5 or Qwen3-Next written as an original Hugging Face checkpoint, MTP weights kept.
 
-`make_checkpoint(root)` builds the tiny qwen3_5 target of edgespec/loading/tiny_arch.py with
+`make_checkpoint(root, prompts)` builds the tiny qwen3_5 (or qwen3_next) target of edgespec/loading/tiny_arch.py with
 mlx-lm's classes, trains its MTP layer for a few hundred steps on the target's own greedy answers
 (so that drafts get accepted often enough for the tests to see a slower planted bug), and writes
 the folder under the original names: `model.language_model.*` and `mtp.*`, norm weights stored
-as offsets from 1, conv1d weights as [C, 1, K] (the inverse of mlx-lm's qwen3_5 sanitize).
+as offsets from 1, conv1d weights as [C, 1, K], one weight per expert (the inverse of mlx-lm's
+qwen3_5 / qwen3_next sanitize).
 `strip_mtp(src, dst)` writes the same model without its `mtp.*` keys, as mlx-community ships it.
 """
 
@@ -19,10 +20,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
-from mlx_lm.models import qwen3_5
 
 from edgespec.cache import target_features
-from edgespec.drafting.mtp import MtpModel
+from edgespec.drafting.mtp import MtpModel, text_config
+from edgespec.drafting.mtp import build as build_mtp
 from edgespec.loading.tiny import make_tokenizer
 from edgespec.loading.tiny_arch import (
     SPREAD,
@@ -45,15 +46,26 @@ OFFSET_NORMS = (
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def checkpoint_config(vocab: int) -> dict[str, Any]:
-    """The tiny qwen3_5 config with one MTP layer declared, as the original configs do."""
-    config = family_config("qwen3_5", vocab, LAYERS)
-    config["text_config"]["mtp_num_hidden_layers"] = 1
+def checkpoint_config(family: str, vocab: int) -> dict[str, Any]:
+    """The tiny config of `family` (qwen3_5 or qwen3_next) with one MTP layer declared, where the
+    original configs declare it (Qwen3.5: in its text_config)."""
+    config = family_config(family, vocab, LAYERS)
+    text_config(config)["mtp_num_hidden_layers"] = 1
     return config
 
 
+def unstacked(name: str, value: mx.array) -> dict[str, mx.array]:
+    """Stacked experts (mlx-lm's `mlp.switch_mlp.up_proj.weight` [E, ...]) as the original
+    checkpoint stores them, one weight per expert (`mlp.experts.{e}.up_proj.weight`)."""
+    if ".switch_mlp." not in name:
+        return {name: value}
+    mlp, proj = name.split(".switch_mlp.")
+    return {f"{mlp}.experts.{e}.{proj}": value[e] for e in range(value.shape[0])}
+
+
 def hf_target_weights(model: nn.Module) -> dict[str, mx.array]:
-    """An mlx-lm qwen3_5 model's weights under the original checkpoint's names and layouts."""
+    """An mlx-lm qwen3_5 / qwen3_next model's weights under the original checkpoint's names and
+    layouts."""
     out = {}
     for name, value in tree_flatten(model.parameters()):
         key = name.replace("language_model.model.", "model.language_model.", 1)
@@ -61,7 +73,7 @@ def hf_target_weights(model: nn.Module) -> dict[str, mx.array]:
             value = value.moveaxis(2, 1)  # mlx [C, K, 1] -> torch [C, 1, K]
         elif key.endswith(OFFSET_NORMS) and value.ndim == 1:
             value = value - 1.0
-        out[key] = value
+        out |= unstacked(key, value)
     return out
 
 
@@ -71,7 +83,7 @@ def hf_mtp_weights(mtp: MtpModel) -> dict[str, mx.array]:
     for name, value in tree_flatten(mtp.parameters()):
         if name.endswith("norm.weight") and value.ndim == 1:
             value = value - 1.0
-        out[f"mtp.{name}"] = value
+        out |= unstacked(f"mtp.{name}", value)
     return out
 
 
@@ -112,20 +124,22 @@ def train_mtp(model: nn.Module, mtp: MtpModel, seqs: list[list[int]], steps: int
     return float(loss.item())
 
 
-def make_checkpoint(root: Path, prompts: list[str], length: int = 300, steps: int = 150) -> Path:
-    """Write `root/checkpoint` (original layout, MTP kept) whose MTP layer learnt the target's
-    greedy answers (`length` tokens) to `prompts`, raw text; returns its path."""
+def make_checkpoint(
+    root: Path, prompts: list[str], length: int = 300, steps: int = 150, family: str = "qwen3_5"
+) -> Path:
+    """Write `root/checkpoint` (original layout, MTP kept) of the tiny `family` model whose MTP
+    layer learnt the target's greedy answers (`length` tokens) to `prompts`, raw text."""
     from mlx_lm.utils import load_tokenizer
 
     tok_dir = root / "tokenizer"
     vocab = make_tokenizer(tok_dir, seed=0)
     tokenizer = load_tokenizer(tok_dir)
-    config = checkpoint_config(vocab)
+    config = checkpoint_config(family, vocab)
     model = build(config)
     seed_weights(model, 0)
     calibrate(model, SPREAD)
     rare_eos(model)
-    mtp = MtpModel(qwen3_5.TextModelArgs.from_dict(config["text_config"]))
+    mtp = build_mtp(config)
     seed_weights(mtp, 1)
     mtp.attach(model)
     answers = [greedy_answer(model, tokenizer.encode(p), length) for p in prompts]

@@ -56,9 +56,9 @@ def plain(engine: Engine) -> list[int]:
     return generate(engine, ids, SpecConfig(method="none"), TOKENS)[0]
 
 
-def _greedy(engine: Engine, spec: SpecConfig) -> tuple[list[int], float]:
+def _greedy(engine: Engine, spec: SpecConfig, n: int = TOKENS) -> tuple[list[int], float]:
     """(tokens, accepted per drafted token) of the greedy answer to PROMPT."""
-    events = gen(engine, engine.encode_raw(PROMPT), spec, TOKENS)
+    events = gen(engine, engine.encode_raw(PROMPT), spec, n)
     rounds = rounds_of(events)
     drafted = sum(r.drafted for r in rounds)
     return token_ids(events), sum(r.accepted for r in rounds) / max(drafted, 1)
@@ -85,6 +85,22 @@ def test_greedy_output_equals_plain_decoding(engine, plain, spec):
     tokens, acceptance = _greedy(engine, spec)
     assert first_difference(tokens, plain) is None
     assert acceptance > 0.3  # the head learnt this answer: most drafts pass
+
+
+def test_a_qwen3_next_head_with_experts_drafts_exactly(tmp_path_factory):
+    """Qwen3-Next: its MTP layer is a mixture-of-experts layer stored one weight per expert."""
+    root = tmp_path_factory.mktemp("mtp-next")
+    folder = make_checkpoint(root, [PROMPT], 120, steps=100, family="qwen3_next")
+    engine = Engine.load(target=str(folder), draft="mtp")
+    head = engine.draft.model.layers[0].mlp
+    raw = mx.load(str(folder / "model.safetensors"))
+    assert mx.array_equal(
+        head.switch_mlp.up_proj.weight[1], raw["mtp.layers.0.mlp.experts.1.up_proj.weight"]
+    )
+    ids = engine.encode_raw(PROMPT)
+    plain = generate(engine, ids, SpecConfig(method="none"), 120)[0]
+    tokens, acceptance = _greedy(engine, SpecConfig(k=3, method="mtp"), 120)
+    assert first_difference(tokens, plain) is None and acceptance > 0.3
 
 
 def test_the_cli_answers_as_no_spec(checkpoint):

@@ -1,6 +1,6 @@
 """Multi-token prediction (MTP) heads: the draft a model ships inside its own checkpoint.
 
-Qwen3.5 checkpoints carry `mtp.*` weights beside the model: one more decoder layer trained to
+Qwen3.5 and Qwen3-Next checkpoints carry `mtp.*` weights beside the model: one more decoder layer trained to
 predict the token after next. At context position t, with h_t the target's hidden state BEFORE its
 final norm (the output of its last layer) and x_{t+1} the token that followed:
 
@@ -17,7 +17,8 @@ the top hidden state, so an MtpModel runs in an EagleState under the EagleDrafte
 target's head, and exactness from the ratio test like any draft.
 
 Weights: `mtp.fc.weight` [d, 2d] (embedding half first), `mtp.pre_fc_norm_embedding.weight`,
-`mtp.pre_fc_norm_hidden.weight`, `mtp.layers.0.*` (names of the model's own decoder layer),
+`mtp.pre_fc_norm_hidden.weight`, `mtp.layers.0.*` (names of the model's own decoder layer; experts stacked as mlx-lm stacks the
+model's: `stack_experts`),
 `mtp.norm.weight`. They are read from the original Hugging Face safetensors (whose norm weights
 are stored as offsets from 1, as mlx-lm's sanitize knows for the rest of the model) or from a
 converted folder's `mtp.safetensors` (sanitized, with `mtp_quantization` in config.json). mlx-lm
@@ -27,29 +28,36 @@ and mlx-community conversions drop every `mtp.` key.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models import qwen3_5
+from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask
 
 from edgespec.cache import output_head, text_model
 from edgespec.errors import ConfigError
 
 MTP_FILE = "mtp.safetensors"  # a converted folder's MTP layer, beside its model.safetensors
-FAMILIES = ("qwen3_5", "qwen3_5_text")
+# model_type -> (its text args class, its decoder layer class): the MTP layer is the model's own.
+FAMILIES: dict[str, tuple[Any, Any]] = {
+    "qwen3_5": (qwen3_5.TextModelArgs, qwen3_5.DecoderLayer),
+    "qwen3_5_text": (qwen3_5.TextModelArgs, qwen3_5.DecoderLayer),
+    "qwen3_5_moe": (qwen3_5.TextModelArgs, qwen3_5.DecoderLayer),
+    "qwen3_next": (qwen3_next.ModelArgs, qwen3_next.Qwen3NextDecoderLayer),
+}
 
 
 class MtpModel(nn.Module):
-    """The MTP layer of a Qwen3.5 target, run as a feature draft (see the module docstring).
+    """The MTP layer of a Qwen3.5 / Qwen3-Next target, run as a feature draft (see the module docstring).
 
     Example: a target with 32 layers -> feature_layers (31,): the verify forward records layer
     31's output, which `__call__` reads beside the embedding of the token after it."""
 
-    def __init__(self, args: qwen3_5.TextModelArgs, n_layers: int = 1):
+    def __init__(self, args: Any, n_layers: int = 1, family: str = "qwen3_5"):
         super().__init__()
         self.args = args
         self.model_type = "edgespec_mtp"
@@ -57,8 +65,9 @@ class MtpModel(nn.Module):
         self.pre_fc_norm_embedding = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.fc = nn.Linear(2 * d, d, bias=False)
+        layer = FAMILIES[family][1]
         attention = args.full_attention_interval - 1  # a full-attention layer index
-        self.layers = [qwen3_5.DecoderLayer(args, attention) for _ in range(n_layers)]
+        self.layers = [layer(args, attention) for _ in range(n_layers)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.feature_layers = (args.num_hidden_layers - 1,)
         self.head_ids = None  # the target's full head: q is over the whole vocabulary
@@ -102,8 +111,8 @@ def mtp_layers(config: dict[str, Any]) -> int:
 
 
 def sanitize_hf(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """Original Hugging Face `mtp.*` weights -> MtpModel names: the prefix dropped and every norm
-    weight offset by 1 (stored as w - 1, as the model's other norms). Example:
+    """Original Hugging Face `mtp.*` weights -> MtpModel names: the prefix dropped, every norm
+    weight offset by 1 (stored as w - 1, as the model's other norms), experts stacked. Example:
     {"mtp.norm.weight": [0.0, 0.5]} -> {"norm.weight": [1.0, 1.5]}."""
     out = {}
     for key, value in weights.items():
@@ -111,6 +120,33 @@ def sanitize_hf(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         if name.endswith("norm.weight") and value.ndim == 1:
             value = value + 1.0
         out[name] = value
+    return stack_experts(out)
+
+
+_EXPERT = re.compile(r"(.+\.mlp)\.experts\.(\d+)\.(\w+_proj)\.weight")
+_FUSED = re.compile(r"(.+\.mlp)\.experts\.(gate_up_proj|down_proj)")
+
+
+def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Experts as mlx-lm's SwitchGLU holds them, [E, out, in] per projection, from one weight per
+    expert (Qwen3-Next: `mlp.experts.{e}.up_proj.weight`) or fused ones (Qwen3.5 MoE:
+    `mlp.experts.gate_up_proj` [E, 2 I, d], gate rows first, and `mlp.experts.down_proj`)."""
+    out: dict[str, mx.array] = {}
+    experts: dict[tuple[str, str], dict[int, mx.array]] = {}
+    for key, value in weights.items():
+        if one := _EXPERT.fullmatch(key):
+            experts.setdefault((one[1], one[3]), {})[int(one[2])] = value
+        elif fused := _FUSED.fullmatch(key):
+            if fused[2] == "down_proj":
+                out[f"{fused[1]}.switch_mlp.down_proj.weight"] = value
+            else:
+                mid = value.shape[-2] // 2
+                out[f"{fused[1]}.switch_mlp.gate_proj.weight"] = value[..., :mid, :]
+                out[f"{fused[1]}.switch_mlp.up_proj.weight"] = value[..., mid:, :]
+        else:
+            out[key] = value
+    for (mlp, proj), found in experts.items():
+        out[f"{mlp}.switch_mlp.{proj}.weight"] = mx.stack([found[e] for e in sorted(found)])
     return out
 
 
@@ -155,19 +191,16 @@ def read_mtp(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
 
 def build(config: dict[str, Any]) -> MtpModel:
     """An MtpModel for a target config (ConfigError for a family or config without MTP)."""
-    text = text_config(config)
-    family = text.get("model_type", config.get("model_type"))
-    if family not in FAMILIES and config.get("model_type") not in FAMILIES:
+    family = config.get("model_type", "")
+    if family not in FAMILIES:
         raise ConfigError(
-            f"--method mtp runs Qwen3.5 targets (model_type {', '.join(FAMILIES)}), not {family}"
+            f"--method mtp runs Qwen3.5 and Qwen3-Next targets (model_type "
+            f"{', '.join(FAMILIES)}), not {family or 'a config without model_type'}"
         )
     n = mtp_layers(config)
     if n < 1:
         raise ConfigError("this target declares no MTP layer (mtp_num_hidden_layers in config)")
-    args = qwen3_5.TextModelArgs.from_dict(text)
-    if args.num_experts > 0:
-        raise ConfigError("MTP heads of mixture-of-experts Qwen3.5 models are not supported yet")
-    return MtpModel(args, n)
+    return MtpModel(FAMILIES[family][0].from_dict(text_config(config)), n, family)
 
 
 def quantize_as_stored(model: MtpModel, config: dict[str, Any], weights: dict) -> None:
