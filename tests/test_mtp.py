@@ -87,6 +87,23 @@ def test_greedy_output_equals_plain_decoding(engine, plain, spec):
     assert acceptance > 0.3  # the head learnt this answer: most drafts pass
 
 
+def test_a_later_turn_reuses_the_caches_and_stays_exact(engine, checkpoint):
+    """A chat's next turn (a prompt extending the last answer) reuses both caches, features
+    included, and answers as plain decoding; so does a turn after a plain generation moved the
+    target's restore points (its rewind then lands before the features' reusable prefix)."""
+    alone = Engine.load(target=str(checkpoint), with_draft=False)
+    spec, none = SpecConfig(k=3, method="mtp"), SpecConfig(method="none")
+    ids = engine.encode_raw(PROMPT)
+    first = generate(engine, ids, spec, 5)[0]  # stopped early, caches kept
+    turn = ids + first + engine.encode_raw(" the river")
+    events = gen(engine, turn, spec, 60)
+    assert token_ids(events) == generate(alone, turn, none, 60)[0]
+    assert events[-1].stats.prefilled_tokens < len(turn)  # the shared prefix was not run again
+    later = turn + token_ids(events)[:10] + engine.encode_raw(" a cat")
+    want = generate(engine, later, none, 60)[0]
+    assert generate(engine, later, spec, 60)[0] == want
+
+
 def test_a_qwen3_next_head_with_experts_drafts_exactly(tmp_path_factory):
     """Qwen3-Next: its MTP layer is a mixture-of-experts layer stored one weight per expert."""
     root = tmp_path_factory.mktemp("mtp-next")

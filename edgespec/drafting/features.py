@@ -97,6 +97,7 @@ def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -
     Returns the number of prompt tokens that will be run (as KVState.prefill)."""
     keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1, state.reusable(prompt))
     target.rewind(target.tokens, keep)
+    keep = target.offset  # keep, or earlier: a recurrent cache lands on a restore point
     parts = []
     for start in range(keep, len(prompt) - 1, chunk):
         ids = prompt[start : min(start + chunk, len(prompt) - 1)]
