@@ -1,11 +1,11 @@
 """A tiny Qwen3.5 or Qwen3-Next written as an original Hugging Face checkpoint, MTP weights kept.
 
-`make_checkpoint(root, prompts)` builds the tiny qwen3_5 (or qwen3_next) target of edgespec/loading/tiny_arch.py with
-mlx-lm's classes, trains its MTP layer for a few hundred steps on the target's own greedy answers
-(so that drafts get accepted often enough for the tests to see a slower planted bug), and writes
-the folder under the original names: `model.language_model.*` and `mtp.*`, norm weights stored
-as offsets from 1, conv1d weights as [C, 1, K], one weight per expert (the inverse of mlx-lm's
-qwen3_5 / qwen3_next sanitize).
+`make_checkpoint(root, prompts)` builds the tiny qwen3_5 (or qwen3_next) target of
+edgespec/loading/tiny_arch.py with mlx-lm's classes, trains its MTP layer for a hundred or so
+steps on the target's own greedy answers to `prompts` (so that drafts get accepted often enough
+for the tests to see a slower planted bug), and writes the folder under the original names
+(`model.language_model.*` and `mtp.*`), norm weights stored as offsets from 1, conv1d weights as
+[C, 1, K], one weight per expert: the inverse of mlx-lm's qwen3_5 / qwen3_next sanitize.
 `strip_mtp(src, dst)` writes the same model without its `mtp.*` keys, as mlx-community ships it.
 """
 

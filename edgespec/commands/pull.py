@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.loading.pull import pull
 
     cat = load_catalog()
-    if Path(args.name).expanduser().is_dir():  # an original checkpoint with its MTP head
-        return _convert(Path(args.name).expanduser())
+    folder = Path(args.name).expanduser()
+    if args.name not in cat.models and args.name not in cat.pairs and folder.is_dir():
+        return _convert(folder)  # an original checkpoint with its MTP head
     if args.name in cat.models:
         names = [args.name]
     elif args.name in cat.pairs:

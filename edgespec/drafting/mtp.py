@@ -1,8 +1,8 @@
 """Multi-token prediction (MTP) heads: the draft a model ships inside its own checkpoint.
 
-Qwen3.5 and Qwen3-Next checkpoints carry `mtp.*` weights beside the model: one more decoder layer trained to
-predict the token after next. At context position t, with h_t the target's hidden state BEFORE its
-final norm (the output of its last layer) and x_{t+1} the token that followed:
+Qwen3.5 and Qwen3-Next checkpoints carry `mtp.*` weights beside the model: one more decoder layer
+trained to predict the token after next. At context position t, with h_t the target's hidden
+state BEFORE its final norm (the output of its last layer) and x_{t+1} the token that followed:
 
     e = pre_fc_norm_embedding(embed(x_{t+1}))      the target's own embedding
     h = pre_fc_norm_hidden(h_t)
@@ -17,12 +17,12 @@ the top hidden state, so an MtpModel runs in an EagleState under the EagleDrafte
 target's head, and exactness from the ratio test like any draft.
 
 Weights: `mtp.fc.weight` [d, 2d] (embedding half first), `mtp.pre_fc_norm_embedding.weight`,
-`mtp.pre_fc_norm_hidden.weight`, `mtp.layers.0.*` (names of the model's own decoder layer; experts stacked as mlx-lm stacks the
-model's: `stack_experts`),
-`mtp.norm.weight`. They are read from the original Hugging Face safetensors (whose norm weights
-are stored as offsets from 1, as mlx-lm's sanitize knows for the rest of the model) or from a
-converted folder's `mtp.safetensors` (sanitized, with `mtp_quantization` in config.json). mlx-lm
-and mlx-community conversions drop every `mtp.` key.
+`mtp.pre_fc_norm_hidden.weight`, `mtp.layers.0.*` (names of the model's own decoder layer, experts
+stacked as mlx-lm stacks the model's: `stack_experts`), `mtp.norm.weight`. They are read from the
+original Hugging Face safetensors (whose norm weights are stored as offsets from 1, as mlx-lm's
+sanitize knows for the rest of the model) or from a converted folder's `mtp.safetensors`
+(sanitized, with `mtp_quantization` in config.json). mlx-lm and mlx-community conversions drop
+every `mtp.` key.
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ FAMILIES: dict[str, tuple[Any, Any]] = {
 
 
 class MtpModel(nn.Module):
-    """The MTP layer of a Qwen3.5 / Qwen3-Next target, run as a feature draft (see the module docstring).
+    """The MTP layer of a Qwen3.5 / Qwen3-Next target, run as a feature draft (module docstring).
 
     Example: a target with 32 layers -> feature_layers (31,): the verify forward records layer
     31's output, which `__call__` reads beside the embedding of the token after it."""
 
-    def __init__(self, args: Any, n_layers: int = 1, family: str = "qwen3_5"):
+    def __init__(self, args: Any, family: str = "qwen3_5"):
         super().__init__()
         self.args = args
         self.model_type = "edgespec_mtp"
@@ -67,7 +67,7 @@ class MtpModel(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=False)
         layer = FAMILIES[family][1]
         attention = args.full_attention_interval - 1  # a full-attention layer index
-        self.layers = [layer(args, attention) for _ in range(n_layers)]
+        self.layers = [layer(args, attention)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.feature_layers = (args.num_hidden_layers - 1,)
         self.head_ids = None  # the target's full head: q is over the whole vocabulary
@@ -163,7 +163,7 @@ def hf_mtp_weights(path: Path) -> dict[str, mx.array]:
             }
         )
     else:
-        files = sorted(f.name for f in path.glob("*.safetensors") if f.name != MTP_FILE)
+        files = sorted(f.name for f in path.glob("*.safetensors"))
     found: dict[str, mx.array] = {}
     for name in files:
         arrays = mx.load(str(path / name))
@@ -179,7 +179,8 @@ def read_mtp(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
     if (path / MTP_FILE).is_file():
         arrays = mx.load(str(path / MTP_FILE))
         assert isinstance(arrays, dict)
-        return arrays
+        if not any(k.startswith("mtp.") for k in arrays):  # converted: MtpModel's names
+            return arrays
     found = hf_mtp_weights(path)
     if not found:
         raise ConfigError(
@@ -198,9 +199,12 @@ def build(config: dict[str, Any]) -> MtpModel:
             f"{', '.join(FAMILIES)}), not {family or 'a config without model_type'}"
         )
     n = mtp_layers(config)
-    if n < 1:
-        raise ConfigError("this target declares no MTP layer (mtp_num_hidden_layers in config)")
-    return MtpModel(FAMILIES[family][0].from_dict(text_config(config)), n, family)
+    if n != 1:  # several MTP layers take turns per drafted token elsewhere: not supported here
+        raise ConfigError(
+            f"--method mtp runs targets with one MTP layer; this one declares {n} "
+            "(mtp_num_hidden_layers in config.json)"
+        )
+    return MtpModel(FAMILIES[family][0].from_dict(text_config(config)), family)
 
 
 def quantize_as_stored(model: MtpModel, config: dict[str, Any], weights: dict) -> None:

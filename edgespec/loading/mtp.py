@@ -50,10 +50,10 @@ def load_mtp_draft(target: LoadedModel, dtype: str | None = None) -> LoadedModel
 
 def is_checkpoint_with_mtp(path: Path) -> bool:
     """An original checkpoint folder that declares an MTP layer (not a converted folder)."""
-    config = path / "config.json"
-    if not config.is_file() or (path / MTP_FILE).is_file():
+    if not (path / "config.json").is_file():
         return False
-    return mtp_layers(read_config(path)) > 0
+    config = read_config(path)
+    return mtp_layers(config) > 0 and "mtp_quantization" not in config
 
 
 def converted_dir(src: Path) -> Path:
