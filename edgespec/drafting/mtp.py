@@ -199,6 +199,8 @@ def build(config: dict[str, Any]) -> MtpModel:
             f"{', '.join(FAMILIES)}), not {family or 'a config without model_type'}"
         )
     n = mtp_layers(config)
+    if n == 0:
+        raise ConfigError("this target declares no MTP layer (mtp_num_hidden_layers in config)")
     if n != 1:  # several MTP layers take turns per drafted token elsewhere: not supported here
         raise ConfigError(
             f"--method mtp runs targets with one MTP layer; this one declares {n} "

@@ -60,7 +60,8 @@ def converted_dir(src: Path) -> Path:
     """Where `edgespec pull FOLDER` puts a folder's conversion: <home>/converted/<name>-<hash>,
     keyed by the folder's absolute path and its config.json."""
     src = src.resolve()
-    digest = hashlib.sha256(str(src).encode() + (src / "config.json").read_bytes()).hexdigest()
+    config = json.dumps(read_config(src), sort_keys=True)  # one-line error without config.json
+    digest = hashlib.sha256(f"{src}\n{config}".encode()).hexdigest()
     return paths.home() / "converted" / f"{src.name}-{digest[:12]}"
 
 
