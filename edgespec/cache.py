@@ -69,6 +69,20 @@ class _Tap:
         return getattr(self.layer, name)
 
 
+def text_model(model: Any) -> Any:
+    """The llama-style model inside: `model` itself, or a conditional-generation model's text part
+    (Qwen3.5's `language_model`), whose `args` and head are the ones that score tokens."""
+    return getattr(model, "language_model", model)
+
+
+def output_head(model: Any, h: mx.array) -> mx.array:
+    """The model's output head on hidden states h [..., d] (final-normed) -> logits [..., V]."""
+    text = text_model(model)
+    if text.args.tie_word_embeddings:
+        return text.model.embed_tokens.as_linear(h)
+    return text.lm_head(h)
+
+
 def target_features(
     model: Any, inputs: mx.array, cache: Any, layers: Sequence[int] = (TOP,)
 ) -> tuple[mx.array, mx.array]:

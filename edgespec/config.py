@@ -52,8 +52,10 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-# Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", or "none" (plain target).
-METHODS = ("draft", "ngram", "hybrid", "none")
+# Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", "mtp" (the target's
+# own multi-token-prediction head, edgespec/drafting/mtp.py), or "none" (plain target).
+METHODS = ("draft", "ngram", "hybrid", "mtp", "none")
+MTP_DRAFT = "mtp"  # the draft spec that names the target's own MTP head
 
 
 def parse_tree_spec(text: str) -> str:

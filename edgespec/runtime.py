@@ -34,6 +34,7 @@ from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.features import EagleState
 from edgespec.drafting.features import prefill as eagle_prefill
 from edgespec.drafting.hybrid import HybridDrafter
+from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import PromptError
 from edgespec.events import Event, Finished, Round, Token
 from edgespec.loading.load import load_pair
@@ -229,7 +230,7 @@ class Engine:
         return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
-        uses_draft = config.spec.method in ("draft", "hybrid") and drafter is None
+        uses_draft = config.spec.method in ("draft", "hybrid", "mtp") and drafter is None
         # A feature draft needs the prompt's features, the engine's own or a caller's drafter
         # over the engine's feature-draft state alike.
         wants = uses_draft or (drafter is not None and drafter.wants_features)
@@ -343,7 +344,7 @@ class Engine:
         target, draft, new_cache = self.target, self.draft, rewrites.new_cache
         state: KVState | EagleState | None = None
         verifier = KVState(target.model, f"target {target.name}", new_cache)
-        if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
+        if draft is not None and isinstance(draft.model, EagleModel | MtpModel):  # features
             state = EagleState(draft.model, f"draft {draft.name}", new_cache)
             verifier.feature_layers = draft.model.feature_layers  # what it reads
         elif draft is not None:

@@ -12,6 +12,7 @@ import huggingface_hub.constants as hf_constants
 import pytest
 
 from edgespec.commands import models as models_cmd
+from edgespec.config import MTP_DRAFT
 from edgespec.errors import ModelNotFoundError
 from edgespec.loading import catalog
 from edgespec.loading import load as loading
@@ -57,8 +58,10 @@ def test_shipped_catalogue_is_consistent():
     )
     for pair in cat.pairs.values():
         for spec in (pair.target, pair.draft):
-            assert spec in cat.models or (
-                catalog.is_repo_id(spec) and spec.startswith("mlx-community/")
+            assert (
+                spec in cat.models
+                or spec == MTP_DRAFT
+                or (catalog.is_repo_id(spec) and spec.startswith("mlx-community/"))
             )
     eagle = cat.pair("smollm2-135m-eagle")  # the feature draft, with a token draft for mlx-lm
     assert (eagle.target, eagle.draft, eagle.token_draft) == (

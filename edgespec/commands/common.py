@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import MTP_DRAFT, GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.errors import ConfigError
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +66,10 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
     g.add_argument(
         "--method",
         default=DEFAULT_METHOD,
-        choices=("draft", "ngram", "hybrid"),
+        choices=("draft", "ngram", "hybrid", "mtp"),
         help="who drafts: the draft model, n-gram prompt lookup, or both: a lookup when the "
-        f"context has a match, the draft model otherwise (default {DEFAULT_METHOD})",
+        "context has a match, the draft model otherwise; mtp: the target's own multi-token "
+        f"prediction head (Qwen3.5, Qwen3-Next) (default {DEFAULT_METHOD})",
     )
     g.add_argument(
         "--adaptive",
@@ -145,6 +147,15 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         ngram_long_k=getattr(args, "ngram_long_k", SpecConfig.ngram_long_k),
         tree="" if method == "none" else getattr(args, "tree", ""),
     )
+
+
+def draft_from_args(args: argparse.Namespace, spec: SpecConfig) -> str | None:
+    """The draft to load: --draft, or for --method mtp the target's own MTP head ("mtp")."""
+    if spec.method != "mtp":
+        return args.draft
+    if args.draft is not None:
+        raise ConfigError("--method mtp drafts with the target's own MTP head; leave out --draft")
+    return MTP_DRAFT
 
 
 def generation_from_args(args: argparse.Namespace) -> GenerationConfig:

@@ -12,6 +12,7 @@ from edgespec.commands.common import (
     add_sampling_args,
     add_shard_args,
     add_spec_args,
+    draft_from_args,
     fixed_k_for_group,
     generation_from_args,
 )
@@ -69,12 +70,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"edgespec generate: note: {note}", file=sys.stderr)
     engine = Engine.load(
         args.target,
-        args.draft,
+        draft_from_args(args, config.spec),
         args.pair,
         draft_bits=args.draft_bits,
         dtype=args.dtype,
         on_progress=_progress if primary else None,
-        with_draft=config.spec.method in ("draft", "hybrid"),
+        with_draft=config.spec.method in ("draft", "hybrid", "mtp"),
         group=group,
         shard=args.shard,
     )

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from edgespec.config import MTP_DRAFT
+
 HELP = (
     "List the named model pairs (target + draft), which of their models are already on this "
     "machine and their size on disk. Nothing is downloaded."
@@ -53,6 +55,8 @@ def pair_rows() -> list[dict[str, Any]]:
 
 
 def _cell(m: dict[str, Any], role: str) -> str:
+    if m["model"] == MTP_DRAFT:
+        return "the target's MTP head"
     if m["present"]:
         return f"yes, {_size(m['size_bytes'])}"
     if role == "draft" and not m["model"].count("/"):

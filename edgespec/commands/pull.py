@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
+from edgespec.config import MTP_DRAFT
 from edgespec.errors import ModelNotFoundError
 
 HELP = (
@@ -20,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "name",
         nargs="?",
         default="smollm2-135m-instruct",
-        help="catalogue model or pair name (default: smollm2-135m-instruct); see `edgespec models`",
+        help="catalogue model or pair name (default: smollm2-135m-instruct; see `edgespec "
+        "models`), or the folder of an original Hugging Face checkpoint with MTP weights, "
+        "converted to MLX (4-bit, its MTP head kept beside it) into the cache",
     )
     parser.add_argument(
         "--source",
@@ -41,11 +45,14 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.loading.pull import pull
 
     cat = load_catalog()
+    folder = Path(args.name).expanduser()
+    if args.name not in cat.models and args.name not in cat.pairs and folder.is_dir():
+        return _convert(folder)  # an original checkpoint with its MTP head
     if args.name in cat.models:
         names = [args.name]
     elif args.name in cat.pairs:
         pair = cat.pair(args.name)
-        names = [pair.target, pair.draft]
+        names = [pair.target] + ([] if pair.draft == MTP_DRAFT else [pair.draft])
     else:
         known = ", ".join(sorted({*cat.models, *cat.pairs}))
         raise ModelNotFoundError(f"no catalogue model or pair named {args.name!r} (known: {known})")
@@ -62,4 +69,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             path = resolve_model(name)
         print(f"{name}: {path} ({time.perf_counter() - start:.1f} s)", file=sys.stdout)
+    return 0
+
+
+def _convert(folder: Path) -> int:
+    """Convert a local original checkpoint (safetensors + config.json declaring an MTP layer)
+    into the cache once, the MTP head kept; print where it is."""
+    from edgespec.loading.mtp import convert_checkpoint, converted_dir
+
+    start = time.perf_counter()
+    path = convert_checkpoint(folder, converted_dir(folder))
+    print(f"{folder}: {path} ({time.perf_counter() - start:.1f} s)", file=sys.stdout)
     return 0

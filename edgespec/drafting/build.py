@@ -8,6 +8,7 @@ from edgespec.drafting.base import Drafter
 from edgespec.drafting.features import EagleDrafter, EagleState
 from edgespec.drafting.hybrid import HYBRID_MIN_MATCH, HybridDrafter
 from edgespec.drafting.model import ConfidentDrafter, ModelDrafter
+from edgespec.drafting.mtp import MtpModel
 from edgespec.drafting.ngram import NgramDrafter
 from edgespec.errors import ConfigError
 
@@ -21,7 +22,8 @@ def build_drafter(
     stop_below: float = 0.0,
     pairs: bool = False,
 ) -> Drafter:
-    """The drafter for spec.method ("draft", "ngram" or "hybrid").
+    """The drafter for spec.method ("draft", "ngram", "hybrid" or "mtp": the target's own MTP
+    head, loaded as the engine's draft, run as a feature draft).
 
     stop_below > 0 makes the draft model stop early below that top probability (ConfidentDrafter);
     pairs: run draft steps two positions at a time (edgespec.cpu.draft_pairs).
@@ -29,6 +31,13 @@ def build_drafter(
     """
     if spec.method == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max, spec.long_match, spec.ngram_long_k)
+    if spec.method == "mtp":
+        if not isinstance(draft, EagleState) or not isinstance(draft.model, MtpModel):
+            raise ConfigError(
+                f"{engine_name} was loaded without its MTP head; --method mtp needs the draft "
+                "'mtp' (the target's own head; `edgespec generate --method mtp` loads it)"
+            )
+        return EagleDrafter(draft, sampling, vocab)
     if spec.method not in ("draft", "hybrid"):
         raise ConfigError(f"method {spec.method!r} has no drafter; use draft, ngram or hybrid")
     if draft is None:

@@ -20,6 +20,7 @@ from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Drafter, Proposal, no_proposal
 from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.model import full_q, pick_token
+from edgespec.drafting.mtp import MtpModel
 from edgespec.sampling import uniforms
 
 
@@ -32,7 +33,7 @@ class EagleState:
 
     def __init__(
         self,
-        model: EagleModel,
+        model: EagleModel | MtpModel,
         name: str = "draft",
         new_cache: Callable[[Any], list[Any]] = make_prompt_cache,
     ):
@@ -96,6 +97,7 @@ def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -
     Returns the number of prompt tokens that will be run (as KVState.prefill)."""
     keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1, state.reusable(prompt))
     target.rewind(target.tokens, keep)
+    keep = target.offset  # keep, or earlier: a recurrent cache lands on a restore point
     parts = []
     for start in range(keep, len(prompt) - 1, chunk):
         ids = prompt[start : min(start + chunk, len(prompt) - 1)]

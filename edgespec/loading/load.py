@@ -11,6 +11,7 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx_lm.utils import load_model as mlx_load_model
 
+from edgespec.config import MTP_DRAFT
 from edgespec.cpu.switch import on_cpu
 from edgespec.distributed.group import Group
 from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draft
@@ -19,6 +20,7 @@ from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError
 from edgespec.loading.catalog import Catalog, load_catalog
 from edgespec.loading.checks import check_standalone, check_tokenizers, check_trimmable
 from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer, read_config
+from edgespec.loading.mtp import load_mtp_draft
 from edgespec.loading.progress import ProgressFn, one_line, report
 from edgespec.loading.resolve import resolve_model
 from edgespec.loading.shard import load_sharded
@@ -183,7 +185,8 @@ def load_pair(
     """Load a target and (unless with_draft=False or none is named) its draft, then check that
     they can speculate: same tokenizer, trimmable caches. All None -> the catalogue's default pair.
 
-    A draft without its own tokenizer files borrows the target's. draft_bits: quantize an
+    A draft without its own tokenizer files borrows the target's; the draft "mtp" is the
+    target's own MTP head (a Qwen3.5 checkpoint's `mtp.*` weights). draft_bits: quantize an
     unquantized draft at load on GPU backends (None or 0 = leave it). dtype: both models' float
     parameters (see `load_model`). group: a group of more than one rank splits the target over
     it, `shard` "tensor" or "pipeline" parallel (loading/shard.py); the draft stays whole on
@@ -200,7 +203,10 @@ def load_pair(
         t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
     if not with_draft or draft_spec is None:
         return t, None
-    d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)
+    if draft_spec == MTP_DRAFT:  # the target's own MTP head (edgespec/drafting/mtp.py)
+        d = load_mtp_draft(t, dtype)
+    else:
+        d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)
     check_trimmable(t.model, t.name)
     check_trimmable(d.model, d.name)
     return t, d

