@@ -1,0 +1,125 @@
+"""The block draft model (edgespec/drafting/block.py): config formats, z-lab's file layout, the
+context cache, the non-causal block, the training mask, and refusing a target it was not made for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from edgespec.drafting.block import (
+    MODEL_TYPE,
+    BlockArgs,
+    BlockModel,
+    is_block,
+    load_block,
+    save_block,
+)
+from edgespec.loading.load import load_model
+from tests.block_models import tiny_qwen3, write_dflash
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> tuple[Path, object, Path]:
+    root = tmp_path_factory.mktemp("block_model")
+    target = tiny_qwen3(root)
+    return target, load_model(str(target)).model, write_dflash(target, root / "dflash")
+
+
+def _ctx(model: BlockModel, s: int, seed: int = 1) -> mx.array:
+    raw = mx.random.normal((1, s, len(model.args.target_layer_ids) * 64), key=mx.random.key(seed))
+    return model.context(raw)
+
+
+def test_config_formats_round_trip(pair):
+    target, _, folder = pair
+    import json
+
+    zlab = json.loads((folder / "config.json").read_text())
+    args = BlockArgs.from_config(zlab)
+    assert args.target_layer_ids == (0, 2) and args.mask_token_id == 5 and args.block_size == 4
+    assert args.num_target_layers == 4 and args.qk_norm
+    assert is_block(zlab) and is_block(args.to_config())
+    assert args.to_config()["model_type"] == MODEL_TYPE
+    assert BlockArgs.from_config(args.to_config()) == args
+    assert not is_block({"model_type": "qwen3"})
+
+
+def test_cached_context_gives_the_same_block(pair):
+    """The block after a context fed in two pieces through the cache equals the block after the
+    whole context at once (the block's own K/V is never cached)."""
+    _, target, folder = pair
+    model, _ = load_block(folder, target)
+    ctx = _ctx(model, 7)
+    toks = mx.array([[9, 5, 5, 5]], dtype=mx.int32)
+    whole = model(toks, ctx)
+    cache = model.make_cache()
+    model(mx.array([[11, 5, 5]], dtype=mx.int32), ctx[:, :3], cache)
+    assert cache[0].offset == 3
+    split = model(toks, ctx[:, 3:], cache)
+    assert cache[0].offset == 7
+    assert mx.allclose(whole, split, atol=1e-4).item()
+    again = model(toks, ctx[:, :0], cache)  # nothing new: the cached context alone
+    assert mx.allclose(whole, again, atol=1e-4).item()
+    assert model.logits(whole).shape == (1, 4, model.args.vocab_size)
+
+
+def test_block_is_not_causal_and_mask_applies(pair):
+    _, target, folder = pair
+    model, _ = load_block(folder, target)
+    ctx = _ctx(model, 5)
+    a = model(mx.array([[9, 5, 5, 5]], dtype=mx.int32), ctx)
+    b = model(mx.array([[9, 5, 5, 7]], dtype=mx.int32), ctx)
+    assert not mx.allclose(a[:, 0], b[:, 0], atol=1e-5).item()  # position 0 sees position 3
+    keep = mx.ones((1, 1, 4, 9), dtype=mx.bool_)
+    assert mx.allclose(model(mx.array([[9, 5, 5, 5]]), ctx, mask=keep), a, atol=1e-5).item()
+    causal = mx.concatenate([mx.ones((4, 5), dtype=mx.bool_), mx.tril(mx.ones((4, 4)) > 0)], 1)
+    ca = model(mx.array([[9, 5, 5, 5]]), ctx, mask=causal[None, None])
+    cb = model(mx.array([[9, 5, 5, 7]]), ctx, mask=causal[None, None])
+    assert mx.allclose(ca[:, :3], cb[:, :3], atol=1e-5).item()
+
+
+def test_save_and_load_our_format(pair, tmp_path):
+    _, target, folder = pair
+    model, _ = load_block(folder, target)
+    config = model.args.to_config()
+    save_block(model, config, tmp_path / "ours")
+    again, cfg = load_block(tmp_path / "ours", target)
+    ctx = _ctx(model, 4)
+    toks = mx.array([[3, 5, 5, 5]], dtype=mx.int32)
+    assert cfg["model_type"] == MODEL_TYPE
+    assert mx.allclose(model(toks, ctx), again(toks, ctx)).item()
+
+
+def test_llama_style_draft_without_qk_norm(pair):
+    _, target, _ = pair
+    args = BlockArgs.from_config({**_args(pair).to_config(), "qk_norm": False})
+    model = BlockModel(args)
+    assert "q_norm" not in model.layers[0].self_attn
+    model.attach(target)
+    assert model(mx.array([[1, 5]]), _ctx(model, 3)).shape == (1, 2, 64)
+
+
+def _args(pair) -> BlockArgs:
+    import json
+
+    return BlockArgs.from_config(json.loads((pair[2] / "config.json").read_text()))
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"num_target_layers": 6}, "6 layers"),
+        ({"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 4]}}, "layers [0, 4]"),
+        ({"vocab_size": 999}, "999 tokens"),
+    ],
+)
+def test_a_draft_for_another_target_is_refused(pair, tmp_path, change, words):
+    target_path, target, _ = pair
+    folder = write_dflash(target_path, tmp_path / "other", **change)
+    with pytest.raises(ValueError, match=words) as e:
+        load_block(folder, target)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="together with its target"):
+        load_block(folder, None)
