@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -258,8 +258,7 @@ class BlockModel(nn.Module):
 
 def _lm(target: nn.Module) -> nn.Module:
     """The language model part of `target` (itself, or a multimodal model's language_model)."""
-    lm: nn.Module = getattr(target, "language_model", target)
-    return lm
+    return cast(nn.Module, getattr(target, "language_model", target))
 
 
 def _text_parts(target: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
