@@ -52,8 +52,10 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-# Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", or "none" (plain target).
-METHODS = ("draft", "ngram", "hybrid", "none")
+# Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", or "none" (plain target);
+# "block" a block draft (DFlash-style: drafting/block.py), "block-tree" trees from it.
+METHODS = ("draft", "ngram", "hybrid", "none", "block", "block-tree")
+BLOCK_METHODS = ("block", "block-tree")
 
 
 def parse_tree_spec(text: str) -> str:
@@ -131,10 +133,14 @@ class SpecConfig:
             raise ConfigError(f"k-max must be <= {MAX_K}, got {self.k_max}")
         if self.k_max < self.k:
             object.__setattr__(self, "k_max", self.k)
+        if self.method == "block-tree" and not self.tree:
+            object.__setattr__(self, "tree", "dynamic")  # best-first under a node budget
         if self.tree:
             object.__setattr__(self, "tree", parse_tree_spec(self.tree))
-            if self.method not in ("draft", "hybrid"):
-                raise ConfigError(f"--tree needs --method draft or hybrid, not {self.method}")
+            if self.method not in ("draft", "hybrid", *BLOCK_METHODS):
+                raise ConfigError(
+                    f"--tree needs --method draft, hybrid, block or block-tree, not {self.method}"
+                )
 
     @property
     def enabled(self) -> bool:

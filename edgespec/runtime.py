@@ -21,11 +21,13 @@ from typing import Any, cast
 import mlx.core as mx
 
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
-from edgespec.config import GenerationConfig
+from edgespec.config import BLOCK_METHODS, GenerationConfig
 from edgespec.cpu import rewrites
 from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
 from edgespec.drafting.base import Drafter
+from edgespec.drafting.block import BlockModel
+from edgespec.drafting.block_draft import BlockState
 from edgespec.drafting.build import build_drafter
 from edgespec.drafting.draft_model import reduced_head
 from edgespec.drafting.eagle import EagleModel
@@ -224,7 +226,8 @@ class Engine:
         return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
-        uses_draft = config.spec.method in ("draft", "hybrid") and drafter is None
+        uses = ("draft", "hybrid", *BLOCK_METHODS)
+        uses_draft = config.spec.method in uses and drafter is None
         # A feature draft needs the prompt's features, the engine's own or a caller's drafter
         # over the engine's feature-draft state alike.
         wants = uses_draft or (drafter is not None and drafter.wants_features)
@@ -314,7 +317,10 @@ class Engine:
         target, draft, new_cache = self.target, self.draft, rewrites.new_cache
         state: KVState | EagleState | None = None
         verifier = KVState(target.model, f"target {target.name}", new_cache)
-        if draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
+        if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
+            state = BlockState(draft.model, f"draft {draft.name}", new_cache)
+            verifier.feature_layers = draft.model.feature_layers
+        elif draft is not None and isinstance(draft.model, EagleModel):  # a feature draft
             state = EagleState(draft.model, f"draft {draft.name}", new_cache)
             verifier.feature_layers = draft.model.feature_layers  # what it reads
         elif draft is not None:

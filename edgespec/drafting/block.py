@@ -224,6 +224,15 @@ class BlockModel(nn.Module):
         """The target's layer outputs, concatenated [..., n * d] -> context [..., d]."""
         return self.hidden_norm(self.fc(raw))
 
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target layers whose outputs the draft reads (KVState.feature_layers)."""
+        return self.args.target_layer_ids
+
+    def fuse(self, raw: mx.array) -> mx.array:
+        """`context`, under the name the feature-draft state uses (drafting/features.py)."""
+        return self.context(raw)
+
     def __call__(
         self,
         tokens: mx.array,
