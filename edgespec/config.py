@@ -147,6 +147,11 @@ class SpecConfig:
         return self.method != "none"
 
     @property
+    def uses_draft(self) -> bool:
+        """Whether the method runs the draft model (every method but ngram and none)."""
+        return self.method in ("draft", "hybrid", *BLOCK_METHODS)
+
+    @property
     def long_match(self) -> int:
         """The suffix match length from which a lookup proposes up to ngram_long_k tokens
         (0: never): ngram_long, capped at ngram_max, the longest match looked up."""

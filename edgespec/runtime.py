@@ -21,7 +21,7 @@ from typing import Any, cast
 import mlx.core as mx
 
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
-from edgespec.config import BLOCK_METHODS, GenerationConfig
+from edgespec.config import GenerationConfig
 from edgespec.cpu import rewrites
 from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
@@ -226,8 +226,7 @@ class Engine:
         return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
-        uses = ("draft", "hybrid", *BLOCK_METHODS)
-        uses_draft = config.spec.method in uses and drafter is None
+        uses_draft = config.spec.uses_draft and drafter is None
         # A feature draft needs the prompt's features, the engine's own or a caller's drafter
         # over the engine's feature-draft state alike.
         wants = uses_draft or (drafter is not None and drafter.wants_features)

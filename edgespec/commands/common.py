@@ -65,9 +65,10 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
     g.add_argument(
         "--method",
         default=DEFAULT_METHOD,
-        choices=("draft", "ngram", "hybrid"),
+        choices=("draft", "ngram", "hybrid", "block", "block-tree"),
         help="who drafts: the draft model, n-gram prompt lookup, or both: a lookup when the "
-        f"context has a match, the draft model otherwise (default {DEFAULT_METHOD})",
+        f"context has a match, the draft model otherwise (default {DEFAULT_METHOD}); a block "
+        "draft (DFlash-style): block (one forward a round), block-tree (a tree from it)",
     )
     g.add_argument(
         "--adaptive",

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         draft_bits=args.draft_bits,
         dtype=args.dtype,
         on_progress=_progress if primary else None,
-        with_draft=config.spec.method in ("draft", "hybrid"),
+        with_draft=config.spec.uses_draft,
         group=group,
         shard=args.shard,
     )
