@@ -86,10 +86,11 @@ def target_features(
     finally:
         for i in taps:
             blocks[i] = blocks[i].layer
-    if model.args.tie_word_embeddings:
+    lm = getattr(model, "language_model", model)  # a multimodal model's text part (Qwen3.5)
+    if lm.args.tie_word_embeddings:
         logits = model.model.embed_tokens.as_linear(h)
     else:
-        logits = model.lm_head(h)
+        logits = lm.lm_head(h)
     parts = [h[0] if i == TOP else taps[i][0][0] for i in layers]
     feats = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
     return feats, logits[0]

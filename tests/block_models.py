@@ -34,6 +34,7 @@ def write_dflash(
     """A seeded DFlash-format draft for the target folder `target` (its width, vocabulary and
     layer count; `overrides` replace config fields, e.g. to make a mismatched draft)."""
     tcfg = json.loads((target / "config.json").read_text())
+    tcfg = tcfg.get("text_config", tcfg)  # a multimodal target's text part (Qwen3.5)
     d, heads, kv, hd = 64, 4, 2, 16
     inter = 2 * d
     cfg = {

@@ -175,3 +175,18 @@ def test_draws_follow_each_row():
     assert toks.tolist() == want and np.allclose(np.array(q), [[0.7, 0.3], [0.2, 0.8]])
     greedy, none = draw_block(logits, SamplingConfig(temperature=0), key)
     assert greedy.tolist() == [0, 1] and none is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_other_target_families_greedy_equals_plain(tmp_path, family):
+    """A llama target (no q/k norms of its own) and Qwen3.5 (a multimodal wrapper whose gated
+    delta-net layers are restored, not trimmed, after rejections) drafted by a block draft."""
+    from edgespec.loading.tiny_arch import make_family
+
+    target, _ = make_family(tmp_path / family, family)
+    t, d = load_pair(str(target), str(write_dflash(target, tmp_path / "dflash")))
+    engine = Engine(t, d)
+    ids = engine.encode_raw(PROMPT)
+    events = gen(engine, ids, SpecConfig(method="block", k=3), 20)
+    assert token_ids(events) == plain_ids(engine, ids, 20)
+    assert any(r.drafted == 3 for r in rounds_of(events))

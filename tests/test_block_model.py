@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 
 from edgespec.drafting.block import (
@@ -123,3 +124,36 @@ def test_a_draft_for_another_target_is_refused(pair, tmp_path, change, words):
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="together with its target"):
         load_block(folder, None)
+
+
+def test_quantized_at_load_like_the_target(pair, tmp_path):
+    """On a GPU backend an unquantized draft is quantized at load (draft_bits 4): the block draft
+    too; saved quantized, it loads back as stored, with the same outputs."""
+    _, target, folder = pair
+    dense, _ = load_block(folder, target)
+    d = load_model(str(folder), quantize_bits=4, dequantize=False, target=target)
+    assert isinstance(d.model, BlockModel)
+    assert isinstance(d.model.fc, nn.QuantizedLinear)
+    assert isinstance(d.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
+    ctx = _ctx(dense, 6)
+    toks = mx.array([[3, 5, 5, 5]], dtype=mx.int32)
+    a, b = dense.logits(dense(toks, ctx)), d.model.logits(d.model(toks, ctx))
+    assert mx.abs(a - b).max().item() < 0.5 * mx.abs(a).max().item()  # 4 bits, same model
+    config = {**d.config, "quantization": {"group_size": 64, "bits": 4}}
+    save_block(d.model, config, tmp_path / "q4")
+    again, _ = load_block(tmp_path / "q4", target)
+    assert isinstance(again.fc, nn.QuantizedLinear)
+    assert mx.allclose(again(toks, ctx), d.model(toks, ctx)).item()
+
+
+def test_catalogue_block_pairs():
+    from edgespec.loading.catalog import load_catalog
+
+    pairs = {n: p for n, p in load_catalog().pairs.items() if n.endswith("-dflash")}
+    assert {"qwen3-4b-dflash", "qwen3-8b-dflash", "llama3.1-8b-dflash"} <= set(pairs)
+    assert {"qwen3.5-4b-dflash", "qwen3.5-9b-dflash"} <= set(pairs)
+    assert pairs["qwen3-8b-dflash"].draft == "z-lab/Qwen3-8B-DFlash-b16"
+    assert pairs["qwen3-8b-dflash"].target == "mlx-community/Qwen3-8B-4bit"
+    for p in pairs.values():
+        assert p.draft.startswith("z-lab/") and p.platform == "mac"
+        assert p.vocab is not None and p.vocab.target_rows == p.vocab.draft_rows
