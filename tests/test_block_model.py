@@ -157,3 +157,25 @@ def test_catalogue_block_pairs():
     for p in pairs.values():
         assert p.draft.startswith("z-lab/") and p.platform == "mac"
         assert p.vocab is not None and p.vocab.target_rows == p.vocab.draft_rows
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window"),
+        (
+            {"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0], "is_causal": True}},
+            "causal",
+        ),
+        ({"output_multiplier": 2.0}, "output_multiplier"),
+    ],
+)
+def test_options_it_does_not_run_are_refused(pair, extra, words):
+    import json
+
+    cfg = {**json.loads((pair[2] / "config.json").read_text()), **extra}
+    with pytest.raises(ValueError, match=words):
+        BlockArgs.from_config(cfg)
+    plain = {**cfg, "layer_types": ["full_attention"] * 2, "output_multiplier": 1.0}
+    plain["dflash_config"] = {"mask_token_id": 5, "target_layer_ids": [0]}
+    assert BlockArgs.from_config(plain).target_layer_ids == (0,)

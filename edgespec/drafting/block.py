@@ -76,6 +76,9 @@ class BlockArgs:
         missing = [k for k in ("target_layer_ids", "mask_token_id", "block_size") if k not in flat]
         if missing:
             raise ValueError(f"a block draft's config.json needs {', '.join(missing)}")
+        extra = unsupported(flat)
+        if extra:
+            raise ValueError(f"this block draft uses {extra}, which EdgeSpec does not run")
         flat.setdefault("head_dim", flat["hidden_size"] // flat["num_attention_heads"])
         flat["target_layer_ids"] = tuple(int(i) for i in flat["target_layer_ids"])
         flat.setdefault("num_target_layers", 0)
@@ -87,6 +90,20 @@ class BlockArgs:
         cfg = {f.name: getattr(self, f.name) for f in fields(self)}
         cfg["target_layer_ids"] = list(self.target_layer_ids)
         return {"model_type": MODEL_TYPE, **cfg}
+
+
+def unsupported(flat: dict[str, Any]) -> str:
+    """The first option of a DFlash config that this model does not implement ("" if none):
+    causal or sliding-window draft layers, an input embedding scale, an output multiplier or a
+    logit soft cap (refused rather than run as a different model)."""
+    if flat.get("is_causal"):
+        return "causal draft layers (is_causal)"
+    if any(t != "full_attention" for t in flat.get("layer_types") or []):
+        return "sliding-window draft layers (layer_types)"
+    for key in ("input_embedding_scale", "output_multiplier"):
+        if float(flat.get(key) or 1.0) != 1.0:
+            return key
+    return "final_logit_softcapping" if flat.get("final_logit_softcapping") else ""
 
 
 class BlockAttention(nn.Module):
