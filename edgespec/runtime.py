@@ -219,7 +219,7 @@ class Engine:
             # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its
             # own proposals from the lookup's estimates (AdaptiveK.lookup_k).
             hybrid = drafter if isinstance(drafter, HybridDrafter) else None
-            model = "draft" if hybrid else None
+            model = hybrid.model.method if hybrid else None  # "draft", or "block"
             policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
             if hybrid is not None and isinstance(policy, AdaptiveK):
                 hybrid.lookup_k = policy.lookup_k

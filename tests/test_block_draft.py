@@ -190,3 +190,18 @@ def test_other_target_families_greedy_equals_plain(tmp_path, family):
     events = gen(engine, ids, SpecConfig(method="block", k=3), 20)
     assert token_ids(events) == plain_ids(engine, ids, 20)
     assert any(r.drafted == 3 for r in rounds_of(events))
+
+
+def test_adaptive_k_counts_a_block_round_as_one_draft_forward():
+    """A block round's draft time is one forward whatever K: adaptive K counts it per round, so
+    where the same timings counted per drafted token keep K short, a block draft drafts long."""
+    from edgespec.drafting.adaptive import AdaptiveK
+    from edgespec.events import Round
+
+    per_token, per_round = AdaptiveK(4, 8), AdaptiveK(4, 8)
+    for i in range(20):  # 6 of 8 accepted, a dear draft forward, a cheap verify
+        kd = per_token(Round(i, 8, 6, 8, 0.2, 0.1 + 0.005 * 9, "draft"))
+        kb = per_round(Round(i, 8, 6, 8, 0.2, 0.1 + 0.005 * 9, "block"))
+    assert per_round.estimates["block"].draft_cost == pytest.approx(0.2)
+    assert per_token.estimates["draft"].draft_cost == pytest.approx(0.2 / 8)
+    assert kb >= 7 and kd < kb

@@ -47,6 +47,9 @@ PRIOR_VERIFY_SLOPE = 0.1
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
 PROBE_EVERY = 8  # plain rounds before the first probe round
+# Methods whose drafting costs one forward a round whatever K (a block draft, drafting/block.py):
+# their cost is per round, T(K) = c + v(K + 1) for K >= 1, not K * c + v(K + 1).
+ROUND_COST = ("block",)
 PROBE_MAX = 64  # longest gap between probes
 
 
@@ -155,6 +158,7 @@ class DrafterEstimate:
     accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     trials: float = PRIOR_WEIGHT
     step_costs: RecentMedian = field(default_factory=RecentMedian)
+    per_round: bool = False  # the cost is per round (ROUND_COST), not per drafted token
 
     @property
     def alpha(self) -> float:
@@ -169,7 +173,8 @@ class DrafterEstimate:
 
     @property
     def draft_cost(self) -> float | None:
-        """Seconds per drafted token (median of the recent rounds), None before one was timed."""
+        """Seconds per drafted token, or per round where `per_round` (median of the recent
+        rounds), None before one was timed."""
         return self.step_costs.value
 
     def observe(self, r: Round, timed: bool = True) -> None:
@@ -179,7 +184,7 @@ class DrafterEstimate:
         self.accepted = ALPHA_DECAY * self.accepted + r.accepted
         self.trials = ALPHA_DECAY * self.trials + r.accepted + failure
         if timed:
-            self.step_costs.add(r.t_draft / r.drafted)
+            self.step_costs.add(r.t_draft if self.per_round else r.t_draft / r.drafted)
 
 
 class AdaptiveK:
@@ -227,7 +232,8 @@ class AdaptiveK:
 
     def observe(self, r: Round) -> None:
         long = self.long_match > 0 and r.match >= self.long_match
-        est = self.estimates.setdefault(f"{r.method}-long" if long else r.method, DrafterEstimate())
+        name = f"{r.method}-long" if long else r.method
+        est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
         if r.drafted > 0:
             # After K = 0 rounds a draft model first catches up on every token committed
             # meanwhile (up to PROBE_MAX + 1): one longer forward that is not the cost of drafting,
@@ -256,7 +262,11 @@ class AdaptiveK:
         est = self.estimates.get(method) if method is not None else None
         if est is None or est.draft_cost is None or not self.verify_costs:
             return None
-        return est.alpha, est.draft_cost, verify_curve(self.verify_means), self.k_max
+        verify = verify_curve(self.verify_means)
+        if est.per_round:  # one draft forward a round: T(K) = c + v(K + 1), a plain step v(1)
+            c = est.draft_cost
+            return est.alpha, 0.0, lambda n: verify(n) + (c if n > 1 else 0.0), self.k_max
+        return est.alpha, est.draft_cost, verify, self.k_max
 
     def choose(self, method: str | None) -> int:
         args = self._inputs(method)

@@ -80,6 +80,8 @@ class BlockDrafter(Drafter):
     """Drafter over a BlockState: one draft forward per round (module docstring). The loop hands
     the verify's features to `take_features`, which also rewinds the context cache."""
 
+    method = "block"  # Round.method: adaptive K counts its cost per round (drafting/adaptive.py)
+
     def __init__(self, state: BlockState, sampling: SamplingConfig, vocab: int):
         self.state, self.sampling, self.vocab = state, sampling, vocab
 
@@ -93,10 +95,10 @@ class BlockDrafter(Drafter):
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         logits = self.state.block_logits(context, k)
         if logits is None:
-            return no_proposal()  # no features yet (a one-token prompt): a plain target step
+            return no_proposal(self.method)  # no features yet (a one-token prompt): a plain step
         tokens, q = draw_block(logits, self.sampling, key)
         mx.async_eval(tokens)
-        return Proposal(tokens, q)
+        return Proposal(tokens, q, self.method)
 
     def commit(self, context: list[int]) -> None:
         """Nothing drafted is cached; positions past the context are rewound with it."""
