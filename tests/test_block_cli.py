@@ -61,3 +61,19 @@ def test_a_draft_for_another_target_is_one_line(models, tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and "6 layers" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_server_takes_block_methods():
+    pytest.importorskip("openai.types")
+    from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+    from edgespec.server.protocol import Defaults, RequestError, parse_chat
+
+    base = GenerationConfig(SamplingConfig(), SpecConfig(k=4, method="hybrid"), 64)
+    msg = [{"role": "user", "content": "Hi"}]
+    with_draft = Defaults("pair", base, random_seed=False, has_draft=True)
+    tree = parse_chat({"messages": msg, "edgespec": {"method": "block-tree"}}, with_draft)
+    assert (tree.config.spec.method, tree.config.spec.tree) == ("block-tree", "dynamic")
+    no_draft = Defaults("pair", base, random_seed=False, has_draft=False)
+    for method in ("block", "block-tree"):
+        with pytest.raises(RequestError, match="needs a draft model"):
+            parse_chat({"messages": msg, "edgespec": {"method": method}}, no_draft)

@@ -157,10 +157,11 @@ def test_planted_bugs_are_caught(engine, bug, temp):
     assert min(_check(engine, ids, firsts, seconds, temp)) < 1e-3
 
 
-def test_block_tree_samples_follow_the_target(engine):
-    spec = SpecConfig(method="block-tree", k=2, tree="3,2")
-    ids, firsts, seconds, _ = _samples(engine, 1.0, spec=spec)
-    assert min(_check(engine, ids, firsts, seconds, 1.0)) > 1e-3
+@pytest.mark.parametrize("tree, temp", [("3,2", 1.0), ("dynamic", 0.7)])
+def test_block_tree_samples_follow_the_target(engine, tree, temp):
+    spec = SpecConfig(method="block-tree", k=2, tree=tree)
+    ids, firsts, seconds, _ = _samples(engine, temp, spec=spec)
+    assert min(_check(engine, ids, firsts, seconds, temp)) > 1e-3
 
 
 def test_draws_follow_each_row():
