@@ -25,10 +25,11 @@ def _rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
 
 def block_logits(
     w: dict[str, np.ndarray], cfg: dict[str, Any], tokens: list[int], raw: np.ndarray,
-    embed: np.ndarray, head: np.ndarray,
+    embed: np.ndarray, head: np.ndarray, windows: dict[int, int] | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Logits [L, V] of the block `tokens` after a context of raw target layer outputs [S, n*d]:
-    context at positions 0..S-1, block at S..S+L-1, every block query over every key."""
+    context at positions 0..S-1, block at S..S+L-1, every block query over every key (in a layer
+    of `windows`, {layer: width}, over the keys less than width positions away)."""
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     s, n = raw.shape[0], len(tokens)
@@ -48,6 +49,9 @@ def block_logits(
         group = heads // kv
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
+        width = (windows or {}).get(i)
+        if width:
+            scores = np.where(np.abs(pos_q[:, None] - pos_k[None, :]) < width, scores, -np.inf)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         out = np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * hd)

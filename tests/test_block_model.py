@@ -162,7 +162,7 @@ def test_catalogue_block_pairs():
 @pytest.mark.parametrize(
     "extra, words",
     [
-        ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window"),
+        ({"layer_types": ["full_attention", "linear_attention"]}, "other than full or sliding"),
         (
             {"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0], "is_causal": True}},
             "causal",
@@ -176,7 +176,11 @@ def test_options_it_does_not_run_are_refused(pair, extra, words):
     cfg = {**json.loads((pair[2] / "config.json").read_text()), **extra}
     with pytest.raises(ValueError, match=words):
         BlockArgs.from_config(cfg)
-    plain = {**cfg, "layer_types": ["full_attention"] * 2, "output_multiplier": 1.0}
+    plain = {
+        **cfg,
+        "layer_types": ["full_attention", "sliding_attention"],
+        "output_multiplier": 1.0,
+    }
     plain["dflash_config"] = {"mask_token_id": 5, "target_layer_ids": [0]}
     assert BlockArgs.from_config(plain).target_layer_ids == (0,)
 
@@ -210,3 +214,42 @@ def test_forward_matches_a_numpy_reference(pair):
     scale = np.abs(want).max()
     assert np.abs(free - want).max() < 1e-4 * scale
     assert np.abs(cached - want).max() < 1e-4 * scale
+
+
+def test_transformers_5_rope_and_sliding_window_layers(pair, tmp_path):
+    """rope_parameters (transformers 5) and sliding-window layers (z-lab's Qwen3.5 drafts carry
+    use_sliding_window): read as transformers reads them, run as the numpy reference does."""
+    import json
+
+    import numpy as np
+
+    from tests.reference_block import block_logits
+
+    target_path, target, _ = pair
+    cfg = {
+        "rope_theta": None, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1,
+    }  # fmt: skip
+    folder = write_dflash(target_path, tmp_path / "windowed", **cfg)
+    args = BlockArgs.from_config(json.loads((folder / "config.json").read_text()))
+    assert args.rope_theta == 10000.0 and args.rope_scaling is None
+    assert args.layer_types == ("full_attention", "sliding_attention") and args.sliding_window == 3
+    default = {**cfg, "max_window_layers": 28}  # transformers' default: no draft layer slides
+    assert (
+        BlockArgs.from_config({**args.to_config(), "layer_types": [], **default}).layer_types == ()
+    )
+    model, _ = load_block(folder, target)
+    assert [layer.self_attn.window for layer in model.layers] == [0, 3]
+    w = {
+        k: np.array(v, dtype=np.float64)
+        for k, v in mx.load(str(folder / "model.safetensors")).items()
+    }
+    embed = np.array(target.model.embed_tokens.weight, dtype=np.float64)
+    raw = np.random.default_rng(4).standard_normal((6, 2 * 64))
+    full = {**json.loads((folder / "config.json").read_text()), "rope_theta": 10000.0}
+    want = block_logits(w, full, [9, 5, 5], raw, embed, embed, windows={1: 3})
+    ctx = model.context(mx.array(raw, dtype=mx.float32)[None])
+    got = np.array(model.logits(model(mx.array([[9, 5, 5]]), ctx))[0])
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    unwindowed = block_logits(w, full, [9, 5, 5], raw, embed, embed)
+    assert np.abs(got - unwindowed).max() > 1e-2 * np.abs(want).max()  # the window mattered

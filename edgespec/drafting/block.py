@@ -48,7 +48,9 @@ ARCHITECTURE = "DFlashDraftModel"  # z-lab's published block drafts
 @dataclass
 class BlockArgs:
     """A block draft's shape. `num_target_layers` (0: not recorded) is the layer count of the
-    target it was made for; attach checks it when set."""
+    target it was made for; attach checks it when set. `layer_types` (empty: all
+    "full_attention") may make layers "sliding_attention": a block query then sees the keys
+    less than `sliding_window` positions away."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -67,6 +69,8 @@ class BlockArgs:
     qk_norm: bool = True
     attention_bias: bool = False
     num_target_layers: int = 0
+    sliding_window: int = 0
+    layer_types: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> BlockArgs:
@@ -82,6 +86,7 @@ class BlockArgs:
         flat.setdefault("head_dim", flat["hidden_size"] // flat["num_attention_heads"])
         flat["target_layer_ids"] = tuple(int(i) for i in flat["target_layer_ids"])
         flat.setdefault("num_target_layers", 0)
+        flat.update(_rope(flat), **_windows(flat))
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in flat.items() if k in names})
 
@@ -89,17 +94,48 @@ class BlockArgs:
         """Our config.json fields (model_type included). Round trip: from_config(to_config())."""
         cfg = {f.name: getattr(self, f.name) for f in fields(self)}
         cfg["target_layer_ids"] = list(self.target_layer_ids)
+        cfg["layer_types"] = list(self.layer_types)
         return {"model_type": MODEL_TYPE, **cfg}
+
+
+def _rope(flat: dict[str, Any]) -> dict[str, Any]:
+    """rope_theta and rope_scaling, also from transformers 5's `rope_parameters` nesting."""
+    params = flat.get("rope_parameters") or {}
+    theta = flat.get("rope_theta") or params.get("rope_theta")
+    if theta is None:
+        raise ValueError("a block draft's config.json needs rope_theta")
+    scaling = flat.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = params
+    return {"rope_theta": float(theta), "rope_scaling": scaling}
+
+
+def _windows(flat: dict[str, Any]) -> dict[str, Any]:
+    """layer_types and sliding_window as transformers' Qwen3 config reads them: given, or with
+    use_sliding_window the layers from max_window_layers (default 28) on slide, the rest not."""
+    n = int(flat["num_hidden_layers"])
+    types = flat.get("layer_types")
+    window = int(flat.get("sliding_window") or 0)
+    if not types:
+        first = int(flat.get("max_window_layers", 28))
+        slide = bool(flat.get("use_sliding_window")) and window > 0
+        types = [
+            "sliding_attention" if slide and i >= first else "full_attention" for i in range(n)
+        ]
+    if "sliding_attention" not in types:
+        return {"layer_types": (), "sliding_window": 0}
+    return {"layer_types": tuple(types), "sliding_window": window}
 
 
 def unsupported(flat: dict[str, Any]) -> str:
     """The first option of a DFlash config that this model does not implement ("" if none):
-    causal or sliding-window draft layers, an input embedding scale, an output multiplier or a
+    causal draft layers, layer types other than full and sliding attention, an input embedding scale, an output multiplier or a
     logit soft cap (refused rather than run as a different model)."""
     if flat.get("is_causal"):
         return "causal draft layers (is_causal)"
-    if any(t != "full_attention" for t in flat.get("layer_types") or []):
-        return "sliding-window draft layers (layer_types)"
+    kinds = ("full_attention", "sliding_attention")
+    if any(t not in kinds for t in flat.get("layer_types") or []):
+        return "draft layers other than full or sliding attention (layer_types)"
     for key in ("input_embedding_scale", "output_multiplier"):
         if float(flat.get(key) or 1.0) != 1.0:
             return key
@@ -109,10 +145,11 @@ def unsupported(flat: dict[str, Any]) -> str:
 class BlockAttention(nn.Module):
     """Queries from the block; keys/values from the context (cached) and the block (never)."""
 
-    def __init__(self, args: BlockArgs):
+    def __init__(self, args: BlockArgs, window: int = 0):
         super().__init__()
         d, hd, bias = args.hidden_size, args.head_dim, args.attention_bias
         self.n_heads, self.n_kv = args.num_attention_heads, args.num_key_value_heads
+        self.window = window  # a sliding-window layer's width (0: every key)
         self.scale = hd**-0.5
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
@@ -159,8 +196,23 @@ class BlockAttention(nn.Module):
         v = self._heads(self.v_proj(x), self.n_kv, None)
         keys = mx.concatenate([ck, k], axis=2)
         values = mx.concatenate([cv, v], axis=2)
+        if self.window and pos + L > self.window:
+            mask = _in_window(mask, pos, L, self.window)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def _in_window(mask: mx.array | None, pos: int, length: int, window: int) -> mx.array:
+    """`mask` (boolean or additive, or None) also hiding the keys `window` or more positions
+    from a block query (queries at pos..pos + length - 1, keys at 0..pos + length - 1)."""
+    q = mx.arange(pos, pos + length)[:, None]
+    k = mx.arange(pos + length)[None, :]
+    near = mx.abs(q - k) < window
+    if mask is None:
+        return near
+    if mask.dtype == mx.bool_:
+        return mask & near
+    return mask + mx.where(near, 0.0, -mx.inf).astype(mask.dtype)
 
 
 class BlockMLP(nn.Module):
@@ -175,10 +227,10 @@ class BlockMLP(nn.Module):
 
 
 class BlockLayer(nn.Module):
-    def __init__(self, args: BlockArgs):
+    def __init__(self, args: BlockArgs, window: int = 0):
         super().__init__()
         d = args.hidden_size
-        self.self_attn = BlockAttention(args)
+        self.self_attn = BlockAttention(args, window)
         self.mlp = BlockMLP(d, args.intermediate_size)
         self.input_layernorm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(d, eps=args.rms_norm_eps)
@@ -199,7 +251,9 @@ class BlockModel(nn.Module):
         d = args.hidden_size
         self.fc = nn.Linear(len(args.target_layer_ids) * d, d, bias=False)
         self.hidden_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
-        self.layers = [BlockLayer(args) for _ in range(args.num_hidden_layers)]
+        types = args.layer_types or ("full_attention",) * args.num_hidden_layers
+        slide = [args.sliding_window if t == "sliding_attention" else 0 for t in types]
+        self.layers = [BlockLayer(args, w) for w in slide]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         # The target's embedding module and head: plain attributes, never saved or trained.
         object.__setattr__(self, "embedding", None)
