@@ -253,3 +253,15 @@ def test_transformers_5_rope_and_sliding_window_layers(pair, tmp_path):
     assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
     unwindowed = block_logits(w, full, [9, 5, 5], raw, embed, embed)
     assert np.abs(got - unwindowed).max() > 1e-2 * np.abs(want).max()  # the window mattered
+
+
+def test_a_batch_gives_each_row_its_own_block(pair):
+    """Training runs [B, L] blocks over [B, S, d] contexts: each row as if alone."""
+    _, target, folder = pair
+    model, _ = load_block(folder, target)
+    ctx = mx.concatenate([_ctx(model, 5, seed=1), _ctx(model, 5, seed=2)])
+    toks = mx.array([[9, 5, 5], [4, 5, 5]], dtype=mx.int32)
+    both = model(toks, ctx)
+    for row in range(2):
+        alone = model(toks[row : row + 1], ctx[row : row + 1])
+        assert mx.allclose(both[row : row + 1], alone, atol=1e-5).item()
