@@ -84,3 +84,17 @@ def test_tree_bench_names_block_variants(paths, tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "block-tree 2,1" in r.stdout
+
+
+def test_verify_command_maths_accepts_a_block_draft(paths):
+    from edgespec.bench.unbiased import verify_pair
+    from edgespec.config import SamplingConfig
+    from edgespec.loading.load import load_pair
+
+    t, d = load_pair(str(paths[0]), str(paths[1]))
+    ids = [5, 9, 11, 40, 7, 3]
+    report = verify_pair(t.model, d.model, ids, SamplingConfig(temperature=1.0), 2, 20000)
+    assert report.p_value > 1e-3 and 0 < report.acceptance <= 1
+    assert abs(report.acceptance - report.expected_acceptance) < 0.03
+    with pytest.raises(ConfigError, match="two tokens"):
+        verify_pair(t.model, d.model, [5], SamplingConfig(temperature=1.0), 2, 10)
