@@ -23,6 +23,7 @@ from edgespec.runtime import Engine
 from edgespec.sampling import sample, uniforms, warp
 from tests.block_models import tiny_qwen3, write_dflash
 from tests.helpers import PROMPT, chi2_pvalue, gen, plain_ids, rounds_of, target_probs, token_ids
+from tests.test_catalog import offline_hub  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +207,26 @@ def test_adaptive_k_counts_a_block_round_as_one_draft_forward():
     assert per_round.estimates["block"].draft_cost == pytest.approx(0.2)
     assert per_token.estimates["draft"].draft_cost == pytest.approx(0.2 / 8)
     assert kb >= 7 and kd < kb
+
+
+def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):  # noqa: F811
+    """A pair whose draft is a repo id of a DFlash draft (no tokenizer of its own, as z-lab's):
+    resolved from the hub cache, loaded as a block draft, greedy equal to plain."""
+    from edgespec.loading import catalog
+    from tests.test_catalog import make_hub_cache
+
+    target = tiny_qwen3(tmp_path / "src")
+    draft = write_dflash(target, tmp_path / "src" / "dflash")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (draft / name).unlink(missing_ok=True)
+    make_hub_cache(offline_hub, "mlx-community/Tiny-Qwen3-4bit", target)
+    make_hub_cache(offline_hub, "z-lab/Tiny-Qwen3-DFlash", draft)
+    pairs = {"tiny-dflash": {"target": "mlx-community/Tiny-Qwen3-4bit",
+                             "draft": "z-lab/Tiny-Qwen3-DFlash", "platform": "mac"}}  # fmt: skip
+    cat = catalog.parse_catalog({"default_pair": "tiny-dflash", "pairs": pairs}, tmp_path)
+    t, d = load_pair(pair="tiny-dflash", catalog=cat)
+    assert d is not None and type(d.model).__name__ == "BlockModel"
+    engine = Engine(t, d)
+    ids = engine.encode_raw(PROMPT)
+    events = gen(engine, ids, SpecConfig(method="block", k=3), 16)
+    assert token_ids(events) == plain_ids(engine, ids, 16)
