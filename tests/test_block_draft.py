@@ -206,7 +206,22 @@ def test_adaptive_k_counts_a_block_round_as_one_draft_forward():
         kb = per_round(Round(i, 8, 6, 8, 0.2, 0.1 + 0.005 * 9, "block"))
     assert per_round.estimates["block"].draft_cost == pytest.approx(0.2)
     assert per_token.estimates["draft"].draft_cost == pytest.approx(0.2 / 8)
-    assert kb >= 7 and kd < kb
+    assert kb == 6 and kd < kb  # position 7 was never accepted: drafting it does not pay
+
+
+def test_adaptive_k_for_a_block_uses_its_acceptance_per_position():
+    """Position 1 always accepted, position 2 never: a single alpha (0.5) promises more from
+    longer blocks; per position, K = 1 is the best a cheap block draft can do."""
+    from edgespec.drafting.adaptive import AdaptiveK
+    from edgespec.events import Round
+
+    policy = AdaptiveK(4, 8)
+    for i in range(20):
+        k = policy(Round(i, 4, 1, 4, 0.02, 0.12, "block"))
+    est = policy.estimates["block"]
+    assert est.alpha == pytest.approx(0.5, abs=0.05)
+    assert est.expected(1) > 1.8 and est.expected(4) - est.expected(1) < 0.2
+    assert k == 1
 
 
 def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):  # noqa: F811

@@ -60,6 +60,7 @@ def best_k(
     k_max: int,
     k_min: int = 1,
     tolerance: float = 0.0,
+    expected: Callable[[int], float] | None = None,
 ) -> int:
     """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1)),
     or rather, with a `tolerance`, the shortest drafting round (K >= 1) whose rate is within that
@@ -72,11 +73,12 @@ def best_k(
     Example: alpha 0.8, c 0.1, v(L) = 1 + 0.05 (L - 1): tokens/time for K = 1..6 is 1.565, 1.877,
     2.036, 2.101, 2.108, 2.080 -> K = 5; with tolerance 0.05, K = 3 (2.036 >= 0.95 * 2.108).
     With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0, K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
+    `expected(K)`, when given, replaces the closed form's E[tokens] (a block draft's, from its
+    acceptance per position: DrafterEstimate.expected).
     """
     ks = range(max(k_min, 1), k_max + 1)
-    rates = [
-        expected_tokens_per_round(alpha, k) / (k * draft_cost + verify_time(k + 1)) for k in ks
-    ]
+    tokens = expected or (lambda k: expected_tokens_per_round(alpha, k))
+    rates = [tokens(k) / (k * draft_cost + verify_time(k + 1)) for k in ks]
     best = max(rates)
     if k_min == 0 and 1 / verify_time(1) >= best * (1 + tolerance) * (1 - 1e-12):
         return 0
@@ -159,6 +161,10 @@ class DrafterEstimate:
     trials: float = PRIOR_WEIGHT
     step_costs: RecentMedian = field(default_factory=RecentMedian)
     per_round: bool = False  # the cost is per round (ROUND_COST), not per drafted token
+    # Per drafted position, for per_round methods: decayed rounds that drafted it with the
+    # positions before it accepted (tries), and those that accepted it too (passes).
+    tries: list[float] = field(default_factory=list)
+    passes: list[float] = field(default_factory=list)
 
     @property
     def alpha(self) -> float:
@@ -185,6 +191,30 @@ class DrafterEstimate:
         self.trials = ALPHA_DECAY * self.trials + r.accepted + failure
         if timed:
             self.step_costs.add(r.t_draft if self.per_round else r.t_draft / r.drafted)
+        if self.per_round:
+            self._count_positions(r)
+
+    def _count_positions(self, r: Round) -> None:
+        grow = max(0, r.drafted - len(self.tries))
+        self.tries = [ALPHA_DECAY * t for t in self.tries] + [0.0] * grow
+        self.passes = [ALPHA_DECAY * p for p in self.passes] + [0.0] * grow
+        for i in range(min(r.drafted, r.accepted + 1)):
+            self.tries[i] += 1.0
+            self.passes[i] += float(i < r.accepted)
+
+    def expected(self, k: int) -> float:
+        """E[tokens] of a round drafting k, from the acceptance per position (a block's later
+        positions are accepted less often than its first): 1 + the sum over i <= k of the
+        product of the rates of positions 1..i, each shrunk towards alpha (PRIOR_WEIGHT); a
+        position never tried takes the last rate. Rates .9, .5 -> k = 2: 1 + .9 + .45 = 2.35."""
+        total, reach, rate = 1.0, 1.0, self.alpha
+        for i in range(k):
+            if i < len(self.tries):
+                weight = self.tries[i] + PRIOR_WEIGHT
+                rate = (self.passes[i] + self.alpha * PRIOR_WEIGHT) / weight
+            reach *= rate
+            total += reach
+        return total
 
 
 class AdaptiveK:
@@ -272,13 +302,16 @@ class AdaptiveK:
         args = self._inputs(method)
         if args is None:
             return self.k_init
-        k = best_k(*args, k_min=0 if self.allow_plain else 1, tolerance=TIE_TOLERANCE)
+        est = self.estimates[method]  # type: ignore[index]
+        tokens = est.expected if est.per_round else None
+        k = best_k(
+            *args, k_min=0 if self.allow_plain else 1, tolerance=TIE_TOLERANCE, expected=tokens
+        )
         if k == 0 and self._on:
             # Switching the draft off: only if plain still wins at the optimistic alpha. Off, its
             # acceptance is seen only in rare probes, so one unlucky streak (alpha's estimate
             # remembers ~10 rounds) kept a draft that pays ~10% off for a whole answer. (A probe
             # does not switch it back on: only the estimate itself does.)
-            est = self.estimates[method]  # type: ignore[index]
             k = best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE)
         self._on = k > 0
         if k > 0:
@@ -288,7 +321,7 @@ class AdaptiveK:
         if self._plain_run <= self._probe_gap:
             return 0
         self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
-        return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)  # probe: refresh alpha and c
+        return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
 
     def __call__(self, last: Round | None) -> int:
         if last is not None and last is not self._seen:  # a pipelined plain run repeats one
