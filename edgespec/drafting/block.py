@@ -122,6 +122,8 @@ def _windows(flat: dict[str, Any]) -> dict[str, Any]:
         types = [
             "sliding_attention" if slide and i >= first else "full_attention" for i in range(n)
         ]
+    if len(types) != n:
+        raise ValueError(f"a block draft's layer_types names {len(types)} layers, not {n}")
     if "sliding_attention" not in types:
         return {"layer_types": (), "sliding_window": 0}
     return {"layer_types": tuple(types), "sliding_window": window}
@@ -129,8 +131,8 @@ def _windows(flat: dict[str, Any]) -> dict[str, Any]:
 
 def unsupported(flat: dict[str, Any]) -> str:
     """The first option of a DFlash config that this model does not implement ("" if none):
-    causal draft layers, layer types other than full and sliding attention, an input embedding scale, an output multiplier or a
-    logit soft cap (refused rather than run as a different model)."""
+    causal draft layers, layer types other than full and sliding attention, an input embedding
+    scale, an output multiplier or a logit soft cap (refused rather than run as another model)."""
     if flat.get("is_causal"):
         return "causal draft layers (is_causal)"
     kinds = ("full_attention", "sliding_attention")
@@ -154,7 +156,7 @@ class BlockAttention(nn.Module):
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)  # as transformers' Qwen3
         if args.qk_norm:
             self.q_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
             self.k_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
