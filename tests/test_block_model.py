@@ -98,6 +98,9 @@ def test_llama_style_draft_without_qk_norm(pair):
     args = BlockArgs.from_config({**_args(pair).to_config(), "qk_norm": False})
     model = BlockModel(args)
     assert "q_norm" not in model.layers[0].self_attn
+    assert "bias" not in model.layers[0].self_attn.o_proj
+    biased = BlockModel(BlockArgs.from_config({**args.to_config(), "attention_bias": True}))
+    assert all("bias" in biased.layers[0].self_attn[p] for p in ("q_proj", "o_proj"))
     model.attach(target)
     assert model(mx.array([[1, 5]]), _ctx(model, 3)).shape == (1, 2, 64)
 
