@@ -245,3 +245,19 @@ def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):  # noqa
     ids = engine.encode_raw(PROMPT)
     events = gen(engine, ids, SpecConfig(method="block", k=3), 16)
     assert token_ids(events) == plain_ids(engine, ids, 16)
+
+
+def test_a_stop_mid_answer_then_a_new_prompt(engine):
+    """The consumer stops a block generation after a few events: the caches stay consistent and
+    the next prompt (sharing the first one's opening) still decodes exactly."""
+    ids = engine.encode_raw(PROMPT)
+    config = GenerationConfig(SamplingConfig(temperature=0), SpecConfig(method="block", k=3), 30)
+    stream = engine.generate(ids, config)
+    for _ in range(5):
+        next(stream)
+    stream.close()
+    state = engine._draft
+    assert state.kv.offset <= state.n_features <= len(state.context)
+    other = engine.encode_raw(PROMPT + " and the river")
+    events = gen(engine, other, SpecConfig(method="block", k=3), 20)
+    assert token_ids(events) == plain_ids(engine, other, 20)
