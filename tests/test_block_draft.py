@@ -261,3 +261,36 @@ def test_a_stop_mid_answer_then_a_new_prompt(engine):
     other = engine.encode_raw(PROMPT + " and the river")
     events = gen(engine, other, SpecConfig(method="block", k=3), 20)
     assert token_ids(events) == plain_ids(engine, other, 20)
+
+
+def _pit_p_value(engine: Engine, spec: SpecConfig, drafter_for=None, seeds=range(12), n=40):
+    """KS p-value of the PIT values (tests/arch_models.py pit_values) of whole sampled answers
+    (T = 1): every token, over many rounds, must follow the target given what came before."""
+    from scipy.stats import kstest
+
+    from tests.arch_models import pit_values
+
+    ids = engine.encode_raw(PROMPT)
+    rng, values, accepted = np.random.default_rng(7), [], 0
+    for seed in seeds:
+        sampling = SamplingConfig(temperature=1.0, seed=seed)
+        drafter = drafter_for(sampling) if drafter_for else None
+        events = list(engine.generate(ids, GenerationConfig(sampling, spec, n), drafter=drafter))
+        tokens = token_ids(events)
+        accepted += sum(r.accepted for r in rounds_of(events))
+        values.append(pit_values(engine, ids, tokens, sampling, rng))
+    return float(kstest(np.concatenate(values), "uniform").pvalue), accepted
+
+
+@pytest.mark.parametrize("method", ["block", "block-tree", "oracle", "oracle-argmax"])
+def test_whole_sampled_answers_follow_the_target(engine, method):
+    """Many rounds per answer, the caches rewound after every rejection: the PIT values of the
+    answers are uniform, with the random draft and with the target's rows as the block (most
+    drafts accepted); argmax tokens reported as sampled are caught."""
+    spec = SpecConfig(method="block-tree" if method == "block-tree" else "block", k=3)
+    if method.startswith("oracle"):
+        bug = "argmax" if method.endswith("argmax") else None
+        p_value, accepted = _pit_p_value(engine, spec, lambda s: Oracle(engine, s, bug))
+        assert (p_value < 1e-3) if bug else (p_value > 1e-3 and accepted > 120)
+    else:
+        assert _pit_p_value(engine, spec)[0] > 1e-3
