@@ -209,6 +209,20 @@ def test_adaptive_k_counts_a_block_round_as_one_draft_forward():
     assert kb == 6 and kd < kb  # position 7 was never accepted: drafting it does not pay
 
 
+def test_a_block_round_costs_what_was_measured_at_its_k():
+    """The draft forward's cost per K (on a CPU the head over the vocabulary grows with K):
+    measured K as measured, a line between and beyond."""
+    from edgespec.drafting.adaptive import AdaptiveK
+    from edgespec.events import Round
+
+    policy = AdaptiveK(4, 8)
+    for i in range(6):
+        policy(Round(2 * i, 2, 1, 2, 0.05, 0.11, "block"))
+        policy(Round(2 * i + 1, 8, 1, 8, 0.2, 0.14, "block"))
+    cost = policy.estimates["block"].round_cost()
+    assert [round(cost(k), 4) for k in (2, 4, 8, 10)] == [0.05, 0.1, 0.2, 0.25]
+
+
 def test_adaptive_k_for_a_block_uses_its_acceptance_per_position():
     """Position 1 always accepted, position 2 never: a single alpha (0.5) promises more from
     longer blocks; per position, K = 1 is the best a cheap block draft can do."""

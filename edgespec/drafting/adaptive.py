@@ -47,8 +47,9 @@ PRIOR_VERIFY_SLOPE = 0.1
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
 PROBE_EVERY = 8  # plain rounds before the first probe round
-# Methods whose drafting costs one forward a round whatever K (a block draft, drafting/block.py):
-# their cost is per round, T(K) = c + v(K + 1) for K >= 1, not K * c + v(K + 1).
+# Methods whose drafting is one forward a round whatever K (a block draft, drafting/block.py):
+# their cost is that forward's, d(K), measured per K (a line fitted between, as v(L); nearly flat
+# on a GPU, but on a CPU the output head over the vocabulary grows with K): T(K) = d(K) + v(K + 1).
 ROUND_COST = ("block",)
 PROBE_MAX = 64  # longest gap between probes
 
@@ -165,6 +166,7 @@ class DrafterEstimate:
     # positions before it accepted (tries), and those that accepted it too (passes).
     tries: list[float] = field(default_factory=list)
     passes: list[float] = field(default_factory=list)
+    round_costs: dict[int, RecentMedian] = field(default_factory=dict)  # per_round: K -> seconds
 
     @property
     def alpha(self) -> float:
@@ -193,6 +195,16 @@ class DrafterEstimate:
             self.step_costs.add(r.t_draft if self.per_round else r.t_draft / r.drafted)
         if self.per_round:
             self._count_positions(r)
+            if timed:
+                self.round_costs.setdefault(r.drafted, RecentMedian()).add(r.t_draft)
+
+    def round_cost(self) -> Callable[[int], float]:
+        """d(K), a per_round method's draft forward for K tokens: the recent median where K was
+        measured, else the line fitted to those (fit_verify_line's, with its prior slope while
+        one K is known). Example: {4: 0.10} -> d(8) = 0.1 / 1.3 * 1.7 = 0.131."""
+        means = {k: m.value for k, m in self.round_costs.items() if m.value is not None}
+        a, b = fit_verify_line(means)
+        return lambda k: means[k] if k in means else a + b * (k - 1)
 
     def _count_positions(self, r: Round) -> None:
         grow = max(0, r.drafted - len(self.tries))
@@ -293,9 +305,9 @@ class AdaptiveK:
         if est is None or est.draft_cost is None or not self.verify_costs:
             return None
         verify = verify_curve(self.verify_means)
-        if est.per_round:  # one draft forward a round: T(K) = c + v(K + 1), a plain step v(1)
-            c = est.draft_cost
-            return est.alpha, 0.0, lambda n: verify(n) + (c if n > 1 else 0.0), self.k_max
+        if est.per_round:  # one draft forward a round: T(K) = d(K) + v(K + 1), a plain step v(1)
+            d = est.round_cost()
+            return est.alpha, 0.0, lambda n: verify(n) + (d(n - 1) if n > 1 else 0.0), self.k_max
         return est.alpha, est.draft_cost, verify, self.k_max
 
     def choose(self, method: str | None) -> int:
