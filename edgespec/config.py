@@ -53,9 +53,11 @@ class SamplingConfig:
 
 
 # Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", "mtp" (the target's
-# own multi-token-prediction head, edgespec/drafting/mtp.py), or "none" (plain target).
-METHODS = ("draft", "ngram", "hybrid", "mtp", "none")
+# own multi-token-prediction head, edgespec/drafting/mtp.py), "block" a block draft (DFlash-style:
+# drafting/block.py), "block-tree" trees from it, or "none" (plain target).
+METHODS = ("draft", "ngram", "hybrid", "mtp", "none", "block", "block-tree")
 MTP_DRAFT = "mtp"  # the draft spec that names the target's own MTP head
+BLOCK_METHODS = ("block", "block-tree")
 
 
 def parse_tree_spec(text: str) -> str:
@@ -133,14 +135,23 @@ class SpecConfig:
             raise ConfigError(f"k-max must be <= {MAX_K}, got {self.k_max}")
         if self.k_max < self.k:
             object.__setattr__(self, "k_max", self.k)
+        if self.method == "block-tree" and not self.tree:
+            object.__setattr__(self, "tree", "dynamic")  # best-first under a node budget
         if self.tree:
             object.__setattr__(self, "tree", parse_tree_spec(self.tree))
-            if self.method not in ("draft", "hybrid"):
-                raise ConfigError(f"--tree needs --method draft or hybrid, not {self.method}")
+            if self.method not in ("draft", "hybrid", *BLOCK_METHODS):
+                raise ConfigError(
+                    f"--tree needs --method draft, hybrid, block or block-tree, not {self.method}"
+                )
 
     @property
     def enabled(self) -> bool:
         return self.method != "none"
+
+    @property
+    def uses_draft(self) -> bool:
+        """Whether the method runs the draft model (every method but ngram and none)."""
+        return self.method in ("draft", "hybrid", "mtp", *BLOCK_METHODS)
 
     @property
     def long_match(self) -> int:

@@ -87,10 +87,40 @@ class RoundTotals:
     t_draft: float = 0.0
     t_verify: float = 0.0
     hist: tuple[int, ...] = ()
+    # Per drafted position (depth, for a tree round): tries[i] = rounds that drafted position
+    # i + 1 with positions 1..i all accepted, passes[i] = those that accepted it too.
+    tries: tuple[int, ...] = ()
+    passes: tuple[int, ...] = ()
+
+
+def position_counts(rounds: Iterable[Round]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(tries, passes) per drafted position (RoundTotals); a tree round counts by depth (its k).
+    Example: chain rounds (drafted 3, accepted 1) and (drafted 2, accepted 2): tries (2, 2, 0),
+    passes (2, 1, 0) -> position 1 accepted 2 of 2 times, position 2 1 of 2, position 3 never
+    reached (the first round rejected position 2)."""
+    tries: list[int] = []
+    passes: list[int] = []
+    for r in rounds:
+        span = r.k if r.nodes else r.drafted
+        reached = min(span, r.accepted + 1)
+        grow = max(0, span - len(tries))
+        tries.extend([0] * grow)
+        passes.extend([0] * grow)
+        for i in range(reached):
+            tries[i] += 1
+            passes[i] += int(i < r.accepted)
+    return tuple(tries), tuple(passes)
+
+
+def position_acceptance(tries: Sequence[int], passes: Sequence[int]) -> tuple[float | None, ...]:
+    """passes[i] / tries[i] per position (None where never tried): the acceptance of drafted
+    position i + 1 given positions 1..i accepted. (2, 2, 0), (2, 1, 0) -> (1.0, 0.5, None)."""
+    return tuple(p / t if t else None for t, p in zip(tries, passes, strict=True))
 
 
 def fold_rounds(rounds: Iterable[Round]) -> RoundTotals:
     """Sum Round events. Rounds with drafted == 0 (e.g. no n-gram match) count as plain steps."""
+    rounds = list(rounds)
     n = drafted = accepted = rejections = 0
     t_draft = t_verify = 0.0
     hist: list[int] = []
@@ -103,7 +133,10 @@ def fold_rounds(rounds: Iterable[Round]) -> RoundTotals:
         t_verify += r.t_verify
         hist.extend([0] * (r.accepted + 1 - len(hist)))
         hist[r.accepted] += 1
-    return RoundTotals(n, drafted, accepted, rejections, t_draft, t_verify, tuple(hist))
+    tries, passes = position_counts(rounds)
+    return RoundTotals(
+        n, drafted, accepted, rejections, t_draft, t_verify, tuple(hist), tries, passes
+    )
 
 
 def add_hists(hists: Iterable[Sequence[int]]) -> tuple[int, ...]:

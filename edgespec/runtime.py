@@ -28,6 +28,8 @@ from edgespec.cpu import rewrites
 from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
 from edgespec.drafting.base import Drafter
+from edgespec.drafting.block import BlockModel
+from edgespec.drafting.block_draft import BlockState
 from edgespec.drafting.build import build_drafter
 from edgespec.drafting.draft_model import reduced_head
 from edgespec.drafting.eagle import EagleModel
@@ -221,7 +223,7 @@ class Engine:
             # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its
             # own proposals from the lookup's estimates (AdaptiveK.lookup_k).
             hybrid = drafter if isinstance(drafter, HybridDrafter) else None
-            model = "draft" if hybrid else None
+            model = hybrid.model.method if hybrid else None  # "draft", or "block"
             policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
             if hybrid is not None and isinstance(policy, AdaptiveK):
                 hybrid.lookup_k = policy.lookup_k
@@ -230,7 +232,7 @@ class Engine:
         return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
 
     def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
-        uses_draft = config.spec.method in ("draft", "hybrid", "mtp") and drafter is None
+        uses_draft = config.spec.uses_draft and drafter is None
         # A feature draft needs the prompt's features, the engine's own or a caller's drafter
         # over the engine's feature-draft state alike.
         wants = uses_draft or (drafter is not None and drafter.wants_features)
@@ -344,7 +346,10 @@ class Engine:
         target, draft, new_cache = self.target, self.draft, rewrites.new_cache
         state: KVState | EagleState | None = None
         verifier = KVState(target.model, f"target {target.name}", new_cache)
-        if draft is not None and isinstance(draft.model, EagleModel | MtpModel):  # features
+        if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
+            state = BlockState(draft.model, f"draft {draft.name}", new_cache)
+            verifier.feature_layers = draft.model.feature_layers
+        elif draft is not None and isinstance(draft.model, EagleModel | MtpModel):  # features
             state = EagleState(draft.model, f"draft {draft.name}", new_cache)
             verifier.feature_layers = draft.model.feature_layers  # what it reads
         elif draft is not None:

@@ -14,6 +14,7 @@ from edgespec.metrics import (
     add_hists,
     alpha_mle,
     median,
+    position_acceptance,
     predicted_speedup,
     ratio_of_medians,
 )
@@ -75,6 +76,8 @@ class RunRecord:
     accepted: int = 0
     rejections: int = 0
     accepted_hist: tuple[int, ...] = ()
+    position_tries: tuple[int, ...] = ()  # per drafted position: metrics.RoundTotals.tries
+    position_passes: tuple[int, ...] = ()
     t_draft: float | None = None
     t_verify: float | None = None
     t_model_decode: float | None = None  # draft + verify seconds within decode_time
@@ -100,6 +103,8 @@ class RunRecord:
         """Plain JSON dict, derived throughput included."""
         d = asdict(self)
         d["accepted_hist"] = list(self.accepted_hist)
+        d["position_tries"] = list(self.position_tries)
+        d["position_passes"] = list(self.position_passes)
         d["token_ids"] = list(self.token_ids)
         d["tokens_per_s"] = self.tokens_per_s
         return d
@@ -133,6 +138,8 @@ class Summary:
     acceptance: float | None = None
     k_mean: float | None = None
     accepted_hist: tuple[int, ...] = ()
+    # Acceptance of drafted position i + 1 given positions 1..i accepted (metrics.position_acceptance).
+    position_acceptance: tuple[float | None, ...] = ()
     c: float | None = None
     v: float | None = None
     predicted_speedup: float | None = None
@@ -177,6 +184,9 @@ def _speculation(runs: Sequence[RunRecord], plain_tpot: float | None) -> dict:
         "acceptance": accepted / drafted,
         "k_mean": k_mean,
         "accepted_hist": add_hists(r.accepted_hist for r in runs),
+        "position_acceptance": position_acceptance(
+            add_hists(r.position_tries for r in runs), add_hists(r.position_passes for r in runs)
+        ),
     }
     timed = [r for r in runs if r.t_draft is not None and r.t_verify is not None]
     if timed and plain_tpot and alpha is not None:

@@ -31,6 +31,7 @@ SCHEMA_VERSION = 1
 def _summary_json(s: Summary) -> dict[str, Any]:
     d = asdict(s)
     d["accepted_hist"] = list(s.accepted_hist)
+    d["position_acceptance"] = list(s.position_acceptance)
     d["mismatched_prompts"] = list(s.mismatched_prompts)
     return d
 
@@ -139,8 +140,20 @@ def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> 
             f"difference at token {n.position} ({n.plain_token} vs {n.other_token}), target "
             f"logit gap {_fmt(n.logit_gap, '.2e')}: {why}"
         )
+    out += position_lines(variants)
     out += ["", DEFINITIONS]
     return "\n".join(out) + "\n"
+
+
+def position_lines(variants: Sequence[VariantSummary]) -> list[str]:
+    """results.md's per-position acceptance, one line per variant that drafted: position i's
+    acceptance given positions < i accepted, e.g. '- block K=4 T=0: 0.71 0.55 0.40 -'."""
+    lines = [
+        f"- {v.label}: " + " ".join(_fmt(a, ".2f") for a in v.overall.position_acceptance)
+        for v in variants
+        if v.overall.position_acceptance
+    ]
+    return ["", "## Acceptance per drafted position", "", *lines] if lines else []
 
 
 DEFINITIONS = """## Definitions
@@ -152,7 +165,9 @@ DEFINITIONS = """## Definitions
   probability (accepted / (accepted + rounds ending in a rejection)).
 - c: draft time per drafted token / plain TPOT. v: verify time per round / plain TPOT.
 - ovh %: share of decode time spent outside the draft and verify calls (Python, events, detok).
-- mism: prompts whose greedy output differs from plain decoding (must be 0)."""
+- mism: prompts whose greedy output differs from plain decoding (must be 0).
+- acceptance per drafted position i (depth i in a tree): rounds that accepted it / rounds that
+  drafted it with positions 1..i-1 accepted ('-': never reached)."""
 
 
 @dataclass

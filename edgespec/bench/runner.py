@@ -26,6 +26,7 @@ from edgespec.bench.records import RunRecord
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu import blas, rewrites
 from edgespec.cpu.switch import on_cpu
+from edgespec.drafting.block import BlockModel
 from edgespec.drafting.eagle import EagleModel
 from edgespec.errors import ConfigError
 
@@ -63,6 +64,9 @@ class BenchPlan:
         return self.repeats * n_prompts * len(self.temps) * len(self.variants())
 
 
+FEATURES = (EagleModel, BlockModel)  # drafts that read the target's features: not for mlx-lm
+
+
 def check_methods(engine: Any, plan: BenchPlan) -> None:
     """Raise ConfigError when a method needs a draft model the engine does not have."""
     missing = [m for m in plan.methods if METHODS[m].needs_draft and not engine.has_draft]
@@ -70,8 +74,11 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
         raise ConfigError(
             f"methods {', '.join(missing)} need a draft model; pass --draft or drop them"
         )
+    blocks = [m for m in plan.methods if m.startswith("block")]
+    if blocks and not isinstance(engine.draft.model, BlockModel):
+        raise ConfigError(f"methods {', '.join(blocks)} need a block draft (DFlash-style)")
     peer = mlx_lm_draft(engine)
-    if "mlx-lm" in plan.methods and peer is not None and isinstance(peer.model, EagleModel):
+    if "mlx-lm" in plan.methods and peer is not None and isinstance(peer.model, FEATURES):
         raise ConfigError(
             "mlx-lm's speculative decoding needs a token draft; this pair's draft is a feature "
             "draft (EAGLE-style): pass one with --peer-draft or drop mlx-lm from --methods"
@@ -156,7 +163,7 @@ def _measure(
         repeat=repeat, tokens=len(m.token_ids), ttft=m.ttft, decode_time=m.decode_time,
         wall_time=m.wall_time, finish_reason=m.finish_reason, peak_memory=mx.get_peak_memory(),
         rounds=r.rounds, drafted=r.drafted, accepted=r.accepted, rejections=r.rejections,
-        accepted_hist=r.hist, t_draft=r.t_draft if m.timed_rounds else None,
+        accepted_hist=r.hist, position_tries=r.tries, position_passes=r.passes, t_draft=r.t_draft if m.timed_rounds else None,
         t_verify=r.t_verify if m.timed_rounds else None, t_model_decode=m.t_model_decode,
         token_ids=m.token_ids,
     )  # fmt: skip

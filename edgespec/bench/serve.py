@@ -158,7 +158,7 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--method",
         default="hybrid",
-        choices=("draft", "ngram", "hybrid", "none"),
+        choices=("draft", "ngram", "hybrid", "none", "block", "block-tree"),
         help="who drafts (default hybrid, as serve's default; none: plain decoding)",
     )
     parser.add_argument(

@@ -38,14 +38,18 @@ class Variant:
     spec: SpecConfig | None
 
 
-def variants(depth: int, trees: Sequence[str], adaptive: bool = True) -> list[Variant]:
+def variants(
+    depth: int, trees: Sequence[str], adaptive: bool = True, block: bool = False
+) -> list[Variant]:
     """plain, chain (K = depth), one tree per shape (depth `depth` where the shape takes one),
-    and the adaptive chain and tree policies."""
-    out = [Variant("plain", None), Variant("chain", SpecConfig(k=depth, method="draft"))]
-    out += [Variant(f"tree {t}", SpecConfig(k=depth, method="draft", tree=t)) for t in trees]
+    and the adaptive chain and tree policies. block: a block draft's, named "block" (chain) and
+    "block-tree <shape>" (method block: one draft forward a round, drafting/block_draft.py)."""
+    m, chain, tree = ("block", "block", "block-tree") if block else ("draft", "chain", "tree")
+    out = [Variant("plain", None), Variant(chain, SpecConfig(k=depth, method=m))]
+    out += [Variant(f"{tree} {t}", SpecConfig(k=depth, method=m, tree=t)) for t in trees]
     if adaptive:
-        out.append(Variant("adaptive", SpecConfig(k=depth, method="draft", adaptive=True)))
-        out.append(Variant("adaptive-tree", SpecConfig(k=depth, method="draft", tree="auto")))
+        out.append(Variant("adaptive", SpecConfig(k=depth, method=m, adaptive=True)))
+        out.append(Variant("adaptive-tree", SpecConfig(k=depth, method=m, tree="auto")))
     return out
 
 

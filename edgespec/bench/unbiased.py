@@ -20,6 +20,7 @@ import numpy as np
 from edgespec.acceptance import expected_acceptance, verify
 from edgespec.cache import target_features
 from edgespec.config import SamplingConfig
+from edgespec.drafting.block import BlockModel
 from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.model import fit_vocab
 from edgespec.errors import ConfigError
@@ -48,6 +49,13 @@ def last_distributions(
 ) -> tuple[mx.array, mx.array]:
     """Warped next-token distributions (p, q) [V] of both models after `prompt` (cache-free)."""
     inputs = mx.array(prompt, dtype=mx.int32)[None]
+    if isinstance(draft, BlockModel):  # q_1 of a block after the prompt (its last token: anchor)
+        if len(prompt) < 2:
+            raise ConfigError("a block draft needs a prompt of at least two tokens")
+        feats, t_all = target_features(target, inputs[0], None, draft.feature_layers)
+        block = mx.array([[prompt[-1], draft.args.mask_token_id]], dtype=mx.int32)
+        q_logits = draft.logits(draft(block, draft.context(feats[None, :-1])))[0, 1]
+        return warp(t_all[-1], sampling), warp(q_logits, sampling)
     if isinstance(draft, EagleModel):  # a feature draft reads the target's hidden states
         if len(prompt) < 2:
             raise ConfigError("a feature draft needs a prompt of at least two tokens")

@@ -66,10 +66,11 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
     g.add_argument(
         "--method",
         default=DEFAULT_METHOD,
-        choices=("draft", "ngram", "hybrid", "mtp"),
+        choices=("draft", "ngram", "hybrid", "mtp", "block", "block-tree"),
         help="who drafts: the draft model, n-gram prompt lookup, or both: a lookup when the "
-        "context has a match, the draft model otherwise; mtp: the target's own multi-token "
-        f"prediction head (Qwen3.5, Qwen3-Next) (default {DEFAULT_METHOD})",
+        f"context has a match, the draft model otherwise (default {DEFAULT_METHOD}); mtp: the "
+        "target's own multi-token prediction head (Qwen3.5, Qwen3-Next); a block draft "
+        "(DFlash-style): block (one forward a round), block-tree (a tree from it)",
     )
     g.add_argument(
         "--adaptive",

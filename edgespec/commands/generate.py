@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         draft_bits=args.draft_bits,
         dtype=args.dtype,
         on_progress=_progress if primary else None,
-        with_draft=config.spec.method in ("draft", "hybrid", "mtp"),
+        with_draft=config.spec.uses_draft,
         group=group,
         shard=args.shard,
     )

@@ -204,7 +204,7 @@ def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[A
     engine = worker.start()
     if sys.stderr.isatty():
         print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)
-    if config.spec.method in ("draft", "hybrid") and not engine.has_draft:
+    if config.spec.uses_draft and not engine.has_draft:
         worker.shutdown()
         raise ConfigError(f"--method {config.spec.method} needs a draft model; none was loaded")
     return worker, engine

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from edgespec.commands.common import add_model_args, add_sampling_args, sampling_from_args
 from edgespec.config import parse_tree_spec
+from edgespec.drafting.block import BlockModel
 
 HELP = (
     "Measure tau (tokens per round) and tokens/s of the chain loop against draft trees at the same "
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, categories, args.limit)
     engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits or None)
     encoded, skipped = encode_prompts(engine, prompts, args.max_tokens)
-    plan = variants(args.depth, trees, adaptive=not args.no_adaptive)
+    block = engine.draft is not None and isinstance(engine.draft.model, BlockModel)
+    plan = variants(args.depth, trees, adaptive=not args.no_adaptive, block=block)
     print(f"{engine.name}: {len(encoded)} prompts x {len(plan)} variants, depth {args.depth}, "
           f"{args.max_tokens} tokens, temperature {sampling.temperature}", file=sys.stderr)  # fmt: skip
     for warm in plan:  # first-use compiles (kernels, traced blocks) outside the measured runs

@@ -47,6 +47,10 @@ PRIOR_VERIFY_SLOPE = 0.1
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
 PROBE_EVERY = 8  # plain rounds before the first probe round
+# Methods whose drafting is one forward a round whatever K (a block draft, drafting/block.py):
+# their cost is that forward's, d(K), measured per K (a line fitted between, as v(L); nearly flat
+# on a GPU, but on a CPU the output head over the vocabulary grows with K): T(K) = d(K) + v(K + 1).
+ROUND_COST = ("block",)
 PROBE_MAX = 64  # longest gap between probes
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
@@ -60,6 +64,7 @@ def best_k(
     k_max: int,
     k_min: int = 1,
     tolerance: float = 0.0,
+    expected: Callable[[int], float] | None = None,
 ) -> int:
     """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1)),
     or rather, with a `tolerance`, the shortest drafting round (K >= 1) whose rate is within that
@@ -72,11 +77,12 @@ def best_k(
     Example: alpha 0.8, c 0.1, v(L) = 1 + 0.05 (L - 1): tokens/time for K = 1..6 is 1.565, 1.877,
     2.036, 2.101, 2.108, 2.080 -> K = 5; with tolerance 0.05, K = 3 (2.036 >= 0.95 * 2.108).
     With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0, K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
+    `expected(K)`, when given, replaces the closed form's E[tokens] (a block draft's, from its
+    acceptance per position: DrafterEstimate.expected).
     """
     ks = range(max(k_min, 1), k_max + 1)
-    rates = [
-        expected_tokens_per_round(alpha, k) / (k * draft_cost + verify_time(k + 1)) for k in ks
-    ]
+    tokens = expected or (lambda k: expected_tokens_per_round(alpha, k))
+    rates = [tokens(k) / (k * draft_cost + verify_time(k + 1)) for k in ks]
     best = max(rates)
     if k_min == 0 and 1 / verify_time(1) >= best * (1 + tolerance) * (1 - 1e-12):
         return 0
@@ -158,6 +164,12 @@ class DrafterEstimate:
     accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     trials: float = PRIOR_WEIGHT
     step_costs: RecentMedian = field(default_factory=RecentMedian)
+    per_round: bool = False  # the cost is per round (ROUND_COST), not per drafted token
+    # Per drafted position, for per_round methods: decayed rounds that drafted it with the
+    # positions before it accepted (tries), and those that accepted it too (passes).
+    tries: list[float] = field(default_factory=list)
+    passes: list[float] = field(default_factory=list)
+    round_costs: dict[int, RecentMedian] = field(default_factory=dict)  # per_round: K -> seconds
 
     @property
     def alpha(self) -> float:
@@ -172,7 +184,8 @@ class DrafterEstimate:
 
     @property
     def draft_cost(self) -> float | None:
-        """Seconds per drafted token (median of the recent rounds), None before one was timed."""
+        """Seconds per drafted token, or per round where `per_round` (median of the recent
+        rounds), None before one was timed."""
         return self.step_costs.value
 
     @property
@@ -190,9 +203,44 @@ class DrafterEstimate:
         failure = 1.0 if r.accepted < r.drafted else 0.0
         self.accepted = ALPHA_DECAY * self.accepted + r.accepted
         self.trials = ALPHA_DECAY * self.trials + r.accepted + failure
-        cost, known = r.t_draft / r.drafted, self.draft_cost
+        cost = r.t_draft if self.per_round else r.t_draft / r.drafted
+        known = self.draft_cost
         if timed or (bound and known is not None and cost < known):
             self.step_costs.add(cost)
+        if self.per_round:
+            self._count_positions(r)
+            if timed:
+                self.round_costs.setdefault(r.drafted, RecentMedian()).add(r.t_draft)
+
+    def round_cost(self) -> Callable[[int], float]:
+        """d(K), a per_round method's draft forward for K tokens: the recent median where K was
+        measured, else the line fitted to those (fit_verify_line's, with its prior slope while
+        one K is known). Example: {4: 0.10} -> d(8) = 0.1 / 1.3 * 1.7 = 0.131."""
+        means = {k: m.value for k, m in self.round_costs.items() if m.value is not None}
+        a, b = fit_verify_line(means)
+        return lambda k: means[k] if k in means else a + b * (k - 1)
+
+    def _count_positions(self, r: Round) -> None:
+        grow = max(0, r.drafted - len(self.tries))
+        self.tries = [ALPHA_DECAY * t for t in self.tries] + [0.0] * grow
+        self.passes = [ALPHA_DECAY * p for p in self.passes] + [0.0] * grow
+        for i in range(min(r.drafted, r.accepted + 1)):
+            self.tries[i] += 1.0
+            self.passes[i] += float(i < r.accepted)
+
+    def expected(self, k: int) -> float:
+        """E[tokens] of a round drafting k, from the acceptance per position (a block's later
+        positions are accepted less often than its first): 1 + the sum over i <= k of the
+        product of the rates of positions 1..i, each shrunk towards alpha (PRIOR_WEIGHT); a
+        position never tried takes the last rate. Rates .9, .5 -> k = 2: 1 + .9 + .45 = 2.35."""
+        total, reach, rate = 1.0, 1.0, self.alpha
+        for i in range(k):
+            if i < len(self.tries):
+                weight = self.tries[i] + PRIOR_WEIGHT
+                rate = (self.passes[i] + self.alpha * PRIOR_WEIGHT) / weight
+            reach *= rate
+            total += reach
+        return total
 
 
 class AdaptiveK:
@@ -245,13 +293,16 @@ class AdaptiveK:
         Example: seed({"draft": 0.01}, {1: 0.05, 5: 0.08}) makes choose("draft") use c = 0.01
         and v(5) = 0.08 from the first round, instead of k_init until both were timed."""
         for method, cost in draft_costs.items():
-            self.estimates.setdefault(method, DrafterEstimate()).step_costs.add(cost)
+            self.estimates.setdefault(
+                method, DrafterEstimate(per_round=method in ROUND_COST)
+            ).step_costs.add(cost)
         for length, seconds in verify_costs.items():
             self.verify_costs.setdefault(length, RecentMedian()).add(seconds)
 
     def observe(self, r: Round) -> None:
         long = self.long_match > 0 and r.match >= self.long_match
-        est = self.estimates.setdefault(f"{r.method}-long" if long else r.method, DrafterEstimate())
+        name = f"{r.method}-long" if long else r.method
+        est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
         if r.drafted > 0:
             # After K = 0 rounds a draft model first catches up on every token committed
             # meanwhile (up to PROBE_MAX + 1): one longer forward that is not the cost of drafting,
@@ -281,7 +332,11 @@ class AdaptiveK:
         est = self.estimates.get(method) if method is not None else None
         if est is None or est.draft_cost is None or not self.verify_costs:
             return None
-        return est.alpha, est.draft_cost, verify_curve(self.verify_means), self.k_max
+        verify = verify_curve(self.verify_means)
+        if est.per_round:  # one draft forward a round: T(K) = d(K) + v(K + 1), a plain step v(1)
+            d = est.round_cost()
+            return est.alpha, 0.0, lambda n: verify(n) + (d(n - 1) if n > 1 else 0.0), self.k_max
+        return est.alpha, est.draft_cost, verify, self.k_max
 
     def choose(self, method: str | None) -> int:
         args = self._inputs(method)
@@ -290,7 +345,8 @@ class AdaptiveK:
         est = self.estimates[method]  # type: ignore[index]
         # Off only on a median of several draft timings: never on the first round's compile.
         may_stop = self.allow_plain and (est.timings >= OFF_AFTER or not self._on)
-        k = best_k(*args, k_min=0 if may_stop else 1, tolerance=TIE_TOLERANCE)
+        tokens = est.expected if est.per_round else None
+        k = best_k(*args, k_min=0 if may_stop else 1, tolerance=TIE_TOLERANCE, expected=tokens)
         if k == 0 and self._on:
             # Switching the draft off: only if plain still wins at the optimistic alpha. Off, its
             # acceptance is seen only in rare probes, so one unlucky streak (alpha's estimate
@@ -305,7 +361,7 @@ class AdaptiveK:
         if self._plain_run <= self._probe_gap:
             return 0
         self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
-        return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)  # probe: refresh alpha and c
+        return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
 
     def __call__(self, last: Round | None) -> int:
         if last is not None and last is not self._seen:  # a pipelined plain run repeats one

@@ -14,6 +14,7 @@ from mlx_lm.utils import load_model as mlx_load_model
 from edgespec.config import MTP_DRAFT
 from edgespec.cpu.switch import on_cpu
 from edgespec.distributed.group import Group
+from edgespec.drafting.block import is_block, load_block
 from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draft
 from edgespec.drafting.eagle import EagleModel, is_eagle, load_eagle
 from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError
@@ -45,6 +46,8 @@ def _load_weights(
             return load_draft(path, embedding)
         if is_eagle(config):
             return load_eagle(path, target)
+        if is_block(config):
+            return load_block(path, target)
         return mlx_load_model(path)
     except ConfigError:  # already one line a user can act on (e.g. a draft for another target)
         raise

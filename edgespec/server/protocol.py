@@ -271,7 +271,7 @@ def _spec(ext: Any, defaults: Defaults) -> SpecConfig:
             f"edgespec.method must be one of {', '.join(METHODS)}, got {method!r}",
             param="edgespec.method",
         )
-    if method in ("draft", "hybrid") and not defaults.has_draft:
+    if method in ("draft", "hybrid", "block", "block-tree") and not defaults.has_draft:
         raise RequestError(
             f"edgespec.method {method!r} needs a draft model and this server has none; use "
             "'ngram' or 'none'",

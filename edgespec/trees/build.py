@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig, spec_widths
+from edgespec.drafting.block_draft import BlockState
 from edgespec.drafting.features import EagleState
 from edgespec.drafting.hybrid import HYBRID_MIN_MATCH
 from edgespec.drafting.model import ModelDrafter
 from edgespec.drafting.ngram import NgramDrafter
 from edgespec.errors import ConfigError
+from edgespec.trees.block import BlockTreeDrafter
 from edgespec.trees.draft import ModelTreeDrafter
 from edgespec.trees.eagle import EagleTreeDrafter
 from edgespec.trees.forward import PLAIN, Kernels
@@ -53,7 +55,11 @@ def build_tree_drafter(
     if draft is None:
         raise ConfigError(f"{engine_name} has no draft model; tree drafting needs one")
     model: TreeDrafter
-    if isinstance(draft, EagleState):
+    if isinstance(draft, BlockState):  # one block forward a round (trees/block.py)
+        model = BlockTreeDrafter(draft, sampling, vocab, kernels)
+    elif spec.method in ("block", "block-tree"):
+        raise ConfigError(f"--method {spec.method} needs a block draft (DFlash-style)")
+    elif isinstance(draft, EagleState):
         model = EagleTreeDrafter(draft, sampling, vocab, kernels)
     else:
         chains = None if spec.method == "hybrid" else ModelDrafter(draft, sampling, vocab, pairs)

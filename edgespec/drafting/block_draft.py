@@ -1,0 +1,106 @@
+"""Running a block draft (edgespec/drafting/block.py): its state across rounds and its drafter.
+
+State across rounds (BlockState, kept by the Engine between generations): EagleState's, read
+for a block draft. `features` [P, d] are the block draft's contexts (BlockModel.context of the
+target's chosen layer outputs) of context[:-1], P = len(context) - 1: the newest committed token
+is the anchor, whose layer outputs the next verify computes. Its cache (`kv`, one KVCache per
+draft layer) holds the context keys and values of positions 0..kv.offset - 1, always from true
+features (a block's own keys and values are never cached, so nothing drafted needs rolling
+back); when the target rewinds (rejections, prefix reuse) `set_features` rewinds it with it.
+
+A round (BlockDrafter.propose): ONE draft forward over [anchor, mask * k], appending the
+features the cache lacks; row i (1..k) of its logits, warped like the target's, is q_i, the
+proposal for drafted position i. At T > 0 token i is drawn from q_i with the round's uniform
+u_i; at temperature 0 it is the argmax of row i (q None). Exact: q_i does not depend on the
+tokens drafted before position i, and the ratio test min(1, p_i / q_i) with its residual only
+needs each token to have been drawn from the q_i it is tested with (docs/drafting.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from edgespec.config import SamplingConfig
+from edgespec.drafting.base import Drafter, Proposal, no_proposal
+from edgespec.drafting.block import BlockModel
+from edgespec.drafting.features import EagleState
+from edgespec.sampling import sample, uniforms, warp
+
+
+class BlockState(EagleState):
+    """EagleState's bookkeeping over a block draft (module docstring). Invariants: features[i]
+    was computed from context[: i + 1]; cache position i holds the keys and values of
+    features[i] for every i < kv.offset."""
+
+    def __init__(
+        self,
+        model: BlockModel,
+        name: str = "draft",
+        new_cache: Callable[[Any], list[Any]] = make_prompt_cache,
+    ):
+        super().__init__(cast(Any, model), name, new_cache)
+        self.block = model
+
+    def block_logits(self, context: list[int], k: int) -> mx.array | None:
+        """The draft's logits [k', V] for the k' = min(k, block_size - 1) positions after the
+        anchor context[-1] (lazy), from one forward that also caches the context positions it
+        lacked; None when the features do not cover context[:-1] (a one-token prompt)."""
+        p = self.n_features
+        if p == 0 or p != len(context) - 1 or self.context[:p] != context[:p]:
+            return None
+        k = min(k, self.block.args.block_size - 1)
+        if k < 1:
+            return None
+        assert self.features is not None
+        new = self.features[self.kv.offset : p][None]
+        self.kv.layers.before_forward(int(new.shape[1]))
+        toks = mx.array([context[-1]] + [self.block.args.mask_token_id] * k, dtype=mx.int32)
+        hidden = self.block(toks[None], new, cache=self.kv.cache)[0, 1:]
+        self.kv.tokens = list(context[:p])
+        return self.block.logits(hidden)
+
+
+def draw_block(
+    logits: mx.array, sampling: SamplingConfig, key: mx.array
+) -> tuple[mx.array, mx.array | None]:
+    """Tokens [k] and q [k, V] from a block's logits rows [k, V]: argmax per row and q None at
+    temperature 0; else q = warp(rows) and token i = sample(q_i, u_i), u = uniforms(key, k).
+    Example (T = 1): rows giving q_1 = [.7, .3], q_2 = [.2, .8] and u = [.5, .1] -> tokens [0, 0]."""
+    if sampling.greedy:
+        return mx.argmax(logits, axis=-1).astype(mx.int32), None
+    q = warp(logits, sampling)
+    return sample(q, uniforms(key, int(logits.shape[0]))), q
+
+
+class BlockDrafter(Drafter):
+    """Drafter over a BlockState: one draft forward per round (module docstring). The loop hands
+    the verify's features to `take_features`, which also rewinds the context cache."""
+
+    method = "block"  # Round.method: adaptive K counts its cost per round (drafting/adaptive.py)
+
+    def __init__(self, state: BlockState, sampling: SamplingConfig, vocab: int):
+        self.state, self.sampling, self.vocab = state, sampling, vocab
+
+    @property
+    def wants_features(self) -> bool:
+        return True
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
+        self.state.set_features(context, start, features)
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        logits = self.state.block_logits(context, k)
+        if logits is None:
+            return no_proposal(self.method)  # no features yet (a one-token prompt): a plain step
+        tokens, q = draw_block(logits, self.sampling, key)
+        mx.async_eval(tokens)
+        return Proposal(tokens, q, self.method)
+
+    def commit(self, context: list[int]) -> None:
+        """Nothing drafted is cached; positions past the context are rewound with it."""
+        st = self.state
+        st.rewind(min(st.kv.offset, st.n_features, max(len(context) - 1, 0)))
