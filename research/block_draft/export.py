@@ -1,0 +1,50 @@
+"""Stage 3 of the block draft's recipe: a training run's checkpoint -> a block-draft folder.
+
+    python -m research.block_draft.export --run WORK/run --out models/smollm2-135m-block --bits 4
+
+Writes config.json (model_type edgespec_block, with `quantization` when --bits is 4 or 8) and
+model.safetensors, plus the run's curve.csv; the folder loads with edgespec.drafting.block's
+load_block beside its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, help="train.py's --out")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--bits", type=int, choices=(0, 4, 8), default=4, help="0: float32")
+    ap.add_argument("--group-size", type=int, default=32)
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from edgespec.drafting.block import BlockArgs, BlockModel, save_block
+
+    run = Path(a.run)
+    cfg = json.loads((run / "config.json").read_text())
+    model = BlockModel(BlockArgs.from_config(cfg))
+    model.load_weights(str(run / "ckpt" / "model.safetensors"), strict=True)
+    config = BlockArgs.from_config(cfg).to_config()
+    if a.bits:
+        nn.quantize(model, group_size=a.group_size, bits=a.bits)
+        config["quantization"] = {"group_size": a.group_size, "bits": a.bits}
+    mx.eval(model.parameters())
+    out = Path(a.out)
+    save_block(model, config, out)
+    if (run / "curve.csv").exists():
+        shutil.copy(run / "curve.csv", out / "curve.csv")
+    print(f"wrote {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
