@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.state = tree_unflatten(list(opt_state.items()))
         print(f"resumed at step {step}", flush=True)
     weights = mx.array([math.exp(-j / a.gamma) for j in range(a.block - 1)])
+
     def draw(src: Anchors, pick: int | None = None):
         raw, anchors, toks, labels = src.sequence(pick)
         return raw, anchors, toks, to_head(labels, head)
@@ -282,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
 
     curve = out / "curve.csv"
     if not curve.exists():
-        curve.write_text("step,seconds,tokens_seen,loss," + ",".join(
-            ["tau_independent"] + [f"acc{j + 1}" for j in range(a.block - 1)]) + "\n")
+        curve.write_text(
+            "step,seconds,tokens_seen,loss,"
+            + ",".join(["tau_independent"] + [f"acc{j + 1}" for j in range(a.block - 1)])
+            + "\n"
+        )
     t_end = time.time() + a.minutes * 60
     t0, losses = time.time(), []
     while time.time() < t_end:
@@ -307,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(",".join(str(x) for x in row) + "\n")
             print(f"step {step} loss {np.mean(losses):.3f} {ev} ({len(train)} chunks)", flush=True)
             losses = []
-            mx.save_safetensors(str(out / "ckpt" / "model.safetensors"),
-                                dict(tree_flatten(model.parameters())))
-            mx.save_safetensors(str(out / "ckpt" / "opt.safetensors"), dict(tree_flatten(opt.state)))
+            mx.save_safetensors(
+                str(out / "ckpt" / "model.safetensors"), dict(tree_flatten(model.parameters()))
+            )
+            mx.save_safetensors(
+                str(out / "ckpt" / "opt.safetensors"), dict(tree_flatten(opt.state))
+            )
             state_file.write_text(json.dumps({"step": step}) + "\n")
     return 0
 
