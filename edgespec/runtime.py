@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from edgespec import calibration as calib
+import edgespec.calibration as calib
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu import rewrites
