@@ -6,7 +6,10 @@ steps on the target's own greedy answers to `prompts` (so that drafts get accept
 for the tests to see a slower planted bug), and writes the folder under the original names
 (`model.language_model.*` and `mtp.*`), norm weights stored as offsets from 1, conv1d weights as
 [C, 1, K], one weight per expert: the inverse of mlx-lm's qwen3_5 / qwen3_next sanitize.
-`strip_mtp(src, dst)` writes the same model without its `mtp.*` keys, as mlx-community ships it.
+A tiny GLM-4.5 (glm4_moe) is written the same way, its MTP layer as the next-n layer
+`model.layers.{num_hidden_layers}` (with the copies of the embedding and head it carries), norms
+as they are.
+`strip_mtp(src, dst)` writes the same model without its MTP weights, as mlx-community ships it.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import target_features
 from edgespec.drafting.mtp import MtpModel, text_config
-from edgespec.drafting.mtp import build as build_mtp
+from edgespec.drafting.nextn import NextnModel, build_head, layer_prefix
 from tests.tiny import make_tokenizer
 from tests.tiny_arch import (
+    EOS,
+    HIDDEN,
     SPREAD,
     build,
     calibrate,
@@ -46,9 +52,45 @@ OFFSET_NORMS = (
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def glm4_moe(vocab: int) -> dict[str, Any]:
+    """A tiny GLM-4.5 (glm4_moe): a dense first layer, then 4 routed experts (2 per token) and a
+    shared one, q/k norms, half the head dims rotated, one next-n layer (itself an expert layer)."""
+    return {
+        "model_type": "glm4_moe",
+        "vocab_size": vocab,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 2 * HIDDEN,
+        "moe_intermediate_size": 32,
+        "max_position_embeddings": 4096,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "n_group": 1,
+        "topk_group": 1,
+        "n_shared_experts": 1,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": True,
+        "first_k_dense_replace": 1,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "use_qk_norm": True,
+        "tie_word_embeddings": False,
+        "attention_bias": True,
+        "partial_rotary_factor": 0.5,
+        "eos_token_id": EOS,
+        "num_nextn_predict_layers": 1,
+    }
+
+
 def checkpoint_config(family: str, vocab: int) -> dict[str, Any]:
-    """The tiny config of `family` (qwen3_5 or qwen3_next) with one MTP layer declared, where the
-    original configs declare it (Qwen3.5: in its text_config)."""
+    """The tiny config of `family` (qwen3_5, qwen3_next or glm4_moe) with one MTP layer declared,
+    where the original configs declare it (Qwen3.5: in its text_config)."""
+    if family == "glm4_moe":
+        return glm4_moe(vocab)
     config = family_config(family, vocab, LAYERS)
     text_config(config)["mtp_num_hidden_layers"] = 1
     return config
@@ -63,15 +105,15 @@ def unstacked(name: str, value: mx.array) -> dict[str, mx.array]:
     return {f"{mlp}.experts.{e}.{proj}": value[e] for e in range(value.shape[0])}
 
 
-def hf_target_weights(model: nn.Module) -> dict[str, mx.array]:
-    """An mlx-lm qwen3_5 / qwen3_next model's weights under the original checkpoint's names and
-    layouts."""
+def hf_target_weights(model: nn.Module, offsets: bool = True) -> dict[str, mx.array]:
+    """An mlx-lm qwen3_5 / qwen3_next (or, offsets=False, glm4_moe) model's weights under the
+    original checkpoint's names and layouts."""
     out = {}
     for name, value in tree_flatten(model.parameters()):
         key = name.replace("language_model.model.", "model.language_model.", 1)
         if "conv1d.weight" in key:
             value = value.moveaxis(2, 1)  # mlx [C, K, 1] -> torch [C, 1, K]
-        elif key.endswith(OFFSET_NORMS) and value.ndim == 1:
+        elif offsets and key.endswith(OFFSET_NORMS) and value.ndim == 1:
             value = value - 1.0
         out |= unstacked(key, value)
     return out
@@ -87,10 +129,23 @@ def hf_mtp_weights(mtp: MtpModel) -> dict[str, mx.array]:
     return out
 
 
+def hf_nextn_weights(mtp: NextnModel, model: nn.Module, config: dict) -> dict[str, mx.array]:
+    """A NextnModel's weights as the checkpoint's layer `num_hidden_layers` (GLM-4.5), with the
+    copies of the target's embedding and head that such a layer carries."""
+    prefix = layer_prefix(config)
+    out = {
+        f"{prefix}embed_tokens.weight": model.model.embed_tokens.weight,
+        f"{prefix}shared_head.head.weight": model.lm_head.weight,
+    }
+    for name, value in tree_flatten(mtp.parameters()):
+        out |= unstacked(prefix + name.removeprefix("layers.0."), value)
+    return out
+
+
 def greedy_answer(model: nn.Module, prompt: list[int], length: int) -> list[int]:
     """`prompt` followed by the target's greedy answer of `length` tokens."""
     ids = list(prompt)
-    cache = model.make_cache()
+    cache = make_prompt_cache(model)
     logits = model(mx.array([ids]), cache=cache)
     for _ in range(length):
         ids.append(int(mx.argmax(logits[0, -1]).item()))
@@ -139,14 +194,17 @@ def make_checkpoint(
     seed_weights(model, 0)
     calibrate(model, SPREAD)
     rare_eos(model)
-    mtp = build_mtp(config)
+    mtp = build_head(config)
     seed_weights(mtp, 1)
     mtp.attach(model)
     answers = [greedy_answer(model, tokenizer.encode(p), length) for p in prompts]
     train_mtp(model, mtp, answers, steps)
     path = root / "checkpoint"
     path.mkdir(parents=True)
-    weights = hf_target_weights(model) | hf_mtp_weights(mtp)
+    if isinstance(mtp, NextnModel):
+        weights = hf_target_weights(model, offsets=False) | hf_nextn_weights(mtp, model, config)
+    else:
+        weights = hf_target_weights(model) | hf_mtp_weights(mtp)
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     for name in _TOKENIZER_FILES:
@@ -159,7 +217,9 @@ def strip_mtp(src: Path, dst: Path) -> Path:
     dst.mkdir(parents=True)
     arrays = mx.load(str(src / "model.safetensors"))
     assert isinstance(arrays, dict)
-    kept = {k: v for k, v in arrays.items() if not k.startswith("mtp.")}
+    config = json.loads((src / "config.json").read_text())
+    head = layer_prefix(config) if "num_nextn_predict_layers" in config else "mtp."
+    kept = {k: v for k, v in arrays.items() if not k.startswith(head)}
     mx.save_safetensors(str(dst / "model.safetensors"), kept)
     for f in src.iterdir():
         if f.suffix == ".json":
