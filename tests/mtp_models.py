@@ -6,9 +6,9 @@ steps on the target's own greedy answers to `prompts` (so that drafts get accept
 for the tests to see a slower planted bug), and writes the folder under the original names
 (`model.language_model.*` and `mtp.*`), norm weights stored as offsets from 1, conv1d weights as
 [C, 1, K], one weight per expert: the inverse of mlx-lm's qwen3_5 / qwen3_next sanitize.
-A tiny GLM-4.5 (glm4_moe) is written the same way, its MTP layer as the next-n layer
-`model.layers.{num_hidden_layers}` (with the copies of the embedding and head it carries), norms
-as they are.
+A tiny GLM-4.5 (glm4_moe) or MiMo (mimo) is written the same way, its MTP layer as the
+checkpoint's next-n layer (`model.layers.{num_hidden_layers}` with the copies of the embedding and
+head it carries; MiMo's `model.mtp_layers.0`), norms as they are.
 `strip_mtp(src, dst)` writes the same model without its MTP weights, as mlx-community ships it.
 """
 
@@ -27,7 +27,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import target_features
 from edgespec.drafting.mtp import MtpModel, text_config
-from edgespec.drafting.nextn import NextnModel, build_head, layer_prefix
+from edgespec.drafting.nextn import FAMILIES, NextnModel, build_head, layer_prefix
 from tests.tiny import make_tokenizer
 from tests.tiny_arch import (
     EOS,
@@ -86,11 +86,30 @@ def glm4_moe(vocab: int) -> dict[str, Any]:
     }
 
 
+def mimo(vocab: int) -> dict[str, Any]:
+    """A tiny MiMo-7B (mimo): Qwen2 blocks (q/k/v biases), one MTP layer."""
+    return {
+        "model_type": "mimo",
+        "vocab_size": vocab,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 2 * HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "eos_token_id": EOS,
+        "num_nextn_predict_layers": 1,
+    }
+
+
 def checkpoint_config(family: str, vocab: int) -> dict[str, Any]:
-    """The tiny config of `family` (qwen3_5, qwen3_next or glm4_moe) with one MTP layer declared,
+    """The tiny config of `family` (qwen3_5, qwen3_next, glm4_moe or mimo) with one MTP layer declared,
     where the original configs declare it (Qwen3.5: in its text_config)."""
-    if family == "glm4_moe":
-        return glm4_moe(vocab)
+    if family in ("glm4_moe", "mimo"):
+        return {"glm4_moe": glm4_moe, "mimo": mimo}[family](vocab)
     config = family_config(family, vocab, LAYERS)
     text_config(config)["mtp_num_hidden_layers"] = 1
     return config
@@ -130,15 +149,19 @@ def hf_mtp_weights(mtp: MtpModel) -> dict[str, mx.array]:
 
 
 def hf_nextn_weights(mtp: NextnModel, model: nn.Module, config: dict) -> dict[str, mx.array]:
-    """A NextnModel's weights as the checkpoint's layer `num_hidden_layers` (GLM-4.5), with the
-    copies of the target's embedding and head that such a layer carries."""
+    """A NextnModel's weights under the checkpoint's names: GLM-4.5's layer `num_hidden_layers`,
+    with the copies of the target's embedding and head that such a layer carries, or MiMo's
+    `model.mtp_layers.0` (its own module names, no copies)."""
     prefix = layer_prefix(config)
-    out = {
-        f"{prefix}embed_tokens.weight": model.model.embed_tokens.weight,
-        f"{prefix}shared_head.head.weight": model.lm_head.weight,
-    }
+    names = FAMILIES[config["model_type"]].names
+    out = {}
+    if config["model_type"] == "glm4_moe":
+        out[f"{prefix}embed_tokens.weight"] = model.model.embed_tokens.weight
+        out[f"{prefix}shared_head.head.weight"] = model.lm_head.weight
     for name, value in tree_flatten(mtp.parameters()):
-        out |= unstacked(prefix + name.removeprefix("layers.0."), value)
+        own = next((n for n in names if name.startswith(f"{n}.")), None)
+        key = names[own] + name[len(own) :] if own else name.removeprefix("layers.0.")
+        out |= unstacked(prefix + key, value)
     return out
 
 

@@ -1,9 +1,12 @@
-"""Next-n MTP layers (edgespec/drafting/nextn.py): a GLM-4.5 (glm4_moe) target's own head.
+"""Next-n MTP layers (edgespec/drafting/nextn.py): a GLM-4.5 (glm4_moe) or MiMo (mimo) target's
+own head.
 
-On a tiny glm4_moe written as an original Hugging Face checkpoint, its next-n layer stored as
-`model.layers.4` with enorm / hnorm / eh_proj / shared_head and the copies of the embedding and
-head (tests/mtp_models.py; the layer learnt the target's greedy answer to PROMPT): the head loads
-under its own names with the copies left out, greedy output equals plain decoding over 300 tokens
+On a tiny model of each family written as an original Hugging Face checkpoint, its MTP layer
+stored as the family stores it (tests/mtp_models.py: GLM-4.5's `model.layers.4` with enorm / hnorm
+/ eh_proj / shared_head and the copies of the embedding and head; MiMo's `model.mtp_layers.0`
+with token_layernorm / hidden_layernorm / input_proj / final_layernorm, [h, e] into the
+projection; the layer learnt the target's greedy answer to PROMPT): the head loads under
+NextnModel's names with the copies left out, greedy output equals plain decoding over 300 tokens
 (Engine and CLI), sampled answers at T = 1 follow the target and the same check fails on a planted
 q that did not draw the token; a folder without the layer is a one-line error and `edgespec pull
 FOLDER` converts the checkpoint keeping it.
@@ -20,7 +23,14 @@ import pytest
 from scipy.stats import kstest
 
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.drafting.nextn import NextnModel, build_head, read_head, sanitize_nextn
+from edgespec.drafting.nextn import (
+    FAMILIES,
+    NextnModel,
+    build_head,
+    layer_prefix,
+    read_head,
+    sanitize_nextn,
+)
 from edgespec.errors import ConfigError
 from edgespec.loading.mtp import is_checkpoint_with_mtp
 from edgespec.runtime import Engine
@@ -34,9 +44,10 @@ TOKENS = 300
 FAMILY = "glm4_moe"
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("nextn"), [PROMPT], TOKENS, family=FAMILY)
+@pytest.fixture(scope="module", params=["glm4_moe", "mimo"])
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp(f"nextn-{request.param}")
+    return make_checkpoint(root, [PROMPT], TOKENS, family=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -54,31 +65,39 @@ def test_the_next_n_layer_loads_under_its_own_names(engine, checkpoint):
     assert isinstance(model, NextnModel) and model.feature_layers == (3,)
     assert engine._target.feature_layers == (3,)
     raw = mx.load(str(checkpoint / "model.safetensors"))
-    assert mx.array_equal(model.enorm.weight, raw["model.layers.4.enorm.weight"])
+    config = json.loads((checkpoint / "config.json").read_text())
+    prefix, names = layer_prefix(config), FAMILIES[config["model_type"]].names
+    assert mx.array_equal(model.enorm.weight, raw[f"{prefix}{names['enorm']}.weight"])
+    assert mx.array_equal(model.eh_proj.weight, raw[f"{prefix}{names['eh_proj']}.weight"])
     assert mx.array_equal(
-        model.shared_head.norm.weight, raw["model.layers.4.shared_head.norm.weight"]
+        model.shared_head.norm.weight, raw[f"{prefix}{names['shared_head.norm']}.weight"]
     )
-    experts = model.layers[0].mlp.switch_mlp.gate_proj.weight
-    assert mx.array_equal(experts[2], raw["model.layers.4.mlp.experts.2.gate_proj.weight"])
+    if config["model_type"] == "glm4_moe":
+        experts = model.layers[0].mlp.switch_mlp.gate_proj.weight
+        assert mx.array_equal(experts[2], raw[f"{prefix}mlp.experts.2.gate_proj.weight"])
 
 
 def test_sanitize_keeps_the_layer_and_drops_the_shared_copies():
     w = mx.ones((2,))
-    out = sanitize_nextn(
-        {
-            "model.layers.4.hnorm.weight": w,
-            "model.layers.4.input_layernorm.weight": w,
-            "model.layers.4.embed_tokens.weight": w,
-            "model.layers.4.shared_head.head.weight": w,
-            "model.layers.4.shared_head.norm.weight": w,
-        },
-        "model.layers.4.",
-    )
+    glm = {
+        f"model.layers.4.{n}.weight": w
+        for n in (
+            "hnorm",
+            "input_layernorm",
+            "embed_tokens",
+            "shared_head.head",
+            "shared_head.norm",
+        )
+    }
+    out = sanitize_nextn(glm, checkpoint_config("glm4_moe", 300))
     assert set(out) == {
         "hnorm.weight",
         "layers.0.input_layernorm.weight",
         "shared_head.norm.weight",
     }
+    mimo = {f"model.mtp_layers.0.{n}.weight": w for n in ("input_proj", "input_layernorm")}
+    out = sanitize_nextn(mimo, checkpoint_config("mimo", 300))
+    assert set(out) == {"eh_proj.weight", "layers.0.input_layernorm.weight"}
 
 
 SPECS = {

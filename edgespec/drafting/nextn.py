@@ -1,4 +1,4 @@
-"""Next-n prediction layers (DeepSeek-V3 style): the MTP draft of GLM-4.5 / GLM-4.6 checkpoints.
+"""Next-n prediction layers (DeepSeek-V3 style): the MTP draft of GLM-4.5 and MiMo checkpoints.
 
 A GLM-4.5 checkpoint (`model_type` glm4_moe) stores its MTP layer as one more decoder layer after
 the model's own, `model.layers.{num_hidden_layers}` (`num_nextn_predict_layers: 1` in its
@@ -13,29 +13,64 @@ before its final norm and x_{t+1} the token that followed:
 the MTP contract of edgespec/drafting/mtp.py under other names, so a NextnModel is an MtpModel
 (the same feature draft, the same `--method mtp`). The layer also stores `embed_tokens` and
 `shared_head.head`, copies of the target's embedding and head (shared by design): they are not
-kept. mlx-lm's glm4_moe sanitize drops the whole layer, so an mlx-community folder has no head;
-`edgespec pull FOLDER` converts an original checkpoint keeping it (edgespec/loading/mtp.py).
+kept. MiMo (`mimo`) stores the same thing as `model.mtp_layers.{i}` under its own names
+(token_layernorm, hidden_layernorm, input_proj, final_layernorm; a Qwen2 block) and feeds
+[h, e], hidden state first, to its projection (`Layout`). mlx-lm's sanitize drops these layers,
+so an mlx-community folder has no head; `edgespec pull FOLDER` converts an original checkpoint
+keeping it (edgespec/loading/mtp.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import glm4_moe
+from mlx_lm.models import glm4_moe, mimo
 from mlx_lm.models.base import create_attention_mask
 
 from edgespec.cache import text_model
 from edgespec.drafting import mtp
 from edgespec.errors import ConfigError
 
-# model_type -> (its args class, its decoder layer class): the next-n layer is the model's own.
-FAMILIES: dict[str, tuple[Any, Any]] = {
-    "glm4_moe": (glm4_moe.ModelArgs, glm4_moe.DecoderLayer),
+
+@dataclass(frozen=True)
+class Layout:
+    """How a family stores its next-n layers: its args and decoder layer classes, where layer i
+    lives in the checkpoint, the checkpoint's names of the extra modules (NextnModel's name ->
+    the family's), and whether the projection reads [h, e] instead of [e, h]."""
+
+    args: Any
+    make_layer: Callable[[Any, int], nn.Module]  # (args, layer index) -> a decoder layer
+    prefix: Callable[[dict[str, Any], int], str]  # (config, i) -> "model.layers.46."
+    names: dict[str, str]
+    hidden_first: bool = False
+
+
+DEEPSEEK_NAMES = {n: n for n in ("enorm", "hnorm", "eh_proj", "shared_head.norm")}
+FAMILIES: dict[str, Layout] = {
+    "glm4_moe": Layout(
+        glm4_moe.ModelArgs,
+        glm4_moe.DecoderLayer,
+        lambda config, i: f"model.layers.{int(config['num_hidden_layers']) + i}.",
+        DEEPSEEK_NAMES,
+    ),
+    "mimo": Layout(  # MiMo-7B: Qwen2 blocks, `model.mtp_layers.{i}`, [h, e] into input_proj
+        mimo.ModelArgs,
+        lambda args, index: mimo.TransformerBlock(args),
+        lambda config, i: f"model.mtp_layers.{i}.",
+        {
+            "enorm": "token_layernorm",
+            "hnorm": "hidden_layernorm",
+            "eh_proj": "input_proj",
+            "shared_head.norm": "final_layernorm",
+        },
+        hidden_first=True,
+    ),
 }
-OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.norm.")  # the layer's extra modules
 SHARED = ("embed_tokens.", "shared_head.head.")  # copies of the target's: not kept
 
 
@@ -48,7 +83,7 @@ class SharedHead(nn.Module):
 
 
 class NextnModel(mtp.MtpModel):
-    """The next-n layer of a GLM-4.5 target, run as a feature draft (module docstring).
+    """The next-n layer of a GLM-4.5 or MiMo target, run as a feature draft (module docstring).
 
     Example: a target with 46 layers -> the layer `model.layers.46` of its checkpoint, reading
     layer 45's output beside the embedding of the token after it."""
@@ -61,7 +96,8 @@ class NextnModel(mtp.MtpModel):
         self.enorm = nn.RMSNorm(d, eps=eps)
         self.hnorm = nn.RMSNorm(d, eps=eps)
         self.eh_proj = nn.Linear(2 * d, d, bias=False)
-        self.layers = [FAMILIES[family][1](args, args.num_hidden_layers)]
+        self.layers = [FAMILIES[family].make_layer(args, args.num_hidden_layers)]
+        self.hidden_first = FAMILIES[family].hidden_first
         self.shared_head = SharedHead(d, eps)
         self.feature_layers = (args.num_hidden_layers - 1,)
         self.head_ids = None
@@ -73,7 +109,8 @@ class NextnModel(mtp.MtpModel):
         if self.target is None:
             raise ValueError("an MTP head runs with its target; attach(target) first")
         e = self.enorm(text_model(self.target).model.embed_tokens(tokens))
-        x = self.eh_proj(mx.concatenate([e, self.hnorm(features)], axis=-1))
+        h = self.hnorm(features)
+        x = self.eh_proj(mx.concatenate([h, e] if self.hidden_first else [e, h], axis=-1))
         caches = cache if cache is not None else [None] * len(self.layers)
         mask = create_attention_mask(x, caches[0])
         for layer, c in zip(self.layers, caches, strict=True):
@@ -92,22 +129,27 @@ def is_nextn(config: dict[str, Any]) -> bool:
 
 
 def layer_prefix(config: dict[str, Any]) -> str:
-    """The checkpoint's names of the first next-n layer: `model.layers.{num_hidden_layers}.`."""
-    return f"model.layers.{int(config['num_hidden_layers'])}."
+    """The checkpoint's names of the first next-n layer: GLM-4.5 `model.layers.{num_hidden_layers}.`,
+    MiMo `model.mtp_layers.0.`."""
+    return FAMILIES[config["model_type"]].prefix(config, 0)
 
 
-def sanitize_nextn(weights: dict[str, mx.array], prefix: str) -> dict[str, mx.array]:
-    """A checkpoint's next-n layer -> NextnModel names: the prefix dropped, the decoder layer's
-    weights under `layers.0.`, the shared copies left out, experts stacked. Example, prefix
-    `model.layers.4.`: {"model.layers.4.enorm.weight": w, "model.layers.4.self_attn.q_proj.weight":
-    q, "model.layers.4.embed_tokens.weight": E} -> {"enorm.weight": w,
+def sanitize_nextn(weights: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
+    """A checkpoint's next-n layer -> NextnModel names: the prefix dropped, the extra modules
+    renamed (MiMo's `input_proj` -> `eh_proj`), the decoder layer's weights under `layers.0.`,
+    the shared copies left out, experts stacked. Example, GLM-4.5 with 4 layers:
+    {"model.layers.4.enorm.weight": w, "model.layers.4.self_attn.q_proj.weight": q,
+    "model.layers.4.embed_tokens.weight": E} -> {"enorm.weight": w,
     "layers.0.self_attn.q_proj.weight": q}."""
+    prefix, names = layer_prefix(config), FAMILIES[config["model_type"]].names
+    theirs = {f"{v}.": f"{k}." for k, v in names.items()}
     out = {}
     for key, value in weights.items():
         name = key.removeprefix(prefix)
         if name.startswith(SHARED):
             continue
-        out[name if name.startswith(OWN) else f"layers.0.{name}"] = value
+        own = next((t for t in theirs if name.startswith(t)), None)
+        out[theirs[own] + name[len(own) :] if own else f"layers.0.{name}"] = value
     return mtp.stack_experts(out)
 
 
@@ -122,7 +164,7 @@ def build_nextn(config: dict[str, Any]) -> NextnModel:
             "(num_nextn_predict_layers in config.json)"
         )
     family = config["model_type"]
-    return NextnModel(FAMILIES[family][0].from_dict(config), family)
+    return NextnModel(FAMILIES[family].args.from_dict(config), family)
 
 
 def read_nextn(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
@@ -136,7 +178,7 @@ def read_nextn(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
     found = mtp.hf_mtp_weights(path, prefix)
     if not found:
         raise mtp.no_weights(path)
-    return sanitize_nextn(found, prefix)
+    return sanitize_nextn(found, config)
 
 
 # Either way of storing a head: Qwen3.5 / Qwen3-Next `mtp.*`, or next-n layers.
@@ -162,7 +204,7 @@ def build_head(config: dict[str, Any]) -> mtp.MtpModel:
         return build_nextn(config)
     if family not in mtp.FAMILIES:
         raise ConfigError(
-            f"--method mtp runs Qwen3.5, Qwen3-Next and GLM-4.5 targets (model_type "
+            f"--method mtp runs Qwen3.5, Qwen3-Next, GLM-4.5 and MiMo targets (model_type "
             f"{', '.join([*mtp.FAMILIES, *FAMILIES])}), not {family or 'a config without model_type'}"
         )
     return mtp.build(config)
