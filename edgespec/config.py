@@ -56,6 +56,11 @@ class SamplingConfig:
 # own multi-token-prediction head, edgespec/drafting/mtp.py), or "none" (plain target).
 METHODS = ("draft", "ngram", "hybrid", "mtp", "none")
 MTP_DRAFT = "mtp"  # the draft spec that names the target's own MTP head
+# Why a method drafts no trees, where it is not plain (the tree forward: edgespec/trees/forward.py).
+NO_TREE_REASON = {
+    "mtp": ": the tree forward runs llama, mistral, qwen2 and qwen3 targets, and the models that "
+    "ship an MTP head (Qwen3.5, Qwen3-Next, GLM-4.5, MiMo) are none of them; drop --tree"
+}
 
 
 def parse_tree_spec(text: str) -> str:
@@ -136,7 +141,8 @@ class SpecConfig:
         if self.tree:
             object.__setattr__(self, "tree", parse_tree_spec(self.tree))
             if self.method not in ("draft", "hybrid"):
-                raise ConfigError(f"--tree needs --method draft or hybrid, not {self.method}")
+                why = NO_TREE_REASON.get(self.method, "")
+                raise ConfigError(f"--tree needs --method draft or hybrid, not {self.method}{why}")
 
     @property
     def enabled(self) -> bool:

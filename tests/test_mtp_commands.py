@@ -3,7 +3,9 @@ tui/command.py): both load the target's own MTP head as `edgespec generate` does
 (commands/common.py draft_from_args), on the tiny qwen3_5 checkpoint of tests/mtp_models.py.
 
 The server answers a greedy chat completion exactly as the same server with speculation off,
-drafting with the head; the chat command's loader gives an engine whose draft is the head.
+drafting with the head; the chat command's loader gives an engine whose draft is the head. Draft
+trees with --method mtp are refused in one line that says why: the tree forward
+(edgespec/trees/forward.py) runs none of the targets that ship an MTP head.
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.cache import text_model
 from edgespec.config import SpecConfig
 from edgespec.drafting.mtp import MtpModel
+from edgespec.errors import TreeUnsupportedError
 from edgespec.server.process import ServerProcess
+from edgespec.trees.forward import tree_layers
 from tests.arch_models import PROMPT, generate
-from tests.mtp_models import make_checkpoint
+from tests.cli import run_edgespec
+from tests.mtp_models import checkpoint_config, make_checkpoint
+from tests.tiny_arch import build
 
 openai = pytest.importorskip("openai")
 
@@ -54,8 +61,6 @@ def test_serve_method_mtp_answers_greedy_as_no_spec(checkpoint):
 
 
 def test_serve_method_mtp_with_a_draft_is_a_one_line_error(checkpoint):
-    from tests.cli import run_edgespec
-
     out = run_edgespec("serve", "--target", str(checkpoint), "--method", "mtp", "--draft", "x")
     assert out.returncode == 2
     line = out.stderr.strip()
@@ -88,3 +93,21 @@ def test_chat_method_mtp_loads_the_head(checkpoint, monkeypatch):
     ids = engine.encode_raw(PROMPT)
     tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp"), 40)
     assert tokens == generate(engine, ids, SpecConfig(method="none"), 40)[0]
+
+
+def test_trees_with_method_mtp_are_refused_in_one_line_saying_why(checkpoint):
+    out = run_edgespec(
+        "generate", PROMPT, "--target", str(checkpoint), "--method", "mtp", "--tree", "3,2,1"
+    )
+    assert out.returncode == 2
+    line = out.stderr.strip()
+    assert "\n" not in line and "--method draft or hybrid, not mtp" in line
+    assert "tree forward runs llama, mistral, qwen2 and qwen3 targets" in line
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "glm4_moe", "mimo"])
+def test_the_tree_forward_cannot_run_a_target_that_ships_an_mtp_head(family):
+    """The reason the refusal gives: should the tree forward learn one of these targets, this
+    fails, and --tree with --method mtp can be wired instead of refused."""
+    with pytest.raises(TreeUnsupportedError, match="tree drafting supports llama"):
+        tree_layers(text_model(build(checkpoint_config(family, 300))).model)
