@@ -11,6 +11,7 @@ trees with --method mtp are refused in one line that says why: the tree forward
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,10 @@ def test_serve_method_mtp_answers_greedy_as_no_spec(checkpoint):
         srv.kill()
     assert mtp.choices[0].message.content == plain.choices[0].message.content
     assert mtp.usage.completion_tokens == TOKENS
+    args = ["--target", str(checkpoint), "--temp", "0", "--max-tokens", str(TOKENS), "--json"]
+    alone = run_edgespec("generate", PROMPT, *args, "--no-spec")  # the same chat template
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert mtp.choices[0].message.content == json.loads(alone.stdout.splitlines()[-1])["text"]
     spec = mtp.usage.model_extra["speculation"]
     assert spec["method"] == "mtp" and spec["accepted"] > 0, spec
     assert plain.usage.model_extra["speculation"]["drafted"] == 0
