@@ -59,7 +59,8 @@ MTP_DRAFT = "mtp"  # the draft spec that names the target's own MTP head
 # Why a method drafts no trees, where it is not plain (the tree forward: edgespec/trees/forward.py).
 NO_TREE_REASON = {
     "mtp": ": the tree forward runs llama, mistral, qwen2 and qwen3 targets, and the models that "
-    "ship an MTP head (Qwen3.5, Qwen3-Next, GLM-4.5, MiMo) are none of them; drop --tree"
+    "ship an MTP head (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo) are none of them; "
+    "drop --tree"
 }
 
 

@@ -110,7 +110,7 @@ def test_trees_with_method_mtp_are_refused_in_one_line_saying_why(checkpoint):
     assert "tree forward runs llama, mistral, qwen2 and qwen3 targets" in line
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "glm4_moe", "mimo"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", "deepseek_v3", "glm4_moe", "mimo"])
 def test_the_tree_forward_cannot_run_a_target_that_ships_an_mtp_head(family):
     """The reason the refusal gives: should the tree forward learn one of these targets, this
     fails, and --tree with --method mtp can be wired instead of refused."""

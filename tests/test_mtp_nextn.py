@@ -1,15 +1,17 @@
-"""Next-n MTP layers (edgespec/drafting/nextn.py): a GLM-4.5 (glm4_moe) or MiMo (mimo) target's
-own head.
+"""Next-n MTP layers (edgespec/drafting/nextn.py): a GLM-4.5 (glm4_moe), MiMo (mimo) or DeepSeek-V3
+(deepseek_v3) target's own head.
 
 On a tiny model of each family written as an original Hugging Face checkpoint, its MTP layer
-stored as the family stores it (tests/mtp_models.py: GLM-4.5's `model.layers.4` with enorm / hnorm
-/ eh_proj / shared_head and the copies of the embedding and head; MiMo's `model.mtp_layers.0`
-with token_layernorm / hidden_layernorm / input_proj / final_layernorm, [h, e] into the
-projection; the layer learnt the target's greedy answer to PROMPT): the head loads under
-NextnModel's names with the copies left out, greedy output equals plain decoding over 300 tokens
-(Engine and CLI), sampled answers at T = 1 follow the target and the same check fails on a planted
-q that did not draw the token; a folder without the layer is a one-line error and `edgespec pull
-FOLDER` converts the checkpoint keeping it.
+stored as the family stores it (tests/mtp_models.py: GLM-4.5's `model.layers.4` with enorm /
+hnorm / eh_proj / shared_head and the copies of the embedding and head; MiMo's
+`model.mtp_layers.0` with token_layernorm / hidden_layernorm / input_proj / final_layernorm,
+[h, e] into the projection; DeepSeek-V3's `model.layers.4` with its MLA `kv_b_proj`, in a shard
+of its own, since mlx-lm drops the layer by its 61-layer name only; the layer learnt the
+target's greedy answer to PROMPT): the head loads under NextnModel's names with the copies left
+out, greedy output equals plain decoding over 300 tokens (Engine and CLI), sampled answers at
+T = 1 follow the target and the same check fails on a planted q that did not draw the token; a
+folder without the layer is a one-line error and `edgespec pull FOLDER` converts the checkpoint
+keeping it.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ from edgespec.sampling import sample, warp
 from tests.arch_models import PROMPT, first_difference, generate, pit_values, sampled_p_value
 from tests.cli import run_edgespec
 from tests.helpers import gen, rounds_of, token_ids
-from tests.mtp_models import checkpoint_config, make_checkpoint, strip_mtp
+from tests.mtp_models import checkpoint_config, make_checkpoint, merged_kv_b, strip_mtp
 
 TOKENS = 300
 FAMILY = "glm4_moe"
 
 
-@pytest.fixture(scope="module", params=["glm4_moe", "mimo"])
+@pytest.fixture(scope="module", params=["glm4_moe", "mimo", "deepseek_v3"])
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp(f"nextn-{request.param}")
     return make_checkpoint(root, [PROMPT], TOKENS, family=request.param)
@@ -64,7 +66,7 @@ def test_the_next_n_layer_loads_under_its_own_names(engine, checkpoint):
     model = engine.draft.model
     assert isinstance(model, NextnModel) and model.feature_layers == (3,)
     assert engine._target.feature_layers == (3,)
-    raw = mx.load(str(checkpoint / "model.safetensors"))
+    raw = stored(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
     prefix, names = layer_prefix(config), FAMILIES[config["model_type"]].names
     assert mx.array_equal(model.enorm.weight, raw[f"{prefix}{names['enorm']}.weight"])
@@ -72,9 +74,23 @@ def test_the_next_n_layer_loads_under_its_own_names(engine, checkpoint):
     assert mx.array_equal(
         model.shared_head.norm.weight, raw[f"{prefix}{names['shared_head.norm']}.weight"]
     )
-    if config["model_type"] == "glm4_moe":
+    if config["model_type"] != "mimo":  # an expert layer
         experts = model.layers[0].mlp.switch_mlp.gate_proj.weight
         assert mx.array_equal(experts[2], raw[f"{prefix}mlp.experts.2.gate_proj.weight"])
+    if config["model_type"] == "deepseek_v3":  # MLA: kv_b_proj split as mlx-lm splits it
+        attn = model.layers[0].self_attn
+        split = {"self_attn.embed_q.weight": attn.embed_q.weight}
+        split["self_attn.unembed_out.weight"] = attn.unembed_out.weight
+        kv_b = merged_kv_b(split)["self_attn.kv_b_proj.weight"]
+        assert mx.array_equal(kv_b, raw[f"{prefix}self_attn.kv_b_proj.weight"])
+
+
+def stored(folder: Path) -> dict[str, mx.array]:
+    """Every array of a checkpoint folder's safetensors files."""
+    found: dict[str, mx.array] = {}
+    for f in folder.glob("*.safetensors"):
+        found |= mx.load(str(f))  # type: ignore[arg-type]
+    return found
 
 
 def test_sanitize_keeps_the_layer_and_drops_the_shared_copies():
@@ -172,7 +188,7 @@ def test_configs_without_one_next_n_layer_are_refused_in_one_line():
     config["num_nextn_predict_layers"] = 2
     with pytest.raises(ConfigError, match="one MTP layer; this one declares 2"):
         build_head(config)
-    with pytest.raises(ConfigError, match="GLM-4.5.*not llama"):
+    with pytest.raises(ConfigError, match="DeepSeek-V3, GLM-4.5.*not llama"):
         build_head({"model_type": "llama", "num_nextn_predict_layers": 1})
 
 

@@ -69,7 +69,7 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         choices=("draft", "ngram", "hybrid", "mtp"),
         help="who drafts: the draft model, n-gram prompt lookup, or both: a lookup when the "
         "context has a match, the draft model otherwise; mtp: the target's own multi-token "
-        f"prediction head (Qwen3.5, Qwen3-Next, GLM-4.5, MiMo) (default {DEFAULT_METHOD})",
+        f"prediction head (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo) (default {DEFAULT_METHOD})",
     )
     g.add_argument(
         "--adaptive",

@@ -1,9 +1,9 @@
-"""Next-n prediction layers (DeepSeek-V3 style): the MTP draft of GLM-4.5 and MiMo checkpoints.
+"""Next-n prediction layers: the MTP draft of DeepSeek-V3, GLM-4.5 and MiMo checkpoints.
 
-A GLM-4.5 checkpoint (`model_type` glm4_moe) stores its MTP layer as one more decoder layer after
-the model's own, `model.layers.{num_hidden_layers}` (`num_nextn_predict_layers: 1` in its
-config), with five extra modules. At context position t, with h_t the target's hidden state
-before its final norm and x_{t+1} the token that followed:
+A DeepSeek-V3 or GLM-4.5 checkpoint (`model_type` deepseek_v3, glm4_moe) stores its MTP layer as
+one more decoder layer after the model's own, `model.layers.{num_hidden_layers}`
+(`num_nextn_predict_layers: 1` in its config), with five extra modules. At context position t,
+with h_t the target's hidden state before its final norm and x_{t+1} the token that followed:
 
     e = enorm(embed(x_{t+1}))                      the target's own embedding
     h = hnorm(h_t)
@@ -15,9 +15,10 @@ the MTP contract of edgespec/drafting/mtp.py under other names, so a NextnModel 
 `shared_head.head`, copies of the target's embedding and head (shared by design): they are not
 kept. MiMo (`mimo`) stores the same thing as `model.mtp_layers.{i}` under its own names
 (token_layernorm, hidden_layernorm, input_proj, final_layernorm; a Qwen2 block) and feeds
-[h, e], hidden state first, to its projection (`Layout`). mlx-lm's sanitize drops these layers,
-so an mlx-community folder has no head; `edgespec pull FOLDER` converts an original checkpoint
-keeping it (edgespec/loading/mtp.py).
+[h, e], hidden state first, to its projection (`Layout`). DeepSeek-V3's layer goes through
+mlx-lm's own deepseek_v3 sanitize (fp8 weights, the MLA `kv_b_proj` split). mlx-lm's sanitize
+drops these layers, so an mlx-community folder has no head; `edgespec pull FOLDER` converts an
+original checkpoint keeping it (edgespec/loading/mtp.py).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import glm4_moe, mimo
+from mlx_lm.models import deepseek_v3, glm4_moe, mimo
 from mlx_lm.models.base import create_attention_mask
 
 from edgespec.cache import text_model
@@ -48,15 +50,39 @@ class Layout:
     prefix: Callable[[dict[str, Any], int], str]  # (config, i) -> "model.layers.46."
     names: dict[str, str]
     hidden_first: bool = False
+    # The family's own rules for the layer's weights, under names relative to the layer
+    # (DeepSeek-V3: fp8 dequantized, kv_b_proj split); whether its attention wants an array mask.
+    fix: Callable[[dict[str, mx.array], dict[str, Any]], dict[str, mx.array]] | None = None
+    mask_array: bool = False
 
 
 DEEPSEEK_NAMES = {n: n for n in ("enorm", "hnorm", "eh_proj", "shared_head.norm")}
+
+
+def deepseek_fix(weights: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
+    """mlx-lm's own deepseek_v3 sanitize on the layer's weights, as if they were layer 0's (it
+    reads nothing but the args): fp8 weights dequantized, experts stacked, the MLA `kv_b_proj`
+    split into `self_attn.embed_q` / `unembed_out`."""
+    holder = SimpleNamespace(args=deepseek_v3.ModelArgs.from_dict(config))
+    renamed = {f"model.layers.0.{k}": v for k, v in weights.items()}
+    fixed = deepseek_v3.Model.sanitize(holder, renamed)  # type: ignore[arg-type]
+    return {k.removeprefix("model.layers.0."): v for k, v in fixed.items()}
+
+
 FAMILIES: dict[str, Layout] = {
     "glm4_moe": Layout(
         glm4_moe.ModelArgs,
         glm4_moe.DecoderLayer,
         lambda config, i: f"model.layers.{int(config['num_hidden_layers']) + i}.",
         DEEPSEEK_NAMES,
+    ),
+    "deepseek_v3": Layout(
+        deepseek_v3.ModelArgs,
+        deepseek_v3.DeepseekV3DecoderLayer,
+        lambda config, i: f"model.layers.{int(config['num_hidden_layers']) + i}.",
+        DEEPSEEK_NAMES,
+        fix=deepseek_fix,
+        mask_array=True,
     ),
     "mimo": Layout(  # MiMo-7B: Qwen2 blocks, `model.mtp_layers.{i}`, [h, e] into input_proj
         mimo.ModelArgs,
@@ -83,7 +109,8 @@ class SharedHead(nn.Module):
 
 
 class NextnModel(mtp.MtpModel):
-    """The next-n layer of a GLM-4.5 or MiMo target, run as a feature draft (module docstring).
+    """The next-n layer of a DeepSeek-V3, GLM-4.5 or MiMo target, run as a feature draft (module
+    docstring).
 
     Example: a target with 46 layers -> the layer `model.layers.46` of its checkpoint, reading
     layer 45's output beside the embedding of the token after it."""
@@ -98,6 +125,7 @@ class NextnModel(mtp.MtpModel):
         self.eh_proj = nn.Linear(2 * d, d, bias=False)
         self.layers = [FAMILIES[family].make_layer(args, args.num_hidden_layers)]
         self.hidden_first = FAMILIES[family].hidden_first
+        self.mask_array = FAMILIES[family].mask_array
         self.shared_head = SharedHead(d, eps)
         self.feature_layers = (args.num_hidden_layers - 1,)
         self.head_ids = None
@@ -112,7 +140,7 @@ class NextnModel(mtp.MtpModel):
         h = self.hnorm(features)
         x = self.eh_proj(mx.concatenate([h, e] if self.hidden_first else [e, h], axis=-1))
         caches = cache if cache is not None else [None] * len(self.layers)
-        mask = create_attention_mask(x, caches[0])
+        mask = create_attention_mask(x, caches[0], return_array=self.mask_array)
         for layer, c in zip(self.layers, caches, strict=True):
             x = layer(x, mask, c)
         return self.shared_head.norm(x)
@@ -129,8 +157,8 @@ def is_nextn(config: dict[str, Any]) -> bool:
 
 
 def layer_prefix(config: dict[str, Any]) -> str:
-    """The checkpoint's names of the first next-n layer: GLM-4.5 `model.layers.{num_hidden_layers}.`,
-    MiMo `model.mtp_layers.0.`."""
+    """The checkpoint's names of the first next-n layer: DeepSeek-V3 and GLM-4.5
+    `model.layers.{num_hidden_layers}.`, MiMo `model.mtp_layers.0.`."""
     return FAMILIES[config["model_type"]].prefix(config, 0)
 
 
@@ -141,13 +169,14 @@ def sanitize_nextn(weights: dict[str, mx.array], config: dict[str, Any]) -> dict
     {"model.layers.4.enorm.weight": w, "model.layers.4.self_attn.q_proj.weight": q,
     "model.layers.4.embed_tokens.weight": E} -> {"enorm.weight": w,
     "layers.0.self_attn.q_proj.weight": q}."""
-    prefix, names = layer_prefix(config), FAMILIES[config["model_type"]].names
-    theirs = {f"{v}.": f"{k}." for k, v in names.items()}
+    prefix, layout = layer_prefix(config), FAMILIES[config["model_type"]]
+    theirs = {f"{v}.": f"{k}." for k, v in layout.names.items()}
+    layer = {k.removeprefix(prefix): v for k, v in weights.items()}
+    layer = {k: v for k, v in layer.items() if not k.startswith(SHARED)}
+    if layout.fix is not None:
+        layer = layout.fix(layer, config)
     out = {}
-    for key, value in weights.items():
-        name = key.removeprefix(prefix)
-        if name.startswith(SHARED):
-            continue
+    for name, value in layer.items():
         own = next((t for t in theirs if name.startswith(t)), None)
         out[theirs[own] + name[len(own) :] if own else f"layers.0.{name}"] = value
     return mtp.stack_experts(out)
@@ -204,8 +233,9 @@ def build_head(config: dict[str, Any]) -> mtp.MtpModel:
         return build_nextn(config)
     if family not in mtp.FAMILIES:
         raise ConfigError(
-            f"--method mtp runs Qwen3.5, Qwen3-Next, GLM-4.5 and MiMo targets (model_type "
-            f"{', '.join([*mtp.FAMILIES, *FAMILIES])}), not {family or 'a config without model_type'}"
+            "--method mtp runs Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5 and MiMo targets "
+            f"(model_type {', '.join([*mtp.FAMILIES, *FAMILIES])}), "
+            f"not {family or 'a config without model_type'}"
         )
     return mtp.build(config)
 
