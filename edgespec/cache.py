@@ -78,7 +78,7 @@ def text_model(model: Any) -> Any:
 def output_head(model: Any, h: mx.array) -> mx.array:
     """The model's output head on hidden states h [..., d] (final-normed) -> logits [..., V]."""
     text = text_model(model)
-    if text.args.tie_word_embeddings:
+    if getattr(text.args, "tie_word_embeddings", False):  # DeepSeek-V3's args have no such field
         return text.model.embed_tokens.as_linear(h)
     return text.lm_head(h)
 

@@ -58,6 +58,12 @@ class SamplingConfig:
 METHODS = ("draft", "ngram", "hybrid", "mtp", "none", "block", "block-tree")
 MTP_DRAFT = "mtp"  # the draft spec that names the target's own MTP head
 BLOCK_METHODS = ("block", "block-tree")
+# Why a method drafts no trees, where it is not plain (the tree forward: edgespec/trees/forward.py).
+NO_TREE_REASON = {
+    "mtp": ": the tree forward runs llama, mistral, qwen2 and qwen3 targets, and the models that "
+    "ship an MTP head (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo) are none of them; "
+    "drop --tree"
+}
 
 
 def parse_tree_spec(text: str) -> str:
@@ -140,8 +146,10 @@ class SpecConfig:
         if self.tree:
             object.__setattr__(self, "tree", parse_tree_spec(self.tree))
             if self.method not in ("draft", "hybrid", *BLOCK_METHODS):
+                why = NO_TREE_REASON.get(self.method, "")
                 raise ConfigError(
-                    f"--tree needs --method draft, hybrid, block or block-tree, not {self.method}"
+                    f"--tree needs --method draft, hybrid, block or block-tree, not "
+                    f"{self.method}{why}"
                 )
 
     @property

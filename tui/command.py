@@ -8,6 +8,7 @@ from edgespec.commands.common import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    draft_from_args,
     generation_from_args,
 )
 
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.tui.engine_thread import ChatEngine, ProgressFn
 
     config = generation_from_args(args)  # invalid settings raise ConfigError before the UI starts
+    draft = draft_from_args(args, config.spec)  # --method mtp: the target's own MTP head
 
     def load(on_progress: ProgressFn) -> ChatEngine:
         if args.fake:
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
         return Engine.load(  # type: ignore[no-any-return]
             target=args.target,
-            draft=args.draft,
+            draft=draft,
             pair=args.pair,
             draft_bits=args.draft_bits,
             dtype=args.dtype,

@@ -68,9 +68,10 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         default=DEFAULT_METHOD,
         choices=("draft", "ngram", "hybrid", "mtp", "block", "block-tree"),
         help="who drafts: the draft model, n-gram prompt lookup, or both: a lookup when the "
-        f"context has a match, the draft model otherwise (default {DEFAULT_METHOD}); mtp: the "
-        "target's own multi-token prediction head (Qwen3.5, Qwen3-Next); a block draft "
-        "(DFlash-style): block (one forward a round), block-tree (a tree from it)",
+        "context has a match, the draft model otherwise; mtp: the target's own multi-token "
+        "prediction head (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo); a block draft "
+        "(DFlash-style): block (one forward a round), block-tree (a tree from it) "
+        f"(default {DEFAULT_METHOD})",
     )
     g.add_argument(
         "--adaptive",

@@ -16,6 +16,7 @@ from edgespec.commands.common import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    draft_from_args,
     generation_from_args,
 )
 from edgespec.config import GenerationConfig
@@ -193,11 +194,19 @@ def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[A
     """Load the pair on the worker thread (it owns MLX); (worker, engine) or a one-line error."""
     from edgespec.server.worker import Worker
 
+    draft = draft_from_args(args, config.spec)  # --method mtp: the target's own MTP head
+
     def load() -> Any:
         from edgespec.runtime import Engine
 
-        return Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits,
-                           dtype=args.dtype, on_progress=_progress)  # fmt: skip
+        return Engine.load(
+            args.target,
+            draft,
+            args.pair,
+            draft_bits=args.draft_bits,
+            dtype=args.dtype,
+            on_progress=_progress,
+        )
 
     budget = args.cache_mb << 20
     worker = Worker(load, budget_bytes=budget, max_slots=args.cache_slots, max_queue=args.max_queue)

@@ -36,7 +36,7 @@ def build_drafter(
         if not isinstance(draft, EagleState) or not isinstance(draft.model, MtpModel):
             raise ConfigError(
                 f"{engine_name} was loaded without its MTP head; --method mtp needs the draft "
-                "'mtp' (the target's own head; `edgespec generate --method mtp` loads it)"
+                "'mtp' (the target's own head; --method mtp on generate, serve or chat loads it)"
             )
         return EagleDrafter(draft, sampling, vocab)
     if spec.method not in ("draft", "hybrid", "block"):

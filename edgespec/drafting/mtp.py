@@ -150,16 +150,16 @@ def stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
-def hf_mtp_weights(path: Path) -> dict[str, mx.array]:
-    """The `mtp.*` arrays of a folder's safetensors (lazy; an index file, when present, names the
-    shards that hold them). Empty when the folder has none."""
+def hf_mtp_weights(path: Path, prefix: str = "mtp.") -> dict[str, mx.array]:
+    """The arrays of a folder's safetensors whose names start with `prefix` (lazy; an index file,
+    when present, names the shards that hold them). Empty when the folder has none."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(
             {
                 f
                 for k, f in json.loads(index.read_text())["weight_map"].items()
-                if k.startswith("mtp.")
+                if k.startswith(prefix)
             }
         )
     else:
@@ -168,25 +168,38 @@ def hf_mtp_weights(path: Path) -> dict[str, mx.array]:
     for name in files:
         arrays = mx.load(str(path / name))
         assert isinstance(arrays, dict)
-        found |= {k: v for k, v in arrays.items() if k.startswith("mtp.")}
+        found |= {k: v for k, v in arrays.items() if k.startswith(prefix)}
     return found
+
+
+def converted_weights(path: Path, raw_prefix: str) -> dict[str, mx.array] | None:
+    """A converted folder's mtp.safetensors (the head's own names), or None: no such file, or
+    one that holds a checkpoint's raw names (they start with `raw_prefix`)."""
+    if not (path / MTP_FILE).is_file():
+        return None
+    arrays = mx.load(str(path / MTP_FILE))
+    assert isinstance(arrays, dict)
+    return None if any(k.startswith(raw_prefix) for k in arrays) else arrays
+
+
+def no_weights(path: Path) -> ConfigError:
+    """The one-line error for a folder without the head's weights, saying how to get them."""
+    return ConfigError(
+        f"{path} has no MTP weights (mlx-lm and mlx-community conversions drop them); "
+        "convert the original Hugging Face checkpoint with `edgespec pull FOLDER`"
+    )
 
 
 def read_mtp(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
     """The MTP weights of a model folder under MtpModel's names: a converted folder's
     mtp.safetensors, else the original checkpoint's `mtp.*` keys. ConfigError (one line, saying
     how to get them) when the folder has none."""
-    if (path / MTP_FILE).is_file():
-        arrays = mx.load(str(path / MTP_FILE))
-        assert isinstance(arrays, dict)
-        if not any(k.startswith("mtp.") for k in arrays):  # converted: MtpModel's names
-            return arrays
+    converted = converted_weights(path, "mtp.")
+    if converted is not None:
+        return converted
     found = hf_mtp_weights(path)
     if not found:
-        raise ConfigError(
-            f"{path} has no MTP weights (mlx-lm and mlx-community conversions drop them); "
-            "convert the original Hugging Face checkpoint with `edgespec pull FOLDER`"
-        )
+        raise no_weights(path)
     return sanitize_hf(found)
 
 
@@ -225,8 +238,14 @@ def quantize_as_stored(model: MtpModel, config: dict[str, Any], weights: dict) -
 
 def load_mtp(path: Path, config: dict[str, Any], target: nn.Module) -> MtpModel:
     """The MTP head stored with the target at `path`, attached to the loaded `target`."""
-    model = build(config)
-    weights = read_mtp(path, config)
+    return fill(build(config), read_mtp(path, config), config, path, target)
+
+
+def fill(
+    model: MtpModel, weights: dict, config: dict[str, Any], path: Path, target: nn.Module
+) -> MtpModel:
+    """`model` with the stored `weights` (quantized as stored), attached to `target`;
+    ConfigError when their names do not match the model's."""
     quantize_as_stored(model, config, weights)
     want = set(dict(tree_flatten(model.parameters())))
     if set(weights) != want:

@@ -25,7 +25,14 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from edgespec.cpu.switch import on_cpu
-from edgespec.drafting.mtp import MTP_FILE, build, load_mtp, mtp_layers, read_mtp
+from edgespec.drafting.mtp import MTP_FILE
+from edgespec.drafting.nextn import (
+    build_head,
+    has_raw_head,
+    head_layers,
+    load_head,
+    read_head,
+)
 from edgespec.errors import ConfigError
 from edgespec.loading import paths
 from edgespec.loading.folder import LoadedModel, read_config
@@ -37,7 +44,7 @@ SOURCE_FILE = "edgespec-source.json"
 
 def load_mtp_draft(target: LoadedModel, dtype: str | None = None) -> LoadedModel:
     """The MTP head of a loaded target as a draft LoadedModel (its tokenizer and folder)."""
-    model = load_mtp(target.path, target.config, target.model)
+    model = load_head(target.path, target.config, target.model)
     if on_cpu():
         dequantize_model(model)
     if dtype in DTYPES:
@@ -49,11 +56,14 @@ def load_mtp_draft(target: LoadedModel, dtype: str | None = None) -> LoadedModel
 
 
 def is_checkpoint_with_mtp(path: Path) -> bool:
-    """An original checkpoint folder that declares an MTP layer (not a converted folder)."""
+    """An original checkpoint folder that declares an MTP layer and holds its weights (not a
+    converted folder, nor a conversion that dropped them)."""
     if not (path / "config.json").is_file():
         return False
     config = read_config(path)
-    return mtp_layers(config) > 0 and "mtp_quantization" not in config
+    if head_layers(config) < 1 or "mtp_quantization" in config:
+        return False
+    return has_raw_head(path, config)
 
 
 def converted_dir(src: Path) -> Path:
@@ -107,10 +117,13 @@ def write_conversion(src: Path, out: Path, bits: int, mtp_bits: int) -> None:
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
     config = read_config(src)
-    if mtp_layers(config) < 1:
-        raise ConfigError(f"{src} declares no MTP layer (mtp_num_hidden_layers in config.json)")
-    mtp = build(config)
-    mtp.load_weights(list(read_mtp(src, config).items()), strict=True)
+    if head_layers(config) < 1:
+        raise ConfigError(
+            f"{src} declares no MTP layer (mtp_num_hidden_layers or num_nextn_predict_layers "
+            "in config.json)"
+        )
+    mtp = build_head(config)
+    mtp.load_weights(list(read_head(src, config).items()), strict=True)
     model, loaded = load_model(src, lazy=True)
     model, loaded = quantize_model(model, loaded, group_size=64, bits=bits)
     save_model(out, model)
