@@ -79,6 +79,26 @@ def test_target_layer_outputs_match_mlx(pair, tmp_path):
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
+def test_gguf_target_matches_its_mlx_model(tmp_path):
+    """The lent GPU's path: the target read from a GGUF (llama.cpp's q/k row order undone by
+    gpu_distill's loader) computes the layer outputs of the mlx-lm model it was written from."""
+    pytest.importorskip("gguf")
+    from mlx_lm.models import llama
+
+    from tests.test_gguf import tiny_args, tiny_metadata, to_gguf_tensors
+
+    mx.random.seed(4)
+    model = llama.Model(tiny_args())
+    mx.eval(model.parameters())
+    meta = tiny_metadata() | {"llama.vocab_size": mx.array(model.args.vocab_size, dtype=mx.uint32)}
+    mx.save_gguf(str(tmp_path / "t.gguf"), to_gguf_tensors(model, mx.float32), meta)
+    hp, w = gpu_train.load_target(str(tmp_path / "t.gguf"), "cpu")
+    batch = np.random.default_rng(2).integers(0, hp["vocab"], (2, 17)).astype(np.int32)
+    ours = tb.layer_outputs(w, hp, torch.from_numpy(batch).long(), [0, 1]).numpy()
+    theirs = np.array(features.layer_outputs(model, batch, (0, 1)))
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
 def test_draft_parameters_are_the_mlx_models(pair):
     from mlx.utils import tree_flatten
 
@@ -112,10 +132,8 @@ def test_loss_logits_and_a_step_match_train_py(pair, tmp_path):
         feats.store[src.index[p]] = torch.from_numpy(ch["feats"][lo:hi])
     items = [(src.index[p], a, t, lab) for p, (_, a, t, lab) in zip((0, 5, 9), seqs, strict=True)]
     batch = gpu_train.collate(items, feats, "cpu")
-    embed = tw["model.embed_tokens.weight"]
-    train_head = embed[torch.from_numpy(head.astype(np.int64))]
-    weights = torch.tensor(np.array(gamma))
-    ours, our_logits = gpu_train.loss_fn(w, cfg, embed, train_head, batch, weights)
+    d = gpu_train.make_draft(cfg, w, tw["model.embed_tokens.weight"], head, 4.0)
+    ours, our_logits = gpu_train.loss_fn(d, batch)
     assert abs(float(ours) - float(loss)) < 1e-4
     for r, lg in enumerate(logits):
         n = lg.shape[0]
@@ -129,7 +147,7 @@ def test_loss_logits_and_a_step_match_train_py(pair, tmp_path):
     for _ in range(2):  # the same gradients (to 1e-4 of the largest), the same update rule
         _, g = grad(model, [mlx_train.as_mx(s) for s in seqs])
         g = {k: torch.from_numpy(np.array(v)) for k, v in tree_flatten(g)}
-        loss_t, _ = gpu_train.loss_fn(w, cfg, embed, train_head, batch, weights)
+        loss_t, _ = gpu_train.loss_fn(d, batch)
         ours_g = dict(zip(w, torch.autograd.grad(loss_t, list(w.values())), strict=True))
         for k in w:
             assert (ours_g[k] - g[k]).abs().max() <= 1e-4 * g[k].abs().max() + 1e-7, k
@@ -209,3 +227,18 @@ def test_smoke_run_resumes_ships_and_exports(pair, tmp_path):
 
     for k, v in tree_flatten(model.parameters()):
         np.testing.assert_array_equal(np.array(v), shipped[k].numpy())
+
+
+def test_the_twin_imports_neither_mlx_nor_edgespec():
+    """The lent GPU has no MLX: gpu_train and what it imports must run without it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for m in ('mlx', 'mlx_lm', 'edgespec'): sys.modules[m] = None\n"
+        "import research.block_draft.gpu_train\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

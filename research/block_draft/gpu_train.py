@@ -32,6 +32,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -160,13 +161,13 @@ def draw(src: Anchors, head: np.ndarray, pick: int | None = None):
 def collate(items, feats: Features, device) -> tuple[torch.Tensor, ...]:
     """Sequences of one step as padded tensors: raw [b, S, F] float32 (S: the largest anchor; a
     block reads only the positions before its anchor), anchors [b, n], toks [b, n, B], labels
-    [b, n, B - 1] (padding rows: anchor 0, mask tokens, labels -1)."""
+    [b, n, B - 1] (padding rows: anchor 0, token 0, labels -1; no other block sees them)."""
     raws = feats.get([it[0] for it in items])
     S = max(int(it[1].max()) for it in items)
     n, B = max(len(it[1]) for it in items), items[0][2].shape[1]
     raw = torch.zeros((len(items), S, raws[0].shape[1]), device=device)
     anchors = np.zeros((len(items), n), np.int64)
-    toks = np.full((len(items), n, B), items[0][2][0, 1] if B > 1 else 0, np.int64)
+    toks = np.zeros((len(items), n, B), np.int64)
     labels = np.full((len(items), n, B - 1), -1, np.int64)
     for r, (_, a, t, lab) in enumerate(items):
         s = min(S, raws[r].shape[0])
@@ -175,12 +176,31 @@ def collate(items, feats: Features, device) -> tuple[torch.Tensor, ...]:
     return raw, *(torch.from_numpy(x).to(device) for x in (anchors, toks, labels))
 
 
-def loss_fn(w, cfg, embed, train_head, batch, weights):
+@dataclass(frozen=True)
+class Draft:
+    """What one training step needs: the draft's config and weights (trained in place), the
+    target's embedding, its rows for the training head, the loss weight of each block position."""
+
+    cfg: dict
+    w: dict[str, torch.Tensor]
+    embed: torch.Tensor
+    train_head: torch.Tensor
+    weights: torch.Tensor
+
+
+def make_draft(cfg: dict, w: dict, embed: torch.Tensor, head: np.ndarray, gamma: float) -> Draft:
+    """train.py's head rows and loss weights exp(-(j - 1) / gamma) for block positions j >= 1."""
+    rows = embed[torch.from_numpy(head.astype(np.int64)).to(embed.device)]
+    ws = [math.exp(-j / gamma) for j in range(cfg["block_size"] - 1)]
+    return Draft(cfg, w, embed, rows, torch.tensor(ws, device=embed.device))
+
+
+def loss_fn(d: Draft, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """train.py's loss_fn over a collated batch: (weighted mean cross-entropy, logits)."""
     raw, anchors, toks, labels = batch
-    logits = tb.block_hidden(w, cfg, embed, raw, anchors, toks)[:, :, 1:] @ train_head.T
+    logits = tb.block_hidden(d.w, d.cfg, d.embed, raw, anchors, toks)[:, :, 1:] @ d.train_head.T
     ce = F.cross_entropy(logits.flatten(0, -2), labels.clamp(min=0).flatten(), reduction="none")
-    wt = weights * (labels >= 0)
+    wt = d.weights * (labels >= 0)
     return (ce.view_as(wt) * wt).sum() / wt.sum().clamp(min=1.0), logits
 
 
@@ -191,9 +211,9 @@ def lr_at(step: int, lr: float, total: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(w, cfg, embed, train_head, batch, weights) -> dict[str, float]:
+def evaluate(d: Draft, batch) -> dict[str, float]:
     """train.py's evaluate: teacher-forced agreement per block position and tau."""
-    _, logits = loss_fn(w, cfg, embed, train_head, batch, weights)
+    _, logits = loss_fn(d, batch)
     pred, labels = logits.argmax(-1), batch[3]
     ok = labels >= 0
     hits = ((pred == labels) & ok).sum((0, 1)).cpu().numpy()
@@ -209,21 +229,60 @@ def start(a, hp, target, train_chunks, out: Path):
     if src is None:
         cfg = draft_config(hp, a)
         head = head_ids(train_chunks, a.head, hp["vocab"])
-        w = {
-            k: v.to(a.device) for k, v in tb.init_draft(target, cfg, a.init_layers, a.seed).items()
-        }
+        w = tb.init_draft(target, cfg, a.init_layers, a.seed)
+        w = {k: v.to(a.device) for k, v in w.items()}
         return cfg, head, w, MlxAdamW(w), 0
     cfg, head, w, arrays, step = load_run(src, a.device)
     have = (cfg["hidden_size"], cfg["vocab_size"], cfg.get("num_target_layers", hp["layers"]))
     if have != (hp["hidden"], hp["vocab"], hp["layers"]):
-        raise SystemExit(
-            f"{src} holds a draft for another target (width, vocabulary, layers {have})"
-        )
+        raise SystemExit(f"{src} holds a draft for another target (width, vocabulary, layers)")
     opt = MlxAdamW(w)
     if arrays is not None:
         opt.load(arrays)
     log(f"resumed {src} at step {step}")
     return cfg, head, w, opt, step
+
+
+def begin_files(out: Path, cfg: dict, head: np.ndarray) -> None:
+    """config.json, head_ids.npy and curve.csv's header (kept when the curve goes on)."""
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    np.save(out / "head_ids.npy", head)
+    if not (out / "curve.csv").exists():
+        cols = ["tau_independent"] + [f"acc{j + 1}" for j in range(cfg["block_size"] - 1)]
+        (out / "curve.csv").write_text("step,seconds,tokens_seen,loss," + ",".join(cols) + "\n")
+
+
+def record(out: Path, d: Draft, ev: dict, step: int, seconds: float, seen: int, loss: float):
+    """One curve.csv row, as train.py writes it."""
+    row = [step, round(seconds, 1), seen, round(loss, 4), round(ev["tau_independent"], 4)]
+    row += [round(ev[f"acc{j + 1}"], 4) for j in range(d.cfg["block_size"] - 1)]
+    with (out / "curve.csv").open("a") as f:
+        f.write(",".join(str(x) for x in row) + "\n")
+
+
+def fit(a, d: Draft, opt: MlxAdamW, step: int, chunks, head, feats, eval_batch, t_end) -> int:
+    """train.py's loop (--seqs sequences a step) until t_end or --steps; evaluates and saves
+    every --eval-every steps and at the end. Returns the last step."""
+    B, first, out = d.cfg["block_size"], step, Path(a.out)
+    data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
+    t0, losses = time.time(), []
+    while time.time() < t_end and (not a.steps or step < first + a.steps):
+        if step % a.reload_every == 0 and step:  # train.py re-seeds here when it reloads chunks
+            data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
+        loss, _ = loss_fn(d, collate([draw(data, head) for _ in range(a.seqs)], feats, a.device))
+        grads = torch.autograd.grad(loss, list(d.w.values()))
+        opt.update(d.w, dict(zip(d.w, grads, strict=True)), lr_at(step, a.lr, a.total_steps))
+        losses.append(loss.detach())
+        step += 1
+        if step % a.eval_every == 0 or time.time() >= t_end or step == first + a.steps:
+            ev, mean = evaluate(d, eval_batch), float(torch.stack(losses).mean())
+            seen = step * a.seqs * a.per_seq * (B - 1)
+            record(out, d, ev, step, time.time() - t0, seen, mean)
+            rate, kept = (step - first) / (time.time() - t0), feats.kept / 2**30
+            log(f"step {step} loss {mean:.3f} {ev} ({rate:.1f} steps/s, {kept:.1f} GiB kept)")
+            save_run(out, d.w, opt, step)
+            losses = []
+    return step
 
 
 def train(a) -> int:
@@ -236,60 +295,21 @@ def train(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     held, chunks = split_chunks(a.data, a.max_len, a.held_every)
     cfg, head, w, opt, step = start(a, hp, target, chunks, out)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    np.save(out / "head_ids.npy", head)
-    B, layers, mask_id = cfg["block_size"], cfg["target_layer_ids"], cfg["mask_token_id"]
+    begin_files(out, cfg, head)
     for v in w.values():
         v.requires_grad_(True)
-    embed = target["model.embed_tokens.weight"]
-    train_head = embed[torch.from_numpy(head.astype(np.int64)).to(a.device)]
-    weights = torch.tensor([math.exp(-j / a.gamma) for j in range(B - 1)], device=a.device)
-    budget = a.cache_gb * 2**30
-    feats = Features(target, hp, layers, chunks, a.feature_tokens, budget)
-    held_src = Anchors(held, B, a.per_seq, mask_id, 1234)
+    d = make_draft(cfg, w, target["model.embed_tokens.weight"], head, a.gamma)
+    layers = cfg["target_layer_ids"]
+    held_src = Anchors(held, cfg["block_size"], a.per_seq, cfg["mask_token_id"], 1234)
     eval_items = [draw(held_src, head, i) for i in range(min(24, len(held_src.index)))]
-    eval_batch = collate(
-        eval_items, Features(target, hp, layers, held, a.feature_tokens, 0), a.device
-    )
-    data = Anchors(chunks, B, a.per_seq, mask_id, a.seed + step)
-    curve = out / "curve.csv"
-    if not curve.exists():
-        cols = ["tau_independent"] + [f"acc{j + 1}" for j in range(B - 1)]
-        curve.write_text("step,seconds,tokens_seen,loss," + ",".join(cols) + "\n")
-    log(
-        f"{sum(len(c['prompt_lens']) for c in chunks)} training sequences, {len(eval_items)} held out"
-    )
-    t_end, first = t_start + a.deadline - a.reserve, step
-    t0, losses = time.time(), []
-    while time.time() < t_end and (not a.steps or step < first + a.steps):
-        if step % a.reload_every == 0 and step:  # train.py re-seeds here when it reloads chunks
-            data = Anchors(chunks, B, a.per_seq, mask_id, a.seed + step)
-        batch = collate([draw(data, head) for _ in range(a.seqs)], feats, a.device)
-        loss, _ = loss_fn(w, cfg, embed, train_head, batch, weights)
-        grads = torch.autograd.grad(loss, list(w.values()))
-        opt.update(w, dict(zip(w, grads, strict=True)), lr_at(step, a.lr, a.total_steps))
-        losses.append(loss.detach())
-        step += 1
-        last = time.time() >= t_end or step == first + a.steps
-        if step % a.eval_every == 0 or last:
-            ev = evaluate(w, cfg, embed, train_head, eval_batch, weights)
-            seen = step * a.seqs * a.per_seq * (B - 1)
-            mean = float(torch.stack(losses).mean())
-            row = [step, round(time.time() - t0, 1), seen, round(mean, 4)]
-            row += [round(ev["tau_independent"], 4)] + [
-                round(ev[f"acc{j + 1}"], 4) for j in range(B - 1)
-            ]
-            with curve.open("a") as f:
-                f.write(",".join(str(x) for x in row) + "\n")
-            rate = (step - first) / (time.time() - t0)
-            log(
-                f"step {step} loss {mean:.3f} {ev} ({rate:.1f} steps/s, {feats.kept / 2**30:.1f} GiB of features kept)"
-            )
-            losses = []
-            save_run(out, w, opt, step)
+    eval_feats = Features(target, hp, layers, held, a.feature_tokens, 0)
+    feats = Features(target, hp, layers, chunks, a.feature_tokens, a.cache_gb * 2**30)
+    n_train = sum(len(c["prompt_lens"]) for c in chunks)
+    log(f"{n_train} training sequences, {len(eval_items)} held out")
+    eval_batch = collate(eval_items, eval_feats, a.device)
+    step = fit(a, d, opt, step, chunks, head, feats, eval_batch, t_start + a.deadline - a.reserve)
     if a.ship:
-        files = ship(out, Path(a.ship))
-        log(f"shipped {len(files)} files to {a.ship}")
+        log(f"shipped {len(ship(out, Path(a.ship)))} files to {a.ship}")
     log(f"done in {time.time() - t_start:.0f}s at step {step}")
     return 0
 
