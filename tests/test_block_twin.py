@@ -177,6 +177,13 @@ def test_draws_are_train_pys(tmp_path):
         assert key in theirs.index
 
 
+def test_schedule_is_train_pys_or_the_deadlines():
+    assert gpu_train.lr_at(0, 1.0, 100, 0.9) == pytest.approx(0.01)  # warm-up, step count
+    assert gpu_train.lr_at(150, 1.0, 300, 0.0) == pytest.approx(0.5)
+    assert gpu_train.lr_at(150, 1.0, 0, 0.5) == pytest.approx(0.5)  # by the time gone
+    assert gpu_train.lr_at(500, 1.0, 300, 0.0) == gpu_train.lr_at(500, 1.0, 0, 1.5) == 0.0
+
+
 def test_parts_fit_the_limit_and_join_restores_the_run(tmp_path):
     assert twin_ckpt.parts({"a": 6, "b": 5, "c": 4, "d": 1}, 10) == [["a", "c"], ["b", "d"]]
     w = {f"t{i}": torch.randn(10, 100 + i) for i in range(9)}
@@ -229,6 +236,29 @@ def test_smoke_run_resumes_ships_and_exports(pair, tmp_path):
         np.testing.assert_array_equal(np.array(v), shipped[k].numpy())
 
 
+def test_train_py_goes_on_from_the_twins_runs(pair, tmp_path, capsys):
+    """train.py (MLX, the CPU) resumes a run the twin wrote, and one it shipped and joined:
+    weights, optimiser state and step load, and its curve goes on."""
+    folder = pair[0]
+    data = write_data(tmp_path / "data", n=80)
+    args = ["train", "--target", str(folder), "--data", str(data), "--device", "cpu"]
+    args += ["--out", str(tmp_path / "run"), "--ship", str(tmp_path / "ship")]
+    args += ["--layers", "0,1,3", "--init-layers", "0,3", "--block", "4", "--per-seq", "6"]
+    assert gpu_train.main([*args, "--seqs", "2", "--steps", "3", "--eval-every", "3"]) == 0
+    gpu_train.main(["join", "--ship", str(tmp_path / "ship"), "--out", str(tmp_path / "back")])
+    feats = tmp_path / "feats"
+    features.main(
+        ["--data", str(data), "--out", str(feats), "--target", str(folder)] + ["--layers", "0,1,3"]
+    )
+    for run in ("run", "back"):
+        cpu = ["--features", str(feats), "--out", str(tmp_path / run), "--target", str(folder)]
+        cpu += ["--block", "4", "--init-layers", "0,3", "--per-seq", "6", "--eval-every", "1"]
+        assert mlx_train.main([*cpu, "--minutes", "0.02"]) == 0
+        assert "resumed at step 3" in capsys.readouterr().out
+        rows = (tmp_path / run / "curve.csv").read_text().splitlines()
+        assert [int(r.split(",")[0]) for r in rows[1:3]] == [3, 4]
+
+
 def test_the_twin_imports_neither_mlx_nor_edgespec():
     """The lent GPU has no MLX: gpu_train and what it imports must run without it."""
     import subprocess
@@ -242,3 +272,21 @@ def test_the_twin_imports_neither_mlx_nor_edgespec():
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_embedded_targets_layer_outputs_match_mlx():
+    """The embedded target as EdgeSpec pulls it (4-bit MLX, 8-bit embedding): the twin's
+    dequantized copy computes the layer outputs a block draft for it reads."""
+    from edgespec.loading.load import load_model
+
+    rec = load_model("smollm2-135m-instruct")
+    hp, w = gpu_train.load_target(str(rec.path), "cpu")
+    layers = (1, 8, 15, 22, 29)
+    batch = np.random.default_rng(5).integers(0, hp["vocab"], (1, 24)).astype(np.int32)
+    ours = tb.layer_outputs(w, hp, torch.from_numpy(batch).long(), list(layers)).numpy()
+    theirs = np.array(features.layer_outputs(rec.model, batch, layers))
+    for j in range(len(layers)):
+        part = slice(j * hp["hidden"], (j + 1) * hp["hidden"])
+        scale = np.abs(theirs[..., part]).max()
+        assert np.abs(ours[..., part] - theirs[..., part]).max() <= 1e-5 * scale, layers[j]

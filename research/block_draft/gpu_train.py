@@ -5,8 +5,8 @@ script needs only torch, numpy, safetensors and (for a GGUF target) the gguf pac
 the pure-NumPy parts of features.py and train.py, so the data, the held-out split, the anchors,
 the training head, the loss weights, the schedule and the curve are theirs:
 
-- target: the GGUF (gpu_distill.load_gguf_state, dequantized to float32) or an mlx-lm folder of
-  float weights; its layer outputs at --layers are computed teacher-forced on the data's token
+- target: the GGUF (gpu_distill.load_gguf_state, dequantized to float32) or an mlx-lm folder
+  (affine-quantized weights dequantized with research/recipes/mlx_affine.py); its layer outputs at --layers are computed teacher-forced on the data's token
   ids on first use, rounded to float16 as features.py stores them, and kept on the device;
 - data: features.py's sequences (`read_sequences`, --max-len, --held-every), cut into its chunks,
   so the held-out set and train.py's anchor draws are the same for the same data and seed;
@@ -60,17 +60,32 @@ def load_target(path: str, device: str) -> tuple[dict, dict[str, torch.Tensor]]:
         from safetensors.numpy import load_file
 
         c = json.loads((p / "config.json").read_text())
-        if "quantization" in c:
-            raise SystemExit(f"{p} is quantized; give the GGUF or a float folder")
         hp = {"layers": c["num_hidden_layers"], "hidden": c["hidden_size"]}
         hp |= {"ffn": c["intermediate_size"], "heads": c["num_attention_heads"]}
         hp |= {"kv_heads": c["num_key_value_heads"], "rope_theta": float(c["rope_theta"])}
         hp |= {"eps": c["rms_norm_eps"], "vocab": c["vocab_size"]}
         hp |= {"context": c["max_position_embeddings"]}
-        state = {
-            k: v for f in sorted(p.glob("model*.safetensors")) for k, v in load_file(f).items()
-        }
+        flat = {k: v for f in sorted(p.glob("model*.safetensors")) for k, v in load_file(f).items()}
+        state = dense(flat, int(c.get("quantization", {}).get("group_size", 64)))
     return hp, {k: torch.from_numpy(np.asarray(v, np.float32)).to(device) for k, v in state.items()}
+
+
+def dense(flat: dict[str, np.ndarray], group: int) -> dict[str, np.ndarray]:
+    """An mlx-lm folder's weights as float32, MLX affine-quantized ones dequantized exactly
+    (research/recipes/mlx_affine.py: NAME.weight packed, NAME.scales, NAME.biases; the bits of
+    each from its shapes, as a converted GGUF mixes 4-bit layers with an 8-bit embedding)."""
+    from research.recipes import mlx_affine
+
+    out = {}
+    for k, v in flat.items():
+        stem = k.removesuffix(".weight")
+        if k.endswith((".scales", ".biases")):
+            continue
+        if v.dtype == np.uint32 and f"{stem}.scales" in flat:
+            s, b = (flat[f"{stem}.{x}"].astype(np.float32) for x in ("scales", "biases"))
+            v = mlx_affine.dequantize(v, s, b, v.shape[1] * 32 // (s.shape[1] * group))
+        out[k] = v.astype(np.float32)
+    return out
 
 
 def draft_config(hp: dict, a) -> dict:
@@ -204,10 +219,14 @@ def loss_fn(d: Draft, batch) -> tuple[torch.Tensor, torch.Tensor]:
     return (ce.view_as(wt) * wt).sum() / wt.sum().clamp(min=1.0), logits
 
 
-def lr_at(step: int, lr: float, total: int) -> float:
-    """train.py's schedule: linear warm-up over 100 steps, cosine to 0 at step `total`."""
+def lr_at(step: int, lr: float, total: int, frac: float) -> float:
+    """train.py's schedule: linear warm-up over 100 steps, then cosine to 0 at step `total`;
+    total 0: cosine over this call's training time instead (`frac` of it gone), for a call
+    bounded by its deadline. Example: lr_at(99, 3e-4, 200, 0.0) is about 1.5e-4 (half-way down), and so is
+    lr_at(99, 3e-4, 0, 0.5)."""
     warm = min(1.0, (step + 1) / 100)
-    return lr * warm * 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+    x = min(step, total) / total if total else min(frac, 1.0)
+    return lr * warm * 0.5 * (1 + math.cos(math.pi * x))
 
 
 @torch.no_grad()
@@ -271,7 +290,8 @@ def fit(a, d: Draft, opt: MlxAdamW, step: int, chunks, head, feats, eval_batch, 
             data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
         loss, _ = loss_fn(d, collate([draw(data, head) for _ in range(a.seqs)], feats, a.device))
         grads = torch.autograd.grad(loss, list(d.w.values()))
-        opt.update(d.w, dict(zip(d.w, grads, strict=True)), lr_at(step, a.lr, a.total_steps))
+        lr = lr_at(step, a.lr, a.total_steps, (time.time() - t0) / max(t_end - t0, 1e-9))
+        opt.update(d.w, dict(zip(d.w, grads, strict=True)), lr)
         losses.append(loss.detach())
         step += 1
         if step % a.eval_every == 0 or time.time() >= t_end or step == first + a.steps:
@@ -318,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="phase", required=True)
     t = sub.add_parser("train", help="train (or go on training) a block draft")
-    t.add_argument("--target", required=True, help="the target's GGUF, or an mlx-lm float folder")
+    t.add_argument("--target", required=True, help="the target's GGUF or mlx-lm folder")
     t.add_argument("--data", required=True, help="data folders (shard-*.npz), comma-separated")
     t.add_argument("--out", required=True, help="the run folder (train.py's layout)")
     t.add_argument("--resume", default="", help="start from this run folder's checkpoint")
@@ -338,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--seqs", type=int, default=32, help="sequences per step")
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--gamma", type=float, default=4.0)
-    t.add_argument("--total-steps", type=int, default=6000, help="the cosine schedule's length")
+    t.add_argument(
+        "--total-steps", type=int, default=0, help="the cosine's length in steps (0: the deadline)"
+    )
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--reload-every", type=int, default=400, help="re-seed the draws (train.py)")
     t.add_argument("--seed", type=int, default=0)
