@@ -7,8 +7,8 @@ A run folder (train.py's --out): config.json, head_ids.npy, curve.csv, ckpt/mode
 
 A shipped folder: config.json, curve.csv, state.json ({"step": N, "head_ids": [...]}) and the
 weights in model-NN.safetensors files of at most PART_BYTES each (a device call brings back files
-of up to 16 MiB; a 4-layer draft for a 576-wide target is about 63 MB in float32). `join` turns it
-back into a run folder, Adam's moments set to zero (they would not fit).
+of up to 16 MiB, and a draft in float32 is larger). `join` turns it back into a run folder, Adam's
+moments set to zero (twice the weights' size, they would not come back).
 """
 
 from __future__ import annotations
@@ -83,9 +83,8 @@ def load_run(run: Path, device) -> tuple[dict, np.ndarray, dict, dict | None, in
 
 
 def parts(sizes: dict[str, int], limit: int = PART_BYTES) -> list[list[str]]:
-    """Names packed into as few files of at most `limit` bytes as first-fit decreasing finds
-    (a 4-layer draft of 63 MB fits 4 files of 16 MB). Example: sizes {a: 6, b: 5, c: 4, d: 1},
-    limit 10 -> [[a, c], [b, d]]."""
+    """Names packed into as few files of at most `limit` bytes as first-fit decreasing finds.
+    Example: sizes {a: 6, b: 5, c: 4, d: 1}, limit 10 -> [[a, c], [b, d]]."""
     bins: list[list[str]] = []
     room: list[int] = []
     for name in sorted(sizes, key=lambda k: (-sizes[k], k)):
