@@ -118,9 +118,10 @@ def test_loss_logits_and_a_step_match_train_py(pair, tmp_path):
     chunks = chunks_with_features(target, write_data(tmp_path / "data"))
     head = mlx_train.head_ids(chunks, 200, hp["vocab"])
     object.__setattr__(model, "train_head", target.model.embed_tokens.weight[mx.array(head)])
-    src = mlx_train.Anchors(chunks, BLOCK, 6, 16, seed=3)
+    src = mlx_train.Anchors(chunks, BLOCK, 40, 16, seed=3)
     seqs = [src.sequence(p) for p in (0, 5, 9)]  # contexts and anchor counts differ
     seqs = [(r, a, t, mlx_train.to_head(lab, head)) for r, a, t, lab in seqs]
+    assert len({len(a) for _, a, _, _ in seqs}) > 1  # padded rows in the twin's batch
     gamma = mx.array([math.exp(-j / 4.0) for j in range(BLOCK - 1)])
     loss, logits = mlx_train.loss_fn(model, [mlx_train.as_mx(s) for s in seqs], gamma)
 

@@ -322,6 +322,8 @@ def train(a) -> int:
     layers = cfg["target_layer_ids"]
     held_src = Anchors(held, cfg["block_size"], a.per_seq, cfg["mask_token_id"], 1234)
     eval_items = [draw(held_src, head, i) for i in range(min(24, len(held_src.index)))]
+    if not eval_items:
+        raise SystemExit("no held-out sequence has an answer of 2 tokens or more (--held-every)")
     eval_feats = Features(target, hp, layers, held, a.feature_tokens, 0)
     feats = Features(target, hp, layers, chunks, a.feature_tokens, a.cache_gb * 2**30)
     n_train = sum(len(c["prompt_lens"]) for c in chunks)
@@ -334,7 +336,8 @@ def train(a) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """`train` (train.py's and features.py's flags and defaults, --seqs 32) and `join`."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="phase", required=True)
     t = sub.add_parser("train", help="train (or go on training) a block draft")
@@ -369,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     j = sub.add_parser("join", help="a shipped folder -> a run folder export.py reads")
     j.add_argument("--ship", required=True)
     j.add_argument("--out", required=True)
-    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(sys.argv[1:] if argv is None else argv)
     if a.phase == "join":
         join(Path(a.ship), Path(a.out))
         return 0
