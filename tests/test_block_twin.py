@@ -139,6 +139,17 @@ def test_loss_logits_and_a_step_match_train_py(pair, tmp_path):
     for r, lg in enumerate(logits):
         n = lg.shape[0]
         np.testing.assert_allclose(our_logits[r, :n].detach().numpy(), np.array(lg), atol=1e-4)
+    # agreement: labels set to train.py's own predictions, every third one wrong, so the
+    # per-position counts (padding rows and label -1 left out) are fractions, not 0
+    ev_seqs = []
+    for seq, lg in zip(seqs, logits, strict=True):
+        pred = np.array(mx.argmax(lg, -1))
+        pred[::3] = (pred[::3] + 1) % len(head)
+        ev_seqs.append((*seq[:3], np.where(seq[3] >= 0, pred, -1).astype(np.int32)))
+    ev_items = [(it[0], *seq[1:]) for it, seq in zip(items, ev_seqs, strict=True)]
+    ours_ev = gpu_train.evaluate(d, gpu_train.collate(ev_items, feats, "cpu"))
+    theirs_ev = mlx_train.evaluate(model, ev_seqs, gamma)
+    assert 0.3 < theirs_ev["acc1"] < 0.9 and ours_ev == pytest.approx(theirs_ev)
 
     grad = nn.value_and_grad(model, lambda m, s: mlx_train.loss_fn(m, s, gamma)[0])
     opt = optim.AdamW(learning_rate=1e-3, weight_decay=0.0)
