@@ -6,8 +6,9 @@ the pure-NumPy parts of features.py and train.py, so the data, the held-out spli
 the training head, the loss weights, the schedule and the curve are theirs:
 
 - target: the GGUF (gpu_distill.load_gguf_state, dequantized to float32) or an mlx-lm folder
-  (affine-quantized weights dequantized with research/recipes/mlx_affine.py); its layer outputs at --layers are computed teacher-forced on the data's token
-  ids on first use, rounded to float16 as features.py stores them, and kept on the device;
+  (affine-quantized weights dequantized with research/recipes/mlx_affine.py); its outputs at
+  --layers are computed teacher-forced on the data's token ids at first use, rounded to float16
+  as features.py stores them, and kept on the device (--cache-gb);
 - data: features.py's sequences (`read_sequences`, --max-len, --held-every), cut into its chunks,
   so the held-out set and train.py's anchor draws are the same for the same data and seed;
 - model and loss: torch_block.block_hidden (train.py's block_forward for many sequences at once),
@@ -222,8 +223,8 @@ def loss_fn(d: Draft, batch) -> tuple[torch.Tensor, torch.Tensor]:
 def lr_at(step: int, lr: float, total: int, frac: float) -> float:
     """train.py's schedule: linear warm-up over 100 steps, then cosine to 0 at step `total`;
     total 0: cosine over this call's training time instead (`frac` of it gone), for a call
-    bounded by its deadline. Example: lr_at(99, 3e-4, 200, 0.0) is about 1.5e-4 (half-way down), and so is
-    lr_at(99, 3e-4, 0, 0.5)."""
+    bounded by its deadline. Example: lr_at(99, 3e-4, 200, 0.0) is about 1.5e-4 (half-way
+    down), and so is lr_at(99, 3e-4, 0, 0.5)."""
     warm = min(1.0, (step + 1) / 100)
     x = min(step, total) / total if total else min(frac, 1.0)
     return lr * warm * 0.5 * (1 + math.cos(math.pi * x))
