@@ -250,7 +250,7 @@ def test_smoke_run_resumes_ships_and_exports(pair, tmp_path):
 
 def test_train_py_goes_on_from_the_twins_runs(pair, tmp_path, capsys):
     """train.py (MLX, the CPU) resumes a run the twin wrote, and one it shipped and joined:
-    weights, optimiser state and step load, and its curve goes on."""
+    weights, optimiser state and step load, and its curve goes on; the twin resumes train.py's."""
     folder = pair[0]
     data = write_data(tmp_path / "data", n=80)
     args = ["train", "--target", str(folder), "--data", str(data), "--device", "cpu"]
@@ -269,6 +269,12 @@ def test_train_py_goes_on_from_the_twins_runs(pair, tmp_path, capsys):
         assert "resumed at step 3" in capsys.readouterr().out
         rows = (tmp_path / run / "curve.csv").read_text().splitlines()
         assert [int(r.split(",")[0]) for r in rows[1:3]] == [3, 4]
+    # and back: the twin goes on from the run train.py wrote last (MLX's optimiser file)
+    step = json.loads((tmp_path / "back" / "ckpt" / "state.json").read_text())["step"]
+    again = [*args[:7], "--out", str(tmp_path / "again"), "--resume", str(tmp_path / "back")]
+    assert gpu_train.main([*again, "--per-seq", "6", "--seqs", "2", "--steps", "1"]) == 0
+    assert f"at step {step}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "again" / "ckpt" / "state.json").read_text())["step"] == step + 1
 
 
 def test_the_twin_imports_neither_mlx_nor_edgespec():
