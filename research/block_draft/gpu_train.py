@@ -1,0 +1,390 @@
+"""The block draft's training (train.py) on a lent GPU, in PyTorch: train.py's GPU twin.
+
+The lent machine has PyTorch but no MLX, and nothing reaches it but what a call carries. This
+script needs only torch, numpy, safetensors and (for a GGUF target) the gguf package; it imports
+the pure-NumPy parts of features.py and train.py, so the data, the held-out split, the anchors,
+the training head, the loss weights, the schedule and the curve are theirs:
+
+- target: the GGUF (gpu_distill.load_gguf_state, dequantized to float32) or an mlx-lm folder
+  (affine-quantized weights dequantized with research/recipes/mlx_affine.py); its outputs at
+  --layers are computed teacher-forced on the data's token ids at first use, rounded to float16
+  as features.py stores them, and kept on the device (--cache-gb);
+- data: features.py's sequences (`read_sequences`, --max-len, --held-every), cut into its chunks,
+  so the held-out set and train.py's anchor draws are the same for the same data and seed;
+- model and loss: torch_block.block_hidden (train.py's block_forward for many sequences at once),
+  scored by the target's tied embedding restricted to the --head most frequent answer tokens,
+  cross-entropy weighted exp(-(j - 1) / gamma); optimiser: MLX's AdamW (no bias correction);
+- output: --out in train.py's layout (config.json, head_ids.npy, curve.csv, ckpt/model.safetensors,
+  ckpt/opt.safetensors, ckpt/state.json), so export.py exports it and train.py resumes it; it
+  resumes from its own --out, or from another run folder with --resume. --ship DIR also writes the
+  weights in files under 16 MiB (what a device call can bring back); `join` rebuilds a run folder
+  from them (Adam's moments restart at zero: they are not shipped).
+
+    python3 -m research.block_draft.gpu_train train --target T.gguf \
+        --data models/smollm2-135m-draft/data-real-gpu --out /tmp/run --ship $OUT --deadline 420
+    python -m research.block_draft.gpu_train join --ship SHIPPED --out WORK/run
+    python -m research.block_draft.export --run WORK/run --out models/smollm2-135m-block --bits 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from research.block_draft import torch_block as tb
+from research.block_draft.features import CHUNK_SEQS, read_sequences
+from research.block_draft.train import Anchors, head_ids, to_head
+from research.block_draft.twin_ckpt import MlxAdamW, join, load_run, save_run, ship
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_target(path: str, device: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(hyper-parameters as gpu_distill names them, float32 weights in HF llama names)."""
+    p = Path(path)
+    if p.is_file():
+        from research.recipes.gpu_distill import load_gguf_state
+
+        hp, state = load_gguf_state(path)
+    else:
+        from safetensors.numpy import load_file
+
+        c = json.loads((p / "config.json").read_text())
+        hp = {"layers": c["num_hidden_layers"], "hidden": c["hidden_size"]}
+        hp |= {"ffn": c["intermediate_size"], "heads": c["num_attention_heads"]}
+        hp |= {"kv_heads": c["num_key_value_heads"], "rope_theta": float(c["rope_theta"])}
+        hp |= {"eps": c["rms_norm_eps"], "vocab": c["vocab_size"]}
+        hp |= {"context": c["max_position_embeddings"]}
+        flat = {k: v for f in sorted(p.glob("model*.safetensors")) for k, v in load_file(f).items()}
+        state = dense(flat, int(c.get("quantization", {}).get("group_size", 64)))
+    return hp, {k: torch.from_numpy(np.asarray(v, np.float32)).to(device) for k, v in state.items()}
+
+
+def dense(flat: dict[str, np.ndarray], group: int) -> dict[str, np.ndarray]:
+    """An mlx-lm folder's weights as float32, MLX affine-quantized ones dequantized exactly
+    (research/recipes/mlx_affine.py: NAME.weight packed, NAME.scales, NAME.biases; the bits of
+    each from its shapes, as a converted GGUF mixes 4-bit layers with an 8-bit embedding)."""
+    from research.recipes import mlx_affine
+
+    out = {}
+    for k, v in flat.items():
+        stem = k.removesuffix(".weight")
+        if k.endswith((".scales", ".biases")):
+            continue
+        if v.dtype == np.uint32 and f"{stem}.scales" in flat:
+            s, b = (flat[f"{stem}.{x}"].astype(np.float32) for x in ("scales", "biases"))
+            v = mlx_affine.dequantize(v, s, b, v.shape[1] * 32 // (s.shape[1] * group))
+        out[k] = v.astype(np.float32)
+    return out
+
+
+def draft_config(hp: dict, a) -> dict:
+    """train.py's build() config for a target with hyper-parameters `hp`."""
+    return {
+        "hidden_size": hp["hidden"],
+        "num_hidden_layers": len(a.init_layers),
+        "num_attention_heads": hp["heads"],
+        "num_key_value_heads": hp["kv_heads"],
+        "head_dim": hp["hidden"] // hp["heads"],
+        "intermediate_size": hp["ffn"],
+        "vocab_size": hp["vocab"],
+        "rms_norm_eps": hp["eps"],
+        "rope_theta": hp["rope_theta"],
+        "max_position_embeddings": hp["context"],
+        "block_size": a.block,
+        "target_layer_ids": a.layers,
+        "mask_token_id": a.mask_id,
+        "qk_norm": False,
+        "num_target_layers": hp["layers"],
+    }
+
+
+def as_chunk(seqs: list[tuple[np.ndarray, int]]) -> dict[str, np.ndarray]:
+    """A features.py chunk without features (zero columns: Anchors slices them for the context
+    length only; the features come from the target, `Features`)."""
+    starts = np.concatenate([[0], np.cumsum([len(s) for s, _ in seqs])]).astype(np.int64)
+    return {
+        "feats": np.zeros((int(starts[-1]), 0), np.float16),
+        "tokens": np.concatenate([s for s, _ in seqs]).astype(np.int32),
+        "starts": starts,
+        "prompt_lens": np.array([p for _, p in seqs], np.int32),
+    }
+
+
+def split_chunks(data: str, max_len: int, held_every: int) -> tuple[list, list]:
+    """features.py's held chunk and train chunks for the data folders (comma-separated)."""
+    seqs = read_sequences([Path(p) for p in data.split(",")], max_len)
+    held = [s for i, s in enumerate(seqs) if i % held_every == 0][:CHUNK_SEQS]
+    train = [s for i, s in enumerate(seqs) if i % held_every != 0]
+    return [as_chunk(held)], [
+        as_chunk(train[i : i + CHUNK_SEQS]) for i in range(0, len(train), CHUNK_SEQS)
+    ]
+
+
+class Features:
+    """The target's layer outputs of whole sequences, computed on first use in batches of about
+    `batch_tokens` tokens, float16 (as features.py stores them), kept while under `budget` bytes."""
+
+    def __init__(self, target, hp, layers, chunks, batch_tokens: int, budget: float):
+        self.target, self.hp, self.layers, self.chunks = target, hp, tuple(layers), chunks
+        self.batch_tokens, self.budget, self.kept, self.store = batch_tokens, budget, 0, {}
+        self.device = target["model.embed_tokens.weight"].device
+
+    def tokens(self, key) -> np.ndarray:
+        ch, s = self.chunks[key[0]], key[1]
+        return ch["tokens"][int(ch["starts"][s]) : int(ch["starts"][s + 1])]
+
+    def get(self, keys: list[tuple[int, int]]) -> list[torch.Tensor]:
+        found = {k: self.store[k] for k in keys if k in self.store}
+        todo = sorted({k for k in keys if k not in found}, key=lambda k: -len(self.tokens(k)))
+        j = 0
+        while j < len(todo):
+            width = len(self.tokens(todo[j]))
+            group = todo[j : j + max(1, self.batch_tokens // width)]
+            ids = torch.zeros((len(group), width), dtype=torch.long)
+            for r, k in enumerate(group):
+                t = self.tokens(k)
+                ids[r, : len(t)] = torch.from_numpy(t.astype(np.int64))
+            out = tb.layer_outputs(self.target, self.hp, ids.to(self.device), self.layers).half()
+            for r, k in enumerate(group):
+                found[k] = out[r, : len(self.tokens(k))].clone()
+                if self.kept + found[k].nbytes <= self.budget:
+                    self.store[k], self.kept = found[k], self.kept + found[k].nbytes
+            j += len(group)
+        return [found[k] for k in keys]
+
+
+def draw(src: Anchors, head: np.ndarray, pick: int | None = None):
+    """train.py's draw (same random stream): (chunk, sequence), anchors, block tokens, labels
+    as columns of the training head."""
+    if pick is None:
+        pick = int(src.rng.integers(len(src.index)))
+    _, anchors, toks, labels = src.sequence(pick)
+    return src.index[pick], anchors, toks, to_head(labels, head)
+
+
+def collate(items, feats: Features, device) -> tuple[torch.Tensor, ...]:
+    """Sequences of one step as padded tensors: raw [b, S, F] float32 (S: the largest anchor; a
+    block reads only the positions before its anchor), anchors [b, n], toks [b, n, B], labels
+    [b, n, B - 1] (padding rows: anchor 0, token 0, labels -1; no other block sees them)."""
+    raws = feats.get([it[0] for it in items])
+    S = max(int(it[1].max()) for it in items)
+    n, B = max(len(it[1]) for it in items), items[0][2].shape[1]
+    raw = torch.zeros((len(items), S, raws[0].shape[1]), device=device)
+    anchors = np.zeros((len(items), n), np.int64)
+    toks = np.zeros((len(items), n, B), np.int64)
+    labels = np.full((len(items), n, B - 1), -1, np.int64)
+    for r, (_, a, t, lab) in enumerate(items):
+        s = min(S, raws[r].shape[0])
+        raw[r, :s] = raws[r][:s].float()
+        anchors[r, : len(a)], toks[r, : len(a)], labels[r, : len(a)] = a, t, lab
+    return raw, *(torch.from_numpy(x).to(device) for x in (anchors, toks, labels))
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What one training step needs: the draft's config and weights (trained in place), the
+    target's embedding, its rows for the training head, the loss weight of each block position."""
+
+    cfg: dict
+    w: dict[str, torch.Tensor]
+    embed: torch.Tensor
+    train_head: torch.Tensor
+    weights: torch.Tensor
+
+
+def make_draft(cfg: dict, w: dict, embed: torch.Tensor, head: np.ndarray, gamma: float) -> Draft:
+    """train.py's head rows and loss weights exp(-(j - 1) / gamma) for block positions j >= 1."""
+    rows = embed[torch.from_numpy(head.astype(np.int64)).to(embed.device)]
+    ws = [math.exp(-j / gamma) for j in range(cfg["block_size"] - 1)]
+    return Draft(cfg, w, embed, rows, torch.tensor(ws, device=embed.device))
+
+
+def loss_fn(d: Draft, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """train.py's loss_fn over a collated batch: (weighted mean cross-entropy, logits)."""
+    raw, anchors, toks, labels = batch
+    logits = tb.block_hidden(d.w, d.cfg, d.embed, raw, anchors, toks)[:, :, 1:] @ d.train_head.T
+    ce = F.cross_entropy(logits.flatten(0, -2), labels.clamp(min=0).flatten(), reduction="none")
+    wt = d.weights * (labels >= 0)
+    return (ce.view_as(wt) * wt).sum() / wt.sum().clamp(min=1.0), logits
+
+
+def lr_at(step: int, lr: float, total: int, frac: float) -> float:
+    """train.py's schedule: linear warm-up over 100 steps, then cosine to 0 at step `total`;
+    total 0: cosine over this call's training time instead (`frac` of it gone), for a call
+    bounded by its deadline. Example: lr_at(99, 3e-4, 200, 0.0) is about 1.5e-4 (half-way
+    down), and so is lr_at(99, 3e-4, 0, 0.5)."""
+    warm = min(1.0, (step + 1) / 100)
+    x = min(step, total) / total if total else min(frac, 1.0)
+    return lr * warm * 0.5 * (1 + math.cos(math.pi * x))
+
+
+@torch.no_grad()
+def evaluate(d: Draft, batch) -> dict[str, float]:
+    """train.py's evaluate: teacher-forced agreement per block position and tau."""
+    _, logits = loss_fn(d, batch)
+    pred, labels = logits.argmax(-1), batch[3]
+    ok = labels >= 0
+    hits = ((pred == labels) & ok).sum((0, 1)).cpu().numpy()
+    acc = hits / np.maximum(ok.sum((0, 1)).cpu().numpy(), 1)
+    tau = 1 + sum(float(np.prod(acc[: k + 1])) for k in range(len(acc)))
+    return {"tau_independent": tau, **{f"acc{j + 1}": float(x) for j, x in enumerate(acc)}}
+
+
+def start(a, hp, target, train_chunks, out: Path):
+    """(config, head ids, weights, optimiser, step): from --resume, from --out's own checkpoint,
+    or fresh from the target's layers (train.py's build)."""
+    src = Path(a.resume) if a.resume else out if (out / "ckpt" / "state.json").exists() else None
+    if src is None:
+        cfg = draft_config(hp, a)
+        head = head_ids(train_chunks, a.head, hp["vocab"])
+        w = tb.init_draft(target, cfg, a.init_layers, a.seed)
+        w = {k: v.to(a.device) for k, v in w.items()}
+        return cfg, head, w, MlxAdamW(w), 0
+    cfg, head, w, arrays, step = load_run(src, a.device)
+    have = (cfg["hidden_size"], cfg["vocab_size"], cfg.get("num_target_layers", hp["layers"]))
+    if have != (hp["hidden"], hp["vocab"], hp["layers"]):
+        raise SystemExit(f"{src} holds a draft for another target (width, vocabulary, layers)")
+    opt = MlxAdamW(w)
+    if arrays is not None:
+        opt.load(arrays)
+    log(f"resumed {src} at step {step}")
+    return cfg, head, w, opt, step
+
+
+def begin_files(out: Path, cfg: dict, head: np.ndarray) -> None:
+    """config.json, head_ids.npy and curve.csv's header (kept when the curve goes on)."""
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    np.save(out / "head_ids.npy", head)
+    if not (out / "curve.csv").exists():
+        cols = ["tau_independent"] + [f"acc{j + 1}" for j in range(cfg["block_size"] - 1)]
+        (out / "curve.csv").write_text("step,seconds,tokens_seen,loss," + ",".join(cols) + "\n")
+
+
+def record(out: Path, d: Draft, ev: dict, step: int, seconds: float, seen: int, loss: float):
+    """One curve.csv row, as train.py writes it."""
+    row = [step, round(seconds, 1), seen, round(loss, 4), round(ev["tau_independent"], 4)]
+    row += [round(ev[f"acc{j + 1}"], 4) for j in range(d.cfg["block_size"] - 1)]
+    with (out / "curve.csv").open("a") as f:
+        f.write(",".join(str(x) for x in row) + "\n")
+
+
+def fit(a, d: Draft, opt: MlxAdamW, step: int, chunks, head, feats, eval_batch, t_end) -> int:
+    """train.py's loop (--seqs sequences a step) until t_end or --steps; evaluates and saves
+    every --eval-every steps and at the end. Returns the last step."""
+    B, first, out = d.cfg["block_size"], step, Path(a.out)
+    data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
+    t0, losses = time.time(), []
+    while time.time() < t_end and (not a.steps or step < first + a.steps):
+        if step % a.reload_every == 0 and step:  # train.py re-seeds here when it reloads chunks
+            data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
+        loss, _ = loss_fn(d, collate([draw(data, head) for _ in range(a.seqs)], feats, a.device))
+        grads = torch.autograd.grad(loss, list(d.w.values()))
+        lr = lr_at(step, a.lr, a.total_steps, (time.time() - t0) / max(t_end - t0, 1e-9))
+        opt.update(d.w, dict(zip(d.w, grads, strict=True)), lr)
+        losses.append(loss.detach())
+        step += 1
+        if step % a.eval_every == 0 or time.time() >= t_end or step == first + a.steps:
+            ev, mean = evaluate(d, eval_batch), float(torch.stack(losses).mean())
+            seen = step * a.seqs * a.per_seq * (B - 1)
+            record(out, d, ev, step, time.time() - t0, seen, mean)
+            rate, kept = (step - first) / (time.time() - t0), feats.kept / 2**30
+            log(f"step {step} loss {mean:.3f} {ev} ({rate:.1f} steps/s, {kept:.1f} GiB kept)")
+            save_run(out, d.w, opt, step)
+            losses = []
+    return step
+
+
+def train(a) -> int:
+    t_start = time.time()
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    hp, target = load_target(a.target, a.device)
+    log(f"target loaded in {time.time() - t_start:.1f}s on {a.device}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    held, chunks = split_chunks(a.data, a.max_len, a.held_every)
+    cfg, head, w, opt, step = start(a, hp, target, chunks, out)
+    begin_files(out, cfg, head)
+    for v in w.values():
+        v.requires_grad_(True)
+    d = make_draft(cfg, w, target["model.embed_tokens.weight"], head, a.gamma)
+    layers = cfg["target_layer_ids"]
+    held_src = Anchors(held, cfg["block_size"], a.per_seq, cfg["mask_token_id"], 1234)
+    eval_items = [draw(held_src, head, i) for i in range(min(24, len(held_src.index)))]
+    if not eval_items:
+        raise SystemExit("no held-out sequence has an answer of 2 tokens or more (--held-every)")
+    eval_feats = Features(target, hp, layers, held, a.feature_tokens, 0)
+    feats = Features(target, hp, layers, chunks, a.feature_tokens, a.cache_gb * 2**30)
+    n_train = sum(len(c["prompt_lens"]) for c in chunks)
+    log(f"{n_train} training sequences, {len(eval_items)} held out")
+    eval_batch = collate(eval_items, eval_feats, a.device)
+    step = fit(a, d, opt, step, chunks, head, feats, eval_batch, t_start + a.deadline - a.reserve)
+    if a.ship:
+        log(f"shipped {len(ship(out, Path(a.ship)))} files to {a.ship}")
+    log(f"done in {time.time() - t_start:.0f}s at step {step}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """`train` (train.py's and features.py's flags and defaults, --seqs 32) and `join`."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="phase", required=True)
+    t = sub.add_parser("train", help="train (or go on training) a block draft")
+    t.add_argument("--target", required=True, help="the target's GGUF or mlx-lm folder")
+    t.add_argument("--data", required=True, help="data folders (shard-*.npz), comma-separated")
+    t.add_argument("--out", required=True, help="the run folder (train.py's layout)")
+    t.add_argument("--resume", default="", help="start from this run folder's checkpoint")
+    t.add_argument("--ship", default="", help="also write the result here in files under 16 MiB")
+    t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    t.add_argument("--deadline", type=float, default=420, help="seconds for the whole run")
+    t.add_argument("--reserve", type=float, default=20, help="seconds kept for the last save")
+    t.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: deadline)")
+    t.add_argument("--layers", default="1,8,15,22,29", help="target layers the draft reads")
+    t.add_argument("--max-len", type=int, default=640)
+    t.add_argument("--held-every", type=int, default=64)
+    t.add_argument("--block", type=int, default=8)
+    t.add_argument("--per-seq", type=int, default=48, help="anchors per sequence")
+    t.add_argument("--init-layers", default="0,1,28,29")
+    t.add_argument("--mask-id", type=int, default=16, help="a token id never in answers")
+    t.add_argument("--head", type=int, default=8192)
+    t.add_argument("--seqs", type=int, default=32, help="sequences per step")
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--gamma", type=float, default=4.0)
+    t.add_argument(
+        "--total-steps", type=int, default=0, help="the cosine's length in steps (0: the deadline)"
+    )
+    t.add_argument("--eval-every", type=int, default=200)
+    t.add_argument("--reload-every", type=int, default=400, help="re-seed the draws (train.py)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--feature-tokens", type=int, default=32768, help="target batch, in tokens")
+    t.add_argument("--cache-gb", type=float, default=40, help="device memory for features")
+    j = sub.add_parser("join", help="a shipped folder -> a run folder export.py reads")
+    j.add_argument("--ship", required=True)
+    j.add_argument("--out", required=True)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if a.phase == "join":
+        join(Path(a.ship), Path(a.out))
+        return 0
+    a.layers = [int(x) for x in a.layers.split(",")]
+    a.init_layers = [int(x) for x in a.init_layers.split(",")]
+    return train(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
