@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -145,7 +146,8 @@ REQUESTED = [
 
 
 def answers(url: str) -> list[tuple[str, str, int | None]]:
-    """(text, finish reason, speculation rounds) of each REQUESTED, and of one streamed."""
+    """(text, finish reason, speculation rounds) of each REQUESTED, of one streamed and of one
+    cut by a stop string."""
     out = []
     for body in REQUESTED:
         r = post(url, body)
@@ -154,6 +156,10 @@ def answers(url: str) -> list[tuple[str, str, int | None]]:
         out.append((choice["message"]["content"], choice["finish_reason"], rounds))
     chunks = streamed(url, REQUESTED[0])
     out.append((text_of(chunks), chunks[-1]["choices"][0]["finish_reason"], 0))
+    words = re.findall(r"[a-z]{3,}", out[0][0])  # a stop string inside the greedy answer
+    assert words, out[0][0]
+    r = post(url, dict(REQUESTED[0], stop=[words[-1]]))
+    out.append((r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"], 0))
     return out
 
 
@@ -210,8 +216,9 @@ def test_requests_cancellation_and_caches_reach_every_rank():
 
 
 def test_launched_server_answers_as_the_single_process_server(tiny_pair):
-    """`mlx.launch --backend ring -n 2 -- edgespec serve`: greedy, sampled (seeded), plain and
-    streamed chat completions equal the single-process server's, speculation rounds included."""
+    """`mlx.launch --backend ring -n 2 -- edgespec serve`: greedy, sampled (seeded), plain,
+    streamed and stop-string chat completions equal the single-process server's (speculation
+    rounds included where no stop string cuts the answer)."""
     single = ServerProcess(*models(tiny_pair), "--k", "3", "--no-adaptive")
     try:
         expected = answers(single.url)
@@ -249,5 +256,25 @@ def test_a_lost_rank_fails_the_request_and_rank_0_exits_with_one_line(tiny_pair,
         err = group.stderr(0)
         assert [line for line in err.splitlines() if line.startswith("edgespec")][-1] == LOST
         assert "Traceback" not in err, err
+    finally:
+        group.kill()
+
+
+# ----------------------------------------------------------------------------- the real target
+
+
+@pytest.mark.slow
+def test_embedded_target_n3_serves_as_the_single_process_server():
+    """SmolLM2-135M (9 heads, 3 KV heads) split three ways answers a greedy chat completion with
+    the single-process server's text."""
+    body = chat("Name three primary colours.", temperature=0, max_tokens=10)
+    single = ServerProcess("--k", "3", "--no-adaptive")
+    try:
+        expected = post(single.url, body)["choices"][0]["message"]["content"]
+    finally:
+        single.kill()
+    group = launched(3, "serve", "--host", "127.0.0.1", "--port", "0", "--k", "3")
+    try:
+        assert post(group.url, body, timeout=600)["choices"][0]["message"]["content"] == expected
     finally:
         group.kill()
