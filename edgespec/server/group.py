@@ -94,8 +94,8 @@ class GroupWorker(Worker):
 
 def follow(engine: Any, group: Group, budget_bytes: int, max_slots: int) -> int:
     """Ranks > 0: run every request rank 0 sends, as its worker does, output dropped; returns
-    how many were received once rank 0 stops. A request the engine refuses (the same error on
-    every rank) is skipped, as rank 0 answers it with that error."""
+    how many were received once rank 0 stops. A request that fails (the same error on every
+    rank) is skipped, as rank 0 answers it with that error; a lost peer ends the loop."""
     pool = ConversationPool(engine, budget_bytes, max_slots)
     received = 0
     while (request := receive_request(group)) is not None:
@@ -108,7 +108,10 @@ def follow(engine: Any, group: Group, budget_bytes: int, max_slots: int) -> int:
             for _ in engine.generate(prompt, config, cancel):
                 pass
         except EdgeSpecError:
-            pass
+            pass  # refused alike on every rank: rank 0 answers it with the error
+        except Exception as exc:  # rank 0's worker answers a 500 and goes on; so does this rank
+            if lost(exc, group) is not None:
+                raise
         finally:
             pool.release()
     return received
