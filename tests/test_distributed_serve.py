@@ -1,7 +1,8 @@
 """`edgespec serve` on a sharded target: real multi-process runs on localhost (MLX's ring backend),
 rank 0 answering HTTP, compared with the single-process server.
 
-The tiny llama (4 heads, 2 KV heads) splits two ways. Every test kills what it started: the
+The tiny llama (4 heads, 2 KV heads) splits two ways tensor parallel, the tiny ministral3 two
+ways pipeline parallel (mlx-lm has no pipeline for llama). Every test kills what it started: the
 launcher's whole process group, or each rank it started itself.
 """
 
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,8 +28,10 @@ from edgespec.server.process import READY, ServerProcess
 from tests.cli import ROOT
 from tests.dist_serve import REQUESTS
 from tests.distributed import LAUNCH, env, free_ports, launch_command, write_hostfile
+from tests.test_distributed import tiny_ministral as ministral_fixture
 
 httpx = pytest.importorskip("httpx")
+ministral = ministral_fixture  # tests/test_distributed.py's tiny ministral3, a fixture here too
 
 MAX = 16
 LOST = (
@@ -145,21 +149,22 @@ REQUESTED = [
 ]
 
 
-def answers(url: str) -> list[tuple[str, str, int | None]]:
-    """(text, finish reason, speculation rounds) of each REQUESTED, of one streamed and of one
-    cut by a stop string."""
+def answers(url: str) -> list[tuple[str, str, Any]]:
+    """(text, finish reason, (speculation rounds, cached prompt tokens)) of each REQUESTED, and
+    (text, finish reason, None) of one streamed and of one cut by a stop string."""
     out = []
     for body in REQUESTED:
         r = post(url, body)
         choice = r["choices"][0]
-        rounds = r["usage"].get("speculation", {}).get("rounds")
-        out.append((choice["message"]["content"], choice["finish_reason"], rounds))
+        usage = r["usage"]
+        figures = (usage.get("speculation", {}).get("rounds"), usage["prompt_tokens_details"])
+        out.append((choice["message"]["content"], choice["finish_reason"], figures))
     chunks = streamed(url, REQUESTED[0])
-    out.append((text_of(chunks), chunks[-1]["choices"][0]["finish_reason"], 0))
-    words = re.findall(r"[a-z]{3,}", out[0][0])  # a stop string inside the greedy answer
+    out.append((text_of(chunks), chunks[-1]["choices"][0]["finish_reason"], None))
+    words = re.findall(r"[A-Za-z]{2,}", out[0][0])  # a stop string inside the greedy answer
     assert words, out[0][0]
     r = post(url, dict(REQUESTED[0], stop=[words[-1]]))
-    out.append((r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"], 0))
+    out.append((r["choices"][0]["message"]["content"], r["choices"][0]["finish_reason"], None))
     return out
 
 
@@ -215,16 +220,20 @@ def test_requests_cancellation_and_caches_reach_every_rank():
 # ----------------------------------------------------------------------------- real launches
 
 
-def test_launched_server_answers_as_the_single_process_server(tiny_pair):
+@pytest.mark.parametrize("shard", ["tensor", "pipeline"])
+def test_launched_server_answers_as_the_single_process_server(tiny_pair, shard, request):
     """`mlx.launch --backend ring -n 2 -- edgespec serve`: greedy, sampled (seeded), plain,
     streamed and stop-string chat completions equal the single-process server's (speculation
-    rounds included where no stop string cuts the answer)."""
-    single = ServerProcess(*models(tiny_pair), "--k", "3", "--no-adaptive")
+    rounds and cached prompt tokens included where no stop string cuts the answer), split
+    tensor parallel (llama) or pipeline parallel (ministral3)."""
+    tiny_ministral = request.getfixturevalue("ministral") if shard == "pipeline" else None
+    pair = (tiny_ministral if shard == "pipeline" else tiny_pair[0], tiny_pair[1])
+    single = ServerProcess(*models(pair), "--k", "3", "--no-adaptive")
     try:
         expected = answers(single.url)
     finally:
         single.kill()
-    group = launched(2, *serve_args(tiny_pair))
+    group = launched(2, *serve_args(pair, "--shard", shard))
     try:
         assert answers(group.url) == expected
     finally:
