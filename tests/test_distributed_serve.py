@@ -240,10 +240,15 @@ def test_launched_server_answers_as_the_single_process_server(tiny_pair, shard, 
         group.kill()
 
 
-def test_rank_0_stopping_stops_every_rank(tiny_pair, tmp_path):
+def test_a_refused_request_then_rank_0_stopping_stops_every_rank(tiny_pair, tmp_path):
+    """Adaptive K is refused on every rank alike (400), the next request is answered, and
+    SIGTERM on rank 0 ends both ranks cleanly."""
     group = ranks(write_hostfile(tmp_path / "hosts.json", 2), 2, *serve_args(tiny_pair))
     try:
-        post(group.url, chat("the cat", temperature=0))
+        body = chat("the cat", temperature=0, edgespec={"adaptive": True})
+        r = httpx.post(f"{group.url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 400 and "differ between ranks" in r.text, r.text
+        assert post(group.url, chat("the cat", temperature=0))["choices"][0]["message"]["content"]
         group.procs[0].send_signal(signal.SIGTERM)
         codes = [p.wait(60) for p in group.procs]
         assert codes == [0, 0], group.stderr(0) + group.stderr(1)
@@ -252,15 +257,29 @@ def test_rank_0_stopping_stops_every_rank(tiny_pair, tmp_path):
         group.kill()
 
 
-def test_a_lost_rank_fails_the_request_and_rank_0_exits_with_one_line(tiny_pair, tmp_path):
-    """Rank 1 is killed mid-answer: the stream ends with an error object, later requests are
-    refused, and rank 0 exits (status 2) with the group's one-line error, no traceback."""
+@pytest.mark.parametrize("when", ["mid-answer", "idle, then a request", "idle, then SIGTERM"])
+def test_a_lost_rank_fails_the_request_and_rank_0_exits_with_one_line(tiny_pair, tmp_path, when):
+    """Rank 1 is killed mid-answer (the stream ends with an error object), or while the server
+    is idle (the next request gets a 500; or rank 0 is stopped): either way rank 0 exits
+    (status 2) with the group's one-line error, no traceback."""
     group = ranks(write_hostfile(tmp_path / "hosts.json", 2), 2, *serve_args(tiny_pair))
     try:
         kill = lambda: os.kill(group.procs[1].pid, signal.SIGKILL)  # noqa: E731
-        chunks = streamed(group.url, chat("the cat", temperature=0, max_tokens=400), kill)
-        error = chunks[-1].get("error", {})
-        assert "lost its group" in error.get("message", ""), chunks[-1]
+        if when == "mid-answer":
+            chunks = streamed(group.url, chat("the cat", temperature=0, max_tokens=400), kill)
+            error = chunks[-1].get("error", {}).get("message", "")
+        else:
+            kill()
+            group.procs[1].wait(10)
+        if when == "idle, then a request":
+            body = chat("the cat", temperature=0)
+            r = httpx.post(f"{group.url}/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 500, r.text
+            error = r.json()["error"]["message"]
+        elif when == "idle, then SIGTERM":
+            group.procs[0].send_signal(signal.SIGTERM)
+            error = "lost its group"
+        assert "lost its group" in error, error
         assert group.procs[0].wait(60) == 2
         err = group.stderr(0)
         assert [line for line in err.splitlines() if line.startswith("edgespec")][-1] == LOST

@@ -25,7 +25,7 @@ from edgespec.distributed.serve import (
     send_request,
     send_stop,
 )
-from edgespec.errors import EdgeSpecError, GroupError
+from edgespec.errors import GroupError
 from edgespec.server.prefix import ConversationPool
 from edgespec.server.worker import Worker
 
@@ -68,6 +68,16 @@ class GroupEngine:
         except RuntimeError as exc:
             raise self._lose(exc) from None
 
+    def stop_followers(self) -> None:
+        """Tell the other ranks to exit (on the worker thread, after its last job); a peer
+        already gone is recorded in `lost`."""
+        try:
+            send_stop(self.group)
+        except RuntimeError as exc:
+            self.lost = lost(exc, self.group)
+            if self.lost is None:
+                raise
+
     def _lose(self, exc: RuntimeError) -> RuntimeError:
         """LostGroup for a backend failure that means a lost peer (after stopping the server);
         any other error as it is."""
@@ -89,7 +99,7 @@ class GroupWorker(Worker):
         finally:
             engine = self.engine
             if isinstance(engine, GroupEngine) and engine.lost is None:
-                send_stop(engine.group)
+                engine.stop_followers()
 
 
 def follow(engine: Any, group: Group, budget_bytes: int, max_slots: int) -> int:
@@ -107,10 +117,8 @@ def follow(engine: Any, group: Group, budget_bytes: int, max_slots: int) -> int:
             cancel = cast(threading.Event, GroupCancel(group))
             for _ in engine.generate(prompt, config, cancel):
                 pass
-        except EdgeSpecError:
-            pass  # refused alike on every rank: rank 0 answers it with the error
-        except Exception as exc:  # rank 0's worker answers a 500 and goes on; so does this rank
-            if lost(exc, group) is not None:
+        except Exception as exc:  # refused or failed alike on every rank: rank 0 answers it
+            if lost(exc, group) is not None:  # with the error and goes on, and so does this rank
                 raise
         finally:
             pool.release()
