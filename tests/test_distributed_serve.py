@@ -257,15 +257,18 @@ def test_a_refused_request_then_rank_0_stopping_stops_every_rank(tiny_pair, tmp_
         group.kill()
 
 
-@pytest.mark.parametrize("when", ["mid-answer", "idle, then a request", "idle, then SIGTERM"])
+@pytest.mark.parametrize(
+    "when", ["mid-answer", "SIGTERM mid-answer", "idle, then a request", "idle, then SIGTERM"]
+)
 def test_a_lost_rank_fails_the_request_and_rank_0_exits_with_one_line(tiny_pair, tmp_path, when):
-    """Rank 1 is killed mid-answer (the stream ends with an error object), or while the server
-    is idle (the next request gets a 500; or rank 0 is stopped): either way rank 0 exits
+    """Rank 1 is killed or stopped mid-answer (the stream ends with an error object), or killed
+    while the server is idle (the next request gets a 500; or rank 0 is stopped): either way rank 0 exits
     (status 2) with the group's one-line error, no traceback."""
     group = ranks(write_hostfile(tmp_path / "hosts.json", 2), 2, *serve_args(tiny_pair))
     try:
-        kill = lambda: os.kill(group.procs[1].pid, signal.SIGKILL)  # noqa: E731
-        if when == "mid-answer":
+        how = signal.SIGTERM if when.startswith("SIGTERM") else signal.SIGKILL
+        kill = lambda: os.kill(group.procs[1].pid, how)  # noqa: E731
+        if when.endswith("mid-answer"):  # SIGTERM: as mlx.launch stops a rank
             chunks = streamed(group.url, chat("the cat", temperature=0, max_tokens=400), kill)
             error = chunks[-1].get("error", {}).get("message", "")
         else:

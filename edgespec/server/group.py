@@ -4,8 +4,8 @@ Rank 0 serves HTTP as a lone server does, through a GroupWorker whose engine is 
 before each generation it sends the request to the other ranks (edgespec.distributed.serve),
 and the cancel flag it hands the loop is read alike on every rank. The other ranks run
 `follow`: the same conversation pool and engine loop on each request received, output dropped,
-until rank 0 stops. A lost rank fails the request running (or the next one) with a 500, and
-rank 0 then stops serving and exits with the group's one-line error.
+until rank 0 stops. A lost rank, or ranks that disagree on a step, fail the request running
+(or the next one) with a 500, and rank 0 then stops serving and exits with the one-line error.
 
     worker = GroupWorker(lambda: GroupEngine(Engine.load(..., group=group), group), ...)
     follow(Engine.load(..., group=group), group, budget_bytes, max_slots)   # ranks > 0
@@ -65,7 +65,7 @@ class GroupEngine:
     def _guarded(self, events: Iterator[Any]) -> Iterator[Any]:
         try:
             yield from events
-        except RuntimeError as exc:
+        except (RuntimeError, GroupError) as exc:  # GroupError: the ranks' steps differ
             raise self._lose(exc) from None
 
     def stop_followers(self) -> None:
@@ -78,10 +78,10 @@ class GroupEngine:
             if self.lost is None:
                 raise
 
-    def _lose(self, exc: RuntimeError) -> RuntimeError:
-        """LostGroup for a backend failure that means a lost peer (after stopping the server);
-        any other error as it is."""
-        error = lost(exc, self.group)
+    def _lose(self, exc: Exception) -> Exception:
+        """LostGroup for a backend failure that means a lost peer, or for ranks that disagree
+        (after stopping the server: the ranks cannot go on together); any other error as it is."""
+        error = exc if isinstance(exc, GroupError) else lost(exc, self.group)
         if error is None:
             return exc
         self.lost = error
@@ -105,7 +105,8 @@ class GroupWorker(Worker):
 def follow(engine: Any, group: Group, budget_bytes: int, max_slots: int) -> int:
     """Ranks > 0: run every request rank 0 sends, as its worker does, output dropped; returns
     how many were received once rank 0 stops. A request that fails (the same error on every
-    rank) is skipped, as rank 0 answers it with that error; a lost peer ends the loop."""
+    rank) is skipped, as rank 0 answers it with that error; a GroupError or a lost peer ends
+    the loop."""
     pool = ConversationPool(engine, budget_bytes, max_slots)
     received = 0
     while (request := receive_request(group)) is not None:
@@ -118,7 +119,9 @@ def follow(engine: Any, group: Group, budget_bytes: int, max_slots: int) -> int:
             for _ in engine.generate(prompt, config, cancel):
                 pass
         except Exception as exc:  # refused or failed alike on every rank: rank 0 answers it
-            if lost(exc, group) is not None:  # with the error and goes on, and so does this rank
+            # with the error and goes on, and so does this rank; not a lost peer, ranks that
+            # disagree, or the launcher stopping this rank (GroupError): those end it.
+            if isinstance(exc, GroupError) or lost(exc, group) is not None:
                 raise
         finally:
             pool.release()
