@@ -36,8 +36,9 @@ class LostGroup(RuntimeError):
 
 class GroupEngine:
     """Rank 0's engine: an Engine whose generate() first sends the request to the other ranks.
-    Everything else is the wrapped Engine's. `lost` is set once a peer was lost; `on_lost`
-    (set by the command) is then called once, on the worker thread, to stop the server."""
+    Everything else is the wrapped Engine's. `lost` is set once a peer was lost (or the ranks
+    disagreed on a step); `on_lost` (set by the command) is then called once, on the worker
+    thread, to stop the server."""
 
     def __init__(self, engine: Any, group: Group):
         self.engine, self.group = engine, group
