@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 # Commands that run as one rank of an mlx.launch group (the target sharded; edgespec.distributed).
-GROUP_COMMANDS = ("generate", "bench")
+GROUP_COMMANDS = ("generate", "bench", "serve")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if launched and name not in GROUP_COMMANDS:
         print(
             f"{who}: error: {name} does not run under mlx.launch; "
-            f"use {' or '.join(GROUP_COMMANDS)} there",
+            f"use {', '.join(GROUP_COMMANDS[:-1])} or {GROUP_COMMANDS[-1]} there",
             file=sys.stderr,
         )
         return 2

@@ -258,7 +258,8 @@ def test_commands_without_a_group_path_refuse_the_launcher(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.strip() == (
-        "edgespec verify: error: verify does not run under mlx.launch; use generate or bench there"
+        "edgespec verify: error: verify does not run under mlx.launch; use generate, bench or serve "
+        "there"
     )
 
 

@@ -15,8 +15,10 @@ from typing import Any
 from edgespec.commands.common import (
     add_model_args,
     add_sampling_args,
+    add_shard_args,
     add_spec_args,
     draft_from_args,
+    fixed_k_for_group,
     generation_from_args,
 )
 from edgespec.config import GenerationConfig
@@ -43,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_args(parser)
     parser.set_defaults(seed=None)  # a request without a seed gets a fresh one, unless --seed
     add_spec_args(parser)
+    add_shard_args(parser)
     parser.add_argument(
         "--max-tokens", type=int, default=512, help="answer length when a request sets none"
     )
@@ -190,26 +193,39 @@ def _require_extra() -> None:
         ) from None
 
 
-def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[Any, Any]:
-    """Load the pair on the worker thread (it owns MLX); (worker, engine) or a one-line error."""
+def _load(args: argparse.Namespace, group: Any, draft: str | None) -> Any:
+    """The pair (`draft`: draft_from_args's choice, e.g. the target's own MTP head)."""
+    from edgespec.runtime import Engine
+
+    return Engine.load(
+        args.target,
+        draft,
+        args.pair,
+        draft_bits=args.draft_bits,
+        dtype=args.dtype,
+        on_progress=_progress if group is None or group.is_primary else None,
+        group=group,
+        shard=args.shard,
+    )
+
+
+def _start_worker(
+    args: argparse.Namespace, config: GenerationConfig, group: Any = None
+) -> tuple[Any, Any]:
+    """Load the pair on the worker thread (it owns MLX); (worker, engine) or a one-line error.
+    Under a group, rank 0's worker and engine send each request to the other ranks."""
+    from edgespec.server.group import GroupEngine, GroupWorker
     from edgespec.server.worker import Worker
 
     draft = draft_from_args(args, config.spec)  # --method mtp: the target's own MTP head
 
     def load() -> Any:
-        from edgespec.runtime import Engine
-
-        return Engine.load(
-            args.target,
-            draft,
-            args.pair,
-            draft_bits=args.draft_bits,
-            dtype=args.dtype,
-            on_progress=_progress,
-        )
+        engine = _load(args, group, draft)
+        return GroupEngine(engine, group) if group is not None else engine
 
     budget = args.cache_mb << 20
-    worker = Worker(load, budget_bytes=budget, max_slots=args.cache_slots, max_queue=args.max_queue)
+    kind = Worker if group is None else GroupWorker
+    worker = kind(load, budget_bytes=budget, max_slots=args.cache_slots, max_queue=args.max_queue)
     engine = worker.start()
     if sys.stderr.isatty():
         print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)
@@ -220,15 +236,23 @@ def _start_worker(args: argparse.Namespace, config: GenerationConfig) -> tuple[A
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgespec.distributed.group import init_group
+
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _require_extra()
     _check(args)
     random_seed = args.seed is None
     args.seed = 0 if random_seed else args.seed
     config = generation_from_args(args)  # validate before loading anything
+    group = init_group()  # under mlx.launch: rank 0 serves, the others follow it
+    if group is not None and not group.is_primary:
+        return _follow(args, group, draft_from_args(args, config.spec))
+    config, note = fixed_k_for_group(config, group)
+    if note:
+        print(f"edgespec serve: note: {note}", file=sys.stderr)
     sock = _listen(args.host, args.port)
     try:
-        worker, engine = _start_worker(args, config)
+        worker, engine = _start_worker(args, config, group)
     except BaseException:
         sock.close()
         raise
@@ -242,8 +266,20 @@ def run(args: argparse.Namespace) -> int:
     if not args.api_key and not ipaddress.ip_address(host).is_loopback:
         print(f"edgespec serve: warning: listening on {host} without --api-key: anyone who can "
               "reach this machine can use it", file=sys.stderr)  # fmt: skip
+    if group is not None:  # a lost rank stops the server (edgespec.server.group)
+        engine.on_lost = lambda: server.handle_exit(signal.SIGTERM, None)
     _serve(server, sock, worker)
+    if getattr(engine, "lost", None) is not None:
+        raise engine.lost
     print("edgespec serve: stopped", file=sys.stderr)
+    return 0
+
+
+def _follow(args: argparse.Namespace, group: Any, draft: str | None) -> int:
+    """Ranks > 0: load this rank's shard, then run what rank 0 sends until it stops."""
+    from edgespec.server.group import follow
+
+    follow(_load(args, group, draft), group, args.cache_mb << 20, args.cache_slots)
     return 0
 
 
