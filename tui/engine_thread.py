@@ -12,7 +12,6 @@ fast the model is) and at most `flush_interval` late. The batcher knows nothing 
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,11 +33,6 @@ from edgespec.config import GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.events import Finished, Round, Token
 
-# How long the interpreter lets a thread keep the GIL while another waits for it (Python's default
-# 5 ms), set while an EngineThread runs. The engine thread takes the GIL back after every MLX call
-# that released it; while the UI thread rendered a frame each such wait could last the default,
-# and the draft's many short calls paid it most: the draft looked dear to adaptive K.
-SWITCH_INTERVAL = 0.0005
 ProgressFn = Callable[[str, "float | None"], None]
 Post = Callable[[Message], object]
 
@@ -183,13 +177,9 @@ class EngineThread:
         self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
         self._latest: _Chat | None = None
         self._last_progress = 0.0
-        self._switch = sys.getswitchinterval()
 
     def start(self) -> None:
-        """Start loading in the background; `EngineReady` or `EngineFailed` follows. Until
-        `shutdown`, a thread holds the GIL at most SWITCH_INTERVAL while another waits for it."""
-        self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch, SWITCH_INTERVAL))
+        """Start loading in the background; `EngineReady` or `EngineFailed` follows."""
         self._batcher.start()
         self._thread.start()
 
@@ -215,7 +205,6 @@ class EngineThread:
         self.cancel()
         self._requests.put(None)
         self._batcher.close()
-        sys.setswitchinterval(self._switch)
         if self._thread.is_alive():
             self._thread.join(timeout)
 
