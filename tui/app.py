@@ -43,7 +43,6 @@ from textual.widgets import Footer, Header, Input
 from edgespec.config import GenerationConfig
 
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
-STATS_EVERY = 0.25  # seconds between redraws of the live panel while an answer streams
 
 
 class ChatApp(AnswerActions):
@@ -100,7 +99,6 @@ class ChatApp(AnswerActions):
         self.plain_tps: float | None = None
         self.spec_tps: float | None = None
         self._last_view: StatsView | None = None
-        self._stats_at = 0.0  # when the panel was last redrawn
 
     # ----------------------------------------------------------------- layout and lifecycle
     def compose(self) -> ComposeResult:
@@ -203,8 +201,7 @@ class ChatApp(AnswerActions):
         if follow:
             view.scroll_end(animate=False)
         self._dirty = True
-        if time.monotonic() - self._stats_at >= STATS_EVERY:  # not a redraw per batch
-            self._show_stats()
+        self._show_stats()
 
     def on_turn_finished(self, message: TurnFinished) -> None:
         if message.turn != self.waiting or self._answer is None or self._reply is None:
@@ -273,7 +270,7 @@ class ChatApp(AnswerActions):
             )
             view = dataclasses.replace(keep, spec_on=view.spec_on, plain_tps=view.plain_tps)
             view.spec_tps = self.spec_tps
-        self._last_view, self._stats_at = view, time.monotonic()
+        self._last_view = view
         self.query_one(StatsPanel).show(view)
 
     # ----------------------------------------------------------------- actions

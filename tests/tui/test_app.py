@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -350,33 +349,3 @@ def test_answer_redraws_only_its_open_block_and_restyles_on_theme_change(
             assert view.runs[-1] == ("bonus", "!␛[2J more")
 
     run(scenario)
-
-
-def test_the_live_panel_is_redrawn_a_few_times_a_second_not_per_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from edgespec.tui.app import STATS_EVERY, ChatApp
-
-    app, _ = make_app(tmp_path, FakeScript(answer_tokens=120, round_delay=0.02))
-    shows, batches = [], []
-    monkeypatch.setattr(StatsPanel, "show", lambda self, view: shows.append(view))
-    stream = ChatApp.on_stream_batch
-    monkeypatch.setattr(
-        ChatApp, "on_stream_batch", lambda self, m: (batches.append(m), stream(self, m))
-    )
-
-    took: list[float] = []
-
-    async def scenario() -> None:
-        async with app.run_test() as pilot:
-            await wait_for(pilot, lambda: app.ready)
-            start, before = time.monotonic(), len(shows)
-            await ask(pilot, app, "hi")
-            took.append(time.monotonic() - start)
-            del shows[:before]
-
-    run(scenario)
-    assert len(batches) >= 10
-    # The prompt's, at most one per STATS_EVERY while streaming, the final one.
-    assert 3 <= len(shows) <= 3 + took[0] / STATS_EVERY < len(batches)
-    assert shows[-1].tokens == 120
