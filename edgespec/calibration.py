@@ -3,9 +3,9 @@ request, and keep the draft and verify costs measured after the compiles for ada
 
 A fresh engine compiles each input shape on first use (a draft step, a verify of L tokens, the
 CPU backend's compiled blocks, a GPU's kernels), so its first answer timed its compiles as draft
-and verify costs. `warm_up` runs one short generation whose K cycles over 1..k_max twice (every
-verify length 2..k_max + 1, the draft's steps, a plain step), times the second cycle, and returns
-a `Calibration`. The calibration is saved as a small JSON file per pair under
+and verify costs. `warm_up` runs short generations whose K cycles over 1..k_max twice (every
+verify length 2..k_max + 1, the draft's steps, a plain step; another generation where one stops
+early), times the second cycle, and returns a `Calibration`. The calibration is saved as a small JSON file per pair under
 ``$EDGESPEC_HOME/calibration/``, keyed by the machine, the backend and the pair (`calibration_key`):
 a file whose key differs is ignored and rewritten, so a new machine, MLX version or pair starts
 over. The file keeps the last SAVED timings of each cost; adaptive K is seeded with their
@@ -29,7 +29,9 @@ from typing import Any
 from edgespec.events import Round
 
 SAVED = 5  # timings kept per cost in the file
-WARM_PROMPT = "Count from one to two hundred, one number per line."
+# Not a list or a count: the hybrid's n-gram lookups would draft most rounds instead of the draft.
+WARM_PROMPT = "Write a short story about a lighthouse keeper and a storm."
+WARM_TRIES = 4  # generations at most, until every K of the cycle was used
 
 
 def calibration_key(pair: str, backend: str, versions: dict[str, str]) -> dict[str, str]:
@@ -59,6 +61,27 @@ def k_cycle(k_max: int, repeats: int = 2) -> list[int]:
     [1, 2, 3, 0, 1, 2, 3, 0]
     """
     return [*range(1, k_max + 1), 0] * repeats
+
+
+class KCycle:
+    """A warm-up's K policy: the K of k_cycle(k_max) in turn, then plain steps; `done` once every
+    one was used (a generation that stopped early leaves the rest to the next).
+
+    >>> policy = KCycle(2, repeats=1)
+    >>> [policy(None) for _ in range(4)], policy.done
+    ([1, 2, 0, 0], True)
+    """
+
+    def __init__(self, k_max: int, repeats: int = 2) -> None:
+        self.ks, self.used = k_cycle(k_max, repeats), 0
+
+    def __call__(self, _last: object) -> int:
+        self.used += 1
+        return self.ks[self.used - 1] if self.used <= len(self.ks) else 0
+
+    @property
+    def done(self) -> bool:
+        return self.used >= len(self.ks)
 
 
 def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, float]]:

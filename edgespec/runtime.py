@@ -310,8 +310,8 @@ class Engine:
 
     def warm_up(self, config: GenerationConfig, folder: Path | None = None) -> calib.Calibration:
         """Compile the shapes `config`'s loop will use and calibrate adaptive K (edgespec.calibration):
-        one short generation whose K cycles over 1..k_max twice (a tree: its own shapes), its
-        post-compile costs added to the calibration saved in `folder` (default
+        short generations whose K cycles over 1..k_max twice (calibration.KCycle; a tree: one
+        generation, its own shapes), their post-compile costs added to the calibration saved in `folder` (default
         <home>/calibration) for this machine, backend and pair; then forget both caches. Later
         adaptive requests start from the calibration's medians."""
         from importlib.metadata import version
@@ -322,12 +322,15 @@ class Engine:
         path = calib.calibration_path(folder or home() / "calibration", self.name)
         saved = calib.Calibration.load(path, key) or calib.Calibration(key)
         prompt = self.encode_chat([{"role": "user", "content": calib.WARM_PROMPT}])
-        ks = calib.k_cycle(config.spec.k_max)
-        cycle = iter(ks * 2)  # a round that commits several tokens may end the run early
-        policy = None if config.spec.tree or not config.spec.enabled else lambda _: next(cycle, 0)
-        budget = dataclasses.replace(config, max_tokens=sum(ks) + len(ks))
-        events = list(self.generate(prompt, budget, k_policy=policy))
-        self.reset()
+        cycle = calib.KCycle(config.spec.k_max)
+        policy = None if config.spec.tree or not config.spec.enabled else cycle
+        budget = dataclasses.replace(config, max_tokens=sum(cycle.ks) + len(cycle.ks))
+        events: list[Event] = []
+        for _ in range(calib.WARM_TRIES if policy else 1):  # an answer may stop early (EOS)
+            events += self.generate(prompt, budget, k_policy=policy)
+            self.reset()
+            if cycle.done:
+                break
         self.calibration = saved.add(*calib.round_costs(e for e in events if isinstance(e, Round)))
         self.calibration.save(path)
         return self.calibration

@@ -3,7 +3,10 @@ costs saved per key and reused, a changed key starts over, and adaptive K starts
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import pytest
 
 from edgespec.calibration import Calibration, calibration_key, round_costs
 from edgespec.config import GenerationConfig, SpecConfig
@@ -75,3 +78,20 @@ def test_adaptive_requests_start_from_the_calibration(engine, monkeypatch) -> No
     engine.calibration = Calibration({}, {"draft": [0.1, 0.3, 0.2]}, {3: [0.5]})
     _tokens(engine, config)
     assert seeds == [({"draft": 0.2}, {3: 0.5})]
+
+
+def test_warm_up_generates_again_when_an_answer_stops_before_the_cycle_ends(
+    engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    generate = engine.generate
+
+    def first_stops_early(prompt, config, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(len(calls))
+        short = dataclasses.replace(config, max_tokens=4) if len(calls) == 1 else config
+        return generate(prompt, short, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", first_stops_early)
+    config = GenerationConfig(spec=SpecConfig(k=2, k_max=3, adaptive=True))
+    cal = engine.warm_up(config, tmp_path)
+    assert len(calls) == 2 and {2, 3, 4} <= set(cal.verify)

@@ -96,7 +96,8 @@ def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
     chats = tmp_path / "chats"
     session = "chat"
     cmd = (
-        f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} EDGESPEC_DATA_DIR={chats} COLORTERM=truecolor "
+        f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} EDGESPEC_DATA_DIR={chats} "
+        f"EDGESPEC_HOME={tmp_path / 'home'} COLORTERM=truecolor "
         f"{sys.executable} -m edgespec chat --target {target} --draft {draft} "
         f"--max-tokens 40 -k 3 --seed 0; sleep 60"
     )
