@@ -3,6 +3,7 @@ official `openai` client (streaming and not) and with raw HTTP for the error cas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -138,20 +139,26 @@ def test_a_client_that_disconnects_cancels_its_generation(server):
 
 
 def test_a_client_gone_while_queued_is_skipped(server):
-    """B waits behind A's long answer and hangs up: B never runs; A, cancelled too, ends."""
+    """B waits behind four long answers (the default batch is full) and hangs up: B never runs;
+    the four, cancelled too, end."""
     before = health(server)["requests"]
     long_body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 480}
     url = f"{server.base}/chat/completions"
-    with httpx.stream("POST", url, json=dict(long_body, stream=True), timeout=30) as a:
-        lines = a.iter_lines()
-        next(line for line in lines if '"content":"' in line and '"content":""' not in line)
-        assert health(server)["busy"]
+    readers = []  # a dropped line iterator closes its stream: keep them
+    with contextlib.ExitStack() as held:
+        for _ in range(4):
+            a = held.enter_context(
+                httpx.stream("POST", url, json=dict(long_body, stream=True), timeout=30)
+            )
+            readers.append(a.iter_lines())
+            next(x for x in readers[-1] if '"content":"' in x and '"content":""' not in x)
+        assert health(server)["running"] == 4
         body_b = {"messages": [{"role": "user", "content": "me next"}], "stream": True}
         with httpx.stream("POST", url, json=body_b, timeout=30) as b:
             assert '"role":"assistant"' in next(line for line in b.iter_lines() if line)
             assert health(server)["queued"] == 1
     deadline = time.monotonic() + 30
-    while health(server)["requests"]["cancelled"] < before["cancelled"] + 2:
+    while health(server)["requests"]["cancelled"] < before["cancelled"] + 5:
         assert time.monotonic() < deadline, health(server)
         time.sleep(0.1)
     after = health(server)
