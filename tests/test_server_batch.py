@@ -163,3 +163,48 @@ def test_a_request_whose_cache_would_pass_the_budget_waits_for_the_running_one(t
         w.shutdown()
     assert [out.text for out in outs] == want
     assert timeline.log.index((0, "end")) < timeline.log.index((1, "piece"))
+
+
+def test_sampled_first_tokens_inside_a_batch_follow_the_target(tiny_pair):
+    """T = 1, K = 2 drafts, one token each, seeds 0..N-1, four at a time beside a long greedy
+    answer: the first tokens' texts are distributed as the target's p(x1 | prompt), pooled by
+    text (the worker streams text)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import load
+
+    from edgespec.bench.unbiased import chi_square
+
+    count, prompt_text = 300, "the moon"  # p(x1) spread: 0.48, 0.30, 0.17, ...
+    model, tokenizer = load(str(tiny_pair[0]))
+    prompt = tokenizer.encode(prompt_text)
+    p1 = np.array(mx.softmax(model(mx.array([prompt]))[0, -1]), np.float64)
+    w = unstarted(tiny_pair, max_batch=4, budget_bytes=1 << 30, max_queue=count + 1)
+    neighbour = Job(prompt, config(200, adaptive=False), (), Collect())
+    outs = [Collect() for _ in range(count)]
+    try:
+        w.submit(neighbour)
+        for seed, out in enumerate(outs):
+            w.submit(Job(prompt, config(1, 1.0, seed=seed, k=2, method="draft"), (), out))
+        w.start()
+        assert all(isinstance(out.wait(), Done) for out in outs)
+    finally:
+        w.shutdown()
+    texts = [streamed(tokenizer, x) for x in range(p1.shape[0])]  # as the engine streams them
+    classes = {t: i for i, t in enumerate(dict.fromkeys(texts))}
+    p = np.zeros(len(classes))
+    np.add.at(p, [classes[t] for t in texts], p1)
+    counts = np.zeros(len(classes), np.int64)
+    for out in outs:
+        counts[classes[out.text]] += 1
+    stat, dof, p_value = chi_square(counts, p / p.sum())
+    assert p_value > 1e-3, (stat, dof, p_value)
+
+
+def streamed(tokenizer, token: int) -> str:
+    """A one-token answer's text, through the streaming detokenizer as the engine uses it."""
+    detok = tokenizer.detokenizer
+    detok.reset()
+    detok.add_token(token)
+    detok.finalize()
+    return detok.text
