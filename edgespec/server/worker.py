@@ -152,28 +152,34 @@ class Worker:
 
     def _admit_jobs(self, batch: Batch) -> None:
         """Start waiting jobs, first in first out, while they fit beside the running ones;
-        waits for one when none runs (returns with none only once stopping)."""
+        waits for one when none runs (returns with none only once stopping). The first waiting
+        job stays in `_next` until it leaves the queue, so `queued` always counts it."""
         while not self._stopped:
-            job = self._next
-            if job is None:
+            if self._next is None:
                 try:
-                    job = self._queue.get(block=not batch)
+                    self._next = self._queue.get(block=not batch)
                 except queue.Empty:
                     return
-            self._next = None
-            if job is None:
-                self._stopped = True
-            elif self._closing.is_set():
-                self._end(job, SHUTTING_DOWN)
-            elif job.cancel.is_set():  # a client gone while queued needs nothing
-                self.counts["cancelled"] += 1
-                self._end(job, None)
-            elif not batch.fits(job):
-                self._next = job
+                if self._next is None:
+                    self._stopped = True
+                    return
+            job = self._next
+            live = not (self._closing.is_set() or job.cancel.is_set())
+            if live and not batch.fits(job):
                 return
-            elif (failed := batch.start(job)) is not None:
-                self._count(failed)
-                self._end(job, failed)
+            self._dispatch(batch, job)
+            self._next = None
+
+    def _dispatch(self, batch: Batch, job: Job) -> None:
+        """A job leaving the queue: failed (closing), skipped (its client left) or started."""
+        if self._closing.is_set():
+            self._end(job, SHUTTING_DOWN)
+        elif job.cancel.is_set():  # a client gone while queued needs nothing
+            self.counts["cancelled"] += 1
+            self._end(job, None)
+        elif (failed := batch.start(job)) is not None:
+            self._count(failed)
+            self._end(job, failed)
 
     def _drain(self) -> None:
         """Fail every job still queued (one that slipped in while closing): none is lost."""
