@@ -3,6 +3,7 @@ official `openai` client (streaming and not) and with raw HTTP for the error cas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -138,24 +139,30 @@ def test_a_client_that_disconnects_cancels_its_generation(server):
 
 
 def test_a_client_gone_while_queued_is_skipped(server):
-    """B waits behind A's long answer and hangs up: B never runs; A, cancelled too, ends."""
+    """B waits behind four long answers (the default batch is full) and hangs up: B never runs;
+    the four, cancelled too, end. The four start together, so none ends before B has waited."""
     before = health(server)["requests"]
     long_body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 480}
     url = f"{server.base}/chat/completions"
-    with httpx.stream("POST", url, json=dict(long_body, stream=True), timeout=30) as a:
-        lines = a.iter_lines()
-        next(line for line in lines if '"content":"' in line and '"content":""' not in line)
-        assert health(server)["busy"]
+    with contextlib.ExitStack() as held:
+        for _ in range(4):
+            held.enter_context(httpx.stream("POST", url, json=dict(long_body, stream=True)))
+        wait_for(server, lambda h: h["running"] == 4)
         body_b = {"messages": [{"role": "user", "content": "me next"}], "stream": True}
         with httpx.stream("POST", url, json=body_b, timeout=30) as b:
             assert '"role":"assistant"' in next(line for line in b.iter_lines() if line)
-            assert health(server)["queued"] == 1
-    deadline = time.monotonic() + 30
-    while health(server)["requests"]["cancelled"] < before["cancelled"] + 2:
-        assert time.monotonic() < deadline, health(server)
-        time.sleep(0.1)
+            wait_for(server, lambda h: h["queued"] == 1 and h["running"] == 4)
+    wait_for(server, lambda h: h["requests"]["cancelled"] == before["cancelled"] + 5)
     after = health(server)
     assert after["requests"]["completed"] == before["completed"] and after["queued"] == 0
+
+
+def wait_for(server, check, seconds: float = 30) -> None:
+    """Poll /health until check(its JSON) holds."""
+    deadline = time.monotonic() + seconds
+    while not check(h := health(server)):
+        assert time.monotonic() < deadline, h
+        time.sleep(0.05)
 
 
 def test_four_clients_at_once_all_get_their_own_answer(server):

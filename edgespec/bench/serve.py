@@ -12,6 +12,8 @@
    server's overhead, measured within each request, so it holds on a noisy machine too.
 2. Second-turn time to first token: turn one, then turn two (turn one + its answer + a follow-up)
    on a server with the prefix cache (the default pool), against turn two on the server without.
+3. With --sweep 1,2,4,8 (instead of 1 and 2): N clients at once, for EdgeSpec batched, EdgeSpec
+   one request at a time and mlx_lm.server without a draft (edgespec/bench/concurrency.py).
 
 Prompts: the project's own set (edgespec/data/bench_prompts.jsonl) unless --prompts names one.
 Only `main` prints; the measuring functions return records.
@@ -172,6 +174,10 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         "--per-category", type=int, default=None, help="first N prompts of each category only"
     )
     parser.add_argument("--max-tokens", type=int, default=128, help="answer length (default 128)")
+    parser.add_argument(
+        "--sweep",
+        help="comma-separated client counts, e.g. 1,2,4,8: the concurrency sweep instead",
+    )
     return parser.parse_args(argv)
 
 
@@ -189,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     reexec_with_blas(list(sys.argv[1:] if argv is None else argv), module="edgespec.bench.serve")
     args = _arguments(argv)
     try:
-        _report(*_measure(args))
+        if args.sweep:
+            _sweep(args)
+        else:
+            _report(*_measure(args))
     except EdgeSpecError as exc:  # bad options, a missing model or prompt file: one line
         print(f"python -m edgespec.bench.serve: {exc}", file=sys.stderr)
         return 2
@@ -224,6 +233,35 @@ def _measure(args: argparse.Namespace) -> tuple[list[tuple[Timed, Timed]], Turns
     finally:
         warm.terminate()
     return pairs, without, with_cache
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from edgespec.bench import concurrency
+    from edgespec.cpu import blas
+    from edgespec.server.process import ServerProcess
+
+    try:
+        ns = [int(n) for n in args.sweep.split(",")]
+    except ValueError:
+        raise EdgeSpecError(
+            f"--sweep takes client counts like 1,2,4,8, got {args.sweep!r}"
+        ) from None
+    questions = [p.text for p in load_prompts(args.prompts, limit=args.per_category)]
+    target = concurrency.target_folder(args.target, args.pair)
+    print(
+        f"{target.name}: {len(questions)} prompts, {args.max_tokens} tokens, T=0, BLAS "
+        f"{blas.active()} (all servers)",
+        flush=True,
+    )
+    levels = concurrency.run_sweep(
+        lambda *extra: ServerProcess(*_server_args(args), *extra),
+        target,
+        questions,
+        ns,
+        args.max_tokens,
+        _client,
+    )
+    concurrency.report(levels)
 
 
 def _model_of(srv: Any) -> str:

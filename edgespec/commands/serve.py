@@ -33,6 +33,7 @@ HELP = (
 )
 DEFAULT_CACHE_MB = 1024
 DEFAULT_SLOTS = 4
+DEFAULT_BATCH = 4  # requests answered at once (docs/server.md: why four)
 # Connections accepted in one go (and the listen backlog): asyncio accepts up to this many before
 # the guard sees any, and a connection the guard closes frees its descriptor a loop turn later.
 ACCEPT_BACKLOG = 128
@@ -72,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-queue", type=int, default=64, help="requests that may wait (default 64; then 503)"
+    )
+    g.add_argument(
+        "--max-batch",
+        type=int,
+        default=DEFAULT_BATCH,
+        help=f"requests answered at once, taking turns round by round (default {DEFAULT_BATCH}; "
+        "1: one after another)",
     )
     g.add_argument(
         "--allow-origin",
@@ -119,6 +127,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--cache-mb and --cache-slots must be >= 0")
     if args.max_queue < 1:
         raise ConfigError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_batch < 1:
+        raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key (or EDGESPEC_API_KEY) is empty")
     if args.max_body_bytes < 1 or args.max_connections < 1 or not args.request_timeout > 0:
@@ -225,7 +235,14 @@ def _start_worker(
 
     budget = args.cache_mb << 20
     kind = Worker if group is None else GroupWorker
-    worker = kind(load, budget_bytes=budget, max_slots=args.cache_slots, max_queue=args.max_queue)
+    # Under a group every rank runs rank 0's requests one after another (server/group.py).
+    worker = kind(
+        load,
+        budget_bytes=budget,
+        max_slots=args.cache_slots,
+        max_queue=args.max_queue,
+        max_batch=args.max_batch if group is None else 1,
+    )
     engine = worker.start()
     if sys.stderr.isatty():
         print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)

@@ -147,6 +147,7 @@ async def health(request: Request) -> JSONResponse:
             "status": "ok",
             "model": s.defaults.model_id,
             "busy": s.worker.busy,
+            "running": s.worker.running,
             "queued": s.worker.queued,
             "requests": dict(s.worker.counts),
             "cache": cache,

@@ -18,6 +18,11 @@ How a set is chosen for a prompt (match = tokens it shares with the set's cached
     match is copied into a new set, so the other conversation stays cached too.
 Memory: a set's bytes are its KV arrays' allocated bytes (mlx-lm grows caches 256 positions at a
 time and never shrinks them on rewind). The set in use is never dropped, even over the budget.
+
+Several requests at once (edgespec/server/batching.py): each running request holds its own set
+(`acquire` returns it, `activate` installs it before each of its rounds, `release(slot)` frees
+it). A held set is never given to another request nor dropped; a request whose best match is
+held gets a copy of the shared prefix (or a fresh set where a copy is not possible).
 """
 
 from __future__ import annotations
@@ -78,6 +83,12 @@ def cache_bytes(cache: list[Any]) -> int:
     return total
 
 
+def positions(cache: list[Any]) -> int:
+    """Positions allocated in a prompt cache's first KV layer (0 when none has grown)."""
+    keys = next((c.keys for c in cache if isinstance(getattr(c, "keys", None), mx.array)), None)
+    return 0 if keys is None else int(keys.shape[-2])
+
+
 def forkable(slot: Slot) -> bool:
     """Whether a set's prefix can be copied: plain mlx-lm KVCache layers (no rotating or
     quantized ones) and a token draft (a feature draft also holds features)."""
@@ -115,31 +126,58 @@ class ConversationPool:
         self.active = Slot(*engine.new_states())
         engine.swap_states(self.active.target, self.active.draft)
         self.slots = [self.active]
+        self.held: list[Slot] = []  # sets held by running requests
 
-    def acquire(self, prompt: list[int]) -> int:
-        """Install the best cache set for `prompt` (see the module docstring); returns how many
-        of its tokens that set holds (the Engine recomputes at least the last one)."""
+    def acquire(self, prompt: list[int]) -> Slot:
+        """Install the best free cache set for `prompt` (see the module docstring), hold it and
+        return it; `len(slot.tokens)` it holds beforehand (the Engine recomputes the last one)."""
         self._clock += 1
-        if self.max_slots == 0:
-            self.active.target.reset()
-            if self.active.draft is not None:
-                self.active.draft.reset()
-            return 0
+        if self.max_slots == 0:  # no reuse: any free set, emptied
+            slot = next((s for s in self.slots if not self._is_held(s)), None) or self._empty()
+            slot.target.reset()
+            if slot.draft is not None:
+                slot.draft.reset()
+        else:
+            slot = self._choose(prompt)
+        self.held.append(slot)
+        self.activate(slot)
+        self._evict()
+        return slot
+
+    def _choose(self, prompt: list[int]) -> Slot:
         match, best = self._best(prompt)
         if best is None or match == 0:
-            slot = self._empty()
-        elif len(best.tokens) - match > FORK_TAIL and self.max_slots > 1 and forkable(best):
-            slot = self._fork(best, prompt, match)
-        else:
-            slot = best
-        self._activate(slot)
-        self._evict()
-        return match
+            return self._empty()
+        taken = self._is_held(best)
+        if (taken or len(best.tokens) - match > FORK_TAIL) and self.max_slots > 1:
+            if forkable(best):
+                return self._fork(best, prompt, match)
+        return self._empty() if taken else best
 
-    def release(self) -> None:
-        """After a request: the set in use grew; drop least recently used sets over the limits."""
-        self.active.used = self._clock
+    def release(self, slot: Slot | None = None) -> None:
+        """After a request (`slot`: its set, default the active one): the set grew; it is free
+        again; drop least recently used sets over the limits."""
+        slot = self.active if slot is None else slot
+        slot.used = self._clock
+        self.held = [s for s in self.held if s is not slot]
         self._evict()
+
+    def activate(self, slot: Slot) -> None:
+        """Install `slot` in the engine (a running request's set, before each of its rounds)."""
+        if slot is not self.active:
+            self.engine.swap_states(slot.target, slot.draft)
+            self.active = slot
+        slot.used = self._clock
+
+    def bytes_per_token(self) -> float:
+        """Allocated cache bytes per held position, measured on the largest set so far (0.0
+        before any set has grown): what one more token of a request costs."""
+        sizes = [(positions(s.target.cache), s.nbytes()) for s in self.slots]
+        held, nbytes = max(sizes, key=lambda pair: pair[0])
+        return nbytes / held if held else 0.0
+
+    def _is_held(self, slot: Slot) -> bool:
+        return any(s is slot for s in self.held)
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for s in self.slots)
@@ -149,6 +187,7 @@ class ConversationPool:
         return [list(s.tokens) for s in sorted(self.slots, key=lambda s: -s.used)]
 
     def _best(self, prompt: list[int]) -> tuple[int, Slot | None]:
+        """The set sharing the longest prefix with `prompt` (held ones too: they can be copied)."""
         best, match = None, -1
         for slot in sorted(self.slots, key=lambda s: -s.used):  # ties: the most recent
             m = common_prefix(slot.tokens, prompt)
@@ -159,7 +198,7 @@ class ConversationPool:
     def _empty(self) -> Slot:
         """A set holding nothing: an idle empty one (the first, or one reset after a failure),
         else a new one."""
-        slot = next((s for s in self.slots if not s.tokens), None)
+        slot = next((s for s in self.slots if not s.tokens and not self._is_held(s)), None)
         if slot is None:
             slot = Slot(*self.engine.new_states())
             self.slots.append(slot)
@@ -174,18 +213,15 @@ class ConversationPool:
         self.slots.append(slot)
         return slot
 
-    def _activate(self, slot: Slot) -> None:
-        if slot is not self.active:
-            self.engine.swap_states(slot.target, slot.draft)
-            self.active = slot
-        slot.used = self._clock
-
     def _evict(self) -> None:
         dropped = False
         while len(self.slots) > 1 and (
             len(self.slots) > self.max_slots or self.nbytes() > self.budget
         ):
-            victim = min((s for s in self.slots if s is not self.active), key=lambda s: s.used)
+            free = [s for s in self.slots if s is not self.active and not self._is_held(s)]
+            if not free:
+                break
+            victim = min(free, key=lambda s: s.used)
             self.slots.remove(victim)
             dropped = True
         if dropped:

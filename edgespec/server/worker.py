@@ -1,9 +1,10 @@
-"""The one thread that owns the models: it loads the engine, then serves jobs first in, first out.
+"""The one thread that owns the models: it loads the engine, then serves jobs first in, first out,
+up to `max_batch` of them at once, taking turns round by round (edgespec/server/batching.py).
 
 MLX streams belong to the thread that made them (docs/library.md), so loading and every generation run
 on this thread; the HTTP side only submits jobs, sets their cancel events and reads what they emit.
 
-    worker = Worker(loader, budget_bytes=1 << 30, max_slots=4)
+    worker = Worker(loader, budget_bytes=1 << 30, max_slots=4, max_batch=4)
     engine = worker.start()                  # blocks until loaded; raises the load error
     worker.submit(Job(ids, config, stops, emit))   # emit(Piece | Done | Failed), on this thread
     job.cancel.set()                         # any thread: stops at the next round boundary
@@ -13,6 +14,9 @@ A job emits Piece* then exactly one Done or Failed. A Piece is what one round re
 stop-string holdback, stops.StopScanner); a stop string sets the job's cancel event, so the
 engine stops after the round it is in, and the loops leave both caches holding committed tokens
 only (tokens past the stop string included: the next request's prefix match rewinds past them).
+Jobs start in the order they came: the first waiting one joins the running ones between two
+turns when there is a place (`max_batch`) and its cache fits the budget beside theirs
+(Batch.fits); the ones behind it wait for it.
 """
 
 from __future__ import annotations
@@ -20,57 +24,20 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from edgespec.config import GenerationConfig
 from edgespec.errors import EdgeSpecError
-from edgespec.events import Finished, Round, Token
+from edgespec.server.batching import Batch
+from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.prefix import ConversationPool
-from edgespec.server.responses import Usage
-from edgespec.server.stops import Segment, StopScanner
 
-
-@dataclass(frozen=True)
-class Piece:
-    """Answer text released by one round: one segment per token, with its kind."""
-
-    segments: tuple[Segment, ...]
-
-
-@dataclass(frozen=True)
-class Done:
-    """The job ended: finish_reason 'stop' (EOS or a stop string), 'length', or 'cancelled'."""
-
-    finish_reason: str
-    usage: Usage
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The job could not run or broke off: an HTTP status and a one-line message."""
-
-    status: int
-    message: str
-    code: str | None = None
-
-
-WorkerEvent = Piece | Done | Failed
-
-
-@dataclass
-class Job:
-    """One generation request. `emit` is called on the worker thread and must not block."""
-
-    prompt: list[int]
-    config: GenerationConfig
-    stop: tuple[str, ...]
-    emit: Callable[[WorkerEvent], None]
-    cancel: threading.Event = field(default_factory=threading.Event)
+__all__ = ["Done", "Failed", "Job", "Piece", "QueueFullError", "ShuttingDownError", "Worker",
+           "WorkerEvent"]  # fmt: skip
 
 
 class Worker:
-    """Owns the engine and its conversation pool; a bounded FIFO queue of jobs."""
+    """Owns the engine and its conversation pool; a bounded FIFO queue of jobs, up to
+    `max_batch` of them running at once (1: one after another)."""
 
     def __init__(
         self,
@@ -79,18 +46,23 @@ class Worker:
         budget_bytes: int,
         max_slots: int = 4,
         max_queue: int = 64,
+        max_batch: int = 1,
     ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self._loader = loader
-        self._budget, self._slots = budget_bytes, max_slots
+        self._budget, self._slots, self.max_batch = budget_bytes, max_slots, max_batch
         self._queue: queue.Queue[Job | None] = queue.Queue()
-        # Jobs submitted and not yet ended (the running one included): the queue's own size would
+        # Jobs submitted and not yet ended (the running ones included): the queue's own size would
         # count a job the thread has not taken yet as waiting, so a burst got one place fewer.
         self._max_queue, self._admitted, self._admit = max_queue, 0, threading.Lock()
         self._thread = threading.Thread(target=self._run, name="edgespec-mlx", daemon=True)
         self._ready = threading.Event()
         self._closing = threading.Event()
         self._load_error: BaseException | None = None
-        self._running: Job | None = None
+        self._batch: Batch | None = None
+        self._next: Job | None = None  # the first waiting job, taken off the queue, not started
+        self._stopped = False  # the thread took the shutdown sentinel
         self.engine: Any = None
         self.cache_info: dict[str, int] = {"conversations": 0, "bytes": 0}
         # Requests served so far, by outcome (GET /health shows them).
@@ -106,12 +78,12 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Queue a job behind the others. Raises QueueFullError when `max_queue` jobs wait
-        besides the running one (however fast they came) and ShuttingDownError once the server
-        is stopping (the job is then not queued)."""
+        besides the `max_batch` running ones (however fast they came) and ShuttingDownError once
+        the server is stopping (the job is then not queued)."""
         if self._closing.is_set():
             raise ShuttingDownError("the server is shutting down")
         with self._admit:
-            if self._admitted > self._max_queue:
+            if self._admitted >= self._max_queue + self.max_batch:
                 raise QueueFullError(
                     f"the server is busy ({self._max_queue} requests waiting); retry later"
                 )
@@ -128,19 +100,23 @@ class Worker:
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + (self._next is not None)
+
+    @property
+    def running(self) -> int:
+        """Jobs being answered now."""
+        return len(self._batch) if self._batch is not None else 0
 
     @property
     def busy(self) -> bool:
-        return self._running is not None
+        return self.running > 0
 
     def close(self) -> None:
-        """Refuse new jobs, end the running one at its next round and fail the queued ones (503).
-        Does not wait: safe in a signal handler."""
+        """Refuse new jobs, end the running ones at their next round and fail the queued ones
+        (503). Does not wait: safe in a signal handler."""
         self._closing.set()
-        running = self._running
-        if running is not None:
-            running.cancel.set()
+        for job in self._batch.jobs() if self._batch is not None else []:
+            job.cancel.set()
         self._drain()
         self._queue.put_nowait(None)  # wakes the thread, which then ends
 
@@ -159,23 +135,51 @@ class Worker:
             self._ready.set()
             return
         self.engine = engine
+        batch = self._batch = Batch(engine, pool, self.max_batch, self._closing)
         self._ready.set()
-        while (job := self._queue.get()) is not None:
-            self._running = job
-            try:
-                if self._closing.is_set():
-                    self._end(
-                        job, Failed(503, "the server is shutting down", "server_shutting_down")
-                    )
-                elif job.cancel.is_set():  # a client gone while queued needs nothing
-                    self.counts["cancelled"] += 1
-                    self._end(job, None)
-                else:
-                    self._serve(engine, pool, job)
-            finally:
-                self._running = None
-                self.cache_info = {"conversations": len(pool.slots), "bytes": pool.nbytes()}
+        while True:
+            self._admit_jobs(batch)
+            if not batch:
+                break  # only after the shutdown sentinel: an empty batch waits for a job
+            for job, outcome in batch.turn():
+                self._count(outcome)
+                self._end(job, outcome)
+            self.cache_info = {"conversations": len(pool.slots), "bytes": pool.nbytes()}
+        if self._next is not None:
+            self._end(self._next, SHUTTING_DOWN)
+            self._next = None
         self._drain()
+
+    def _admit_jobs(self, batch: Batch) -> None:
+        """Start waiting jobs, first in first out, while they fit beside the running ones;
+        waits for one when none runs (returns with none only once stopping). The first waiting
+        job stays in `_next` until it leaves the queue, so `queued` always counts it."""
+        while not self._stopped:
+            if self._next is None:
+                try:
+                    self._next = self._queue.get(block=not batch)
+                except queue.Empty:
+                    return
+                if self._next is None:
+                    self._stopped = True
+                    return
+            job = self._next
+            live = not (self._closing.is_set() or job.cancel.is_set())
+            if live and not batch.fits(job):
+                return
+            self._dispatch(batch, job)
+            self._next = None
+
+    def _dispatch(self, batch: Batch, job: Job) -> None:
+        """A job leaving the queue: failed (closing), skipped (its client left) or started."""
+        if self._closing.is_set():
+            self._end(job, SHUTTING_DOWN)
+        elif job.cancel.is_set():  # a client gone while queued needs nothing
+            self.counts["cancelled"] += 1
+            self._end(job, None)
+        elif (failed := batch.start(job)) is not None:
+            self._count(failed)
+            self._end(job, failed)
 
     def _drain(self) -> None:
         """Fail every job still queued (one that slipped in while closing): none is lost."""
@@ -185,21 +189,7 @@ class Worker:
             except queue.Empty:
                 return
             if job is not None:
-                self._end(job, Failed(503, "the server is shutting down", "server_shutting_down"))
-
-    def _serve(self, engine: Any, pool: ConversationPool, job: Job) -> None:
-        outcome: WorkerEvent
-        try:
-            pool.acquire(job.prompt)
-            outcome = self._generate(engine, job)
-        except EdgeSpecError as exc:
-            outcome = Failed(400, _line(exc))
-        except Exception as exc:  # noqa: BLE001 - the backend failed; the server goes on
-            outcome = Failed(500, f"generation failed: {type(exc).__name__}: {_line(exc)}")
-        finally:
-            pool.release()
-        self._count(outcome)
-        self._end(job, outcome)
+                self._end(job, SHUTTING_DOWN)
 
     def _count(self, outcome: WorkerEvent) -> None:
         if isinstance(outcome, Failed):
@@ -209,37 +199,6 @@ class Worker:
         else:
             self.counts["completed"] += 1
 
-    def _generate(self, engine: Any, job: Job) -> WorkerEvent:
-        """Run the job, emitting a Piece per round; returns its Done (or Failed on shutdown)."""
-        scanner = StopScanner(job.stop)
-        plain = not job.config.spec.enabled
-        released: list[Segment] = []
-        shown, kind = 0, "target"
-        for event in engine.generate(job.prompt, job.config, job.cancel):
-            if isinstance(event, Token):
-                shown, kind = shown + len(event.text), event.kind
-                released += scanner.feed(event.text, event.kind)
-                if scanner.stopped:
-                    job.cancel.set()  # stop after this round; the rest of it is dropped
-            if released and (plain or isinstance(event, Round)):
-                job.emit(Piece(tuple(released)))
-                released = []
-            if isinstance(event, Finished):
-                released += scanner.feed(event.text[shown:], kind, count=0)  # held-back bytes
-                released += scanner.flush()
-                if released:
-                    job.emit(Piece(tuple(released)))
-                return self._finish(event, scanner, job)
-        raise RuntimeError("the engine ended without a Finished event")  # pragma: no cover
-
-    def _finish(self, event: Finished, scanner: StopScanner, job: Job) -> WorkerEvent:
-        reason: str = event.reason
-        if scanner.stopped:
-            reason = "stop"
-        elif reason == "cancelled" and self._closing.is_set():
-            return Failed(503, "the server is shutting down", "server_shutting_down")
-        return Done(reason, Usage.of(event.stats, scanner.tokens, job.config.spec.method))
-
 
 class QueueFullError(EdgeSpecError):
     """Too many requests waiting."""
@@ -247,8 +206,3 @@ class QueueFullError(EdgeSpecError):
 
 class ShuttingDownError(EdgeSpecError):
     """A request arrived while the server stops."""
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

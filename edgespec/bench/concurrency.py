@@ -1,0 +1,233 @@
+"""The concurrency sweep of `python -m edgespec.bench.serve --sweep 1,2,4,8`: N clients at once,
+each one streaming chat completion at T = 0 through the official openai client, released
+together; per level the aggregate tokens/s (all answers' tokens over the time from the release
+to the last token), and each request's time to first token and latency (median and max).
+
+Servers, one after another on the same prompts: EdgeSpec batched (`--max-batch` at its
+default), EdgeSpec one request at a time (`--max-batch 1`), and mlx_lm.server without a draft on
+the same target as EdgeSpec runs it on the CPU (dequantized to float32: `float32_copy`), all
+under the same BLAS (they inherit this process's environment).
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgespec.errors import EdgeSpecError
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One request: seconds to its first content and to its end (from the release), tokens."""
+
+    ttft: float
+    seconds: float
+    tokens: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Level:
+    """N requests released together on one server."""
+
+    server: str
+    streams: tuple[Stream, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.streams)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """All answers' tokens over the time from the release to the last token."""
+        return sum(s.tokens for s in self.streams) / max(s.seconds for s in self.streams)
+
+
+def stream(client: Any, model: str, question: str, max_tokens: int, t0: float) -> Stream:
+    """One streamed chat completion at T = 0, timed from t0 (the release)."""
+    first, parts, tokens = None, [], None
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in reply:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first if first is not None else time.perf_counter() - t0
+            parts.append(chunk.choices[0].delta.content)
+    seconds = time.perf_counter() - t0
+    return Stream(first or seconds, seconds, tokens or len(parts), "".join(parts))
+
+
+def level(name: str, client: Any, model: str, questions: Sequence[str], n: int, max_tokens: int):
+    """N clients released together, request i asking questions[i % len(questions)]."""
+    barrier = threading.Barrier(n + 1)
+    t0 = [0.0]
+
+    def one(i: int) -> Stream:
+        barrier.wait()
+        return stream(client, model, questions[i % len(questions)], max_tokens, t0[0])
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        t0[0] = time.perf_counter()
+        barrier.wait()
+        return Level(name, tuple(f.result() for f in futures))
+
+
+def sweep(
+    name: str, client: Any, model: str, questions: Sequence[str], ns: Sequence[int], max_tokens: int
+) -> list[Level]:
+    """One untimed request (warm-up), then each level in turn."""
+    stream(client, model, questions[0], max_tokens, time.perf_counter())
+    return [level(name, client, model, questions, n, max_tokens) for n in ns]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MlxLmServer:
+    """`mlx_lm server --model PATH` on a free localhost port; `base` once /v1/models answers."""
+
+    def __init__(self, model: Path, timeout: float = 180):
+        port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm",
+                "server",
+                "--model",
+                str(model),
+                "--port",
+                str(port),
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.base = f"http://127.0.0.1:{port}/v1"
+        self._wait(timeout)
+
+    def _wait(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                httpx.get(f"{self.base}/models", timeout=2).raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        self.terminate()
+        raise EdgeSpecError("mlx_lm server did not start")
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
+
+
+def target_folder(target: str | None, pair: str | None) -> Path:
+    """The local folder of the target EdgeSpec serves (`--target`, else the pair's)."""
+    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.resolve import resolve_model
+
+    cat = load_catalog()
+    return resolve_model(target or cat.pair(pair).target, catalog=cat)
+
+
+def float32_copy(model: Path, folder: Path) -> Path:
+    """The model as EdgeSpec runs it on the CPU: dequantized, float32 (mlx_lm convert)."""
+    out = folder / f"{model.name}-float32"
+    if not (out / "config.json").exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm",
+                "convert",
+                "--hf-path",
+                str(model),
+                "--mlx-path",
+                str(out),
+                "-d",
+                "--dtype",
+                "float32",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return out
+
+
+def run_sweep(
+    edgespec: Callable[..., Any],
+    target: Path,
+    questions: Sequence[str],
+    ns: Sequence[int],
+    max_tokens: int,
+    client: Callable[[str], Any],
+) -> list[Level]:
+    """The three servers' sweeps. `edgespec(*extra)` starts an EdgeSpec server process."""
+    levels: list[Level] = []
+    for name, extra in (("edgespec batched", ()), ("edgespec one at a time", ("--max-batch", "1"))):
+        srv = edgespec(*extra)
+        try:
+            c = client(srv.base)
+            model = str(c.models.list().data[0].id)
+            levels += sweep(name, c, model, questions, ns, max_tokens)
+        finally:
+            srv.terminate()
+    with tempfile.TemporaryDirectory() as tmp:
+        peer = MlxLmServer(float32_copy(target, Path(tmp)))
+        try:
+            c = client(peer.base)
+            levels += sweep(
+                "mlx_lm.server (no draft)", c, "default_model", questions, ns, max_tokens
+            )
+        finally:
+            peer.terminate()
+    return levels
+
+
+def report(levels: Sequence[Level]) -> None:
+    """A row per server and level, then the ratios side by side."""
+    head = f"{'server':<26} {'N':>2} {'tok/s':>7} {'TTFT p50':>9} {'TTFT max':>9}"
+    print(f"{head} {'latency p50':>12} {'latency max':>12}")
+    for lv in levels:
+        ttft, lat = [s.ttft for s in lv.streams], [s.seconds for s in lv.streams]
+        row = f"{lv.server:<26} {lv.n:>2} {lv.tokens_per_s:>7.2f}"
+        row += f" {statistics.median(ttft):>9.2f} {max(ttft):>9.2f}"
+        print(f"{row} {statistics.median(lat):>12.2f} {max(lat):>12.2f}")
+    by = {(lv.server, lv.n): lv for lv in levels}
+    servers = list(dict.fromkeys(lv.server for lv in levels))
+    same = total = 0
+    for n in sorted({lv.n for lv in levels}):
+        rows = [by[(s, n)] for s in servers]
+        ratios = [f"{lv.server} {lv.tokens_per_s / rows[0].tokens_per_s:.2f}x" for lv in rows[1:]]
+        p50 = [f"{statistics.median(x.ttft for x in lv.streams):.2f} s" for lv in rows]
+        print(f"N={n}: tok/s vs {servers[0]}: {', '.join(ratios)}; TTFT p50 {' / '.join(p50)}")
+        pairs = zip(rows[0].streams, rows[1].streams, strict=True)
+        same, total = same + sum(a.text == b.text for a, b in pairs), total + n
+    print(f"answers identical, {servers[0]} vs {servers[1]}: {same} of {total}")

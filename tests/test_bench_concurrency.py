@@ -1,0 +1,58 @@
+"""The concurrency sweep's measuring and report (edgespec/bench/concurrency.py) with a stand-in
+client whose streams take known times: no model, no server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from edgespec.bench.concurrency import Level, Stream, level, report
+
+
+class FakeClient:
+    """`chat.completions.create(stream=True)`: `words` chunks `delay` s apart, then usage; counts
+    how many streams run at once."""
+
+    def __init__(self, words: int = 3, delay: float = 0.05):
+        self.words, self.delay, self.now, self.most = words, delay, 0, 0
+        self.lock = threading.Lock()
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    def create(self, messages, max_tokens, **_):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            for i in range(self.words):
+                time.sleep(self.delay)
+                delta = SimpleNamespace(content=f"{messages[0]['content']}{i} ")
+                yield SimpleNamespace(usage=None, choices=[SimpleNamespace(delta=delta)])
+            usage = SimpleNamespace(completion_tokens=self.words)
+            yield SimpleNamespace(usage=usage, choices=[])
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_a_level_releases_its_clients_together_and_times_them_from_the_release():
+    client = FakeClient(words=3, delay=0.05)
+    lv = level("fake", client, "m", ["a", "b"], 4, 8)
+    assert client.most == 4 and lv.n == 4
+    assert [s.text for s in lv.streams] == ["a0 a1 a2 ", "b0 b1 b2 ", "a0 a1 a2 ", "b0 b1 b2 "]
+    for s in lv.streams:
+        assert 0.04 < s.ttft < s.seconds and s.tokens == 3
+    assert lv.tokens_per_s == pytest.approx(12 / max(s.seconds for s in lv.streams))
+
+
+def test_the_report_puts_the_servers_side_by_side(capsys):
+    def lv(server: str, n: int, seconds: float, text: str = "x") -> Level:
+        return Level(server, tuple(Stream(0.5, seconds, 10, text) for _ in range(n)))
+
+    levels = [lv("one", 1, 1.0), lv("one", 2, 1.0), lv("two", 1, 2.0), lv("two", 2, 4.0, "y")]
+    report(levels)
+    out = capsys.readouterr().out
+    assert "N=1: tok/s vs one: two 0.50x" in out and "N=2: tok/s vs one: two 0.25x" in out
+    assert "answers identical, one vs two: 1 of 3" in out
