@@ -106,7 +106,7 @@ def test_trees_with_method_mtp_are_refused_in_one_line_saying_why(checkpoint):
     )
     assert out.returncode == 2
     line = out.stderr.strip()
-    assert "\n" not in line and "--method draft or hybrid, not mtp" in line
+    assert "\n" not in line and "--method draft, hybrid, block or block-tree, not mtp" in line
     assert "tree forward runs llama, mistral, qwen2 and qwen3 targets" in line
 
 
