@@ -69,7 +69,7 @@ def test_dynamic_shapes_at_a_temperature_keep_within_their_node_budget():
 
 
 def test_tree_needs_a_draft_method():
-    with pytest.raises(ConfigError, match="--method draft or hybrid"):
+    with pytest.raises(ConfigError, match="--method draft, hybrid, block or block-tree"):
         SpecConfig(method="ngram", tree="2,1")
 
 
