@@ -15,6 +15,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.errors import CacheNotTrimmableError
 from edgespec.rewind import REFEED, Rewinder, rewindable
+from edgespec.sampling import Softmax
 
 PREFILL_CHUNK = 512
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
@@ -115,14 +116,20 @@ class KVState:
     """One model, its KV cache, and the tokens that cache holds.
 
     `new_cache(model)` makes a fresh cache (default: mlx-lm's make_prompt_cache; the Engine
-    passes the CPU backend's, which marks it for grouped attention). Sliding-window layers become
+    passes the CPU backend's, which marks it for grouped attention). `softmax` is the backend's
+    softmax that warping this model's logits uses (sampling.warp; None: MLX's own). Sliding-window layers become
     rewindable ones (edgespec/rewind.py). Any cache decodes plainly; `check_speculation` says
     whether this one can also speculate."""
 
     def __init__(
-        self, model: Any, name: str = "model", new_cache: CacheFactory = make_prompt_cache
+        self,
+        model: Any,
+        name: str = "model",
+        new_cache: CacheFactory = make_prompt_cache,
+        softmax: Softmax | None = None,
     ):
         self.model = model
+        self.softmax = softmax
         self.name = name
         self.new_cache = new_cache
         self.cache = rewindable(new_cache(model))
