@@ -116,10 +116,10 @@ class KVState:
     """One model, its KV cache, and the tokens that cache holds.
 
     `new_cache(model)` makes a fresh cache (default: mlx-lm's make_prompt_cache; the Engine
-    passes the CPU backend's, which marks it for grouped attention). `softmax` is the backend's
-    softmax that warping this model's logits uses (sampling.warp; None: MLX's own). Sliding-window layers become
+    passes the CPU backend's, which marks it for grouped attention). Sliding-window layers become
     rewindable ones (edgespec/rewind.py). Any cache decodes plainly; `check_speculation` says
-    whether this one can also speculate."""
+    whether this one can also speculate. `softmax`: the backend's softmax for warping this
+    model's logits (sampling.warp; None: MLX's own; the Engine passes its CPU backend's)."""
 
     def __init__(
         self,
