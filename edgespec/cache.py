@@ -15,6 +15,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.errors import CacheNotTrimmableError
 from edgespec.rewind import REFEED, Rewinder, rewindable
+from edgespec.sampling import Softmax
 
 PREFILL_CHUNK = 512
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
@@ -117,12 +118,18 @@ class KVState:
     `new_cache(model)` makes a fresh cache (default: mlx-lm's make_prompt_cache; the Engine
     passes the CPU backend's, which marks it for grouped attention). Sliding-window layers become
     rewindable ones (edgespec/rewind.py). Any cache decodes plainly; `check_speculation` says
-    whether this one can also speculate."""
+    whether this one can also speculate. `softmax`: the backend's softmax for warping this
+    model's logits (sampling.warp; None: MLX's own; the Engine passes its CPU backend's)."""
 
     def __init__(
-        self, model: Any, name: str = "model", new_cache: CacheFactory = make_prompt_cache
+        self,
+        model: Any,
+        name: str = "model",
+        new_cache: CacheFactory = make_prompt_cache,
+        softmax: Softmax | None = None,
     ):
         self.model = model
+        self.softmax = softmax
         self.name = name
         self.new_cache = new_cache
         self.cache = rewindable(new_cache(model))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from edgespec.errors import ConfigError
 
@@ -24,8 +22,6 @@ class SamplingConfig:
 
     temperature == 0 means greedy (argmax); the other warps are then irrelevant.
     top_k == 0 and min_p == 0 and top_p == 1 disable those warps.
-    `softmax` is not a user setting: the backend's softmax(z, scale) for `sampling.warp`, which
-    the Engine sets from edgespec.cpu.rewrites.sampling_softmax (None: MLX's own).
     """
 
     temperature: float = 0.0
@@ -33,7 +29,6 @@ class SamplingConfig:
     top_k: int = 0
     min_p: float = 0.0
     seed: int = 0
-    softmax: Callable[[Any, float], Any] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < math.inf:

@@ -107,7 +107,7 @@ def decode_plain(
         logits = target.forward(inputs)[-1]
         if cfg.greedy:
             return mx.argmax(logits).astype(mx.int32)
-        return sample(warp(logits, cfg), uniforms(sample_key, 1)[0])
+        return sample(warp(logits, cfg, target.softmax), uniforms(sample_key, 1)[0])
 
     try:
         tok = step(mx.array(context[target.offset :], dtype=mx.int32))

@@ -26,7 +26,7 @@ from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Drafter, Proposal, no_proposal
 from edgespec.events import Round
-from edgespec.sampling import round_keys, uniforms, warp
+from edgespec.sampling import Softmax, round_keys, uniforms, warp
 
 KPolicy = Callable[[Round | None], int]
 
@@ -122,12 +122,20 @@ class Progress:
         return Step(toks, kinds, rnd, stop)
 
 
-def accept(prop: Proposal, logits: mx.array, cfg: SamplingConfig, key: mx.array):
+def accept(
+    prop: Proposal,
+    logits: mx.array,
+    cfg: SamplingConfig,
+    key: mx.array,
+    softmax: Softmax | None = None,
+):
     """The acceptance step on the target's logits [d + 1, V] of the pending token and the d
-    drafted ones: (n_accepted, next_token), lazy. d = 0 is a plain target step."""
+    drafted ones: (n_accepted, next_token), lazy. d = 0 is a plain target step. `softmax`: the
+    target's (KVState.softmax) for warping."""
     if cfg.greedy:
         return verify_greedy(prop.tokens, logits)
-    return verify(prop.tokens, prop.q, warp(logits, cfg), uniforms(key, prop.size + 1))
+    p = warp(logits, cfg, softmax)
+    return verify(prop.tokens, prop.q, p, uniforms(key, prop.size + 1))
 
 
 def verify_round(
@@ -152,7 +160,7 @@ def verify_round(
         feats, logits = feats[-(d + 1) :], logits[-(d + 1) :]
     else:
         logits = target.forward(inputs)[-(d + 1) :]
-    n, nxt = accept(prop, logits, cfg, key)
+    n, nxt = accept(prop, logits, cfg, key, target.softmax)
     out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
     return out.astype(mx.int32), feats
 

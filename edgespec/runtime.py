@@ -24,7 +24,7 @@ import mlx.core as mx
 import edgespec.calibration as calib
 from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
 from edgespec.config import GenerationConfig
-from edgespec.cpu import rewrites
+from edgespec.cpu.backend import CpuBackend
 from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
 from edgespec.drafting.base import Drafter
@@ -64,15 +64,13 @@ class Engine:
         self.context_window = int(target.context_window)
         if draft is not None:
             self.context_window = min(self.context_window, int(draft.context_window))
-        # The CPU backend's rewrites (edgespec/cpu/rewrites.py; each a no-op on a GPU): the models
-        # in place, marked caches, draft steps in pairs, the sampling softmax.
-        for loaded in (target, draft):
-            if loaded is not None:
-                rewrites.optimise(loaded.model)
-        self._pairs = rewrites.draft_pairs()
-        self._softmax = rewrites.sampling_softmax()
+        # The CPU backend (edgespec/cpu/backend.py; nothing on a GPU): the states run twins of
+        # the models with its optimised layers (target.model / draft.model stay mlx-lm's), on
+        # marked caches; draft steps in pairs; the sampling softmax.
+        self.cpu = CpuBackend()
+        self._pairs = self.cpu.draft_pairs
         # The draft-tree forward's pieces: the CPU's grouped attention and compiled blocks.
-        self._tree_kernels = Kernels(rewrites.masked_attention, rewrites.block_parts)
+        self._tree_kernels = Kernels(self.cpu.masked_attention, self.cpu.block_parts)
         self._draft: KVState | EagleState | None
         self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
@@ -195,8 +193,6 @@ class Engine:
     ) -> Iterator[Step]:
         limits = Limits(config.max_tokens, self._eos, self.context_window)
         sampling = config.sampling
-        if sampling.softmax is None:  # the backend's softmax (the CPU's fast exp), if it has one
-            sampling = dataclasses.replace(sampling, softmax=self._softmax)
         if not config.spec.enabled:
             return decode_plain(self._target, prompt, sampling, limits, cancel)
         spec = config.spec
@@ -346,17 +342,19 @@ class Engine:
     def new_states(self) -> tuple[KVState, KVState | EagleState | None]:
         """Empty caches for both models (target, draft or None), e.g. for one more conversation
         kept aside (edgespec.server.prefix); `swap_states` installs them."""
-        target, draft, new_cache = self.target, self.draft, rewrites.new_cache
+        target, draft, cpu = self.target, self.draft, self.cpu
+        # the twins of the models, the backend's caches and sampling softmax (cpu/backend.py)
+        backend = (cpu.new_cache, cpu.softmax)
         state: KVState | EagleState | None = None
-        verifier = KVState(target.model, f"target {target.name}", new_cache)
+        verifier = KVState(cpu.model(target.model), f"target {target.name}", *backend)
         if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
-            state = BlockState(draft.model, f"draft {draft.name}", new_cache)
+            state = BlockState(draft.model, f"draft {draft.name}", *backend)
             verifier.feature_layers = draft.model.feature_layers
         elif draft is not None and isinstance(draft.model, EagleModel | MtpModel):  # features
-            state = EagleState(draft.model, f"draft {draft.name}", new_cache)
+            state = EagleState(cpu.model(draft.model), f"draft {draft.name}", *backend)
             verifier.feature_layers = draft.model.feature_layers  # what it reads
         elif draft is not None:
-            state = KVState(draft.model, f"draft {draft.name}", new_cache)
+            state = KVState(cpu.model(draft.model), f"draft {draft.name}", *backend)
         return verifier, state
 
     def swap_states(

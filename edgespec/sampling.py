@@ -8,13 +8,21 @@ same uniforms picks the same tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from edgespec.config import SamplingConfig
 
+# softmax(z, scale): the softmax over the last axis of scale * z that a backend computes faster
+# (MLX's CPU backend: edgespec/cpu/fastexp.py). The Engine hands its backend's to the states
+# (KVState.softmax), and whatever warps a state's logits passes it on to `warp`.
+Softmax = Callable[[mx.array, float], mx.array]
 
-def warp(logits: mx.array, cfg: SamplingConfig) -> mx.array:
-    """Logits [..., V] -> probabilities [..., V] (float32, rows sum to 1).
+
+def warp(logits: mx.array, cfg: SamplingConfig, softmax: Softmax | None = None) -> mx.array:
+    """Logits [..., V] -> probabilities [..., V] (float32, rows sum to 1); the softmax is
+    `softmax` (a backend's, Softmax above) or MLX's own.
 
     Order: temperature, top-k, top-p, min-p, renormalise (after a top-p / min-p cut; a softmax
     row is normalised already, so a row with nothing cut is returned as it is). Temperature 0
@@ -34,7 +42,7 @@ def warp(logits: mx.array, cfg: SamplingConfig) -> mx.array:
         z = mx.where(z >= kth, z, -mx.inf)
     # The backend's softmax when it has one (the CPU's: a compiled, faster, more accurate exp,
     # edgespec/cpu/fastexp.py), the temperature applied inside it.
-    probs = cfg.softmax(z, 1.0 / t) if cfg.softmax is not None else mx.softmax(z / t, axis=-1)
+    probs = softmax(z, 1.0 / t) if softmax is not None else mx.softmax(z / t, axis=-1)
     if cfg.top_p >= 1.0 and cfg.min_p <= 0.0:
         return probs  # nothing cut: the softmax is already normalised
     if cfg.top_p < 1.0:

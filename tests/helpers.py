@@ -17,7 +17,7 @@ from scipy.stats import chisquare
 
 from edgespec.cache import KVState
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.cpu import rewrites
+from edgespec.cpu.backend import CpuBackend
 from edgespec.drafting.base import Drafter, Proposal, no_proposal, point_mass
 from edgespec.events import Event, Round, Token
 from edgespec.sampling import warp
@@ -141,9 +141,11 @@ def same_bits(a: mx.array, b: mx.array) -> bool:
 
 
 def engine_state(model: Any, name: str = "model") -> KVState:
-    """A KVState built as the Engine builds one: the model with the CPU rewrites that are switched
-    on (rewrites.optimise, in place) and a cache marked for grouped attention."""
-    return KVState(rewrites.optimise(model), name, rewrites.new_cache)
+    """A KVState built as the Engine builds one: a CPU backend's twin of `model` with the rewrites
+    that are switched on (`model` itself is left as it is) and a cache marked for grouped
+    attention."""
+    cpu = CpuBackend()
+    return KVState(cpu.model(model), name, cpu.new_cache)
 
 
 # ---------------------------------------------------------------------------- statistics

@@ -24,7 +24,10 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import KVState
 from edgespec.config import SpecConfig
-from edgespec.cpu import attention, blas, blocks, leanops, rewrites, rope
+from edgespec.cpu import attention, blas, blocks
+from edgespec.cpu.backend import CpuBackend, on_cpu
+from edgespec.cpu.leanops import LeanLinear, LeanRMSNorm
+from edgespec.cpu.rope import TableRoPE
 from edgespec.errors import TreeUnsupportedError
 from edgespec.loading.load import load_model
 from edgespec.rewind import Rewinder, WindowKVCache
@@ -153,14 +156,17 @@ def test_cpu_rewrites_keep_the_logits_bit_for_bit_or_step_aside(families, family
     same bits. Grouped attention (marked caches) computes the same values (it keeps a verify's
     rows bit-exact only under a row-exact BLAS: test_verify_rows_carry_the_bits_of_steps)."""
     monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
-    if not rewrites.on_cpu():
+    if not on_cpu():
         pytest.skip("the rewrites run on the CPU backend only")
     path = families.paths(family)[0]
-    fast, slow = load_model(str(path)).model, load_model(str(path)).model
-    assert rope.install(fast) == TABLE_ROPE.get(family, 4)
-    assert leanops.install(fast) > 0
+    slow, cpu = load_model(str(path)).model, CpuBackend()
+    fast = cpu.model(slow)  # the twin: mlx-lm's model itself is left as it is
+    kinds = [type(m) for _, m in fast.named_modules()]
+    assert kinds.count(TableRoPE) == TABLE_ROPE.get(family, 4)
+    assert LeanLinear in kinds or LeanRMSNorm in kinds
     if blocks.enabled():
-        assert blocks.install(fast) == COMPILED.get(family, 0)
+        assert kinds.count(blocks.CompiledBlock) == COMPILED.get(family, 0)
+    assert not {TableRoPE, LeanLinear, LeanRMSNorm} & {type(m) for _, m in slow.named_modules()}
     lengths = [1, 2, 1, 3, 5, 1, 2, 8, 1, 4, 1, 1, 6, 1, 3]
     prefix = [(5 * i + 1) % 300 + 4 for i in range(20)]
     want = _logits(KVState(slow, "mlx-lm", make_prompt_cache), prefix, lengths)
@@ -171,7 +177,7 @@ def test_cpu_rewrites_keep_the_logits_bit_for_bit_or_step_aside(families, family
     monkeypatch.setattr(
         attention, "grouped_attention", lambda *a, **k: grouped.append(1) or real(*a, **k)
     )
-    marked = _logits(KVState(fast, "grouped", rewrites.new_cache), prefix, lengths)
+    marked = _logits(KVState(fast, "grouped", cpu.new_cache), prefix, lengths)
     for x, y in zip(marked, want, strict=True):
         assert mx.allclose(x, y, rtol=1e-4, atol=1e-4).item()
     if attention.enabled():
@@ -182,14 +188,16 @@ ROWS = """
 import sys
 import mlx.core as mx
 from edgespec.cache import KVState
-from edgespec.cpu import blas, rewrites
+from edgespec.cpu import blas
+from edgespec.cpu.backend import CpuBackend
 from edgespec.loading.load import load_model
 assert blas.rows_exact(), blas.active()
 prefix = [(5 * i + 1) % 300 + 4 for i in range(30)]
 ids = [(7 * i + 3) % 300 + 4 for i in range(6)]
 for path in sys.argv[1:]:
-    model = rewrites.optimise(load_model(path).model)
-    a, b = KVState(model, "a", rewrites.new_cache), KVState(model, "b", rewrites.new_cache)
+    cpu = CpuBackend()
+    model = cpu.model(load_model(path).model)
+    a, b = KVState(model, "a", cpu.new_cache), KVState(model, "b", cpu.new_cache)
     for state in (a, b):
         mx.eval(state.forward(mx.array(prefix, dtype=mx.int32)))
     verify = a.forward(mx.array(ids, dtype=mx.int32))

@@ -1,5 +1,6 @@
 """Grouped verify attention (edgespec.cpu.attention): same values as MLX's attention, taken only by
-caches EdgeSpec marks, and row-exact where the BLAS is (tests/test_blas.py runs a KVState forward
+a CPU backend's twin on caches EdgeSpec marks (mlx-lm's modules keep their function), and
+row-exact where the BLAS is (tests/test_blas.py runs a KVState forward
 under the reference BLAS, which goes through this path on the CPU)."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import KVState
-from edgespec.cpu import attention, rewrites
+from edgespec.cpu import attention
+from edgespec.cpu.backend import CpuBackend
 from tests.helpers import engine_state
 from tests.tiny import llama_config, random_llama_weights
 
@@ -69,10 +71,12 @@ def test_only_marked_caches_take_the_grouped_path(monkeypatch):
     state.forward(mx.array([6], dtype=mx.int32))
     assert calls == []  # one-token steps keep MLX's path
     other = make_prompt_cache(model)  # somebody else's cache (mlx-lm's own generate)
-    model(mx.array([[1, 2, 3]]), cache=other)
+    state.model(mx.array([[1, 2, 3]]), cache=other)
+    model(mx.array([[1, 2, 3]]), cache=make_prompt_cache(model))  # the model itself
+    model(mx.array([[1, 2, 3]]), cache=state.cache)  # even on a marked cache
     assert calls == []
     monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")
-    assert not any(getattr(c, attention.FLAG, False) for c in rewrites.new_cache(model))
+    assert not any(getattr(c, attention.FLAG, False) for c in CpuBackend().new_cache(model))
 
 
 def test_a_marked_forward_equals_mlx_attention():
@@ -88,18 +92,30 @@ def test_a_marked_forward_equals_mlx_attention():
     )
 
 
-def test_install_wraps_mlx_lms_function_once_and_nothing_else(monkeypatch):
-    import sys
-    import types
+def test_attending_classes_call_the_given_function_and_leave_mlx_lm_alone():
+    from mlx_lm.models import base
 
-    from mlx_lm.models import llama as llama_module
+    original = base.scaled_dot_product_attention
+    calls = []
 
-    other = types.ModuleType("mlx_lm.models._edgespec_test_other")
-    other.scaled_dot_product_attention = mx.fast.scaled_dot_product_attention  # another signature
-    monkeypatch.setitem(sys.modules, other.__name__, other)
-    attention.install()
-    wrapped = llama_module.scaled_dot_product_attention
-    assert hasattr(wrapped, attention._ORIGINAL)
-    attention.install()
-    assert llama_module.scaled_dot_product_attention is wrapped  # idempotent
-    assert other.scaled_dot_product_attention is mx.fast.scaled_dot_product_attention
+    def sdpa(*args, **kwargs):
+        calls.append(args[0].shape[2])
+        return original(*args, **kwargs)
+
+    cls = attention.attending_class(llama.Attention, original, sdpa)
+    assert cls is not None and issubclass(cls, llama.Attention)
+    assert llama.scaled_dot_product_attention is original  # mlx-lm's module as it was
+    assert attention.attending_class(llama.MLP, original, sdpa) is None  # it attends nowhere
+    assert (
+        attention.attending_class(llama.Attention, mx.fast.scaled_dot_product_attention, sdpa)
+        is None
+    )
+
+    model = _tiny_llama()
+    layer = model.model.layers[0].self_attn
+    twin = cls.__new__(cls)
+    twin.__dict__.update(layer.__dict__)
+    dict.update(twin, layer)
+    x = mx.random.normal((1, 3, 64))
+    assert mx.array_equal(twin(x, mask="causal"), layer(x, mask="causal")).item()
+    assert calls == [3]

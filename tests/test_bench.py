@@ -210,6 +210,9 @@ def test_bench_end_to_end_on_tiny_models(tiny_pairs, tmp_path: Path) -> None:
             assert r.mismatch is False and r.token_ids == plain[r.prompt_id]
             assert r.rounds > 0 and r.t_draft is not None and r.t_draft > 0
     assert all(n.near_tie for n in result.notes)  # mlx-lm may differ only at a near-tie
+    # the peer ran mlx-lm's model as loaded: EdgeSpec's CPU layers live in the Engine's twin only
+    for model in (engine.target.model, engine.draft.model):
+        assert not any(type(m).__module__.startswith("edgespec") for _, m in model.named_modules())
     variants = aggregate(result.records)
     files = write_report(result, variants, tmp_path)
     check_schema(json.loads(files.json.read_text()))

@@ -131,12 +131,13 @@ BITS = """
 import mlx.core as mx, numpy as np
 from mlx_lm.models import llama
 from edgespec.cache import KVState
-from edgespec.cpu import rewrites
+from edgespec.cpu.backend import CpuBackend
 from tests.tiny import llama_config, random_llama_weights
 config = llama_config(vocab_size=4096, layers=2, hidden=576)
 model = llama.Model(llama.ModelArgs.from_dict(config))
 model.load_weights([(k, mx.array(v)) for k, v in random_llama_weights(config, seed=3).items()])
-st = KVState(rewrites.optimise(model), new_cache=rewrites.new_cache)  # as the Engine builds it
+cpu = CpuBackend()
+st = KVState(cpu.model(model), new_cache=cpu.new_cache)  # as the Engine builds it
 prompt = list(range(1, 40)); st.prefill(prompt)
 toks = [5, 77, 123, 99, 42, 7, 8, 9]
 full = np.array(st.forward(mx.array(toks, dtype=mx.int32))); st.rewind(prompt, len(prompt) - 1)

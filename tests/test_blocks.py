@@ -1,7 +1,7 @@
 """Compiled llama blocks (edgespec/blocks.py): the same logits as mlx-lm's blocks for every
-forward length a decoding loop uses, installed only on exact llama blocks, traced again when a
-weight is replaced, off for prompt chunks, inside rope.native() and with
-EDGESPEC_COMPILED_BLOCKS=0."""
+forward length a decoding loop uses, standing only for exact llama blocks in a CPU backend's twin
+(the model keeps mlx-lm's), traced again when a weight is replaced, off for prompt chunks and
+with EDGESPEC_COMPILED_BLOCKS=0."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from mlx_lm import load
 from mlx_lm.models import llama
 
 from edgespec.cache import KVState
-from edgespec.cpu import blocks, rope
+from edgespec.cpu import blocks
+from edgespec.cpu.backend import CpuBackend
 from edgespec.cpu.blocks import CompiledBlock
 from tests.helpers import engine_state, same_bits
 
@@ -61,15 +62,15 @@ def test_compiled_blocks_keep_the_logits_bit_for_bit(tiny_pair, monkeypatch):
         assert same_bits(got, want)
 
 
-def test_prompt_chunks_native_and_cache_free_calls_keep_mlx_lm_code(tiny_pair):
-    state = engine_state(fresh_target(tiny_pair), "target")
+def test_prompt_chunks_the_model_and_cache_free_calls_keep_mlx_lm_code(tiny_pair):
+    model = fresh_target(tiny_pair)
+    state = engine_state(model, "target")
     block = state.model.model.layers[0]
     long = mx.array(list(range(4, 4 + blocks.MAX_LENGTH + 1)), dtype=mx.int32)
     mx.eval(state.forward(long))  # a prompt chunk: no trace made
     assert blocks._FNS not in block.__dict__
-    with rope.native():
-        mx.eval(state.forward(mx.array([5], dtype=mx.int32)))
-    assert blocks._FNS not in block.__dict__
+    mx.eval(KVState(model).forward(mx.array([5], dtype=mx.int32)))  # the model itself
+    assert blocks._FNS not in block.__dict__ and type(model.model.layers[0]) is not CompiledBlock
     mx.eval(state.model(mx.array([[5, 6]], dtype=mx.int32)))  # no cache (training, checks)
     assert blocks._FNS not in block.__dict__
     mx.eval(state.forward(mx.array([5], dtype=mx.int32)))
@@ -93,20 +94,25 @@ def test_a_replaced_weight_is_used_at_once(tiny_pair, monkeypatch):
     assert all(same_bits(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_install_only_exact_llama_blocks_once_and_respects_the_switch(tiny_pair, monkeypatch):
+def test_only_exact_llama_blocks_compile_and_the_switch_turns_it_off(tiny_pair, monkeypatch):
     class OtherBlock(llama.TransformerBlock):  # someone else's subclass: not ours to change
         pass
 
     model = fresh_target(tiny_pair)
     args = model.args
-    model.model.layers[0].__class__ = OtherBlock
-    assert blocks.install(model) == len(model.model.layers) - 1
-    assert type(model.model.layers[0]) is OtherBlock
-    assert blocks.install(model) == 0  # idempotent
+    other = OtherBlock(args)
+    other.update(model.model.layers[0].parameters())
+    model.model.layers[0] = other
+    twin = CpuBackend().model(model)
+    assert type(twin.model.layers[0]) is OtherBlock
+    assert {type(layer) for layer in twin.model.layers[1:]} == {CompiledBlock}
+    assert type(model.model.layers[1]) is llama.TransformerBlock  # the model keeps its blocks
     monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
-    assert blocks.install(fresh_target(tiny_pair)) == 0
+    twin = CpuBackend().model(fresh_target(tiny_pair))
+    assert not any(isinstance(layer, CompiledBlock) for layer in twin.model.layers)
     monkeypatch.delenv("EDGESPEC_COMPILED_BLOCKS")
-    assert blocks.install(llama.Model(args)) == len(model.model.layers)
+    twin = CpuBackend().model(llama.Model(args))
+    assert {type(layer) for layer in twin.model.layers} == {CompiledBlock}
 
 
 def test_a_head_size_other_than_hidden_over_heads_keeps_the_logits(monkeypatch):
@@ -122,7 +128,7 @@ def test_a_head_size_other_than_hidden_over_heads_keeps_the_logits(monkeypatch):
     plain_model = llama.Model(args)
     plain_model.update(compiled_model.parameters())
     compiled = engine_state(compiled_model, "target")
-    assert {type(layer) for layer in compiled_model.model.layers} == {CompiledBlock}
+    assert {type(layer) for layer in compiled.model.model.layers} == {CompiledBlock}
     monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
     plain = engine_state(plain_model, "target")
     prefix, ids = [1, 5, 9, 2, 7], [3, 8, 4, 6, 10, 11]

@@ -1,16 +1,19 @@
 """The CPU's fast exp and softmax (edgespec/fastexp.py): accurate to float32 rounding against
 float64, exact zeros where e^x leaves float32's normal range (masked -inf entries included),
-handed to warp by the Engine on the CPU (rewrites.sampling_softmax) and switched off by
+handed to warp by the Engine on the CPU (its CpuBackend's softmax) and switched off by
 EDGESPEC_FAST_EXP=0."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from edgespec.config import SamplingConfig
-from edgespec.cpu import fastexp, rewrites
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.cpu import fastexp
+from edgespec.cpu.backend import CpuBackend
 from edgespec.sampling import warp
 
 pytestmark = pytest.mark.skipif(not fastexp.compiler_works(), reason="MLX cannot compile here")
@@ -39,7 +42,7 @@ def test_softmax_matches_float64_and_keeps_masked_entries_at_zero(shape):
     z = mx.random.normal(shape) * 6
     z = mx.where(mx.random.uniform(shape=shape) < 0.3, -mx.inf, z)  # top-k style masks
     z = mx.concatenate([z, mx.full((*shape[:-1], 1), 3.0)], axis=-1)  # a finite max per row
-    got = np.array(fastexp.softmax(z), dtype=np.float64)
+    got = np.array(fastexp.make_softmax()(z), dtype=np.float64)
     zn = np.array(z, dtype=np.float64)
     want = np.exp(zn - zn.max(-1, keepdims=True))
     want /= want.sum(-1, keepdims=True)
@@ -60,24 +63,40 @@ def test_softmax_matches_float64_and_keeps_masked_entries_at_zero(shape):
 def test_warp_uses_it_on_the_cpu_and_the_switch_turns_it_off(monkeypatch, engine):
     mx.random.seed(3)
     logits = mx.random.normal((2, 1000)) * 4
-
-    def cfg() -> SamplingConfig:  # as the Engine fills it in
-        return SamplingConfig(temperature=0.7, softmax=rewrites.sampling_softmax())
-
+    cfg = SamplingConfig(temperature=0.7)
     assert fastexp.enabled()  # the CPU backend, a compiler (else the module is skipped)
-    assert rewrites.sampling_softmax() is fastexp.softmax
-    assert engine._softmax is fastexp.softmax  # the Engine hands it to warp
-    fast = warp(logits, cfg())
+    softmax = engine.cpu.softmax
+    assert softmax is not None
+    # The Engine hands it to its states, whose logits warp turns into p and q.
+    assert engine._target.softmax is softmax and engine._draft.softmax is softmax
+    fast = warp(logits, cfg, softmax)
     # Nothing cut (no top-k/top-p/min-p): the softmax is warp's result, not renormalised again,
     # and the temperature scales the row inside the compiled function.
-    assert mx.array_equal(fast, fastexp.softmax(logits, 1 / 0.7)).item()
-    assert mx.allclose(fast, fastexp.softmax(logits / 0.7), rtol=1e-5, atol=1e-12).item()
+    assert mx.array_equal(fast, softmax(logits, 1 / 0.7)).item()
+    assert mx.allclose(fast, softmax(logits / 0.7), rtol=1e-5, atol=1e-12).item()
     monkeypatch.setenv("EDGESPEC_FAST_EXP", "0")
-    assert not fastexp.enabled() and rewrites.sampling_softmax() is None
-    slow = warp(logits, cfg())
+    assert not fastexp.enabled() and CpuBackend().softmax is None
+    slow = warp(logits, cfg, CpuBackend().softmax)
     assert mx.array_equal(slow, mx.softmax(logits / 0.7, axis=-1)).item()
     # warp itself never picks a softmax: without one it is MLX's, switch or not
     monkeypatch.delenv("EDGESPEC_FAST_EXP")
-    assert mx.array_equal(warp(logits, SamplingConfig(temperature=0.7)), slow).item()
+    assert mx.array_equal(warp(logits, cfg), slow).item()
     assert not mx.array_equal(fast, slow).item()  # MLX's exp differs in the last digits
     assert mx.allclose(fast, slow, rtol=1e-5, atol=1e-9).item()
+
+
+def test_sampled_decoding_warps_with_the_states_softmax_and_configs_hold_values(engine):
+    calls = []
+    real = engine.cpu.softmax
+
+    def spy(z: mx.array, scale: float) -> mx.array:
+        calls.append(z.shape)
+        return real(z, scale)
+
+    engine._target.softmax = spy
+    config = GenerationConfig(max_tokens=3, sampling=SamplingConfig(temperature=0.7, seed=1))
+    list(engine.generate([1, 5, 9], dataclasses.replace(config, spec=SpecConfig(method="none"))))
+    assert len(calls) == 3  # one warp per plain step
+    plain = (bool, int, float, str, tuple, type(None), SamplingConfig, SpecConfig)
+    for cfg in (config, config.sampling, config.spec):  # no callables: plain values only
+        assert all(isinstance(getattr(cfg, f.name), plain) for f in dataclasses.fields(cfg)), cfg

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.cpu import rewrites
+from edgespec.cpu.backend import draft_pairs
 from edgespec.distill.build import build_draft
 from edgespec.drafting.model import ConfidentDrafter, ModelDrafter
 from edgespec.runtime import Engine
@@ -43,7 +43,7 @@ def _drafters(draft_model, vocab: int, sampling: SamplingConfig, prompt: list[in
     for head_only in (True, False):
         state = engine_state(draft_model, "draft")  # as the Engine builds it
         state.prefill(prompt)
-        d = cls(state, sampling, vocab, **kw, pairs=rewrites.draft_pairs())
+        d = cls(state, sampling, vocab, **kw, pairs=draft_pairs())
         assert d.head_ids is not None  # the draft is detected as reduced-head
         if not head_only:
             d.head_ids = None

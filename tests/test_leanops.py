@@ -1,6 +1,6 @@
 """Lean Linear / RMSNorm (edgespec/leanops.py): the same bits as MLX's layers, fewer graph
-operations, installed only on exact nn.Linear / nn.RMSNorm, safe when weights change or are
-differentiated, off inside rope.native() and with EDGESPEC_LEAN_OPS=0."""
+operations, standing only for exact nn.Linear / nn.RMSNorm in a CPU backend's twin (the model
+keeps its layers), safe when weights change or are differentiated, off with EDGESPEC_LEAN_OPS=0."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from edgespec.cpu import leanops, rope
+from edgespec.cache import KVState
+from edgespec.cpu.backend import CpuBackend
 from edgespec.cpu.leanops import LeanLinear, LeanRMSNorm
 from edgespec.cpu.rowpad import RowPadLinear
 from tests.helpers import engine_state, same_bits
@@ -25,8 +26,10 @@ def lean_on(monkeypatch):
 
 
 def lean(module: nn.Module) -> nn.Module:
-    assert leanops.install(module) >= 1
-    return module
+    """`module`'s twin with the lean layers (a CPU backend's)."""
+    twin = CpuBackend().model(module)
+    assert any(isinstance(m, LeanLinear | LeanRMSNorm) for _, m in twin.named_modules())
+    return twin
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -87,7 +90,7 @@ def test_gradients_flow_to_the_weights_as_through_mlx_layers():
             assert k1 == k2 and mx.allclose(g1, g2, atol=1e-6).item(), k1
 
 
-def test_install_changes_only_exact_layers_and_keeps_the_tree(monkeypatch):
+def test_the_twin_changes_only_exact_layers_and_keeps_the_tree(monkeypatch):
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
@@ -97,32 +100,34 @@ def test_install_changes_only_exact_layers_and_keeps_the_tree(monkeypatch):
             self.layer_norm = nn.LayerNorm(8)
             self.quantized = nn.QuantizedLinear(64, 64)
 
-    model = Block()
+    model, backend = Block(), CpuBackend()
     before = [(k, v.shape) for k, v in tree_flatten(model.parameters())]
-    assert leanops.install(model) == 2
-    assert type(model.proj) is LeanLinear and type(model.norm) is LeanRMSNorm
-    assert type(model.padded) is RowPadLinear and type(model.layer_norm) is nn.LayerNorm
-    assert type(model.quantized) is nn.QuantizedLinear
-    assert [(k, v.shape) for k, v in tree_flatten(model.parameters())] == before
-    Block().update(model.parameters())  # weights move both ways between lean and plain trees
-    model.update(Block().parameters())
-    assert leanops.install(model) == 0  # idempotent
+    twin = backend.model(model)
+    assert type(twin.proj) is LeanLinear and type(twin.norm) is LeanRMSNorm
+    assert type(twin.padded) is RowPadLinear and type(twin.layer_norm) is nn.LayerNorm
+    assert type(twin.quantized) is nn.QuantizedLinear
+    assert type(model.proj) is nn.Linear and type(model.norm) is nn.RMSNorm  # left as it was
+    assert twin.proj.weight is model.proj.weight  # the same arrays, nothing copied
+    assert [(k, v.shape) for k, v in tree_flatten(twin.parameters())] == before
+    Block().update(twin.parameters())  # weights move both ways between lean and plain trees
+    twin.update(Block().parameters())
+    assert backend.model(model) is twin  # one twin per model
     monkeypatch.setenv("EDGESPEC_LEAN_OPS", "0")
-    fresh = Block()
-    assert leanops.install(fresh) == 0 and type(fresh.proj) is nn.Linear
+    assert type(CpuBackend().model(Block()).proj) is nn.Linear
 
 
-def test_native_block_and_other_dtypes_run_mlx_own_code():
-    linear, norm = lean(nn.Linear(8, 8)), lean(nn.RMSNorm(8))
+def test_other_dtypes_and_the_model_itself_run_mlx_own_code():
+    plain_linear, plain_norm = nn.Linear(8, 8), nn.RMSNorm(8)
+    linear, norm = lean(plain_linear), lean(plain_norm)
     x = mx.random.normal((1, 2, 8))
-    with rope.native():
-        linear(x), norm(x)
-    assert "_lean_t" not in linear.__dict__ and "_lean_c" not in norm.__dict__
+    plain_linear(x), plain_norm(x)
+    assert "_lean_t" not in plain_linear.__dict__ and "_lean_c" not in plain_norm.__dict__
     half = x.astype(mx.float16)
     assert same_bits(norm(half), mx.fast.rms_norm(half, norm.weight, norm.eps))
     assert "_lean_c" not in norm.__dict__
-    norm(x)
-    assert "_lean_c" in norm.__dict__
+    norm(x), linear(x)
+    assert "_lean_c" in norm.__dict__ and "_lean_t" in linear.__dict__
+    assert "_lean_c" not in plain_norm.__dict__ and "_lean_t" not in plain_linear.__dict__
 
 
 def ops_in(out: mx.array, path: Path) -> list[str]:
@@ -136,13 +141,15 @@ def test_a_real_forward_keeps_its_logits_and_builds_fewer_operations(
     from mlx_lm import load
 
     monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")  # the lean layers alone (test_blocks.py)
+    monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")  # the prompt as mlx-lm attends to it
     target = SimpleNamespace(model=load(str(tiny_pair[0]))[0])
-    state = engine_state(target.model, "target")  # the Engine's rewrites: the lean layers (CPU)
-    kinds = {type(m) for _, m in target.model.named_modules()}
+    lean_state = engine_state(target.model, "target")  # the Engine's twin: the lean layers (CPU)
+    kinds = {type(m) for _, m in lean_state.model.named_modules()}
     assert {LeanLinear, LeanRMSNorm} <= kinds and not {nn.Linear, nn.RMSNorm} & kinds
+    plain_state = KVState(target.model, "mlx-lm")  # the model itself: mlx-lm's layers
     ids = mx.array([1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11, 12], dtype=mx.int32)
 
-    def step(count: bool = False) -> tuple[mx.array, list[str]]:
+    def step(state: KVState, count: bool = False) -> tuple[mx.array, list[str]]:
         state.rewind([], 0)
         mx.eval(state.forward(ids[:9]))
         out = state.forward(ids[9:10])  # a one-token decoding step at offset 9
@@ -150,10 +157,9 @@ def test_a_real_forward_keeps_its_logits_and_builds_fewer_operations(
         mx.eval(out)
         return out, ops
 
-    step()  # the kept views and constants get computed once
-    lean_out, lean_ops = step(count=True)
-    with rope.native():
-        plain_out, plain_ops = step(count=True)
+    step(lean_state)  # the kept views and constants get computed once
+    lean_out, lean_ops = step(lean_state, count=True)
+    plain_out, plain_ops = step(plain_state, count=True)
     assert same_bits(lean_out, plain_out)
     layers = len(target.model.layers)
     for kind in ("Transpose", "Flatten", "Unflatten"):  # 7 Linear calls per layer

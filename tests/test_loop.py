@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.cpu import rewrites
+from edgespec.cpu.backend import draft_pairs
 from edgespec.drafting.model import ModelDrafter
 from edgespec.events import Token
 from edgespec.loop import Limits, speculate
@@ -70,7 +70,7 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
     d_state.prefill(prompt)
     log.clear()
     vocab = int(target.model.args.vocab_size)
-    drafter = ModelDrafter(d_state, GREEDY, vocab, rewrites.draft_pairs())
+    drafter = ModelDrafter(d_state, GREEDY, vocab, draft_pairs())
     limits = Limits(12, frozenset(), 512)
     steps = list(speculate(t_state, drafter, prompt, GREEDY, lambda _r: 2, limits))
     rounds = " ".join(log).split("verify")  # what happened before each verify, and after the last
@@ -104,7 +104,7 @@ def test_draft_steps_run_in_pairs_on_the_cpu(tiny_models, monkeypatch):
         monkeypatch.setattr(state, "forward", counted)
         context, out = list(prompt), []
         for i, cfg in enumerate([SamplingConfig(temperature=0), SamplingConfig(1.0)] * 2):
-            drafter = ModelDrafter(state, cfg, vocab, rewrites.draft_pairs())
+            drafter = ModelDrafter(state, cfg, vocab, draft_pairs())
             prop = drafter.propose(context, 3, mx.random.key(i))
             tokens = [int(t) for t in prop.tokens.tolist()]
             assert state.offset == len(context) + 2  # context and x_1, x_2 (x_3 never fed)

@@ -151,8 +151,8 @@ def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch)
     """Plant the bug: the draft token is drawn from a flatter distribution (T = 4) than the q it
     reports (T = 1). The ratio test then keeps tokens the target would rarely give."""
 
-    def flat_pick(logits, sampling, u, i, head_ids, rows):
-        rows.append(warp(logits, sampling))
+    def flat_pick(logits, sampling, u, i, head_ids, rows, softmax=None):
+        rows.append(warp(logits, sampling, softmax))
         return sample(warp(logits, SamplingConfig(temperature=4.0)), u[i])
 
     monkeypatch.setattr("edgespec.drafting.features.pick_token", flat_pick)

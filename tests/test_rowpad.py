@@ -1,5 +1,5 @@
 """One-row products run as two rows (edgespec.cpu.rowpad): same parameters, same logits, chosen by the
-BLAS, applied by the Engine (rewrites.optimise) when EDGESPEC_PAD_ROWS=1."""
+BLAS, applied by the Engine (in its CPU backend's twin of the model) when EDGESPEC_PAD_ROWS=1."""
 
 from __future__ import annotations
 
@@ -11,13 +11,8 @@ from mlx.utils import tree_flatten
 
 from edgespec.cache import KVState
 from edgespec.cpu import blas
-from edgespec.cpu.rowpad import (
-    RowPadEmbedding,
-    RowPadLinear,
-    is_padded,
-    matmul_t,
-    pad_single_rows,
-)
+from edgespec.cpu.backend import CpuBackend, Switches
+from edgespec.cpu.rowpad import RowPadEmbedding, RowPadLinear, is_padded, matmul_t
 from edgespec.loading.load import load_model
 from edgespec.runtime import Engine
 
@@ -48,7 +43,7 @@ def test_padded_layers_match_and_keep_parameters() -> None:
     before = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
     x = mx.random.normal((1, 1, 16), key=mx.random.key(2))
     ref_lin, ref_head = lin(x), emb.as_linear(x)
-    pad_single_rows(model)
+    model = CpuBackend(Switches(pad_rows=True)).model(model)  # a twin: row padding alone
     assert isinstance(model.layers[0], RowPadEmbedding)
     assert isinstance(model.layers[1], RowPadLinear)
     assert is_padded(model)
@@ -77,12 +72,13 @@ def test_engine_pads_when_told_and_decodes_the_same(
 ) -> None:
     target, _ = tiny_pair
     monkeypatch.setenv("EDGESPEC_PAD_ROWS", "0")
-    plain = Engine(load_model(str(target)), None).target.model
+    plain = Engine(load_model(str(target)), None)._target.model  # what the Engine runs
     monkeypatch.setenv("EDGESPEC_PAD_ROWS", "1")
     loaded = load_model(str(target))
     assert not is_padded(loaded.model)  # the loader leaves the model as it is
-    padded = Engine(loaded, None).target.model
+    padded = Engine(loaded, None)._target.model
     assert not is_padded(plain) and is_padded(padded)
+    assert not is_padded(loaded.model)  # and so does the Engine: it runs a twin
     # Greedy decoding one token at a time (every product a single row) gives the same logits.
     a, b = KVState(plain), KVState(padded)
     tok_a = tok_b = 5

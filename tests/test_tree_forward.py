@@ -13,7 +13,7 @@ from mlx_lm.models import gpt2, qwen3
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from edgespec.cache import KVState
-from edgespec.cpu import rewrites
+from edgespec.cpu.backend import CpuBackend
 from edgespec.errors import TreeUnsupportedError
 from edgespec.trees.forward import (
     PLAIN,
@@ -33,23 +33,24 @@ from edgespec.trees.shapes import (
 )
 
 IDS = list(range(3, 40))
+CPU = CpuBackend()
 
 
 def _state(model, optimised: bool) -> KVState:
-    new_cache = rewrites.new_cache if optimised else make_prompt_cache
+    new_cache = CPU.new_cache if optimised else make_prompt_cache
     state = KVState(model, "t", new_cache)
     state.prefill(IDS + [1])
     return state
 
 
-CPU_KERNELS = Kernels(rewrites.masked_attention, rewrites.block_parts)  # as the Engine passes
+CPU_KERNELS = Kernels(CPU.masked_attention, CPU.block_parts)  # as the Engine passes
 
 
 def _tree_logits(state: KVState, tree: Tree, tokens: list[int], pending: list[int]):
     mask = tree_mask(tree, state.offset, len(pending))
     pos = tree_positions(tree, state.offset, len(pending))
     inputs = mx.array(pending + tokens, dtype=mx.int32)
-    kernels = CPU_KERNELS if state.new_cache is rewrites.new_cache else PLAIN
+    kernels = CPU_KERNELS if state.new_cache == CPU.new_cache else PLAIN
     return tree_forward(state.model, inputs, mx.array(pos), mx.array(mask), state.cache, kernels)
 
 
@@ -57,7 +58,7 @@ def _tree_logits(state: KVState, tree: Tree, tokens: list[int], pending: list[in
 def target(request, tiny_pair):
     model, _ = load(str(tiny_pair[0]))
     if request.param:
-        rewrites.optimise(model)  # table rope, lean ops, compiled blocks (on the CPU backend)
+        model = CPU.model(model)  # the twin: table rope, lean ops, compiled blocks (on the CPU)
     return model, request.param
 
 

@@ -16,7 +16,6 @@ from mlx_lm.sample_utils import make_sampler
 
 from edgespec.bench.records import PLAIN, rounds_from_flags
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.cpu import rope
 from edgespec.events import Finished, Round, Token
 from edgespec.metrics import RoundTotals, fold_rounds
 
@@ -121,15 +120,16 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
             kwargs |= {"draft_model": draft.model, "num_draft_tokens": point.k}
         timer, flags, reason = _Timer(), [], "length"
         tokenizer = engine.target.tokenizer
-        with rope.native():  # the peer as mlx-lm runs it (EdgeSpec's rotary tables off)
-            for resp in stream_generate(
-                engine.target.model, tokenizer, mx.array(prompt_ids), point.max_tokens, **kwargs
-            ):
-                if resp.finish_reason == "stop":  # it carries the EOS token: not output
-                    reason = "stop"
-                    break
-                timer.token(resp.token)
-                flags.append(bool(resp.from_draft))
+        # engine.target.model is mlx-lm's model as loaded: the Engine runs a twin of it with its
+        # CPU layers (edgespec/cpu/backend.py), so the peer runs mlx-lm's own code.
+        for resp in stream_generate(
+            engine.target.model, tokenizer, mx.array(prompt_ids), point.max_tokens, **kwargs
+        ):
+            if resp.finish_reason == "stop":  # it carries the EOS token: not output
+                reason = "stop"
+                break
+            timer.token(resp.token)
+            flags.append(bool(resp.from_draft))
         # mlx-lm queues its next step before yielding a token, on its own stream: after an early
         # stop that step is still running. Let it finish here, so that it never overlaps the next
         # run: under a sharded target (edgespec.distributed) the all-reduces of two streams

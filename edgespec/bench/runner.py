@@ -24,7 +24,8 @@ from edgespec.bench.methods import DEFAULT_METHODS, METHODS, Point, mlx_lm_draft
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.cpu import blas, rewrites
+from edgespec.cpu import blas
+from edgespec.cpu.backend import Switches
 from edgespec.cpu.switch import on_cpu
 from edgespec.drafting.block import BlockModel
 from edgespec.drafting.eagle import EagleModel
@@ -212,7 +213,7 @@ def environment() -> dict[str, Any]:
         "blas_rows_exact": blas.rows_exact(),
         # EdgeSpec's CPU graph rewrites in force (docs/cpu-backend.md): an A/B
         # with one switched off must say so in its results.
-        "cpu_rewrites": rewrites.switches(),
+        "cpu_rewrites": Switches.from_environment().recorded(),
     }
 
 

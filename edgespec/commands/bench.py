@@ -218,7 +218,8 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
             print("edgespec bench: warming up", file=sys.stderr)
         warm_up(engine, next(iter(encoded.values())), plan)
     lengths = tuple(sorted({1, *(k + 1 for k in plan.ks)}))
-    latency = probe(engine.target.model, group, args.shard, lengths)  # every rank, in step
+    # the target as the Engine runs it (its CPU backend's twin); every rank, in step
+    latency = probe(engine.cpu.model(engine.target.model), group, args.shard, lengths)
     records, complete = _measure(engine, prompts, encoded, plan, args.quiet)
     records, notes = compare_greedy(engine, records, encoded)
     if group is not None and not group.is_primary:

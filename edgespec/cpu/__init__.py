@@ -1,8 +1,11 @@
 """MLX's CPU backend, made fast without changing a bit of what is computed.
 
-- rewrites.py: the one entry point (`optimise(model)`, `new_cache`, `draft_pairs`,
-  `sampling_softmax`, `switches`) the Engine calls; nothing else in EdgeSpec imports the modules
-  below it.
+- backend.py: the one entry point, `CpuBackend`, built once per Engine: a twin of each model that
+  runs the optimised layers over the same weights (the model itself is left as mlx-lm made it),
+  marked caches, `draft_pairs`, the sampling `softmax`, the draft-tree forward's pieces, and
+  `Switches` (which rewrites are in force; the bench records them). Nothing else in EdgeSpec
+  imports the modules below it.
+- twin.py: a model's twin (new module objects, the same arrays, some of another class).
 - switch.py: the backend check and the switches (`EDGESPEC_CPU_OPT=0` turns everything off).
 - blas.py: the optimised BLAS the `edgespec` command (and pytest, pytest_blas.py) preloads by
   re-executing itself before MLX loads. This package's __init__ imports nothing, so that

@@ -13,13 +13,14 @@ the cache update and the attention (attention.py). Same operations on the same o
 (tests/test_blocks.py).
  Its measured effect: docs/cpu-backend.md.
 
-Only exact mlx-lm llama blocks (llama.TransformerBlock with its Attention and MLP), float32,
-batch 1, with a cache and at most MAX_LENGTH tokens (decode steps, verifies, catch-ups) take it;
-prompt chunks keep mlx-lm's code (each new length would be a new trace). On MLX's CPU backend
-only (GPUs have fused kernels), only where MLX can compile a fused kernel here (on the CPU it
-builds one with the system C++ compiler), off with `EDGESPEC_COMPILED_BLOCKS=0` and inside
-`rope.native()` (the bench's mlx-lm peer). The traces hold the block's parameters as constants;
-a replaced parameter (`model.update`) is noticed at the next call and the block traced again.
+CompiledBlock stands for an exact mlx-lm llama block (llama.TransformerBlock with its Attention
+and MLP) in the CPU backend's twin of a model (edgespec/cpu/backend.py; mlx-lm's model object
+keeps its blocks). Float32, batch 1, with a cache and at most MAX_LENGTH tokens (decode steps,
+verifies, catch-ups) take it; prompt chunks keep mlx-lm's code (each new length would be a new
+trace). On MLX's CPU backend only (GPUs have fused kernels), only where MLX can compile a fused
+kernel here (on the CPU it builds one with the system C++ compiler), off with
+`EDGESPEC_COMPILED_BLOCKS=0`. The traces hold the block's parameters as constants; a replaced
+parameter (`update` on the twin) is noticed at the next call and the block traced again.
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from functools import partial
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx_lm.models import llama
 
 from edgespec.cpu import rope
-from edgespec.cpu.attention import MAX_ROWS
+from edgespec.cpu.attention import MAX_ROWS, NAME
 from edgespec.cpu.fastexp import compiler_works
 from edgespec.cpu.switch import cpu_switch
 
@@ -67,7 +67,10 @@ def _after_attention(block: llama.TransformerBlock, x: mx.array, heads: mx.array
 
 
 class CompiledBlock(llama.TransformerBlock):
-    """llama.TransformerBlock whose cache-free parts run as two compiled functions."""
+    """llama.TransformerBlock whose cache-free parts run as two compiled functions. `attend` is
+    the attention between them (mlx-lm's function, or the backend's grouped one)."""
+
+    attend: Any = staticmethod(getattr(llama, NAME))
 
     def _compiled(self) -> tuple[Any, Any]:
         """The two compiled functions; made anew when a parameter array was replaced (the
@@ -92,13 +95,7 @@ class CompiledBlock(llama.TransformerBlock):
         return fns
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        if (
-            cache is None
-            or rope.in_native()
-            or x.shape[0] != 1
-            or x.shape[1] > MAX_LENGTH
-            or x.dtype != mx.float32
-        ):
+        if cache is None or x.shape[0] != 1 or x.shape[1] > MAX_LENGTH or x.dtype != mx.float32:
             return super().__call__(x, mask, cache)
         before, after = self._compiled()
         attn = self.self_attn
@@ -122,10 +119,7 @@ class CompiledBlock(llama.TransformerBlock):
             q = table(q, offset=cache.offset)
             k = table(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        # Looked up at call time: attention.install may have wrapped it (grouped attention).
-        heads = llama.scaled_dot_product_attention(
-            q, k, v, cache=cache, scale=attn.scale, mask=mask
-        )
+        heads = self.attend(q, k, v, cache=cache, scale=attn.scale, mask=mask)
         return after(x, heads)
 
 
@@ -134,25 +128,18 @@ def parts(layer: Any, x: mx.array) -> tuple[Any, Any] | None:
     unrotated; after: (x, attention heads) -> block output), for a forward that rotates and
     attends its own way (a draft tree's, edgespec/trees/forward.py); None where `layer` is not a
     CompiledBlock or the input would not take its compiled path."""
-    if not isinstance(layer, CompiledBlock) or rope.in_native():
+    if not isinstance(layer, CompiledBlock):
         return None
     if x.shape[0] != 1 or x.shape[1] > MAX_LENGTH or x.dtype != mx.float32:
         return None
     return layer._compiled()
 
 
-def install(model: Any) -> int:
-    """Make `model`'s exact llama blocks compiled ones, in place (when enabled). Returns how many
-    were changed (0 when off, or already done)."""
-    if not isinstance(model, nn.Module) or not enabled():
-        return 0
-    changed = 0
-    for _, module in model.named_modules():
-        if (
-            type(module) is llama.TransformerBlock
-            and type(module.self_attn) is llama.Attention
-            and type(module.mlp) is llama.MLP
-        ):
-            module.__class__ = CompiledBlock
-            changed += 1
-    return changed
+def twin_class(module: Any) -> type | None:
+    """CompiledBlock for an exact llama block (its Attention and MLP exact too), else None."""
+    exact = (
+        type(module) is llama.TransformerBlock
+        and type(module.self_attn) is llama.Attention
+        and type(module.mlp) is llama.MLP
+    )
+    return CompiledBlock if exact else None

@@ -11,8 +11,8 @@ relative error 7.9e-8; speed: docs/cpu-backend.md). Softmax only needs e^x for x
 maximum), so inputs below -87 (where e^x leaves float32's normal range, -inf included) give
 exactly 0: a token masked by top-k keeps probability 0.
 
-`sampling.warp` uses it on the CPU backend only (GPUs have fast kernels; the Engine hands it over
-through edgespec/cpu/rewrites.py), only where MLX can compile a fused kernel (`compiler_works`),
+`sampling.warp` uses it on the CPU backend only (GPUs have fast kernels; the Engine hands over
+its CPU backend's `softmax`, edgespec/cpu/backend.py), only where MLX can compile a fused kernel (`compiler_works`),
 and not with `EDGESPEC_FAST_EXP=0`. The attention's softmax keeps MLX's: there the rows are short
 (a few hundred scores), the gain was small, and a one-token step and a verify must compute their rows alike (so that greedy
 speculative output stays bit for bit plain decoding's where the BLAS is row-exact), which
@@ -20,6 +20,8 @@ forced the slower grouped path on one-token steps too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -31,21 +33,16 @@ _POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6
          5.0000001201e-1)  # fmt: skip
 _FLOOR = -87.0  # e^-87 ~ 1.6e-38, just above float32's smallest normal
 
-_compiler_works: bool | None = None
-
 
 def compiler_works() -> bool:
-    """Whether MLX can build a fused kernel here (asked once per process): its CPU backend
-    compiles one with the system C++ compiler, which a machine may lack."""
-    global _compiler_works
-    if _compiler_works is None:
-        try:
-            fused = mx.compile(lambda a, b: mx.rsqrt(a * b + 1.0) * a)
-            mx.eval(fused(mx.ones((4,)), mx.full((4,), 2.0)))
-            _compiler_works = True
-        except Exception:  # noqa: BLE001 - any failure means: keep MLX's own operations
-            _compiler_works = False
-    return _compiler_works
+    """Whether MLX can build a fused kernel here: its CPU backend compiles one with the system
+    C++ compiler, which a machine may lack (a few ms the first time, then MLX's kernel cache)."""
+    try:
+        fused = mx.compile(lambda a, b: mx.rsqrt(a * b + 1.0) * a)
+        mx.eval(fused(mx.ones((4,)), mx.full((4,), 2.0)))
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: keep MLX's own operations
+        return False
 
 
 def enabled() -> bool:
@@ -72,11 +69,14 @@ def _softmax(z: mx.array, scale: mx.array) -> mx.array:
     return e / mx.sum(e, axis=-1, keepdims=True)
 
 
-_compiled_softmax = mx.compile(_softmax)
+def make_softmax() -> Callable[[mx.array, float], mx.array]:
+    """A new softmax(z, scale=1.0) (a CPU backend holds one, with its traces): softmax over the
+    last axis of float32 `scale * z` (scale > 0; rows with at least one finite entry), with
+    exp_nonpositive, as one compiled function. The scale (1 / temperature) multiplies the row
+    after its maximum is subtracted, in the same fused loop as the exp."""
+    compiled = mx.compile(_softmax)
 
+    def softmax(z: mx.array, scale: float = 1.0) -> mx.array:
+        return compiled(z, mx.array(scale, dtype=mx.float32))
 
-def softmax(z: mx.array, scale: float = 1.0) -> mx.array:
-    """Softmax over the last axis of float32 `scale * z` (scale > 0; rows with at least one finite
-    entry), with exp_nonpositive, as one compiled function. The scale (1 / temperature) multiplies
-    the row after its maximum is subtracted, in the same fused loop as the exp."""
-    return _compiled_softmax(z, mx.array(scale, dtype=mx.float32))
+    return softmax

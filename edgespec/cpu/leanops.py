@@ -18,10 +18,10 @@ operations whose results never change from one forward to the next:
   those constants kept at the shapes it meets: 8 operations.
 
 Both give the same bits as the layers they replace (tests/test_leanops.py); only speed changes.
-They apply to float32 inputs on the CPU (GPUs fuse these into kernels), swap the class of exact
-`nn.Linear` / `nn.RMSNorm` modules in place (same parameters, same tree), notice when a weight is
-replaced (`model.update`, training) and are off with `EDGESPEC_LEAN_OPS=0` and inside
-`rope.native()` (how the bench runs its mlx-lm peer).
+They apply to float32 inputs on the CPU (GPUs fuse these into kernels), stand for exact
+`nn.Linear` / `nn.RMSNorm` modules in the CPU backend's twin of a model (same parameter arrays,
+same tree; edgespec/cpu/backend.py), notice when a weight of the twin is replaced (`update`,
+training) and are off with `EDGESPEC_LEAN_OPS=0`. mlx-lm's model object keeps its own layers.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from edgespec.cpu import rope
 from edgespec.cpu.switch import cpu_switch
 
 
@@ -53,8 +52,6 @@ class LeanLinear(nn.Linear):
         return kept[2] if batched else kept[1]
 
     def __call__(self, x: mx.array) -> mx.array:
-        if rope.in_native():
-            return super().__call__(x)
         if "bias" in self:
             return mx.addmm(self["bias"], x, self._weight_t())
         if x.ndim == 3 and x.shape[0] == 1:
@@ -89,24 +86,15 @@ class LeanRMSNorm(nn.RMSNorm):
         return found
 
     def __call__(self, x: mx.array) -> mx.array:
-        if rope.in_native() or x.dtype != mx.float32 or self["weight"].dtype != mx.float32:
+        if x.dtype != mx.float32 or self["weight"].dtype != mx.float32:
             return super().__call__(x)
         inv_n, eps, weight = self._constants(tuple(x.shape))
         total = mx.sum(mx.square(x), axis=-1, keepdims=True)
         return (x * mx.rsqrt(total * inv_n + eps)) * weight
 
 
-def install(model: Any) -> int:
-    """Make `model`'s exact nn.Linear and nn.RMSNorm modules lean, in place (when enabled).
-    Returns how many were changed (0 when off, or already done)."""
-    if not enabled() or not isinstance(model, nn.Module):
-        return 0
-    changed = 0
-    for _, module in model.named_modules():
-        if type(module) is nn.Linear:
-            module.__class__ = LeanLinear
-            changed += 1
-        elif type(module) is nn.RMSNorm:
-            module.__class__ = LeanRMSNorm
-            changed += 1
-    return changed
+def twin_class(module: Any) -> type | None:
+    """The lean class standing for an exact nn.Linear / nn.RMSNorm (subclasses, quantized
+    layers and the rest keep theirs: None)."""
+    lean: dict[type, type] = {nn.Linear: LeanLinear, nn.RMSNorm: LeanRMSNorm}
+    return lean.get(type(module))

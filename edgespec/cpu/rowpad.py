@@ -14,17 +14,19 @@ computes, and on 2 cores MKL's second thread takes the core the host was using (
 KMP_BLOCKTIME=0, so that it sleeps instead of spinning, everything ran far slower). On a machine
 with more cores than MKL's threads it may pay; measure with `edgespec bench`.
 
-`pad_single_rows(model)` swaps a loaded model's dense `nn.Linear` / `nn.Embedding` modules for
-the subclasses below (same parameters, same names); `blas.pads_single_rows()` says whether to.
+In the CPU backend's twin of a model (edgespec/cpu/backend.py) the subclasses below stand for its
+dense `nn.Linear` / `nn.Embedding` modules (`twin_class`; same parameter arrays, same names) and a
+feature draft's head gets the padded product (`pad_head`); `blas.pads_single_rows()` says
+whether to. mlx-lm's model object keeps its layers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_map
 
 
 def _one_row(x: mx.array) -> bool:
@@ -57,26 +59,17 @@ class RowPadEmbedding(nn.Embedding):
         return _as_two_rows(super().as_linear, x)
 
 
-def _swap(m: nn.Module) -> nn.Module:
-    if type(m) is nn.Linear:
-        out: nn.Module = RowPadLinear(1, 1, bias="bias" in m)
-    elif type(m) is nn.Embedding:
-        out = RowPadEmbedding(1, 1)
-    else:
-        return m
-    out.update(m.parameters())
-    return out
+def twin_class(module: Any) -> type | None:
+    """The row-padding twin of a dense nn.Linear / nn.Embedding, else None."""
+    padded: dict[type, type] = {nn.Linear: RowPadLinear, nn.Embedding: RowPadEmbedding}
+    return padded.get(type(module))
 
 
-def pad_single_rows(model: nn.Module) -> nn.Module:
-    """In place: every dense nn.Linear / nn.Embedding of `model` -> its row-padding twin; a module
-    with a `head_product` attribute (a feature draft's head, drafting/eagle.py) gets the padded
-    product x @ w.T."""
-    model.update_modules(tree_map(_swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
-    for _, m in model.named_modules():
-        if hasattr(m, "head_product"):
-            object.__setattr__(m, "head_product", _padded_product)
-    return model
+def pad_head(module: Any) -> None:
+    """Give a module with a `head_product` attribute (a feature draft's head, drafting/eagle.py;
+    in a twin) the padded product x @ w.T."""
+    if hasattr(module, "head_product"):
+        object.__setattr__(module, "head_product", _padded_product)
 
 
 def _padded_product(x: mx.array, w: mx.array) -> mx.array:

@@ -28,7 +28,7 @@ from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Drafter, Proposal, no_proposal
 from edgespec.drafting.block import BlockModel
 from edgespec.drafting.features import EagleState
-from edgespec.sampling import sample, uniforms, warp
+from edgespec.sampling import Softmax, sample, uniforms, warp
 
 
 class BlockState(EagleState):
@@ -41,8 +41,9 @@ class BlockState(EagleState):
         model: BlockModel,
         name: str = "draft",
         new_cache: Callable[[Any], list[Any]] = make_prompt_cache,
+        softmax: Softmax | None = None,
     ):
-        super().__init__(cast(Any, model), name, new_cache)
+        super().__init__(cast(Any, model), name, new_cache, softmax)
         self.block = model
 
     def block_logits(self, context: list[int], k: int) -> mx.array | None:
@@ -65,14 +66,14 @@ class BlockState(EagleState):
 
 
 def draw_block(
-    logits: mx.array, sampling: SamplingConfig, key: mx.array
+    logits: mx.array, sampling: SamplingConfig, key: mx.array, softmax: Softmax | None = None
 ) -> tuple[mx.array, mx.array | None]:
     """Tokens [k] and q [k, V] from a block's logits rows [k, V]: argmax per row and q None at
     temperature 0; else q = warp(rows) and token i = sample(q_i, u_i), u = uniforms(key, k).
     Example (T = 1): rows giving q_1 = [.7, .3], q_2 = [.2, .8] and u = [.5, .1] -> tokens [0, 0]."""
     if sampling.greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32), None
-    q = warp(logits, sampling)
+    q = warp(logits, sampling, softmax)
     return sample(q, uniforms(key, int(logits.shape[0]))), q
 
 
@@ -96,7 +97,7 @@ class BlockDrafter(Drafter):
         logits = self.state.block_logits(context, k)
         if logits is None:
             return no_proposal(self.method)  # no features yet (a one-token prompt): a plain step
-        tokens, q = draw_block(logits, self.sampling, key)
+        tokens, q = draw_block(logits, self.sampling, key, self.state.kv.softmax)
         mx.async_eval(tokens)
         return Proposal(tokens, q, self.method)
 

@@ -21,7 +21,7 @@ from edgespec.drafting.base import Drafter, Proposal, no_proposal
 from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.model import full_q, pick_token
 from edgespec.drafting.mtp import MtpModel
-from edgespec.sampling import uniforms
+from edgespec.sampling import Softmax, uniforms
 
 
 class EagleState:
@@ -36,9 +36,10 @@ class EagleState:
         model: EagleModel | MtpModel,
         name: str = "draft",
         new_cache: Callable[[Any], list[Any]] = make_prompt_cache,
+        softmax: Softmax | None = None,
     ):
         self.model = model
-        self.kv = KVState(model, name, new_cache)
+        self.kv = KVState(model, name, new_cache, softmax)
         self.context: list[int] = []
         self.features: mx.array | None = None  # [P, d]
 
@@ -146,7 +147,7 @@ class EagleDrafter(Drafter):
         for i in range(k):
             guess = st.model(feats, toks, cache=kv.cache)[:, -1:]
             logits = st.model.head_logits(guess)[0, 0]
-            tok = pick_token(logits, self.sampling, u, i, self.head_ids, rows)
+            tok = pick_token(logits, self.sampling, u, i, self.head_ids, rows, kv.softmax)
             tokens.append(tok)
             feats = guess if st.model.chain == "guess" else mx.zeros_like(guess)
             toks = tok.reshape(1, 1)

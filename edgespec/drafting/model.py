@@ -15,7 +15,7 @@ from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Drafter, Proposal, no_proposal
 from edgespec.drafting.draft_model import reduced_head
 from edgespec.errors import ConfigError
-from edgespec.sampling import sample, uniforms, warp
+from edgespec.sampling import Softmax, sample, uniforms, warp
 
 
 def fit_vocab(logits: mx.array, vocab: int) -> mx.array:
@@ -42,7 +42,7 @@ class ModelDrafter(Drafter):
     path (off-head tokens have q = 0 either way; head ids are sorted, so the inverse-CDF sample and
     the argmax tie-break pick the same token), for a fraction of the per-token work.
 
-    Draft steps in pairs (`pairs`, from edgespec.cpu.rewrites.draft_pairs: MLX's CPU backend under
+    Draft steps in pairs (`pairs`, from edgespec.cpu.backend.draft_pairs: MLX's CPU backend under
     MKL): a step with one new token runs the newest cached position again beside it, so that every
     draft forward multiplies two rows. Intel MKL runs a one-row product on one thread and a
     two-row one on both (edgespec/cpu/rowpad.py), so on a 2-core machine the two-position step is
@@ -79,7 +79,8 @@ class ModelDrafter(Drafter):
                     inputs = mx.concatenate([inputs[-1:], tokens[-1].reshape(1)])
                 else:
                     inputs = tokens[-1].reshape(1)
-            tok = pick_token(self._logits(inputs), self.sampling, u, i, self.head_ids, rows)
+            logits = self._logits(inputs)
+            tok = pick_token(logits, self.sampling, u, i, self.head_ids, rows, state.softmax)
             tokens.append(tok)
             mx.async_eval(tok)
         return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
@@ -98,6 +99,7 @@ def pick_token(
     i: int,
     head_ids: mx.array | None,
     rows: list[mx.array],
+    softmax: Softmax | None = None,
 ) -> mx.array:
     """The i-th drafted token from one row of draft logits (lazy): argmax at temperature 0,
     else an inverse-CDF sample with uniform u[i] from the warped row, which is appended to `rows`
@@ -105,7 +107,7 @@ def pick_token(
     if u is None:
         tok = mx.argmax(logits).astype(mx.int32)
     else:
-        rows.append(warp(logits, sampling))
+        rows.append(warp(logits, sampling, softmax))
         tok = sample(rows[-1], u[i])
     return tok if head_ids is None else head_ids[tok]
 
@@ -148,7 +150,10 @@ class ConfidentDrafter(ModelDrafter):
         rows: list[mx.array] = []
         for i in range(k):
             logits = self._logits(inputs)
-            q = mx.softmax(logits.astype(mx.float32)) if u is None else warp(logits, self.sampling)
+            if u is None:
+                q = mx.softmax(logits.astype(mx.float32))
+            else:
+                q = warp(logits, self.sampling, self.state.softmax)
             if float(mx.max(q).item()) < self.stop_below:  # type: ignore[arg-type]
                 break
             tok = mx.argmax(logits).astype(mx.int32) if u is None else sample(q, u[i])

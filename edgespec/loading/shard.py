@@ -17,7 +17,7 @@ The backend policy is loading/weights.py's: on MLX's CPU backend quantized layer
 weights stay as stored. EdgeSpec's CPU rewrites then apply as on a whole model where they are
 exact: grouped attention and rotary tables work per local head, compiled llama blocks trace the
 sharded block with its all-reduces inside (same bits as the block uncompiled, measured), and
-lean Linear / row padding (applied by the Engine, edgespec/cpu/rewrites.py) leave the sharded layers alone (they only replace exact nn.Linear).
+lean Linear / row padding (applied by the Engine, edgespec/cpu/backend.py) leave the sharded layers alone (they only replace exact nn.Linear).
 """
 
 from __future__ import annotations

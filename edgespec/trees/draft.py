@@ -87,7 +87,7 @@ class ModelTreeDrafter(TreeDrafter):
             rows: list[mx.array | None] = [None] * len(kids)
             q = mx.softmax(z.astype(mx.float32))
         else:
-            q = warp(z, self.sampling)
+            q = warp(z, self.sampling, self.state.softmax)
             picks, q_rows = draw_siblings(q, u[kids[0] : kids[-1] + 1], len(kids))
             rows = [q_rows[j] for j in range(len(kids))]
         toks = picks if self.head_ids is None else self.head_ids[picks]

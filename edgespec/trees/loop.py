@@ -99,7 +99,7 @@ def verify_tree_round(
         row, n, nxt = verify_tree_greedy(tree, prop.tokens, logits)
     else:
         u = uniforms(key, tree.size + 1)
-        row, n, nxt = verify_tree(tree, prop.tokens, prop.q, warp(logits, cfg), u)
+        row, n, nxt = verify_tree(tree, prop.tokens, prop.q, warp(logits, cfg, target.softmax), u)
     head = mx.stack([row, n, nxt]).astype(mx.int32)
     out = mx.concatenate([head, prop.tokens.astype(mx.int32)])
     return out, (feats[p_len - 1 :] if features else None)
@@ -123,7 +123,9 @@ def _verify_chain(
         row = n
     else:
         u = uniforms(key, prop.tree.size + 1)
-        row, n, nxt = verify_tree(prop.tree, prop.tokens, prop.q, warp(logits, cfg), u)
+        row, n, nxt = verify_tree(
+            prop.tree, prop.tokens, prop.q, warp(logits, cfg, target.softmax), u
+        )
     head = mx.stack([row, n, nxt]).astype(mx.int32)
     return mx.concatenate([head, prop.tokens.astype(mx.int32)]), None
 

@@ -1,0 +1,162 @@
+"""The CPU backend: one object, built once per Engine, that owns EdgeSpec's optimised forwards on
+MLX's CPU backend. A GPU takes none of them (every switch is off there).
+
+    cpu = CpuBackend()                    # the switches read from the environment, once
+    fast = cpu.model(loaded.model)        # the twin that runs the optimised layers
+    state = KVState(fast, "target", cpu.new_cache)
+    warp(logits, sampling, cpu.softmax)   # the sampling softmax (None: MLX's own)
+
+`model(m)` returns m's twin (edgespec/cpu/twin.py): new module objects over the same parameter
+arrays, with row padding when asked (rowpad.py), rotary tables (rope.py), lean Linear / RMSNorm
+(leanops.py), compiled llama blocks (blocks.py) and attention modules that take the grouped path
+for marked caches (attention.py). The model it was given is left as it is: its classes, its
+modules, mlx-lm's functions. So the bench's mlx-lm peer, which runs `loaded.model`, runs mlx-lm's
+own code by construction, and each twin's outputs keep the model's bits (tests/test_rope.py,
+test_leanops.py, test_blocks.py compare a twin with its model). The state the optimised layers
+keep (rotary tables, the rows and the causal mask of the latest forward, the compiled traces)
+belongs to this object and its twins, never to a module of EdgeSpec or mlx-lm.
+
+Switches: edgespec/cpu/switch.py (`EDGESPEC_CPU_OPT=0` turns everything off); the BLAS preload
+is edgespec/cpu/blas.py. The decoding core (loop, cache, drafting, sampling) never imports this
+package: the Engine (edgespec/runtime.py) hands it these pieces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import base
+from mlx_lm.models.cache import make_prompt_cache
+
+from edgespec.cpu import attention, blas, blocks, fastexp, leanops, rope, rowpad
+from edgespec.cpu.switch import cpu_switch, on_cpu
+from edgespec.cpu.twin import Memo, twin
+from edgespec.rewind import rewindable
+
+__all__ = ["CpuBackend", "Switches", "draft_pairs", "on_cpu"]
+
+
+def draft_pairs() -> bool:
+    """Whether draft steps run two positions instead of one (drafting/model.py ModelDrafter): on
+    the CPU backend under Intel MKL (whose one-row products run on one thread; OpenBLAS's two-row
+    ones are the slower), or everywhere on the CPU with EDGESPEC_DRAFT_PAIRS=1."""
+    if not cpu_switch("EDGESPEC_DRAFT_PAIRS"):
+        return False
+    return os.environ.get("EDGESPEC_DRAFT_PAIRS") == "1" or blas.active() in ("mkl", "mkl-fast")
+
+
+@dataclasses.dataclass(frozen=True)
+class Switches:
+    """Which rewrites a backend applies (all off: a GPU, or EDGESPEC_CPU_OPT=0)."""
+
+    grouped_attention: bool = False
+    table_rope: bool = False
+    lean_ops: bool = False
+    compiled_blocks: bool = False
+    fast_exp: bool = False
+    draft_pairs: bool = False
+    pad_rows: bool = False  # opt-in (EDGESPEC_PAD_ROWS=1), not recorded by the bench
+
+    @classmethod
+    def from_environment(cls) -> Switches:
+        """The switches in force in this process (edgespec/cpu/switch.py)."""
+        return cls(
+            grouped_attention=attention.enabled(),
+            table_rope=rope.enabled(),
+            lean_ops=leanops.enabled(),
+            compiled_blocks=blocks.enabled(),
+            fast_exp=fastexp.enabled(),
+            draft_pairs=draft_pairs(),
+            pad_rows=cpu_switch("EDGESPEC_PAD_ROWS") and blas.pads_single_rows(),
+        )
+
+    def recorded(self) -> dict[str, bool]:
+        """What results.json records (`environment.cpu_rewrites`)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "pad_rows"}
+
+    def rewrite_models(self) -> bool:
+        """Whether any of them changes how a model runs (else `model` returns it as it is)."""
+        s = self
+        return s.grouped_attention or s.table_rope or s.lean_ops or s.compiled_blocks or s.pad_rows
+
+
+class CpuBackend:
+    """EdgeSpec's optimised forwards for MLX's CPU backend (module docstring). Not thread-safe,
+    like the Engine that holds it."""
+
+    def __init__(self, switches: Switches | None = None):
+        self.switches = switches if switches is not None else Switches.from_environment()
+        self.tables = rope.Tables()
+        self.masks = attention.Masks()
+        original = getattr(base, attention.NAME)
+        self._original = original
+        self._sdpa = attention.grouped_sdpa(original, self.masks)
+        self._attending: dict[type, type | None] = {}
+        self._twins: Memo = {}
+        self.softmax: Callable[[mx.array, float], mx.array] | None = (
+            fastexp.make_softmax() if self.switches.fast_exp else None
+        )
+
+    @property
+    def draft_pairs(self) -> bool:
+        return self.switches.draft_pairs
+
+    def model(self, model: Any) -> Any:
+        """`model`'s twin with the optimised layers switched on (the same twin for the same model;
+        `model` itself where none applies). Twins made by one backend share their modules: an MTP
+        head's or a feature draft's reference to its target points at the target's twin when the
+        target was twinned first."""
+        if not isinstance(model, nn.Module) or not self.switches.rewrite_models():
+            return model
+        found = self._twins.get(id(model))
+        if found is not None and found[0] is model:
+            return found[1]
+        made = twin(model, self._pick, self._twins)
+        for _, module in made.named_modules():
+            self._finish(module)
+        return made
+
+    def new_cache(self, model: Any) -> list[Any]:
+        """make_prompt_cache(model) with rewindable window layers (edgespec/rewind.py), marked so
+        that a twin's short multi-token forwards on it (verifies, catch-ups) take grouped
+        attention when that is switched on."""
+        cache = rewindable(make_prompt_cache(model))
+        if self.switches.grouped_attention:
+            attention.mark(cache)
+        return cache
+
+    # The draft-tree forward's pieces (the Engine hands them to edgespec/trees/forward.py): a
+    # compiled llama block's parts around the attention, and the grouped attention under a mask.
+    block_parts = staticmethod(blocks.parts)
+    masked_attention = staticmethod(attention.masked_attention)
+
+    def _pick(self, key: str, module: nn.Module) -> type | None:
+        """The class `module`'s twin takes (None: its own)."""
+        s = self.switches
+        return (
+            (s.pad_rows and rowpad.twin_class(module))
+            or (s.table_rope and rope.twin_class(key, module))
+            or (s.lean_ops and leanops.twin_class(module))
+            or (s.compiled_blocks and blocks.twin_class(module))
+            or (s.grouped_attention and self._attending_class(type(module)))
+            or None
+        )
+
+    def _attending_class(self, cls: type) -> type | None:
+        if cls not in self._attending:
+            self._attending[cls] = attention.attending_class(cls, self._original, self._sdpa)
+        return self._attending[cls]
+
+    def _finish(self, module: nn.Module) -> None:
+        """Hand a twin's optimised modules this backend's state."""
+        if isinstance(module, rope.TableRoPE):
+            module.tables = self.tables
+        elif isinstance(module, blocks.CompiledBlock):
+            module.attend = self._sdpa if self.switches.grouped_attention else self._original
+        if self.switches.pad_rows:
+            rowpad.pad_head(module)
