@@ -185,6 +185,8 @@ def _registry() -> dict[str, Method]:
                _engine_runner(lambda p: SpecConfig(k=p.k, method="block"))),
         Method("block-tree", f"EdgeSpec, trees from a block draft, {BENCH_TREE} K deep", True,
                True, _engine_runner(lambda p: SpecConfig(k=p.k, method="block-tree"))),
+        Method("mtp", "EdgeSpec, the target's own MTP head (--draft mtp)", True, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="mtp"))),
         Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
         Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
                _mlx_lm_runner(False)),
