@@ -129,6 +129,8 @@ def test_summary_speedup_costs_and_prediction() -> None:
     assert s.predicted_speedup == pytest.approx(predicted_speedup(0.6, 4, 0.1, 0.8))
     # 0.2 s of the 0.25 s decode time in draft/verify calls -> 20 % overhead
     assert s.overhead == pytest.approx(0.2)
+    # 0.1 s outside the calls over 2 x (4 - 1) rounds (each run's first round is in TTFT)
+    assert s.overhead_per_round == pytest.approx(0.1 / 6)
     assert s.accepted_hist == (2, 2, 2, 2)
     assert (s.mismatches, s.mismatched_prompts) == (1, ("b",))
 

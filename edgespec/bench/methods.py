@@ -5,7 +5,7 @@ warm prefix cache."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,15 @@ def _sampling(point: Point) -> SamplingConfig:
 Extras = Callable[[Any, Point], dict[str, Any]]
 
 
+def decode_model_time(rounds: Sequence[tuple[Round, int]]) -> float:
+    """Draft + verify seconds of the rounds run between a generation's first and last token, from
+    its Round events each with the count of Token events just before it (a round's tokens come
+    before its Round): the first round made the first token (TTFT side), and a round with no
+    tokens (it committed only EOS) ended after the last one. E.g. rounds of 0.1, 0.2 and 0.3 s
+    after 3, 2 and 0 tokens -> 0.2 s."""
+    return sum(r.t_draft + r.t_verify for r, tokens in rounds[1:] if tokens)
+
+
 def _engine_runner(
     spec: Callable[[Point], SpecConfig], extras: Extras | None = None
 ) -> Callable[[Any, list[int], Point], Measured]:
@@ -86,17 +95,20 @@ def _engine_runner(
         config = GenerationConfig(_sampling(point), spec(point), max_tokens=point.max_tokens)
         kwargs = extras(engine, point) if extras else {}
         engine.reset()
-        timer, rounds, reason = _Timer(), [], "length"
+        timer, reason = _Timer(), "length"
+        rounds: list[tuple[Round, int]] = []  # each Round with the tokens just before it
+        tokens = 0
         for event in engine.generate(prompt_ids, config, **kwargs):
             if isinstance(event, Token):
                 timer.token(event.id)
+                tokens += 1
             elif isinstance(event, Round):
-                rounds.append(event)
+                rounds.append((event, tokens))
+                tokens = 0
             elif isinstance(event, Finished):
                 reason = event.reason
-        # Round events follow their tokens: the first round made the first token (TTFT side).
-        t_model = sum(r.t_draft + r.t_verify for r in rounds[1:])
-        return timer.done(reason, fold_rounds(rounds), timed=True, t_model=t_model)
+        t_model = decode_model_time(rounds)
+        return timer.done(reason, fold_rounds(r for r, _ in rounds), timed=True, t_model=t_model)
 
     return run
 
@@ -185,6 +197,8 @@ def _registry() -> dict[str, Method]:
                _engine_runner(lambda p: SpecConfig(k=p.k, method="block"))),
         Method("block-tree", f"EdgeSpec, trees from a block draft, {BENCH_TREE} K deep", True,
                True, _engine_runner(lambda p: SpecConfig(k=p.k, method="block-tree"))),
+        Method("mtp", "EdgeSpec, the target's own MTP head (--draft mtp)", True, True,
+               _engine_runner(lambda p: SpecConfig(k=p.k, method="mtp"))),
         Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
         Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
                _mlx_lm_runner(False)),

@@ -120,7 +120,8 @@ class Summary:
     acceptance = accepted / drafted; c, v = measured draft step / verify forward cost in plain
     decode steps; predicted_speedup = the closed form at (alpha, K, c, v); overhead = share of
     decode time (first -> last token) spent outside the draft and verify calls (Python, events,
-    detokenizing; the first round's calls fall in TTFT and are left out). None where it does not apply.
+    detokenizing; the first round's calls fall in TTFT and are left out), overhead_per_round = the
+    same time per round, in seconds. None where it does not apply.
     """
 
     runs: int
@@ -144,6 +145,7 @@ class Summary:
     v: float | None = None
     predicted_speedup: float | None = None
     overhead: float | None = None
+    overhead_per_round: float | None = None  # seconds (_loop_overhead)
     mismatches: int | None = None
     mismatched_prompts: tuple[str, ...] = field(default=())
 
@@ -194,16 +196,30 @@ def _speculation(runs: Sequence[RunRecord], plain_tpot: float | None) -> dict:
         t_verify = sum(r.t_verify or 0.0 for r in timed)
         c = t_draft / max(1, sum(r.drafted for r in timed)) / plain_tpot
         v = t_verify / max(1, sum(r.rounds for r in timed)) / plain_tpot
-        in_decode = [r for r in timed if r.t_model_decode is not None]
-        decode = sum(r.decode_time for r in in_decode)
-        t_model = sum(r.t_model_decode or 0.0 for r in in_decode)
         out |= {
             "c": c,
             "v": v,
             "predicted_speedup": predicted_speedup(alpha, k_mean, c, v),
-            "overhead": max(0.0, 1.0 - t_model / decode) if decode else None,
+            **_loop_overhead(timed),
         }
     return out
+
+
+def _loop_overhead(timed: Sequence[RunRecord]) -> dict[str, float | None]:
+    """The loop's own time within decode (first -> last token), outside the draft and verify
+    calls: its share of decode time and its seconds per round. A run's first round falls in TTFT,
+    so a run of n rounds counts n - 1. E.g. two runs of 4 rounds, 0.25 s decode each, 0.2 s of it
+    in the calls: overhead 0.1 / 0.5 = 0.2, overhead_per_round 0.1 / 6 s."""
+    in_decode = [r for r in timed if r.t_model_decode is not None]
+    decode = sum(r.decode_time for r in in_decode)
+    if not decode:
+        return {"overhead": None, "overhead_per_round": None}
+    outside = max(0.0, decode - sum(r.t_model_decode or 0.0 for r in in_decode))
+    rounds = sum(max(0, r.rounds - 1) for r in in_decode)
+    return {
+        "overhead": outside / decode,
+        "overhead_per_round": outside / rounds if rounds else None,
+    }
 
 
 def summarize_runs(runs: Sequence[RunRecord], plain: Sequence[RunRecord] = ()) -> Summary:

@@ -29,6 +29,7 @@ from edgespec.cpu.backend import Switches
 from edgespec.cpu.switch import on_cpu
 from edgespec.drafting.block import BlockModel
 from edgespec.drafting.eagle import EagleModel
+from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import ConfigError
 
 
@@ -78,6 +79,8 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
     blocks = [m for m in plan.methods if m.startswith("block")]
     if blocks and not isinstance(engine.draft.model, BlockModel):
         raise ConfigError(f"methods {', '.join(blocks)} need a block draft (DFlash-style)")
+    if "mtp" in plan.methods and not isinstance(engine.draft.model, MtpModel):
+        raise ConfigError("method mtp needs the target's own MTP head: pass --draft mtp")
     peer = mlx_lm_draft(engine)
     if "mlx-lm" in plan.methods and peer is not None and isinstance(peer.model, FEATURES):
         raise ConfigError(
