@@ -152,8 +152,8 @@ def test_sampled_answers_follow_the_target_distribution(engine):
 def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch):
     """Plant the bug: drafts drawn at T = 4, reported as drawn from the T = 1 q."""
 
-    def flat_pick(logits, sampling, u, i, head_ids, rows):
-        rows.append(warp(logits, sampling))
+    def flat_pick(logits, sampling, u, i, head_ids, rows, softmax=None):
+        rows.append(warp(logits, sampling, softmax))
         return sample(warp(logits, SamplingConfig(temperature=4.0)), u[i])
 
     monkeypatch.setattr("edgespec.drafting.features.pick_token", flat_pick)
