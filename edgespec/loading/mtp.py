@@ -7,9 +7,10 @@ none (mlx-lm drops them): a one-line ConfigError says how to get them.
 
 `convert_checkpoint(src, dst)` turns an original checkpoint folder (safetensors + config.json with
 `mtp_num_hidden_layers`) into an MLX folder: the model quantized by mlx-lm (4 bits by default),
-its MTP layer beside it in mtp.safetensors (8 bits by default; `mtp_quantization` in config.json),
-the tokenizer files copied. `edgespec pull FOLDER` runs it into the cache; `edgespec pull NAME` of
-a catalogue model whose Hugging Face repo is such a checkpoint converts the download in place.
+its MTP layer beside it in mtp.safetensors (8 bits by default, `pull --mtp-bits` 4 or 0 for
+float; `mtp_quantization` in config.json), the tokenizer files copied. `edgespec pull FOLDER`
+runs it into the cache; `edgespec pull NAME` of a catalogue model whose Hugging Face repo is
+such a checkpoint converts the download in place.
 """
 
 from __future__ import annotations
@@ -66,17 +67,22 @@ def is_checkpoint_with_mtp(path: Path) -> bool:
     return has_raw_head(path, config)
 
 
-def converted_dir(src: Path) -> Path:
+def converted_dir(src: Path, mtp_bits: int = 8) -> Path:
     """Where `edgespec pull FOLDER` puts a folder's conversion: <home>/converted/<name>-<hash>,
-    keyed by the folder's absolute path and its config.json."""
+    keyed by the folder's absolute path, its config.json and the MTP layer's bits (when not the
+    default 8, so that a 4-bit or float head gets a folder of its own)."""
     src = src.resolve()
     config = json.dumps(read_config(src), sort_keys=True)  # one-line error without config.json
-    digest = hashlib.sha256(f"{src}\n{config}".encode()).hexdigest()
+    key = f"{src}\n{config}" + ("" if mtp_bits == 8 else f"\nmtp_bits={mtp_bits}")
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return paths.home() / "converted" / f"{src.name}-{digest[:12]}"
 
 
-def _quantize(model: nn.Module, bits: int) -> dict:
-    """Quantize every layer whose input width divides 64 (MLX's default group); the config entry."""
+def _quantize(model: nn.Module, bits: int) -> dict | None:
+    """Quantize every layer whose input width divides 64 (MLX's default group); the config entry
+    (None for bits 0: the layer stays float)."""
+    if bits == 0:
+        return None
     nn.quantize(
         model,
         group_size=64,
@@ -112,8 +118,8 @@ def convert_in_place(folder: Path, bits: int = 4, mtp_bits: int = 8) -> None:
 
 def write_conversion(src: Path, out: Path, bits: int, mtp_bits: int) -> None:
     """Write checkpoint `src` into the existing folder `out`: the model quantized by mlx-lm
-    (`bits`), its MTP layer in mtp.safetensors (`mtp_bits`), config.json with both
-    quantizations, the tokenizer and licence files."""
+    (`bits`), its MTP layer in mtp.safetensors (`mtp_bits`; 0 keeps it float), config.json
+    with both quantizations, the tokenizer and licence files."""
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
     config = read_config(src)
