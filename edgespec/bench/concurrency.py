@@ -54,12 +54,15 @@ class Level:
         return sum(s.tokens for s in self.streams) / max(s.seconds for s in self.streams)
 
 
-def stream(client: Any, model: str, question: str, max_tokens: int, t0: float) -> Stream:
-    """One streamed chat completion at T = 0, timed from t0 (the release)."""
-    first, parts, tokens = None, [], None
+def stream_chat(
+    client: Any, model: str, messages: list[dict[str, str]], max_tokens: int, t0: float
+) -> tuple[float | None, float, list[str], Any]:
+    """One streamed chat completion at T = 0, timed from t0: (seconds to its first content, or
+    None without any; seconds to its end; the content pieces; its usage, or None)."""
+    first, parts, usage = None, [], None
     reply = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": question}],
+        messages=messages,
         max_tokens=max_tokens,
         temperature=0,
         stream=True,
@@ -67,11 +70,18 @@ def stream(client: Any, model: str, question: str, max_tokens: int, t0: float) -
     )
     for chunk in reply:
         if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
+            usage = chunk.usage
         if chunk.choices and chunk.choices[0].delta.content:
             first = first if first is not None else time.perf_counter() - t0
             parts.append(chunk.choices[0].delta.content)
-    seconds = time.perf_counter() - t0
+    return first, time.perf_counter() - t0, parts, usage
+
+
+def stream(client: Any, model: str, question: str, max_tokens: int, t0: float) -> Stream:
+    """One streamed chat completion at T = 0, timed from t0 (the release)."""
+    messages = [{"role": "user", "content": question}]
+    first, seconds, parts, usage = stream_chat(client, model, messages, max_tokens, t0)
+    tokens = usage.completion_tokens if usage is not None else None
     return Stream(first or seconds, seconds, tokens or len(parts), "".join(parts))
 
 

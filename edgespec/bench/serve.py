@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edgespec.bench.concurrency import stream_chat
 from edgespec.bench.prompts import DEFAULT_PROMPTS, load_prompts
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.cpu.blas import reexec_with_blas
@@ -80,22 +81,7 @@ def through_server(
 ) -> Timed:
     """A streamed chat completion at T=0, timed from the request to the last chunk."""
     t0 = time.perf_counter()
-    first, parts, usage = None, [], None
-    stream = client.chat.completions.create(
-        model=model,
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        if chunk.choices and chunk.choices[0].delta.content:
-            first = first if first is not None else time.perf_counter() - t0
-            parts.append(chunk.choices[0].delta.content)
-    seconds = time.perf_counter() - t0
+    first, seconds, parts, usage = stream_chat(client, model, messages, max_tokens, t0)
     tokens = usage.completion_tokens if usage else 0
     prompt = usage.prompt_tokens if usage else 0
     extra = usage.model_extra if usage else {}
