@@ -50,9 +50,9 @@ class BlockState(EagleState):
         """The draft's logits [k', V] for the k' = min(k, block_size - 1) positions after the
         anchor context[-1] (lazy), from one forward that also caches the context positions it
         lacked; None when the features do not cover context[:-1] (a one-token prompt)."""
-        p = self.n_features
-        if p == 0 or p != len(context) - 1 or self.context[:p] != context[:p]:
+        if not self.covers(context):
             return None
+        p = self.n_features
         k = min(k, self.block.args.block_size - 1)
         if k < 1:
             return None

@@ -70,13 +70,19 @@ class EagleState:
         self.context = list(context)
         self.rewind(min(self.kv.offset, start, max(common - 1, 0)))
 
+    def covers(self, context: list[int]) -> bool:
+        """Whether the features are those of context[:-1] exactly (at least one): what a draft
+        forward after `context` needs."""
+        p = self.n_features
+        return 0 < p == len(context) - 1 and self.context[:p] == context[:p]
+
     def first_input(self, context: list[int]) -> tuple[mx.array, mx.array] | None:
         """The draft's next input after `context`: the (features, tokens) of the positions its
         cache does not hold yet, at least one (its output is the first guess); None when the
         features do not cover context[:-1] (a one-token prompt: a plain target step)."""
-        p = self.n_features
-        if p == 0 or p != len(context) - 1 or self.context[:p] != context[:p]:
+        if not self.covers(context):
             return None
+        p = self.n_features
         if self.kv.offset >= p:  # feed at least one position
             self.rewind(p - 1)
         start = self.kv.offset
