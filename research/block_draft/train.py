@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--reload-every", type=int, default=400, help="pick up new feature chunks")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kd", action="store_true", help="soft labels from the target (kd.py)")
     a = ap.parse_args(argv)
     a.init_layers = [int(x) for x in a.init_layers.split(",")]
 
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlx.utils import tree_flatten, tree_unflatten
 
     from edgespec.loading.load import load_model
+    from research.block_draft.kd import KdAnchors, kd_loss_fn, target_agreement
 
     out = Path(a.out)
     (out / "ckpt").mkdir(parents=True, exist_ok=True)
@@ -269,13 +271,24 @@ def main(argv: list[str] | None = None) -> int:
     weights = mx.array([math.exp(-j / a.gamma) for j in range(a.block - 1)])
 
     def draw(src: Anchors, pick: int | None = None):
-        raw, anchors, toks, labels = src.sequence(pick)
-        return raw, anchors, toks, to_head(labels, head)
+        raw, anchors, toks, labels, *soft = src.sequence(pick)
+        return (raw, anchors, toks, to_head(labels, head), *soft)
+
+    def anchors_of(chunks, seed: int) -> Anchors:
+        if not a.kd:
+            return Anchors(chunks, a.block, a.per_seq, a.mask_id, seed)
+        return KdAnchors(chunks, a.block, a.per_seq, a.mask_id, seed, target.args.hidden_size)
 
     held_src = Anchors(held, a.block, a.per_seq, a.mask_id, 1234)
     eval_seqs = [draw(held_src, i) for i in range(min(24, len(held_src.index)))]
-    data = Anchors(train, a.block, a.per_seq, a.mask_id, a.seed + step)
-    grad = nn.value_and_grad(model, lambda m, seqs: loss_fn(m, seqs, weights)[0])
+    kd_src = KdAnchors(held, a.block, a.per_seq, a.mask_id, 1234, target.args.hidden_size)
+    kd_seqs = [draw(kd_src, i) for i in range(min(24, len(kd_src.index)))] if a.kd else []
+    data = anchors_of(train, a.seed + step)
+    if a.kd:
+        norm = target.model.norm
+        grad = nn.value_and_grad(model, lambda m, seqs: kd_loss_fn(m, seqs, weights, norm)[0])
+    else:
+        grad = nn.value_and_grad(model, lambda m, seqs: loss_fn(m, seqs, weights)[0])
 
     def lr_at(s: int) -> float:
         warm = min(1.0, (s + 1) / 100)
@@ -293,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     while time.time() < t_end:
         if step % a.reload_every == 0 and step:
             train = load_chunks(feats, "train")
-            data = Anchors(train, a.block, a.per_seq, a.mask_id, a.seed + step)
+            data = anchors_of(train, a.seed + step)
         seqs = [as_mx(draw(data)) for _ in range(a.seqs)]
         opt.learning_rate = lr_at(step)
         loss, g = grad(model, seqs)
@@ -310,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             with curve.open("a") as f:
                 f.write(",".join(str(x) for x in row) + "\n")
             print(f"step {step} loss {np.mean(losses):.3f} {ev} ({len(train)} chunks)", flush=True)
+            if kd_seqs:
+                agree = target_agreement(model, kd_seqs, target.model.norm)
+                print(f"step {step} vs target: {agree}", flush=True)
             losses = []
             mx.save_safetensors(
                 str(out / "ckpt" / "model.safetensors"), dict(tree_flatten(model.parameters()))
