@@ -42,3 +42,20 @@ class TreeUnsupportedError(ConfigError):
 class GroupError(EdgeSpecError):
     """A sharded run (edgespec.distributed) whose ranks cannot go on together: a rank was lost,
     the ranks disagree on what was committed, or the group cannot shard the model."""
+
+
+def one_line(exc: BaseException, *, typed: bool = False, limit: int = 300) -> str:
+    """An exception as one short line: the first line of its message, else its type's name;
+    `typed` puts the type's name in front. At most `limit` characters.
+
+    >>> one_line(RuntimeError("\\n[metal::malloc] cannot allocate\\nsecond line"))
+    '[metal::malloc] cannot allocate'
+    >>> one_line(ValueError("a\\nb"), typed=True), one_line(KeyError(), typed=True)
+    ('ValueError: a', 'KeyError')
+    """
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    name = type(exc).__name__
+    if typed and line:
+        line = f"{name}: {line}"
+    return (line or name)[:limit]

@@ -30,7 +30,7 @@ from edgespec.tui.messages import (
 from textual.message import Message
 
 from edgespec.config import GenerationConfig
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 
 ProgressFn = Callable[[str, "float | None"], None]
@@ -65,13 +65,9 @@ def error_line(exc: BaseException) -> str:
     >>> error_line(MemoryError())
     'out of memory: try a smaller model pair or a lower --draft-bits'
     """
-    if isinstance(exc, EdgeSpecError):
-        text = str(exc)
-    elif isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError):
         return "out of memory: try a smaller model pair or a lower --draft-bits"
-    else:
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return one_line(exc, typed=not isinstance(exc, EdgeSpecError))
 
 
 @dataclass

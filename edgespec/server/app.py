@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from edgespec.errors import PromptError
+from edgespec.errors import PromptError, one_line
 from edgespec.server import responses as R
 from edgespec.server.auth import ApiKeyMiddleware
 from edgespec.server.limits import Limits, TextBound, read_body, refuse_certain_overflow
@@ -230,8 +230,9 @@ def tokenize(engine: Any, parsed: ParsedRequest, bound: TextBound | None = None)
     except (RequestError, MemoryError):
         raise
     except Exception as exc:  # a chat template that refuses these messages (jinja raises)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise RequestError(f"the chat template cannot format these messages: {first}") from None
+        raise RequestError(
+            f"the chat template cannot format these messages: {one_line(exc)}"
+        ) from None
 
 
 def _dumps(body: dict[str, Any]) -> str:
@@ -329,6 +330,5 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    message = f"internal error: {type(exc).__name__}: {first}"
+    message = f"internal error: {one_line(exc, typed=True)}"
     return JSONResponse(R.error_json(message, "server_error"), status_code=500)

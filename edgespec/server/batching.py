@@ -25,7 +25,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.prefix import ConversationPool, Slot
@@ -116,13 +116,8 @@ def advance(rounds: Rounds) -> WorkerEvent | None:
 def failure(exc: Exception) -> Failed:
     """A 400 for what the request asked (an EdgeSpecError), a 500 for a backend failure."""
     if isinstance(exc, EdgeSpecError):
-        return Failed(400, line(exc))
-    return Failed(500, f"generation failed: {type(exc).__name__}: {line(exc)}")
-
-
-def line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        return Failed(400, one_line(exc))
+    return Failed(500, f"generation failed: {one_line(exc, typed=True)}")
 
 
 def job_rounds(engine: Any, job: Job, closing: threading.Event) -> Rounds:
