@@ -107,8 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{who}: error: {group_error}", file=sys.stderr)
                 return 2
         print(
-            f"{who}: error: {one_line(exc, typed=True)} "
-            "(EDGESPEC_DEBUG=1 shows the traceback)",
+            f"{who}: error: {one_line(exc, typed=True)} (EDGESPEC_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
         return 1

@@ -11,4 +11,3 @@ def report(on_progress: ProgressFn | None, stage: str, fraction: float | None = 
     """Tell `on_progress` (if any) that `stage` is under way, `fraction` done."""
     if on_progress is not None:
         on_progress(stage, fraction)
-

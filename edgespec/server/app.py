@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from edgespec.errors import PromptError, one_line
+from edgespec.errors import ContextLengthError, PromptError, check_context, one_line
 from edgespec.server import responses as R
 from edgespec.server.auth import ApiKeyMiddleware
 from edgespec.server.limits import Limits, TextBound, read_body, refuse_certain_overflow
@@ -217,14 +217,10 @@ def tokenize(engine: Any, parsed: ParsedRequest, bound: TextBound | None = None)
             ids = engine.encode_raw(parsed.prompt)
         else:
             ids = list(parsed.prompt or ())
-        if len(ids) + 1 > engine.context_window:
-            raise RequestError(
-                f"the prompt is {len(ids)} tokens but the context window is "
-                f"{engine.context_window} (prompt + at least one answer token); shorten it",
-                param=param,
-                code="context_length_exceeded",
-            )
+        check_context(len(ids), engine.context_window)  # before the token ids' range
         return engine.check_prompt(ids)  # type: ignore[no-any-return]
+    except ContextLengthError as exc:
+        raise RequestError(str(exc), param=param, code="context_length_exceeded") from None
     except PromptError as exc:
         raise RequestError(str(exc), param=param) from None
     except (RequestError, MemoryError):
