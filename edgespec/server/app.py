@@ -119,7 +119,7 @@ def create_app(
             Exception: _internal_error,
         },
     )
-    bound = TextBound.of(worker.engine.tokenizer)
+    bound = TextBound.of(getattr(worker.engine, "tokenizer", None))  # none: no bound
     app.state.edgespec = ServerState(
         worker, defaults, description, R.now(), budget_bytes, limits or Limits(), bound, connections
     )

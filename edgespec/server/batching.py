@@ -23,7 +23,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
 
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
@@ -31,6 +30,7 @@ from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, Worker
 from edgespec.server.prefix import ConversationPool, Slot
 from edgespec.server.responses import Usage
 from edgespec.server.stops import Segment, StopScanner
+from edgespec.worker import ServedEngine
 
 Rounds = Generator[None, None, WorkerEvent]
 
@@ -49,7 +49,11 @@ class Batch:
     """The running requests, on the MLX thread. Not thread-safe; `jobs()` may be read anywhere."""
 
     def __init__(
-        self, engine: Any, pool: ConversationPool, max_batch: int, closing: threading.Event
+        self,
+        engine: ServedEngine,
+        pool: ConversationPool,
+        max_batch: int,
+        closing: threading.Event,
     ):
         self.engine, self.pool, self.max_batch, self.closing = engine, pool, max_batch, closing
         self.running: list[Running] = []
@@ -120,7 +124,7 @@ def failure(exc: Exception) -> Failed:
     return Failed(500, f"generation failed: {one_line(exc, typed=True)}")
 
 
-def job_rounds(engine: Any, job: Job, closing: threading.Event) -> Rounds:
+def job_rounds(engine: ServedEngine, job: Job, closing: threading.Event) -> Rounds:
     """The job's generation, emitting a Piece per round (per token for plain decoding) and
     pausing after each; returns its Done (or Failed on shutdown)."""
     scanner = StopScanner(job.stop)
