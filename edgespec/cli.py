@@ -23,7 +23,7 @@ from edgespec.distributed.launch import (
     launched_backend,
     share_threads,
 )
-from edgespec.errors import EdgeSpecError, GroupError
+from edgespec.errors import EdgeSpecError, GroupError, one_line
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -106,10 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if group_error is not None:
                 print(f"{who}: error: {group_error}", file=sys.stderr)
                 return 2
-        first = next((line for line in str(exc).splitlines() if line.strip()), "")
         print(
-            f"{who}: error: {type(exc).__name__}: {first.strip()} "
-            "(EDGESPEC_DEBUG=1 shows the traceback)",
+            f"{who}: error: {one_line(exc, typed=True)} (EDGESPEC_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
         return 1

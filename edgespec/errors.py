@@ -31,6 +31,27 @@ class PromptError(EdgeSpecError):
     """Empty prompt, or a prompt longer than the model's context window."""
 
 
+class ContextLengthError(PromptError):
+    """A prompt that leaves no room in the context window for one answer token."""
+
+
+def check_context(prompt_tokens: int, window: int, model: str | None = None) -> None:
+    """ContextLengthError unless a prompt of `prompt_tokens` leaves room for at least one answer
+    token in a context window of `window` (the one check of the Engine and the server).
+
+    >>> check_context(511, 512)
+    >>> check_context(512, 512, "tiny")
+    Traceback (most recent call last):
+    edgespec.errors.ContextLengthError: the prompt is 512 tokens but the context window of tiny is 512 (prompt + at least one answer token); shorten it
+    """
+    if prompt_tokens + 1 > window:
+        of = f" of {model}" if model else ""
+        raise ContextLengthError(
+            f"the prompt is {prompt_tokens} tokens but the context window{of} is {window} "
+            "(prompt + at least one answer token); shorten it"
+        )
+
+
 class DownloadError(EdgeSpecError):
     """Fetching a model failed (no network, bad checksum, disk full, interrupted)."""
 
@@ -42,3 +63,20 @@ class TreeUnsupportedError(ConfigError):
 class GroupError(EdgeSpecError):
     """A sharded run (edgespec.distributed) whose ranks cannot go on together: a rank was lost,
     the ranks disagree on what was committed, or the group cannot shard the model."""
+
+
+def one_line(exc: BaseException, *, typed: bool = False, limit: int = 300) -> str:
+    """An exception as one short line: the first line of its message, else its type's name;
+    `typed` puts the type's name in front. At most `limit` characters.
+
+    >>> one_line(RuntimeError("\\n[metal::malloc] cannot allocate\\nsecond line"))
+    '[metal::malloc] cannot allocate'
+    >>> one_line(ValueError("a\\nb"), typed=True), one_line(KeyError(), typed=True)
+    ('ValueError: a', 'KeyError')
+    """
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    name = type(exc).__name__
+    if typed and line:
+        line = f"{name}: {line}"
+    return (line or name)[:limit]

@@ -37,7 +37,7 @@ from edgespec.drafting.features import EagleState
 from edgespec.drafting.features import prefill as eagle_prefill
 from edgespec.drafting.hybrid import HybridDrafter
 from edgespec.drafting.mtp import MtpModel
-from edgespec.errors import PromptError
+from edgespec.errors import PromptError, check_context
 from edgespec.events import Event, Finished, Round, Token
 from edgespec.loading.load import load_pair
 from edgespec.loop import decode_plain, speculate
@@ -144,11 +144,7 @@ class Engine:
         bad = next((t for t in prompt_ids if not 0 <= t < self._vocab), None)
         if bad is not None:
             raise PromptError(f"{bad} in the prompt is not a token id (0..{self._vocab - 1})")
-        if len(prompt_ids) + 1 > self.context_window:
-            raise PromptError(
-                f"the prompt is {len(prompt_ids)} tokens but the context window of {self.name} is "
-                f"{self.context_window} (prompt + at least one answer token); shorten the prompt"
-            )
+        check_context(len(prompt_ids), self.context_window, self.name)
         return prompt_ids
 
     # ------------------------------------------------------------------ generation

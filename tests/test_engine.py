@@ -10,7 +10,7 @@ import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.errors import CacheNotTrimmableError, PromptError
+from edgespec.errors import CacheNotTrimmableError, ContextLengthError, PromptError
 from edgespec.events import Finished, Round, Token
 from edgespec.runtime import Engine
 from tests.helpers import token_ids
@@ -151,7 +151,7 @@ def test_prompt_errors(engine):
         engine.generate([], GREEDY)
     with pytest.raises(PromptError, match="empty"):
         engine.encode_raw("   ")
-    with pytest.raises(PromptError, match="context window .* 512"):
+    with pytest.raises(ContextLengthError, match="context window of .* is 512"):
         engine.generate([5] * 512, GREEDY)
 
 

@@ -61,15 +61,16 @@ def test_twins_torch_quantizer_is_mlx_affines() -> None:
     pytest.importorskip("transformers")
     sys.path.insert(0, str(RECIPES))
     try:
-        import gpu_finetune
+        import gpu_draft
+        import gpu_finetune  # noqa: F401 - the script still imports with its parts split out
     finally:
         sys.path.remove(str(RECIPES))
     w = weights(3)
-    q, s, b = gpu_finetune.quantize_groups(torch.from_numpy(w), 4)
+    q, s, b = gpu_draft.quantize_groups(torch.from_numpy(w), 4)
     rq, rs, rb = mlx_affine.quantize(w, 4)
     assert np.array_equal(q.reshape(w.shape[0], -1).numpy(), rq)
     assert np.array_equal(s.reshape(w.shape[0], -1).numpy(), rs)
     assert np.array_equal(b.reshape(w.shape[0], -1).numpy(), rb)
-    packed = gpu_finetune.mlx_pack(torch.from_numpy(w), 4)
+    packed = gpu_draft.mlx_pack(torch.from_numpy(w), 4)
     words, scales, biases = mx.quantize(mx.array(w), group_size=64, bits=4)
     assert np.array_equal(packed["weight"], np.array(words))

@@ -45,12 +45,14 @@ def describe(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     """Open the app; returns 0, or 2 when the models could not be loaded."""
     from edgespec.tui.app import ChatApp
-    from edgespec.tui.engine_thread import ChatEngine, ProgressFn
+    from edgespec.tui.engine_thread import ProgressFn
+
+    from edgespec.worker import ServedEngine
 
     config = generation_from_args(args)  # invalid settings raise ConfigError before the UI starts
     draft = draft_from_args(args, config.spec)  # --method mtp: the target's own MTP head
 
-    def load(on_progress: ProgressFn) -> ChatEngine:
+    def load(on_progress: ProgressFn) -> ServedEngine:
         if args.fake:
             from edgespec.tui.fake import MARKDOWN, FakeEngine, FakeScript
 

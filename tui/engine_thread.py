@@ -1,8 +1,9 @@
-"""The one long-lived thread that owns the engine (and so all MLX state), plus a batcher.
+"""The app's side of the one long-lived thread that owns the engine (and so all MLX state:
+edgespec/worker.py, shared with the server), plus a batcher.
 
-MLX streams belong to the thread that created them (docs/library.md), so the engine is loaded *and* run on
-the same thread, which serves requests from a queue for the app's whole life. The UI thread only
-enqueues requests and sets cancel events; it never waits on the engine.
+The engine is loaded *and* run on that thread, which serves chat turns and resets one after
+another for the app's whole life. The UI thread only enqueues requests and sets cancel events;
+it never waits on the engine.
 
 Events do not go to the UI one by one: the engine thread hands them to a small batcher thread that
 posts one `StreamBatch` per `flush_interval` at most (default 40 ms, i.e. <= 25 UI updates/s however
@@ -14,9 +15,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from edgespec.tui.messages import (
     EngineFailed,
@@ -30,33 +30,15 @@ from edgespec.tui.messages import (
 from textual.message import Message
 
 from edgespec.config import GenerationConfig
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
+from edgespec.worker import EngineWorker, ServedEngine
 
 ProgressFn = Callable[[str, "float | None"], None]
 Post = Callable[[Message], object]
 
 
-class ChatEngine(Protocol):
-    """What the app needs from `edgespec.runtime.Engine` (the fake implements it too)."""
-
-    name: str
-    has_draft: bool
-    context_window: int
-
-    def chat(
-        self,
-        messages: list[dict[str, str]],
-        config: GenerationConfig,
-        cancel: threading.Event | None = None,
-    ) -> Iterator[Token | Round | Finished]: ...
-
-    def reset(self) -> None: ...
-
-    def warm_up(self, config: GenerationConfig) -> object: ...
-
-
-Loader = Callable[[ProgressFn], ChatEngine]
+Loader = Callable[[ProgressFn], ServedEngine]
 
 
 def error_line(exc: BaseException) -> str:
@@ -65,13 +47,9 @@ def error_line(exc: BaseException) -> str:
     >>> error_line(MemoryError())
     'out of memory: try a smaller model pair or a lower --draft-bits'
     """
-    if isinstance(exc, EdgeSpecError):
-        text = str(exc)
-    elif isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError):
         return "out of memory: try a smaller model pair or a lower --draft-bits"
-    else:
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return one_line(exc, typed=not isinstance(exc, EdgeSpecError))
 
 
 @dataclass
@@ -172,22 +150,23 @@ class EngineThread:
         self._loader = loader
         self._warm = warm
         self._post = post
-        self._requests: queue.Queue[_Chat | _Reset | None] = queue.Queue()
         self._batcher = Batcher(post, flush_interval)
-        self._thread = threading.Thread(target=self._run, name="edgespec-engine", daemon=True)
+        self.mlx: EngineWorker[_Chat | _Reset] = EngineWorker(
+            self._load, self._serve, name="edgespec-engine"
+        )
         self._latest: _Chat | None = None
         self._last_progress = 0.0
 
     def start(self) -> None:
         """Start loading in the background; `EngineReady` or `EngineFailed` follows."""
         self._batcher.start()
-        self._thread.start()
+        self.mlx.start()
 
     def submit(self, turn: int, messages: list[dict[str, str]], config: GenerationConfig) -> None:
         """Queue one chat turn; its events arrive as `StreamBatch` ... `TurnFinished`."""
         request = _Chat(turn, list(messages), config)
         self._latest = request
-        self._requests.put(request)
+        self.mlx.put(request)
 
     def cancel(self) -> None:
         """Ask the last submitted turn to stop (the engine ends it with Finished('cancelled')).
@@ -198,15 +177,14 @@ class EngineThread:
 
     def reset(self) -> None:
         """Queue an engine reset (forget cached prefixes) after any running turn."""
-        self._requests.put(_Reset())
+        self.mlx.put(_Reset())
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Cancel the running turn, stop both threads, wait up to `timeout` seconds."""
         self.cancel()
-        self._requests.put(None)
+        self.mlx.close()
         self._batcher.close()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self.mlx.join(timeout)
 
     def _progress(self, text: str, fraction: float | None) -> None:
         now = time.monotonic()
@@ -216,12 +194,14 @@ class EngineThread:
         self._last_progress = now
         self._post(LoadProgress(text, fraction))
 
-    def _run(self) -> None:
+    def _load(self) -> ServedEngine:
         try:
-            engine = self._loader(self._progress)
-        except BaseException as exc:  # noqa: BLE001 - every failure becomes a readable line
+            return self._loader(self._progress)
+        except BaseException as exc:  # every failure becomes a readable line
             self._post(EngineFailed(error_line(exc)))
-            return
+            raise
+
+    def _serve(self, engine: ServedEngine) -> None:
         self._post(EngineReady(engine.name, engine.has_draft, engine.context_window))
         if self._warm is not None:
             start = time.monotonic()
@@ -231,7 +211,7 @@ class EngineThread:
                 self._post(EngineFailed(error_line(exc)))
                 return
             self._post(EngineWarm(time.monotonic() - start))
-        while (request := self._requests.get()) is not None:
+        while (request := self.mlx.take()) is not None:
             if isinstance(request, _Reset):
                 engine.reset()
                 continue

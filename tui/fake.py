@@ -84,9 +84,11 @@ class FakeScript:
 
 
 class FakeEngine:
-    """Stand-in for `edgespec.runtime.Engine`: `load`, `chat`, `reset`, `name`, `has_draft`,
+    """Stand-in for `edgespec.runtime.Engine` (edgespec.worker.ServedEngine): `load`, `chat`,
+    `generate`, `reset`, `warm_up`, `new_states` / `swap_states`, `name`, `has_draft`,
     `context_window`. Like the real engine it reuses a prompt prefix across turns, so a later turn
-    reports fewer prefilled tokens and a lower TTFT."""
+    reports fewer prefilled tokens and a lower TTFT; its "cache" is the prompt ids it last saw
+    (a chat's are its characters), one set per conversation."""
 
     name = "fake-target + fake-draft"
     has_draft = True
@@ -133,8 +135,16 @@ class FakeEngine:
         self.threads.add(threading.get_ident())
         self.warmed.append(config)
 
-    def _prefill(self, messages: list[dict[str, str]]) -> tuple[int, int]:
-        ids = [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"]
+    def new_states(self) -> tuple[list[int], None]:
+        """An empty cache set for one more conversation (the fake's draft keeps no cache)."""
+        return [], None
+
+    def swap_states(self, target: list[int], draft: None) -> tuple[list[int], None]:
+        """Hold `target` (from `new_states` or an earlier swap); return the set held until now."""
+        held, self._cached = self._cached, target
+        return held, draft
+
+    def _prefill(self, ids: list[int]) -> tuple[int, int]:
         common = 0
         for a, b in zip(ids, self._cached, strict=False):
             if a != b:
@@ -151,16 +161,31 @@ class FakeEngine:
     ) -> Iterator[Token | Round | Finished]:
         """Yield the scripted tokens and rounds, then one `Finished` with simulated stats."""
         self.calls.append((list(messages), config))
+        ids = [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"]
+        start = sum(len(m["content"]) for m in messages)  # vary the words between turns
+        yield from self._answer(ids, start, config, cancel)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        config: GenerationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Token | Round | Finished]:
+        """`chat` for a prompt of token ids (any ints): the same script, from word len(ids)."""
+        yield from self._answer(list(prompt_ids), len(prompt_ids), config, cancel)
+
+    def _answer(
+        self, ids: list[int], start: int, config: GenerationConfig, cancel: threading.Event | None
+    ) -> Iterator[Token | Round | Finished]:
         self.threads.add(threading.get_ident())
         if self.script.chat_error is not None:
             raise self.script.chat_error
-        prompt_tokens, prefilled = self._prefill(messages)
+        prompt_tokens, prefilled = self._prefill(ids)
         spec = config.spec.enabled and self.has_draft
         k = config.spec.k
         pieces = self.script.pieces()
         length = self.script.answer_tokens if pieces is None else len(pieces)
         limit = min(length, config.max_tokens)
-        start = sum(len(m["content"]) for m in messages)  # vary the words between turns
         texts: list[str] = []
         hist = [0] * (k + 1)
         drafted = accepted_total = rounds = 0

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgespec.tui.app import ChatApp
-from edgespec.tui.engine_thread import ChatEngine, ProgressFn
+from edgespec.tui.engine_thread import ProgressFn
 from edgespec.tui.store import ChatStore
 
 from edgespec.config import GenerationConfig
 from edgespec.errors import EdgeSpecError
+from edgespec.worker import ServedEngine
 
 SIZE = (120, 40)
 
@@ -33,7 +34,7 @@ async def _wait(pilot, predicate: Callable[[], object], timeout: float) -> None:
 
 
 def first_answer(
-    load: Callable[[ProgressFn], ChatEngine],
+    load: Callable[[ProgressFn], ServedEngine],
     config: GenerationConfig,
     prompt: str,
     timeout: float = 600.0,

@@ -32,7 +32,7 @@ import mlx.core as mx
 
 from edgespec.config import GenerationConfig
 from edgespec.distributed.launch import HOSTFILE, env_rank, launched_backend, lost_group
-from edgespec.errors import ConfigError, GroupError
+from edgespec.errors import ConfigError, GroupError, one_line
 
 _MOD = 2_147_483_647  # 2**31 - 1: checksums fit an int32 all_gather
 
@@ -85,19 +85,14 @@ def init_group() -> Group | None:
     try:
         group = mx.distributed.init(strict=True, backend=backend)
     except (RuntimeError, ValueError) as exc:
-        raise GroupError(f"cannot join the {backend} group: {first_line(exc)}") from None
+        raise GroupError(f"cannot join the {backend} group: {one_line(exc)}") from None
     return Group(group, backend)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def lost(exc: BaseException, group: Group | None = None) -> GroupError | None:
     """The GroupError a backend failure means (a peer gone: "[ring] connection to a peer was
     lost"), or None for any other exception."""
-    text = first_line(exc)
+    text = one_line(exc)
     if not isinstance(exc, RuntimeError) or not text.startswith(("[ring]", "[jaccl]", "[mpi]")):
         return None
     return lost_group(text, group.rank if group is not None else env_rank())

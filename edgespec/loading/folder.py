@@ -10,8 +10,7 @@ from typing import Any
 import mlx.nn as nn
 from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
-from edgespec.errors import ModelLoadError
-from edgespec.loading.progress import one_line
+from edgespec.errors import ModelLoadError, one_line
 
 DEFAULT_CONTEXT = 2048
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")

@@ -23,7 +23,7 @@ from typing import Any, cast
 import mlx.core as mx
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from edgespec.errors import ModelLoadError, ModelNotFoundError
+from edgespec.errors import ModelLoadError, ModelNotFoundError, one_line
 from edgespec.loading.paths import atomic_dir
 
 # llama.cpp tensor-name fragments -> mlx-lm llama names (applied to the part after "blk.N.").
@@ -70,8 +70,7 @@ def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
         loaded = mx.load(str(path), return_metadata=True)
         weights, meta = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
     except Exception as e:  # mlx raises RuntimeError/ValueError with multi-line text
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"cannot read GGUF file {path}: {first}") from None
+        raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(e)}") from None
     arch = _meta_str(meta, "general.architecture", "llama")
     if arch != "llama":
         raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")

@@ -17,12 +17,12 @@ from edgespec.distributed.group import Group
 from edgespec.drafting.block import is_block, load_block
 from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draft
 from edgespec.drafting.eagle import EagleModel, is_eagle, load_eagle
-from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError
+from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError, one_line
 from edgespec.loading.catalog import Catalog, load_catalog
 from edgespec.loading.checks import check_standalone, check_tokenizers, check_trimmable
 from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer, read_config
 from edgespec.loading.mtp import load_mtp_draft
-from edgespec.loading.progress import ProgressFn, one_line, report
+from edgespec.loading.progress import ProgressFn, report
 from edgespec.loading.resolve import resolve_model
 from edgespec.loading.shard import load_sharded
 from edgespec.loading.weights import (

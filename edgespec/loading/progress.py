@@ -11,9 +11,3 @@ def report(on_progress: ProgressFn | None, stage: str, fraction: float | None = 
     """Tell `on_progress` (if any) that `stage` is under way, `fraction` done."""
     if on_progress is not None:
         on_progress(stage, fraction)
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one short line (the first line of its message, else its type)."""
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:300]

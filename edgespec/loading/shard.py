@@ -32,8 +32,8 @@ from mlx.utils import tree_map
 from mlx_lm.utils import load_model as mlx_load_model
 
 from edgespec.cpu.switch import on_cpu
-from edgespec.distributed.group import Group, first_line
-from edgespec.errors import GroupError, ModelLoadError
+from edgespec.distributed.group import Group
+from edgespec.errors import GroupError, ModelLoadError, one_line
 from edgespec.loading.catalog import Catalog
 from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer
 from edgespec.loading.progress import ProgressFn, report
@@ -115,7 +115,7 @@ def shard_model(path: Path, group: Group, mode: str, *, dequantize: bool) -> tup
     try:
         model, config = mlx_load_model(path, lazy=True, strict=False)
     except Exception as exc:  # mlx-lm / safetensors raise many kinds
-        raise ModelLoadError(f"cannot load weights from {path}: {first_line(exc)}") from None
+        raise ModelLoadError(f"cannot load weights from {path}: {one_line(exc)}") from None
     check_shardable(config, path.name, supports(model), mode, group.size)
     if dequantize:
         _dense_lazily(model)
@@ -127,7 +127,7 @@ def shard_model(path: Path, group: Group, mode: str, *, dequantize: bool) -> tup
         mx.eval(model.parameters())
     except (ValueError, RuntimeError) as exc:
         raise GroupError(
-            f"cannot shard {path.name} over {group.size} ranks: {first_line(exc)}"
+            f"cannot shard {path.name} over {group.size} ranks: {one_line(exc)}"
         ) from None
     return model, config
 

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from edgespec.errors import PromptError
+from edgespec.errors import ContextLengthError, PromptError, check_context, one_line
 from edgespec.server import responses as R
 from edgespec.server.auth import ApiKeyMiddleware
 from edgespec.server.limits import Limits, TextBound, read_body, refuse_certain_overflow
@@ -119,7 +119,7 @@ def create_app(
             Exception: _internal_error,
         },
     )
-    bound = TextBound.of(worker.engine.tokenizer)
+    bound = TextBound.of(getattr(worker.engine, "tokenizer", None))  # none: no bound
     app.state.edgespec = ServerState(
         worker, defaults, description, R.now(), budget_bytes, limits or Limits(), bound, connections
     )
@@ -217,21 +217,18 @@ def tokenize(engine: Any, parsed: ParsedRequest, bound: TextBound | None = None)
             ids = engine.encode_raw(parsed.prompt)
         else:
             ids = list(parsed.prompt or ())
-        if len(ids) + 1 > engine.context_window:
-            raise RequestError(
-                f"the prompt is {len(ids)} tokens but the context window is "
-                f"{engine.context_window} (prompt + at least one answer token); shorten it",
-                param=param,
-                code="context_length_exceeded",
-            )
+        check_context(len(ids), engine.context_window)  # before the token ids' range
         return engine.check_prompt(ids)  # type: ignore[no-any-return]
+    except ContextLengthError as exc:
+        raise RequestError(str(exc), param=param, code="context_length_exceeded") from None
     except PromptError as exc:
         raise RequestError(str(exc), param=param) from None
     except (RequestError, MemoryError):
         raise
     except Exception as exc:  # a chat template that refuses these messages (jinja raises)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise RequestError(f"the chat template cannot format these messages: {first}") from None
+        raise RequestError(
+            f"the chat template cannot format these messages: {one_line(exc)}"
+        ) from None
 
 
 def _dumps(body: dict[str, Any]) -> str:
@@ -329,6 +326,5 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    message = f"internal error: {type(exc).__name__}: {first}"
+    message = f"internal error: {one_line(exc, typed=True)}"
     return JSONResponse(R.error_json(message, "server_error"), status_code=500)

@@ -23,14 +23,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
 
-from edgespec.errors import EdgeSpecError
+from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.prefix import ConversationPool, Slot
 from edgespec.server.responses import Usage
 from edgespec.server.stops import Segment, StopScanner
+from edgespec.worker import ServedEngine
 
 Rounds = Generator[None, None, WorkerEvent]
 
@@ -49,7 +49,11 @@ class Batch:
     """The running requests, on the MLX thread. Not thread-safe; `jobs()` may be read anywhere."""
 
     def __init__(
-        self, engine: Any, pool: ConversationPool, max_batch: int, closing: threading.Event
+        self,
+        engine: ServedEngine,
+        pool: ConversationPool,
+        max_batch: int,
+        closing: threading.Event,
     ):
         self.engine, self.pool, self.max_batch, self.closing = engine, pool, max_batch, closing
         self.running: list[Running] = []
@@ -116,16 +120,11 @@ def advance(rounds: Rounds) -> WorkerEvent | None:
 def failure(exc: Exception) -> Failed:
     """A 400 for what the request asked (an EdgeSpecError), a 500 for a backend failure."""
     if isinstance(exc, EdgeSpecError):
-        return Failed(400, line(exc))
-    return Failed(500, f"generation failed: {type(exc).__name__}: {line(exc)}")
+        return Failed(400, one_line(exc))
+    return Failed(500, f"generation failed: {one_line(exc, typed=True)}")
 
 
-def line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def job_rounds(engine: Any, job: Job, closing: threading.Event) -> Rounds:
+def job_rounds(engine: ServedEngine, job: Job, closing: threading.Event) -> Rounds:
     """The job's generation, emitting a Piece per round (per token for plain decoding) and
     pausing after each; returns its Done (or Failed on shutdown)."""
     scanner = StopScanner(job.stop)

@@ -94,11 +94,10 @@ class GroupWorker(Worker):
     """The Worker of rank 0: once its thread has served its last job, it tells the other ranks
     to stop (from that thread: MLX's collectives run on the thread that owns the models)."""
 
-    def _run(self) -> None:
+    def _serve(self, engine: Any) -> None:
         try:
-            super()._run()
+            super()._serve(engine)
         finally:
-            engine = self.engine
             if isinstance(engine, GroupEngine) and engine.lost is None:
                 engine.stop_followers()
 

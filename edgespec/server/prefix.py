@@ -28,23 +28,16 @@ held gets a copy of the shared prefix (or a fresh set where a copy is not possib
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import KVState, common_prefix
+from edgespec.worker import ServedEngine
 
 # A set whose cached tokens go on for more than this past the prompt's match is copied, not taken.
 FORK_TAIL = 32
-
-
-class CacheOwner(Protocol):
-    """What the pool needs from the Engine (runtime.Engine implements it)."""
-
-    def new_states(self) -> tuple[Any, Any]: ...
-
-    def swap_states(self, target: Any, draft: Any) -> tuple[Any, Any]: ...
 
 
 @dataclass
@@ -118,7 +111,7 @@ class ConversationPool:
     reuse across requests at all; every request prefills its whole prompt). Not thread-safe:
     the MLX thread owns it, like the Engine."""
 
-    def __init__(self, engine: CacheOwner, budget_bytes: int, max_slots: int = 4):
+    def __init__(self, engine: ServedEngine, budget_bytes: int, max_slots: int = 4):
         if budget_bytes < 0 or max_slots < 0:
             raise ValueError("the cache budget and the number of conversations must be >= 0")
         self.engine, self.budget, self.max_slots = engine, budget_bytes, max_slots

@@ -1,8 +1,9 @@
-"""The one thread that owns the models: it loads the engine, then serves jobs first in, first out,
-up to `max_batch` of them at once, taking turns round by round (edgespec/server/batching.py).
+"""The server's side of the thread that owns the models (edgespec/worker.py, shared with the chat
+app): it loads the engine, then serves jobs first in, first out, up to `max_batch` of them at
+once, taking turns round by round (edgespec/server/batching.py).
 
-MLX streams belong to the thread that made them (docs/library.md), so loading and every generation run
-on this thread; the HTTP side only submits jobs, sets their cancel events and reads what they emit.
+Loading and every generation run on that thread; the HTTP side only submits jobs, sets their
+cancel events and reads what they emit.
 
     worker = Worker(loader, budget_bytes=1 << 30, max_slots=4, max_batch=4)
     engine = worker.start()                  # blocks until loaded; raises the load error
@@ -24,12 +25,12 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from edgespec.errors import EdgeSpecError
 from edgespec.server.batching import Batch
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.prefix import ConversationPool
+from edgespec.worker import EngineWorker, ServedEngine
 
 __all__ = ["Done", "Failed", "Job", "Piece", "QueueFullError", "ShuttingDownError", "Worker",
            "WorkerEvent"]  # fmt: skip
@@ -41,7 +42,7 @@ class Worker:
 
     def __init__(
         self,
-        loader: Callable[[], Any],
+        loader: Callable[[], ServedEngine],
         *,
         budget_bytes: int,
         max_slots: int = 4,
@@ -52,29 +53,27 @@ class Worker:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self._loader = loader
         self._budget, self._slots, self.max_batch = budget_bytes, max_slots, max_batch
-        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self.mlx: EngineWorker[Job] = EngineWorker(self._load, self._serve, name="edgespec-mlx")
         # Jobs submitted and not yet ended (the running ones included): the queue's own size would
         # count a job the thread has not taken yet as waiting, so a burst got one place fewer.
         self._max_queue, self._admitted, self._admit = max_queue, 0, threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="edgespec-mlx", daemon=True)
-        self._ready = threading.Event()
         self._closing = threading.Event()
-        self._load_error: BaseException | None = None
         self._batch: Batch | None = None
         self._next: Job | None = None  # the first waiting job, taken off the queue, not started
         self._stopped = False  # the thread took the shutdown sentinel
-        self.engine: Any = None
         self.cache_info: dict[str, int] = {"conversations": 0, "bytes": 0}
         # Requests served so far, by outcome (GET /health shows them).
         self.counts = {"completed": 0, "cancelled": 0, "failed": 0}
 
-    def start(self) -> Any:
+    def start(self) -> ServedEngine:
         """Start the thread, wait until the engine is loaded and return it (or raise why not)."""
-        self._thread.start()
-        self._ready.wait()
-        if self._load_error is not None:
-            raise self._load_error
-        return self.engine
+        self.mlx.start()
+        return self.mlx.wait()
+
+    @property
+    def engine(self) -> ServedEngine | None:
+        """The loaded engine (None until then, or when loading failed)."""
+        return self.mlx.engine
 
     def submit(self, job: Job) -> None:
         """Queue a job behind the others. Raises QueueFullError when `max_queue` jobs wait
@@ -88,7 +87,7 @@ class Worker:
                     f"the server is busy ({self._max_queue} requests waiting); retry later"
                 )
             self._admitted += 1
-        self._queue.put_nowait(job)
+        self.mlx.put(job)
 
     def _end(self, job: Job, outcome: WorkerEvent | None) -> None:
         """Free the job's place, then emit its last event: a client that sends its next request
@@ -100,7 +99,7 @@ class Worker:
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize() + (self._next is not None)
+        return self.mlx.pending + (self._next is not None)
 
     @property
     def running(self) -> int:
@@ -118,25 +117,25 @@ class Worker:
         for job in self._batch.jobs() if self._batch is not None else []:
             job.cancel.set()
         self._drain()
-        self._queue.put_nowait(None)  # wakes the thread, which then ends
+        self.mlx.close()  # wakes the thread, which then ends
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """close(), then wait up to `timeout` seconds for the thread to end."""
         self.close()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self.mlx.join(timeout)
 
-    def _run(self) -> None:
-        try:
-            engine = self._loader()
-            pool = ConversationPool(engine, self._budget, self._slots)
-        except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
-            self._load_error = exc
-            self._ready.set()
-            return
-        self.engine = engine
-        batch = self._batch = Batch(engine, pool, self.max_batch, self._closing)
-        self._ready.set()
+    def _load(self) -> ServedEngine:
+        """On the thread: the engine, its conversation pool and the batch of running jobs."""
+        engine = self._loader()
+        pool = ConversationPool(engine, self._budget, self._slots)
+        self._batch = Batch(engine, pool, self.max_batch, self._closing)
+        return engine
+
+    def _serve(self, engine: ServedEngine) -> None:
+        """On the thread, once loaded: take jobs and run turns until closed."""
+        batch = self._batch
+        assert batch is not None  # made by _load
+        pool = batch.pool
         while True:
             self._admit_jobs(batch)
             if not batch:
@@ -157,7 +156,7 @@ class Worker:
         while not self._stopped:
             if self._next is None:
                 try:
-                    self._next = self._queue.get(block=not batch)
+                    self._next = self.mlx.take(block=not batch)
                 except queue.Empty:
                     return
                 if self._next is None:
@@ -183,13 +182,8 @@ class Worker:
 
     def _drain(self) -> None:
         """Fail every job still queued (one that slipped in while closing): none is lost."""
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                self._end(job, SHUTTING_DOWN)
+        for job in self.mlx.drain():
+            self._end(job, SHUTTING_DOWN)
 
     def _count(self, outcome: WorkerEvent) -> None:
         if isinstance(outcome, Failed):

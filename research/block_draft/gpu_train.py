@@ -5,7 +5,7 @@ script needs only torch, numpy, safetensors and (for a GGUF target) the gguf pac
 the pure-NumPy parts of features.py and train.py, so the data, the held-out split, the anchors,
 the training head, the loss weights, the schedule and the curve are theirs:
 
-- target: the GGUF (gpu_distill.load_gguf_state, dequantized to float32) or an mlx-lm folder
+- target: the GGUF (gpu_common.load_gguf_state, dequantized to float32) or an mlx-lm folder
   (affine-quantized weights dequantized with research/recipes/mlx_affine.py); its outputs at
   --layers are computed teacher-forced on the data's token ids at first use, rounded to float16
   as features.py stores them, and kept on the device (--cache-gb);
@@ -51,10 +51,10 @@ def log(msg: str) -> None:
 
 
 def load_target(path: str, device: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(hyper-parameters as gpu_distill names them, float32 weights in HF llama names)."""
+    """(hyper-parameters as gpu_common names them, float32 weights in HF llama names)."""
     p = Path(path)
     if p.is_file():
-        from research.recipes.gpu_distill import load_gguf_state
+        from research.recipes.gpu_common import load_gguf_state
 
         hp, state = load_gguf_state(path)
     else:

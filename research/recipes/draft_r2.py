@@ -180,7 +180,7 @@ def write_curve_csv(rows: list[dict], out: Path) -> None:
 
 def _save_pack(path: Path, seqs: list, kinds: list[int] | None = None) -> None:
     """A data shard (shards.pack, plus `kinds` codes), token ids only, compressed: what
-    gpu_finetune reads with gpu_distill.read_shards."""
+    gpu_finetune reads with gpu_common.read_shards."""
     from dataclasses import replace
 
     import numpy as np

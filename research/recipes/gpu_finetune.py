@@ -6,7 +6,7 @@ cannot afford: the target answers thousands of real-text requests first. The len
 PyTorch but no MLX, so it reads and writes MLX's files itself:
 
 - start: the shipped draft's model.safetensors (MLX affine 4-bit: uint32-packed nibbles, scales,
-  biases), dequantized exactly; the target from its GGUF (gpu_distill.load_gguf_state);
+  biases), dequantized exactly; the target from its GGUF (gpu_common.load_gguf_state);
 - generate: the target answers the pack's real-text prompts (made on the CPU by
   `draft_r2 gpu-pack` from the real_data pool: training groups only, single-turn requests),
   batches alternating greedy and T=0.8 / top-p 0.95, like real_data generate;
@@ -34,160 +34,26 @@ import json
 import time
 from pathlib import Path
 
-import mlx_affine
 import numpy as np
 import torch
-from gpu_distill import (
+from gpu_common import (
     answer,
     build_target,
     cosine_lr,
-    hf_config,
     load_gguf_state,
     log,
     pad_batch,
     read_shards,
     write_shard,
 )
-
-BITS_DEFAULT = 4
-GROUP = mlx_affine.GROUP
-QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-# ----------------------------------------------------------------------------- MLX 4-bit files
-
-
-def quantize_groups(w: torch.Tensor, bits: int, group: int = GROUP):
-    """mlx_affine.quantize in torch (on the GPU, inside every training step): (q, scales,
-    biases), flat by group. tests/test_mlx_affine.py compares the two where torch is installed."""
-    x = w.reshape(-1, group)
-    n = float(2**bits - 1)
-    wmin = x.min(-1, keepdim=True).values
-    wmax = x.max(-1, keepdim=True).values
-    mask = wmin.abs() > wmax.abs()
-    scales = ((wmax - wmin) / n).clamp(min=1e-7)
-    scales = torch.where(mask, scales, -scales)
-    edge = torch.where(mask, wmin, wmax)
-    q0 = torch.round(edge / scales)
-    scales = torch.where(q0 != 0, edge / q0, scales)
-    biases = torch.where(q0 == 0, torch.zeros_like(edge), edge)
-    q = torch.clamp(torch.round((x - biases) / scales), 0, n)
-    return q, scales, biases
-
-
-def fake_quantize(w: torch.Tensor, bits: int) -> torch.Tensor:
-    """w rounded as MLX rounds it at export, with an identity gradient (bits 0: w)."""
-    if not bits:
-        return w
-    q, s, b = quantize_groups(w.detach(), bits)
-    return w + ((q * s + b).reshape(w.shape) - w).detach()
-
-
-def mlx_pack(w: torch.Tensor, bits: int) -> dict[str, np.ndarray]:
-    """weight (uint32 words), scales, biases as mx.quantize returns them (float32 scales): the
-    rounding the training saw (quantize_groups), packed by mlx_affine."""
-    q, s, b = quantize_groups(w.detach().float(), bits)
-    rows = w.shape[0]
-    return {
-        "weight": mlx_affine.pack(q.reshape(rows, -1).cpu().numpy(), bits),
-        "scales": s.reshape(rows, -1).cpu().numpy().astype(np.float32),
-        "biases": b.reshape(rows, -1).cpu().numpy().astype(np.float32),
-    }
-
-
-class FQLinear(torch.nn.Linear):
-    """nn.Linear whose forward sees its weight through the export's rounding."""
-
-    bits = BITS_DEFAULT
-
-    def forward(self, x):
-        return torch.nn.functional.linear(x, fake_quantize(self.weight, self.bits), self.bias)
-
-
-# ----------------------------------------------------------------------------- the draft
-
-
-class Draft(torch.nn.Module):
-    """The shipped draft: its layers (LlamaModel trunk sharing the target's frozen embedding),
-    final norm and reduced head, every Linear a FQLinear."""
-
-    def __init__(self, target, hp: dict, draft_dir: Path, bits: int):
-        super().__init__()
-        from safetensors.numpy import load_file
-        from transformers import LlamaModel
-
-        cfg = json.loads((draft_dir / "config.json").read_text())
-        self.config = cfg
-        flat = load_file(str(draft_dir / "model.safetensors"))
-        qbits = int(cfg.get("quantization", {}).get("bits", 0))
-        dense: dict[str, np.ndarray] = {}
-        for k, v in flat.items():
-            if k.endswith((".scales", ".biases")):
-                continue
-            stem = k[: -len(".weight")] if k.endswith(".weight") else k
-            if v.dtype == np.uint32 and f"{stem}.scales" in flat:
-                v = mlx_affine.dequantize(v, flat[f"{stem}.scales"], flat[f"{stem}.biases"], qbits)
-            dense[k] = v
-        self.register_buffer("head_ids", torch.from_numpy(dense.pop("head_ids").astype(np.int64)))
-        self.trunk = LlamaModel(hf_config(hp, int(cfg["num_hidden_layers"])))
-        sd = {
-            k[len("model.") :]: torch.from_numpy(np.ascontiguousarray(v))
-            for k, v in dense.items()
-            if k.startswith("model.")
-        }
-        sd["embed_tokens.weight"] = target.model.embed_tokens.weight.detach().cpu()
-        missing, unexpected = self.trunk.load_state_dict(sd, strict=False)
-        assert not [m for m in missing if "rotary" not in m] and not unexpected, (
-            missing,
-            unexpected,
-        )
-        self.trunk.embed_tokens.weight.requires_grad_(False)
-        self.head = FQLinear(hp["hidden"], len(self.head_ids), bias=False)
-        self.head.weight.data.copy_(torch.from_numpy(dense["lm_head.weight"]))
-        for layer in self.trunk.layers:
-            for mod in (layer.self_attn, layer.mlp):
-                for name in QUANTIZED:
-                    if hasattr(mod, name):
-                        old = getattr(mod, name)
-                        new = FQLinear(old.in_features, old.out_features, bias=old.bias is not None)
-                        new.load_state_dict(old.state_dict())
-                        setattr(mod, name, new)
-        self.set_bits(bits)
-
-    def set_bits(self, bits: int) -> None:
-        for m in self.modules():
-            if isinstance(m, FQLinear):
-                m.bits = bits
-
-    def hidden(self, x):
-        return self.trunk(input_ids=x).last_hidden_state
-
-    def export(self, dest: Path, bits: int) -> None:
-        """model.safetensors in MLX's names and 4-bit layout, head_ids included."""
-        from safetensors.numpy import save_file
-
-        out: dict[str, np.ndarray] = {"head_ids": self.head_ids.cpu().numpy().astype(np.int32)}
-        for k, v in self.trunk.state_dict().items():
-            if "embed_tokens" in k or "rotary" in k:
-                continue
-            name = f"model.{k}"
-            if k.endswith(".weight") and any(f".{q}." in k for q in QUANTIZED):
-                for part, arr in mlx_pack(v, bits).items():
-                    out[name[: -len("weight")] + part] = arr
-            else:
-                out[name] = v.detach().float().cpu().numpy()
-        for part, arr in mlx_pack(self.head.weight, bits).items():
-            out[f"lm_head.{part}"] = arr
-        dest.mkdir(parents=True, exist_ok=True)
-        save_file(out, str(dest / "model.safetensors"))
-
+from gpu_draft import BITS_DEFAULT, Draft
 
 # ----------------------------------------------------------------------------- data
 
 
 @torch.no_grad()
 def generate(target, pack: Path, args, deadline: float):
-    """The target's answers (gpu_distill.answer) to the pack's prompts until --gen-seconds (or
+    """The target's answers (gpu_common.answer) to the pack's prompts until --gen-seconds (or
     the prompts) run out: batches of similar length, alternating sampled and greedy. Returns
     (seqs, plens, ids, kinds, summary)."""
     prompts, _, prompt_ids = read_shards([pack / "prompts.npz"])
@@ -224,7 +90,7 @@ def generate(target, pack: Path, args, deadline: float):
 
 
 def batches(seqs, plens, order, max_tokens: int, max_len: int):
-    """gpu_distill.pad_batch over `order`, batches of at most max_tokens padded tokens (sequences
+    """gpu_common.pad_batch over `order`, batches of at most max_tokens padded tokens (sequences
     sorted by length inside windows of 256, so a batch's width is its last sequence's)."""
     for w in range(0, len(order), 256):
         chunk: list[int] = []
