@@ -62,6 +62,8 @@ def write_dflash(
         return rng.standard_normal((rows, cols)) * 1.5 / np.sqrt(cols)
 
     w = {"fc.weight": mat(d, len(layer_ids) * d)}
+    if overrides.get("input_context"):
+        w["ctx_in.weight"] = mat(d, d)
     for name in ("hidden_norm.weight", "norm.weight"):
         w[name] = np.ones(d)
     for i in range(layers):

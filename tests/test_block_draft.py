@@ -308,3 +308,25 @@ def test_whole_sampled_answers_follow_the_target(engine, method):
         assert (p_value < 1e-3) if bug else (p_value > 1e-3 and accepted > 120)
     else:
         assert _pit_p_value(engine, spec)[0] > 1e-3
+
+
+def test_a_draft_that_reads_the_newest_context_stays_exact(tmp_path):
+    """An `input_context` draft (each block row also reads the context of the position before
+    the anchor) drafts other tokens than without it, and greedy output still equals plain."""
+    target = tiny_qwen3(tmp_path)
+    with_ctx = write_dflash(target, tmp_path / "ctx", block=4, input_context=True)
+    engine = Engine(*load_pair(str(target), str(with_ctx)))
+    state = engine._draft
+    assert "ctx_in" in state.block
+    for prompt in (PROMPT, "the river and the moon"):
+        ids = engine.encode_raw(prompt)
+        for spec in (SpecConfig(method="block", k=3), SpecConfig(method="block-tree", k=3)):
+            events = gen(engine, ids, spec, 20)
+            assert token_ids(events) == plain_ids(engine, ids, 20)
+            assert any(r.drafted > 0 for r in rounds_of(events))
+    ids = engine.encode_raw(PROMPT)
+    gen(engine, ids, SpecConfig(method="block", k=3), 8)
+    context = state.context
+    rows = state.block_logits(context, 3)
+    state.block.ctx_in.weight = mx.zeros_like(state.block.ctx_in.weight)
+    assert not mx.allclose(rows, state.block_logits(context, 3)).item()

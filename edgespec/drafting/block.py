@@ -50,7 +50,8 @@ class BlockArgs:
     """A block draft's shape. `num_target_layers` (0: not recorded) is the layer count of the
     target it was made for; attach checks it when set. `layer_types` (empty: all
     "full_attention") may make layers "sliding_attention": a block query then sees the keys
-    less than `sliding_window` positions away."""
+    less than `sliding_window` positions away. `input_context` (ours): every block row's input
+    also gets ctx_in(c), c the context of the newest context position (EAGLE-style fusion)."""
 
     hidden_size: int
     num_hidden_layers: int
@@ -71,6 +72,7 @@ class BlockArgs:
     num_target_layers: int = 0
     sliding_window: int = 0
     layer_types: tuple[str, ...] = ()
+    input_context: bool = False
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> BlockArgs:
@@ -257,6 +259,8 @@ class BlockModel(nn.Module):
         slide = [args.sliding_window if t == "sliding_attention" else 0 for t in types]
         self.layers = [BlockLayer(args, w) for w in slide]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
+        if args.input_context:
+            self.ctx_in = nn.Linear(d, d, bias=False)
         # The target's embedding module and head: plain attributes, never saved or trained.
         object.__setattr__(self, "embedding", None)
         object.__setattr__(self, "head", None)
@@ -312,12 +316,18 @@ class BlockModel(nn.Module):
         ctx: mx.array,
         cache: list | None = None,
         mask: mx.array | None = None,
+        last: mx.array | None = None,
     ) -> mx.array:
         """tokens [B, L], ctx [B, S, d] (from `context`) -> normed hidden states [B, L, d].
-        With a cache, ctx is appended at cache offset and the block follows it."""
+        With a cache, ctx is appended at cache offset and the block follows it. `last` [B, d]:
+        the newest context position's context, required by an `input_context` draft."""
         if self.embedding is None:
             raise ValueError("a block draft runs with its target; attach(target) first")
         h = self.embedding(tokens)
+        if "ctx_in" in self:
+            if last is None:
+                raise ValueError("this block draft reads the newest context position (last)")
+            h = h + self.ctx_in(last.astype(h.dtype))[:, None]
         ctx = ctx.astype(h.dtype)
         layer_caches = cache if cache is not None else [None] * len(self.layers)
         for layer, c in zip(self.layers, layer_caches, strict=True):

@@ -123,6 +123,7 @@ def build(args_ns, target, head: np.ndarray):
         "mask_token_id": args_ns.mask_id,
         "qk_norm": False,
         "num_target_layers": len(target.model.layers),
+        "input_context": bool(getattr(args_ns, "input_context", False)),
     }
     model = BlockModel(BlockArgs.from_config(cfg))
     model.attach(target)
@@ -142,6 +143,8 @@ def block_forward(model, raw, anchors, toks):
     S = raw.shape[0]
     ctx = model.context(raw[None])
     h = model.embedding(toks)
+    if "ctx_in" in model:  # --input-context: each row also reads the context before its anchor
+        h = h + model.ctx_in(ctx[0, anchors - 1])[:, None]
     seen = mx.arange(S)[None, :] < anchors[:, None]  # [n, S]
     mask = mx.concatenate(
         [mx.broadcast_to(seen[:, None, None, :], (n, 1, B, S)), mx.ones((n, 1, B, B), mx.bool_)],
@@ -235,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reload-every", type=int, default=400, help="pick up new feature chunks")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kd", action="store_true", help="soft labels from the target (kd.py)")
+    ap.add_argument("--input-context", action="store_true", help="BlockArgs.input_context")
+    ap.add_argument("--init-from", help="start from this checkpoint's weights (new ones zero)")
     a = ap.parse_args(argv)
     a.init_layers = [int(x) for x in a.init_layers.split(",")]
 
@@ -268,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         opt_state = mx.load(str(out / "ckpt" / "opt.safetensors"))
         opt.state = tree_unflatten(list(opt_state.items()))
         print(f"resumed at step {step}", flush=True)
+    if a.init_from and not state_file.exists():
+        if "ctx_in" in model:
+            model.ctx_in.weight = mx.zeros_like(model.ctx_in.weight)
+        model.load_weights(a.init_from, strict=False)
+        print(f"started from {a.init_from}", flush=True)
     weights = mx.array([math.exp(-j / a.gamma) for j in range(a.block - 1)])
 
     def draw(src: Anchors, pick: int | None = None):
