@@ -32,8 +32,8 @@ from edgespec.errors import TreeUnsupportedError
 from edgespec.loading.load import load_model
 from edgespec.rewind import Rewinder, WindowKVCache
 from edgespec.runtime import Engine
-from tests.arch_models import Families, first_difference, generate, sampled_p_value
-from tests.tiny_arch import FAMILIES
+from tests.helpers.arch_models import Families, first_difference, generate, sampled_p_value
+from tests.helpers.tiny_arch import FAMILIES
 
 ALL = list(FAMILIES)
 WINDOWED = ("gemma3_text", "gemma4_text", "gpt_oss")

@@ -13,9 +13,9 @@ import pytest
 from edgespec.bench.greedy import compare_greedy
 from edgespec.bench.prompts import encode_prompts, load_prompts
 from edgespec.bench.runner import BenchPlan, iter_bench, refused_methods
-from tests.arch_models import Families
-from tests.cli import run_edgespec
-from tests.tiny_arch import FAMILIES
+from tests.helpers.arch_models import Families
+from tests.helpers.cli import run_edgespec
+from tests.helpers.tiny_arch import FAMILIES
 
 RECURRENT = ("qwen3_next", "qwen3_5")
 

@@ -15,7 +15,7 @@ from edgespec.cache import KVState
 from edgespec.cpu import attention
 from edgespec.cpu.backend import CpuBackend
 from tests.helpers import engine_state
-from tests.tiny import llama_config, random_llama_weights
+from tests.helpers.tiny import llama_config, random_llama_weights
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 4), (8, 2)])

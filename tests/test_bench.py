@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from edgespec.bench.greedy import MismatchNote, first_difference
 from edgespec.bench.prompts import DEFAULT_PROMPTS, MT_BENCH, load_prompts
-from edgespec.bench.records import RunRecord, Summary, aggregate
+from edgespec.bench.records import RunRecord, aggregate
 from edgespec.bench.report import format_markdown, format_table, write_report
 from edgespec.bench.runner import BenchPlan, BenchResult
 from edgespec.errors import ConfigError, PromptError
-from tests.prompt_sets import SPEC_BENCH, prompt_set
+from tests.helpers.bench import _bench, check_schema
+from tests.helpers.prompt_sets import SPEC_BENCH, prompt_set
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -142,23 +142,6 @@ def test_terminal_table_shows_speedup_and_partial_flag() -> None:
     assert "partial results" in format_markdown(result, variants)
 
 
-def check_schema(doc: dict) -> None:
-    """results.json as documented: top-level keys, per-method overall + categories summaries."""
-    assert doc["schema_version"] == 1
-    assert isinstance(doc["complete"], bool)
-    for key in ("created", "environment", "pair", "settings", "methods", "mismatches", "runs"):
-        assert key in doc
-    summary_keys = {f.name for f in fields(Summary)}
-    assert {"tokens_per_s", "speedup_vs_plain", "tau", "alpha", "mismatches"} <= summary_keys
-    for m in doc["methods"]:
-        assert {"method", "k", "temp", "label", "overall", "categories"} <= set(m)
-        for s in [m["overall"], *m["categories"].values()]:
-            assert set(s) == summary_keys
-            assert s["tokens_per_s"] is None or s["tokens_per_s"] > 0
-    run_keys = {f.name for f in fields(RunRecord)} | {"tokens_per_s"}
-    assert all(set(r) == run_keys for r in doc["runs"])
-
-
 def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     from edgespec.commands import bench as command
 
@@ -175,24 +158,10 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.fixture(scope="module")
 def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    from tests.tiny import make_tiny_pair
+    from tests.helpers.tiny import make_tiny_pair
 
     root = tmp_path_factory.mktemp("pairs")
     return {kind: make_tiny_pair(root / kind, seed=0, draft=kind) for kind in ("subset", "self")}
-
-
-def _bench(engine, plan: BenchPlan, categories: list[str]) -> BenchResult:
-    from edgespec.bench.greedy import compare_greedy
-    from edgespec.bench.prompts import encode_prompts
-    from edgespec.bench.runner import iter_bench, warm_up
-
-    prompts = load_prompts(None, categories=categories, limit=1)
-    encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
-    warm_up(engine, next(iter(encoded.values())), plan)
-    records, notes = compare_greedy(
-        engine, list(iter_bench(engine, prompts, encoded, plan)), encoded
-    )
-    return BenchResult(records, notes, skipped, {"n_prompts": len(encoded)})
 
 
 def test_bench_end_to_end_on_tiny_models(tiny_pairs, tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ import mlx.core as mx, numpy as np
 from mlx_lm.models import llama
 from edgespec.cache import KVState
 from edgespec.cpu.backend import CpuBackend
-from tests.tiny import llama_config, random_llama_weights
+from tests.helpers.tiny import llama_config, random_llama_weights
 config = llama_config(vocab_size=4096, layers=2, hidden=576)
 model = llama.Model(llama.ModelArgs.from_dict(config))
 model.load_weights([(k, mx.array(v)) for k, v in random_llama_weights(config, seed=3).items()])

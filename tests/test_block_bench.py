@@ -16,9 +16,9 @@ from edgespec.errors import ConfigError
 from edgespec.events import Round
 from edgespec.metrics import fold_rounds, position_acceptance, position_counts
 from edgespec.runtime import Engine
-from tests.block_models import tiny_qwen3, write_dflash
-from tests.cli import run_edgespec
-from tests.test_bench import _bench, check_schema
+from tests.helpers.bench import _bench, check_schema
+from tests.helpers.block_models import tiny_qwen3, write_dflash
+from tests.helpers.cli import run_edgespec
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.block_models import tiny_qwen3, write_dflash
-from tests.cli import run_edgespec
+from tests.helpers.block_models import tiny_qwen3, write_dflash
+from tests.helpers.cli import run_edgespec
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,8 @@ from edgespec.errors import ConfigError
 from edgespec.loading.load import load_pair
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, uniforms, warp
-from tests.block_models import tiny_qwen3, write_dflash
 from tests.helpers import PROMPT, chi2_pvalue, gen, plain_ids, rounds_of, target_probs, token_ids
-from tests.test_catalog import offline_hub  # noqa: F401  (a fixture)
+from tests.helpers.block_models import tiny_qwen3, write_dflash
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +182,7 @@ def test_draws_follow_each_row():
 def test_other_target_families_greedy_equals_plain(tmp_path, family):
     """A llama target (no q/k norms of its own) and Qwen3.5 (a multimodal wrapper whose gated
     delta-net layers are restored, not trimmed, after rejections) drafted by a block draft."""
-    from tests.tiny_arch import make_family
+    from tests.helpers.tiny_arch import make_family
 
     target, _ = make_family(tmp_path / family, family)
     t, d = load_pair(str(target), str(write_dflash(target, tmp_path / "dflash")))
@@ -238,11 +237,11 @@ def test_adaptive_k_for_a_block_uses_its_acceptance_per_position():
     assert k == 1
 
 
-def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):  # noqa: F811
+def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):
     """A pair whose draft is a repo id of a DFlash draft (no tokenizer of its own, as z-lab's):
     resolved from the hub cache, loaded as a block draft, greedy equal to plain."""
     from edgespec.loading import catalog
-    from tests.test_catalog import make_hub_cache
+    from tests.helpers.hub import make_hub_cache
 
     target = tiny_qwen3(tmp_path / "src")
     draft = write_dflash(target, tmp_path / "src" / "dflash")
@@ -282,7 +281,7 @@ def _pit_p_value(engine: Engine, spec: SpecConfig, drafter_for=None, seeds=range
     (T = 1): every token, over many rounds, must follow the target given what came before."""
     from scipy.stats import kstest
 
-    from tests.arch_models import pit_values
+    from tests.helpers.arch_models import pit_values
 
     ids = engine.encode_raw(PROMPT)
     rng, values, accepted = np.random.default_rng(7), [], 0

@@ -18,7 +18,7 @@ from edgespec.drafting.block import (
     save_block,
 )
 from edgespec.loading.load import load_model
-from tests.block_models import tiny_qwen3, write_dflash
+from tests.helpers.block_models import tiny_qwen3, write_dflash
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_forward_matches_a_numpy_reference(pair):
 
     import numpy as np
 
-    from tests.reference_block import block_logits
+    from tests.helpers.reference_block import block_logits
 
     _, target, folder = pair
     model, _ = load_block(folder, target)
@@ -226,7 +226,7 @@ def test_transformers_5_rope_and_sliding_window_layers(pair, tmp_path):
 
     import numpy as np
 
-    from tests.reference_block import block_logits
+    from tests.helpers.reference_block import block_logits
 
     target_path, target, _ = pair
     cfg = {

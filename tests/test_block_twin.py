@@ -85,7 +85,7 @@ def test_gguf_target_matches_its_mlx_model(tmp_path):
     pytest.importorskip("gguf")
     from mlx_lm.models import llama
 
-    from tests.test_gguf import tiny_args, tiny_metadata, to_gguf_tensors
+    from tests.helpers.gguf import tiny_args, tiny_metadata, to_gguf_tensors
 
     mx.random.seed(4)
     model = llama.Model(tiny_args())

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
-import huggingface_hub.constants as hf_constants
 import pytest
 
 from edgespec.commands import models as models_cmd
@@ -17,31 +15,8 @@ from edgespec.errors import ModelNotFoundError
 from edgespec.loading import catalog
 from edgespec.loading import load as loading
 from edgespec.loading.status import model_status
-from tests.tiny import make_tiny_pair
-
-REV = "0123456789abcdef0123456789abcdef01234567"
-
-
-def make_hub_cache(cache: Path, repo: str, src: Path) -> Path:
-    """Lay out `src` as the hub cache does: models--org--name/{refs/main, snapshots/<rev>/...}."""
-    root = cache / f"models--{repo.replace('/', '--')}"
-    snap = root / "snapshots" / REV
-    shutil.copytree(src, snap)
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(REV)
-    return snap
-
-
-@pytest.fixture
-def offline_hub(tmp_path, monkeypatch) -> Path:
-    """An empty hub cache in tmp, HF_HUB_OFFLINE on (constants are read at import, so patch them)."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    return cache
+from tests.helpers.hub import make_hub_cache
+from tests.helpers.tiny import make_tiny_pair
 
 
 def test_shipped_catalogue_is_consistent():

@@ -31,9 +31,9 @@ from edgespec.loading.catalog import load_catalog
 from edgespec.loading.checks import check_tokenizers
 from edgespec.loading.load import load_model
 from edgespec.runtime import Engine
-from tests.arch_models import generate
-from tests.tiny import make_tokenizer
-from tests.tiny_arch import build, family_config, save_quantized, seed_weights
+from tests.helpers.arch_models import generate
+from tests.helpers.tiny import make_tokenizer
+from tests.helpers.tiny_arch import build, family_config, save_quantized, seed_weights
 
 MAC_PAIRS = {
     "qwen3-4b", "qwen3-8b", "qwen3-14b", "llama3.1-8b", "qwen2.5-7b", "gemma3-12b", "qwen3.5-9b",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import run_edgespec
-from tests.tiny import make_tiny_pair
+from tests.helpers.cli import run_edgespec
+from tests.helpers.tiny import make_tiny_pair
 
 
 def edgespec(*args: str) -> subprocess.CompletedProcess:

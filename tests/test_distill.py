@@ -21,8 +21,8 @@ from edgespec.distill.target import Target, load_target, load_with_topk
 from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data, train
 from edgespec.drafting.draft_model import input_embedding, load_draft
 from edgespec.errors import ConfigError
-from tests.prompt_sets import MT_BENCH, SPEC_BENCH, prompt_set
-from tests.tiny import make_tiny_pair
+from tests.helpers.prompt_sets import MT_BENCH, SPEC_BENCH, prompt_set
+from tests.helpers.tiny import make_tiny_pair
 
 N_INSTR = 120
 PLAN = S.SamplingPlan(max_new_tokens=16, top_k_saved=8)
@@ -281,7 +281,7 @@ def test_evaluate_reports_agreement_cost_identical_output_and_categories(
 def test_evaluate_cli_prints_categories_and_flags_them(evaluated_pair: tuple[str, Path, Path]):
     """The real CLI as a subprocess: the table by category, an overall row, and a warning for
     every category under --min-category 1 (a 6-step tiny draft never agrees everywhere)."""
-    from tests.cli import run_edgespec
+    from tests.helpers.cli import run_edgespec
 
     target, draft, prompts = evaluated_pair
     args = ["--target", target, "--draft", str(draft), "--prompts", str(prompts)]

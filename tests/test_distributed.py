@@ -26,9 +26,9 @@ from edgespec.distributed.group import Agreement, Group, check_config, fold
 from edgespec.distributed.launch import env_rank, launched_backend, local_ranks, share_threads
 from edgespec.errors import ConfigError, GroupError
 from edgespec.loading.shard import check_shardable, divisible_sizes
-from tests.cli import ROOT, run_edgespec
-from tests.distributed import LAUNCH, env, free_ports, launch, token_ids, write_hostfile
-from tests.tiny import llama_config, make_tiny_pair, random_llama_weights, write_model
+from tests.helpers.cli import ROOT, run_edgespec
+from tests.helpers.distributed import LAUNCH, env, free_ports, launch, token_ids, write_hostfile
+from tests.helpers.tiny import make_tiny_pair
 
 GREEDY = ["--temp", "0", "--json", "--raw", "--max-tokens", "16"]
 
@@ -41,23 +41,6 @@ def models(target: Path, draft: Path) -> list[str]:
 def two_layer_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The tiny pair with a 2-layer target: 4 all-reduces per sharded forward, not 8."""
     return make_tiny_pair(tmp_path_factory.mktemp("two_layers"), seed=0, target_layers=2)
-
-
-@pytest.fixture(scope="module")
-def tiny_ministral(tiny_pair: tuple[Path, Path]) -> Path:
-    """A 4-layer ministral3 (mlx-lm has pipeline parallelism for it) on the tiny pair's tokenizer."""
-    root = tiny_pair[0].parent
-    cfg = llama_config(384, 4) | {
-        "model_type": "ministral3",
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "llama_4_scaling_beta": 0.1,
-            "original_max_position_embeddings": 512,
-        },
-    }
-    weights = random_llama_weights(llama_config(384, 4), seed=3)
-    return write_model(root / "ministral", cfg, weights, root / "tokenizer")
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -162,12 +145,12 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
     import mlx.core as mx
     from mlx_lm import load
 
-    from tests.dist_sample import PROMPT, samples
+    from tests.helpers.dist_sample import PROMPT, samples
 
     tiny_pair, count, out = two_layer_pair, 100, tmp_path / "samples.json"
     port = free_ports(2)
     cmd = [sys.executable, "-c", LAUNCH, "--backend", "ring", "-n", "2", "-p", str(port), "--",
-           sys.executable, str(ROOT / "tests" / "dist_sample.py"), str(tiny_pair[0]),
+           sys.executable, str(ROOT / "tests" / "helpers" / "dist_sample.py"), str(tiny_pair[0]),
            str(tiny_pair[1]), str(out), str(count)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=600)
     assert out.exists(), r.stdout + r.stderr
@@ -197,7 +180,7 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
 def test_ranks_that_disagree_all_stop(tmp_path):
     """The agreement check can fail: a step committed differently on one rank stops every rank."""
     cmd = [sys.executable, "-c", LAUNCH, "--backend", "ring", "-n", "2", "-p", str(free_ports(2)),
-           "--", sys.executable, str(ROOT / "tests" / "dist_agreement.py")]  # fmt: skip
+           "--", sys.executable, str(ROOT / "tests" / "helpers" / "dist_agreement.py")]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
     caught = sorted(line for line in r.stdout.splitlines() if "caught" in line)
     assert len(caught) == 2, r.stdout + r.stderr

@@ -25,10 +25,10 @@ import pytest
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distributed.serve import decode_config, encode_config
 from edgespec.server.process import READY, ServerProcess
-from tests.cli import ROOT
-from tests.dist_serve import REQUESTS
-from tests.distributed import LAUNCH, env, free_ports, launch_command, write_hostfile
-from tests.test_distributed import tiny_ministral as ministral_fixture
+from tests.helpers.cli import ROOT
+from tests.helpers.dist_serve import REQUESTS
+from tests.helpers.distributed import LAUNCH, env, free_ports, launch_command, write_hostfile
+from tests.helpers.ministral import tiny_ministral as ministral_fixture
 
 httpx = pytest.importorskip("httpx")
 ministral = ministral_fixture  # tests/test_distributed.py's tiny ministral3, a fixture here too
@@ -201,7 +201,7 @@ def test_requests_cancellation_and_caches_reach_every_rank():
         str(free_ports(2)),
         "--",
         sys.executable,
-        str(ROOT / "tests" / "dist_serve.py"),
+        str(ROOT / "tests" / "helpers" / "dist_serve.py"),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
     reports = {}

@@ -35,7 +35,6 @@ from research.distill.eagle import (
     new_eagle,
     train_eagle,
 )
-from tests.cli import run_edgespec
 from tests.helpers import (
     GREEDY,
     PROMPT,
@@ -47,7 +46,8 @@ from tests.helpers import (
     target_probs,
     token_ids,
 )
-from tests.tiny import make_tiny_eagle, make_tiny_pair
+from tests.helpers.cli import run_edgespec
+from tests.helpers.tiny import make_tiny_eagle, make_tiny_pair
 
 TRAIN = EagleTrainConfig(steps=200, batch=8, lr=3e-3, warmup=10, eval_every=100)
 
@@ -109,7 +109,7 @@ def test_feature_draft_without_or_with_a_wrong_target_is_a_one_line_error(tiny_d
     cfg["hidden_size"] = 32
     wide = tmp_path / "wide32"
     wide.mkdir()
-    from tests.tiny import random_llama_weights, write_model
+    from tests.helpers.tiny import random_llama_weights, write_model
 
     write_model(wide, cfg, random_llama_weights(cfg, 0), tmp_path / "wide" / "tokenizer")
     with pytest.raises(ModelLoadError, match="made for a target with") as e:

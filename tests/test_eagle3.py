@@ -33,7 +33,7 @@ from research.distill.eagle import (
 )
 from research.distill.eagle3 import chain_agreement, ttt_loss, unroll, warm_start
 from tests.helpers import PROMPT, gen, plain_ids, token_ids
-from tests.tiny import make_tiny_eagle, make_tiny_pair
+from tests.helpers.tiny import make_tiny_eagle, make_tiny_pair
 
 LAYERS = (1, 2, TOP)
 
@@ -165,7 +165,7 @@ def test_training_time_test_loss_goes_down(tiny, items, tmp_path):
 def test_shipped_eagle3_pair_keeps_greedy_output_and_reads_three_layers(k):
     """models/smollm2-135m-eagle3 through the catalogue pair: the verify returns layers 2, 15 and
     the top, and greedy output on the project's own prompts is plain decoding's."""
-    from tests.test_embedded_pair import assert_greedy_speculative_equals_plain
+    from tests.helpers.pair import assert_greedy_speculative_equals_plain
 
     engine = Engine.load(pair="smollm2-135m-eagle3")
     assert engine._target.feature_layers == (2, 15, TOP)

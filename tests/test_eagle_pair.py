@@ -12,8 +12,8 @@ import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafting.eagle import EagleModel
-from tests.cli import run_edgespec
-from tests.test_embedded_pair import assert_greedy_speculative_equals_plain, mt_bench_prompts
+from tests.helpers.cli import run_edgespec
+from tests.helpers.pair import assert_greedy_speculative_equals_plain, mt_bench_prompts
 
 pytestmark = pytest.mark.slow
 PAIR = "smollm2-135m-eagle"

@@ -10,18 +10,18 @@ import json
 
 import pytest
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.events import Finished
-from tests.cli import run_edgespec
+from edgespec.config import SpecConfig
 from tests.helpers import token_ids
-from tests.prompt_sets import MT_BENCH, SPEC_BENCH, first_turns, own_prompts, prompt_set, spread
+from tests.helpers.cli import run_edgespec
+from tests.helpers.pair import answer, assert_greedy_speculative_equals_plain, mt_bench_prompts
+from tests.helpers.prompt_sets import (
+    SPEC_BENCH,
+    first_turns,
+    own_prompts,
+    prompt_set,
+)
 
 pytestmark = pytest.mark.slow
-
-
-def mt_bench_prompts(n: int) -> list[str]:
-    """n MT-bench first turns (the test skips without EDGESPEC_MT_BENCH)."""
-    return spread(first_turns(prompt_set(MT_BENCH)), n)
 
 
 @pytest.fixture(scope="module")
@@ -29,23 +29,6 @@ def engine():
     from edgespec.runtime import Engine
 
     return Engine.load()  # no arguments: the embedded default pair
-
-
-def answer(engine, prompt: str, spec: SpecConfig, temp: float = 0.0, n: int = 48) -> list:
-    cfg = GenerationConfig(SamplingConfig(temperature=temp, seed=3), spec, max_tokens=n)
-    engine.reset()
-    return list(engine.chat([{"role": "user", "content": prompt}], cfg))
-
-
-def assert_greedy_speculative_equals_plain(engine, k: int, n_prompts: int = 3) -> None:
-    """On the project's own prompts, greedy speculative decoding at K = k emits plain decoding's
-    tokens, and it did draft."""
-    for prompt in own_prompts(n_prompts):
-        plain = token_ids(answer(engine, prompt, SpecConfig(method="none")))
-        events = answer(engine, prompt, SpecConfig(k=k))
-        assert token_ids(events) == plain, prompt
-        assert isinstance(events[-1], Finished) and events[-1].stats.drafted > 0
-        assert events[-1].stats.tau >= 1.0
 
 
 def test_default_pair_is_the_distilled_draft(engine):

@@ -21,7 +21,7 @@ from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, s
 from edgespec.drafting.draft_model import build
 from research.distill.finetune import Plan, Source, finetune, mixed_head, regrow_head
 from research.distill.qat import add_fake_quant, set_bits
-from tests.tiny import make_tiny_pair
+from tests.helpers.tiny import make_tiny_pair
 
 CFG = TrainConfig(
     layers="0,-1", head_size=96, steps=8, batch_tokens=384, lr=3e-3, warmup=1, eval_every=4,

@@ -24,8 +24,8 @@ from edgespec.errors import ConfigError
 from edgespec.loading.load import load_pair
 from edgespec.rewind import Rewinder, WindowKVCache
 from edgespec.runtime import Engine
-from tests.arch_models import PROMPT, Families, first_difference, generate, sampled_p_value
-from tests.cli import run_edgespec
+from tests.helpers.arch_models import PROMPT, Families, first_difference, generate, sampled_p_value
+from tests.helpers.cli import run_edgespec
 
 LONG = 360  # past a window cache's first compaction (window 16 + DEPTH 66 + step 256 positions)
 

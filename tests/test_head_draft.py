@@ -95,7 +95,7 @@ def test_exported_draft_shares_the_target_embedding_through_load_pair(head_pair,
     from edgespec.distill.export import Card, export_draft
     from edgespec.errors import ModelLoadError
     from edgespec.loading.load import load_pair
-    from tests.tiny import llama_config, random_llama_weights, write_model
+    from tests.helpers.tiny import llama_config, random_llama_weights, write_model
 
     target, draft = head_pair
     cfg = json.loads((target.path / "config.json").read_text())

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from edgespec.cli import COMMANDS
-from tests.import_graph import (
+from tests.helpers.import_graph import (
     ROOT,
     find_cycle,
     import_graph,

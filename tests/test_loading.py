@@ -25,8 +25,8 @@ from edgespec.loading.catalog import parse_catalog
 from edgespec.loading.checks import check_tokenizers, check_trimmable
 from edgespec.loading.resolve import resolve_model
 from edgespec.loading.weights import DTYPES, is_quantized, quantize_model
-from tests.test_gguf import write_tiny_gguf
-from tests.tiny import make_tiny_pair
+from tests.helpers.gguf import write_tiny_gguf
+from tests.helpers.tiny import make_tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +274,7 @@ def test_load_pair_with_missing_draft_fails_clearly_unless_no_spec(pair_dir, tmp
 
 
 def test_load_pair_edgespec_draft_borrows_target_tokenizer(pair_dir, tmp_path):
-    from tests.tiny import llama_config
+    from tests.helpers.tiny import llama_config
 
     target_cfg = json.loads((pair_dir[0] / "config.json").read_text())
     config = {

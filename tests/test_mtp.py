@@ -40,11 +40,17 @@ from edgespec.loading.mtp import convert_checkpoint, converted_dir
 from edgespec.loading.pull import pull
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
-from tests.arch_models import PROMPT, first_difference, generate, pit_values, sampled_p_value
-from tests.cli import run_edgespec
 from tests.helpers import gen, rounds_of, token_ids
-from tests.mtp_models import checkpoint_config, make_checkpoint, strip_mtp
-from tests.test_catalog import make_hub_cache
+from tests.helpers.arch_models import (
+    PROMPT,
+    first_difference,
+    generate,
+    pit_values,
+    sampled_p_value,
+)
+from tests.helpers.cli import run_edgespec
+from tests.helpers.hub import make_hub_cache
+from tests.helpers.mtp_models import checkpoint_config, make_checkpoint, strip_mtp
 
 TOKENS = 300
 

@@ -13,9 +13,9 @@ from edgespec.bench.report import write_report
 from edgespec.bench.runner import BenchPlan, check_methods
 from edgespec.errors import ConfigError
 from edgespec.runtime import Engine
-from tests.arch_models import PROMPT
-from tests.mtp_models import make_checkpoint
-from tests.test_bench import _bench, check_schema
+from tests.helpers.arch_models import PROMPT
+from tests.helpers.bench import _bench, check_schema
+from tests.helpers.mtp_models import make_checkpoint
 
 
 @pytest.fixture(scope="module")

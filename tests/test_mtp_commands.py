@@ -22,10 +22,10 @@ from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import TreeUnsupportedError
 from edgespec.server.process import ServerProcess
 from edgespec.trees.forward import tree_layers
-from tests.arch_models import PROMPT, generate
-from tests.cli import run_edgespec
-from tests.mtp_models import checkpoint_config, make_checkpoint
-from tests.tiny_arch import build
+from tests.helpers.arch_models import PROMPT, generate
+from tests.helpers.cli import run_edgespec
+from tests.helpers.mtp_models import checkpoint_config, make_checkpoint
+from tests.helpers.tiny_arch import build
 
 openai = pytest.importorskip("openai")
 

@@ -37,10 +37,16 @@ from edgespec.errors import ConfigError
 from edgespec.loading.mtp import is_checkpoint_with_mtp
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
-from tests.arch_models import PROMPT, first_difference, generate, pit_values, sampled_p_value
-from tests.cli import run_edgespec
 from tests.helpers import gen, rounds_of, token_ids
-from tests.mtp_models import checkpoint_config, make_checkpoint, merged_kv_b, strip_mtp
+from tests.helpers.arch_models import (
+    PROMPT,
+    first_difference,
+    generate,
+    pit_values,
+    sampled_p_value,
+)
+from tests.helpers.cli import run_edgespec
+from tests.helpers.mtp_models import checkpoint_config, make_checkpoint, merged_kv_b, strip_mtp
 
 TOKENS = 300
 FAMILY = "glm4_moe"

@@ -16,8 +16,8 @@ import pytest
 from edgespec.errors import DownloadError
 from edgespec.loading import gguf, paths, pull
 from edgespec.loading.catalog import load_catalog, parse_catalog
-from tests.test_catalog import make_hub_cache
-from tests.test_gguf import write_tiny_gguf
+from tests.helpers.gguf import write_tiny_gguf
+from tests.helpers.hub import make_hub_cache
 
 MEMBER = "fakepkg/tiny.gguf"
 WHEEL = "fakepkg-0.1-py3-none-any.whl"

@@ -12,7 +12,7 @@ import pytest
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.runtime import Engine
 from tests.helpers import PROMPT, gen, token_ids
-from tests.reference_loop import reference_plain, reference_speculative
+from tests.helpers.reference_loop import reference_plain, reference_speculative
 
 
 def _generated(

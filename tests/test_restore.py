@@ -16,8 +16,8 @@ from edgespec.errors import CacheNotTrimmableError
 from edgespec.loading.load import load_model
 from edgespec.rewind import HISTORY, WindowKVCache, kind, rewindable
 from edgespec.runtime import Engine
-from tests.arch_models import Families, generate
-from tests.tiny_arch import make_family
+from tests.helpers.arch_models import Families, generate
+from tests.helpers.tiny_arch import make_family
 
 IDS = [(7 * i + 3) % 300 + 4 for i in range(500)]
 

@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.config import SamplingConfig
 from edgespec.sampling import make_key, sample, split, uniforms, warp
-from tests.reference_loop import sample_np, warp_np
+from tests.helpers.reference_loop import sample_np, warp_np
 
 
 def test_top_p_worked_example():

@@ -11,7 +11,7 @@ import pytest
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.runtime import Engine
 from edgespec.server.worker import Done, Job, QueueFullError, Worker
-from tests.test_server_worker import Collect, run
+from tests.helpers.worker import Collect, run
 
 METHODS = ["hybrid", "draft", "ngram", "none"]
 PROMPTS = ["why is the river light", "the cat and the dog", "tell me about the moon", "go on"]

@@ -63,7 +63,7 @@ def test_four_concurrent_streams_get_their_solo_answers_side_by_side(server):
 
 
 def test_max_batch_below_one_is_one_line_exit_2():
-    from tests.cli import run_edgespec
+    from tests.helpers.cli import run_edgespec
 
     r = run_edgespec("serve", "--max-batch", "0", timeout=120)
     assert r.returncode == 2 and "--max-batch must be >= 1, got 0" in r.stderr

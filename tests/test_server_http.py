@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from edgespec.server.process import ServerProcess
-from tests.cli import run_edgespec
+from tests.helpers.cli import run_edgespec
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")

@@ -19,8 +19,7 @@ from edgespec.server.worker import (
     ShuttingDownError,
     Worker,
 )
-
-TIMEOUT = 60
+from tests.helpers.worker import TIMEOUT, Collect, run
 
 
 def config(max_tokens: int = 24, **spec) -> GenerationConfig:
@@ -29,32 +28,6 @@ def config(max_tokens: int = 24, **spec) -> GenerationConfig:
         SpecConfig(**{"k": 3, "method": "hybrid", **spec}),
         max_tokens,
     )
-
-
-class Collect:
-    """A job's emit callback: keeps the events, signals the end."""
-
-    def __init__(self, on_piece=None, on_end=None):
-        self.events: list = []
-        self.done = threading.Event()
-        self.on_piece, self.on_end = on_piece, on_end
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if isinstance(event, Piece) and self.on_piece is not None:
-            self.on_piece()
-        if isinstance(event, (Done, Failed)):
-            if self.on_end is not None:
-                self.on_end()
-            self.done.set()
-
-    def wait(self):
-        assert self.done.wait(TIMEOUT), "the job never ended"
-        return self.events[-1]
-
-    @property
-    def text(self) -> str:
-        return "".join(s.text for e in self.events if isinstance(e, Piece) for s in e.segments)
 
 
 def make_worker(pair, **kw) -> Worker:
@@ -69,13 +42,6 @@ def worker(tiny_pair):
     w = make_worker(tiny_pair, max_slots=4, max_queue=8)
     yield w
     w.shutdown()
-
-
-def run(worker: Worker, prompt: list[int], cfg: GenerationConfig, stop=()) -> Collect:
-    out = Collect()
-    worker.submit(Job(prompt, cfg, tuple(stop), out))
-    out.wait()
-    return out
 
 
 def prompt_of(worker: Worker, text: str) -> list[int]:

@@ -32,7 +32,7 @@ from research.distill.pool import (
     write_pool,
 )
 from research.distill.requests import KINDS, written_prompt
-from tests.prompt_sets import MT_BENCH, SPEC_BENCH, given_turns
+from tests.helpers.prompt_sets import MT_BENCH, SPEC_BENCH, given_turns
 
 CAPS = S.Caps(per_file=4, gettext_per_file=4)
 GROUPS = 1500
@@ -224,7 +224,7 @@ def answered(tmp_path_factory, passages):  # type: ignore[no-untyped-def]
     """A tiny target answers a small pool (with follow-ups) into a data folder."""
     from edgespec.distill.target import load_target
     from research.distill.realdata import generate_pool_data, pool_meta
-    from tests.tiny import make_tiny_pair
+    from tests.helpers.tiny import make_tiny_pair
 
     root = tmp_path_factory.mktemp("real")
     target_dir, _ = make_tiny_pair(root / "pair", seed=5)

@@ -19,7 +19,7 @@ from edgespec.events import Round, Token
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
 from edgespec.trees.shapes import chain_shape, widths_shape
-from tests.reference_tree import reference_tree
+from tests.helpers.reference_tree import reference_tree
 
 PROMPT = "the cat and the dog in the house"
 GREEDY = SamplingConfig(temperature=0)
@@ -150,7 +150,7 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, b
 @pytest.fixture(scope="module")
 def eagle_pair(tiny_pair, tmp_path_factory):
     from edgespec.loading.load import load_pair
-    from tests.tiny import make_tiny_eagle
+    from tests.helpers.tiny import make_tiny_eagle
 
     out = make_tiny_eagle(tiny_pair[0], tmp_path_factory.mktemp("eagle") / "eagle", head=150)
     return load_pair(str(tiny_pair[0]), str(out))
@@ -187,7 +187,7 @@ def test_feature_draft_tree_samples_like_the_chain_with_a_chain_shape(eagle_pair
 def test_cli_generate_json_reports_tree_rounds(tiny_pair):
     import json
 
-    from tests.cli import run_edgespec
+    from tests.helpers.cli import run_edgespec
 
     target, draft = (str(p) for p in tiny_pair)
     args = ["generate", "the cat", "--raw", "--target", target, "--draft", draft]

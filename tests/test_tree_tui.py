@@ -13,7 +13,7 @@ from textual.widgets import Static
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Round
-from tests.tui.helpers import FakeLoader, ask, run, wait_for
+from tests.helpers.tui import FakeLoader, ask, run, wait_for
 
 
 def test_the_meter_counts_rounds_won_by_another_branch():

@@ -12,7 +12,7 @@ from scipy.stats import chi2
 
 from edgespec.bench.unbiased import chi2_sf, chi_square, last_distributions, simulate, verify_pair
 from edgespec.config import SamplingConfig
-from tests.cli import run_edgespec
+from tests.helpers.cli import run_edgespec
 
 HOT = SamplingConfig(temperature=2.5, seed=0)
 

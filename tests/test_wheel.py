@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.import_graph import ROOT
+from tests.helpers.import_graph import ROOT
 
 # The three shipped drafts and the code, with some room: a new draft or data file in the wheel
 # must raise it on purpose.

@@ -3,7 +3,7 @@ rank): the tiny pair with its target sharded over the group, SAMPLES generations
 (one seed each, K=2, two new tokens), through the real Engine and loop. Rank 0 writes
 {"ids": [[x1, x2], ...]} to OUT.
 
-    mlx.launch --backend ring -n 2 -- python tests/dist_sample.py TARGET DRAFT OUT SAMPLES
+    mlx.launch --backend ring -n 2 -- python tests/helpers/dist_sample.py TARGET DRAFT OUT SAMPLES
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from edgespec.events import Finished, Token
 from edgespec.loading.load import LoadedModel, load_model
 from edgespec.runtime import Engine
 from edgespec.sampling import warp
-from tests.tiny_arch import make_family
+from tests.helpers.tiny_arch import make_family
 
 PROMPT = "the cat and the dog in the house"
 

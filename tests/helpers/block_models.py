@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from tests.tiny_arch import make_family
+from tests.helpers.tiny_arch import make_family
 
 
 def tiny_qwen3(root: Path) -> Path:

@@ -29,8 +29,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from edgespec.cache import target_features
 from edgespec.drafting.mtp import MtpModel, text_config
 from edgespec.drafting.nextn import FAMILIES, NextnModel, build_head, layer_prefix
-from tests.tiny import make_tokenizer
-from tests.tiny_arch import (
+from tests.helpers.tiny import make_tokenizer
+from tests.helpers.tiny_arch import (
     EOS,
     HIDDEN,
     SPREAD,

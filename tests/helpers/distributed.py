@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 # mlx.launch, run from its console-script entry point (it need not be on PATH in a venv).
 LAUNCH = (

@@ -2,7 +2,7 @@
 cancel flag at the third check (rank 1 at the first); every rank prints, as one JSON line, what it received, at which
 check it saw the cancellation and whether its caches agreed with the other ranks'.
 
-    mlx.launch --backend ring -n 2 -- python tests/dist_serve.py
+    mlx.launch --backend ring -n 2 -- python tests/helpers/dist_serve.py
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 from edgespec.config import SamplingConfig
 from edgespec.sampling import make_key, round_keys, uniforms
 from edgespec.trees.shapes import RankPath, Tree, shape_tree
-from tests.reference_loop import _take, full_logits, sample_np, warp_np
+from tests.helpers.reference_loop import _take, full_logits, sample_np, warp_np
 
 
 def top_np(z: np.ndarray, m: int) -> list[int]:

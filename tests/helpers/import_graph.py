@@ -15,7 +15,7 @@ import ast
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INSTALLED = {"edgespec": "edgespec", "tui": "edgespec.tui", "models": "edgespec.models"}
 
 

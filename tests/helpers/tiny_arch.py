@@ -11,7 +11,7 @@ Every family is tiny (hidden 64, 2-4 layers) so the per-architecture tests stay 
 keep each family's distinguishing parts (rope scaling, biases, q/k norms, sliding windows,
 experts, recurrent layers).
 
-    python -c "from tests.tiny_arch import make_family; make_family('DIR', 'gemma3_text')"
+    python -c "from tests.helpers.tiny_arch import make_family; make_family('DIR', 'gemma3_text')"
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from tests import tiny_gemma4
-from tests.tiny import SPECIALS, make_tokenizer
+from tests.helpers import tiny_gemma4
+from tests.helpers.tiny import SPECIALS, make_tokenizer
 
 HIDDEN = 64
 EOS = SPECIALS.index("<|im_end|>")
