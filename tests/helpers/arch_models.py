@@ -1,4 +1,4 @@
-"""Tiny 4-bit folders of every architecture family (tests/tiny_arch.py), written once
+"""Tiny 4-bit folders of every architecture family (tests/helpers/tiny_arch.py), written once
 per test session and loaded once per family; helpers shared by the per-architecture tests."""
 
 from __future__ import annotations

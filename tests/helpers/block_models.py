@@ -15,7 +15,7 @@ from tests.helpers.tiny_arch import make_family
 
 
 def tiny_qwen3(root: Path) -> Path:
-    """A tiny 4-layer qwen3 target folder (tests/tiny_arch.py), made once."""
+    """A tiny 4-layer qwen3 target folder (tests/helpers/tiny_arch.py), made once."""
     target = root / "qwen3" / "target"
     if not (target / "config.json").is_file():
         make_family(root / "qwen3", "qwen3")

@@ -1,5 +1,5 @@
-"""A rank for tests/test_distributed.py: every rank commits the same first step, then rank 1 a
-different second one; the Agreement check must stop every rank with a GroupError.
+"""A rank for tests/distributed/test_distributed.py: every rank commits the same first step, then
+rank 1 a different second one; the Agreement check must stop every rank with a GroupError.
 
     mlx.launch --backend ring -n 2 -- python tests/helpers/dist_agreement.py
 """

@@ -1,6 +1,6 @@
-"""A rank of a sampling run for tests/test_distributed.py, started by mlx.launch (one process per
-rank): the tiny pair with its target sharded over the group, SAMPLES generations at temperature 1
-(one seed each, K=2, two new tokens), through the real Engine and loop. Rank 0 writes
+"""A rank of a sampling run for tests/distributed/test_distributed.py, started by mlx.launch (one
+process per rank): the tiny pair with its target sharded over the group, SAMPLES generations at
+temperature 1 (one seed each, K=2, two new tokens), through the real Engine and loop. Rank 0 writes
 {"ids": [[x1, x2], ...]} to OUT.
 
     mlx.launch --backend ring -n 2 -- python tests/helpers/dist_sample.py TARGET DRAFT OUT SAMPLES

@@ -1,6 +1,7 @@
-"""A rank for tests/test_distributed_serve.py: rank 0 sends two requests and a stop, and sets its
-cancel flag at the third check (rank 1 at the first); every rank prints, as one JSON line, what it received, at which
-check it saw the cancellation and whether its caches agreed with the other ranks'.
+"""A rank for tests/distributed/test_distributed_serve.py: rank 0 sends two requests and a stop, and
+sets its cancel flag at the third check (rank 1 at the first); every rank prints, as one JSON line,
+what it received, at which check it saw the cancellation and whether its caches agreed with the
+other ranks'.
 
     mlx.launch --backend ring -n 2 -- python tests/helpers/dist_serve.py
 """

@@ -1,7 +1,7 @@
 """A tiny Qwen3.5 or Qwen3-Next written as an original Hugging Face checkpoint, MTP weights kept.
 
 `make_checkpoint(root, prompts)` builds the tiny qwen3_5 (or qwen3_next) target of
-tests/tiny_arch.py with mlx-lm's classes, trains its MTP layer for a hundred or so
+tests/helpers/tiny_arch.py with mlx-lm's classes, trains its MTP layer for a hundred or so
 steps on the target's own greedy answers to `prompts` (so that drafts get accepted often enough
 for the tests to see a slower planted bug), and writes the folder under the original names
 (`model.language_model.*` and `mtp.*`), norm weights stored as offsets from 1, conv1d weights as

@@ -3,7 +3,7 @@
 `make_family(root, family)` writes `root/target` and `root/draft` for one family of
 `FAMILIES` the way an mlx-community folder is made: the model built from a config by mlx-lm
 (`mlx_lm.models.<type>.Model`), seeded weights, `mlx_lm.utils.quantize_model` to 4 bits,
-`save_model` / `save_config`, plus the small byte-level BPE tokenizer of tests/tiny.py.
+`save_model` / `save_config`, plus the small byte-level BPE tokenizer of tests/helpers/tiny.py.
 The draft is the same family with fewer layers: the target's embedding, head and first layers
 (a layer subset agrees with the target often but not always), or the target itself.
 
@@ -89,7 +89,7 @@ def gemma3_text(vocab: int, layers: int) -> dict:
 
 
 def gemma4_text(vocab: int, layers: int) -> dict:
-    """Gemma 4: windows and KV-shared layers (tests/tiny_gemma4.py)."""
+    """Gemma 4: windows and KV-shared layers (tests/helpers/tiny_gemma4.py)."""
     return tiny_gemma4.text_config(_base("gemma4_text", vocab, layers), layers)
 
 
@@ -252,7 +252,8 @@ FAMILIES: dict[str, Family] = {
         qwen3_5,
     )
 }
-# Built on request only (tests/test_restore.py, test_gemma4.py), not in every per-architecture test.
+# Built on request only (tests/loop/test_restore.py, tests/loading/test_gemma4.py), not in every
+# per-architecture test.
 MORE: dict[str, Family] = {"mamba2": mamba2, "gemma4": gemma4, "gemma4_moe": gemma4_moe}
 TARGET_LAYERS, DRAFT_LAYERS = 4, 2
 SPREAD = 3.0  # logit standard deviation (calibrate)

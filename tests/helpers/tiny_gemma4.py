@@ -1,4 +1,4 @@
-"""Gemma 4's parts of the tiny architecture folders (tests/tiny_arch.py).
+"""Gemma 4's parts of the tiny architecture folders (tests/helpers/tiny_arch.py).
 
 mlx-lm's gemma4_text (E2B / E4B style here): sliding-window layers (a window of 16) alternating
 with global ones; global layers with their own head width, a proportional partial rope and keys

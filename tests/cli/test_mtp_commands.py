@@ -1,6 +1,6 @@
 """`--method mtp` through `edgespec serve` and `edgespec chat` (edgespec/commands/serve.py,
 tui/command.py): both load the target's own MTP head as `edgespec generate` does
-(commands/common.py draft_from_args), on the tiny qwen3_5 checkpoint of tests/mtp_models.py.
+(commands/common.py draft_from_args), on the tiny qwen3_5 checkpoint of tests/helpers/mtp_models.py.
 
 The server answers a greedy chat completion exactly as the same server with speculation off,
 drafting with the head; the chat command's loader gives an engine whose draft is the head. Draft

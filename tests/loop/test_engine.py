@@ -179,7 +179,7 @@ def test_prompts_that_are_not_token_ids_are_refused_before_touching_the_caches(e
 
 class _Recurrent(nn.Module):
     """A model whose cache can be neither trimmed nor restored (a ring with sink tokens; SSM /
-    hybrid layers, ArraysCache, are restored: tests/test_architectures.py)."""
+    hybrid layers, ArraysCache, are restored: tests/loading/test_architectures.py)."""
 
     def make_cache(self):
         return [RotatingKVCache(8, keep=4)]

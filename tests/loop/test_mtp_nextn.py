@@ -2,7 +2,7 @@
 (deepseek_v3) target's own head.
 
 On a tiny model of each family written as an original Hugging Face checkpoint, its MTP layer
-stored as the family stores it (tests/mtp_models.py: GLM-4.5's `model.layers.4` with enorm /
+stored as the family stores it (tests/helpers/mtp_models.py: GLM-4.5's `model.layers.4` with enorm /
 hnorm / eh_proj / shared_head and the copies of the embedding and head; MiMo's
 `model.mtp_layers.0` with token_layernorm / hidden_layernorm / input_proj / final_layernorm,
 [h, e] into the projection; DeepSeek-V3's `model.layers.4` with its MLA `kv_b_proj`, in a shard

@@ -64,7 +64,7 @@ def test_greedy_output_equals_plain_decoding(engine, spec):
         assert any(r.method == "ngram" and r.drafted > 0 for r in rounds)  # lookup really drafted
     # A tiny random target never continues a copy, so lookups here are rejected: accepted
     # lookups are tested with chosen drafts (test_drafts_one_token_behind_*, the point-mass test)
-    # and with the real model (tests/test_embedded_pair.py).
+    # and with the real model (tests/real/test_embedded_pair.py).
 
 
 def test_confident_drafter_greedy_equals_plain_and_stops_early(engine):

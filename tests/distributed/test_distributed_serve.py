@@ -31,7 +31,7 @@ from tests.helpers.distributed import LAUNCH, env, free_ports, launch_command, w
 from tests.helpers.ministral import tiny_ministral as ministral_fixture
 
 httpx = pytest.importorskip("httpx")
-ministral = ministral_fixture  # tests/test_distributed.py's tiny ministral3, a fixture here too
+ministral = ministral_fixture  # tests/helpers/ministral.py's tiny ministral3, under a second name
 
 MAX = 16
 LOST = (

@@ -1,13 +1,13 @@
 """MTP drafts (edgespec/drafting/mtp.py): a Qwen3.5 target's own multi-token-prediction head.
 
 On a tiny qwen3_5 written as an original Hugging Face checkpoint with its `mtp.*` weights
-(tests/mtp_models.py; its MTP layer learnt the target's greedy answer to PROMPT): greedy output
-identical to plain decoding over 300 tokens (the hybrid target's recurrent state is restored after
-rejections), through the Engine and the real CLI; sampled answers at T = 1 follow the target
-(PIT test of tests/arch_models.py), and the same test fails on a planted q that is not the
+(tests/helpers/mtp_models.py; its MTP layer learnt the target's greedy answer to PROMPT): greedy
+output identical to plain decoding over 300 tokens (the hybrid target's recurrent state is restored
+after rejections), through the Engine and the real CLI; sampled answers at T = 1 follow the target
+(PIT test of tests/helpers/arch_models.py), and the same test fails on a planted q that is not the
 distribution the drafted token was drawn from; an MTP head fed the wrong position's hidden state
-stays exact, only slower. Loading: the weights read from the checkpoint match the training copy,
-a folder without MTP weights is a one-line error, and the conversion keeps the head.
+stays exact, only slower. Loading: the weights read from the checkpoint match the training copy, a
+folder without MTP weights is a one-line error, and the conversion keeps the head.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Tree speculation end to end on tiny seeded models (edgespec/trees/loop.py).
 
-Greedy output identical to plain decoding for every shape (fixed, dynamic, adaptive, with an
-n-gram branch, with a feature draft); token-for-token agreement with the numpy reference
-(tests/reference_tree.py) at T = 0 and T > 0; a chain-shaped tree emits exactly the chain loop's
-tokens; the caches hold the committed context after every round; and a chi-square test that the
-first two sampled tokens follow the target at T > 0, which fails with a planted bug.
+Greedy output identical to plain decoding for every shape (fixed, dynamic, adaptive, with an n-gram
+branch, with a feature draft); token-for-token agreement with the numpy reference
+(tests/helpers/reference_tree.py) at T = 0 and T > 0; a chain-shaped tree emits exactly the chain
+loop's tokens; the caches hold the committed context after every round; and a chi-square test that
+the first two sampled tokens follow the target at T > 0, which fails with a planted bug.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def test_cli_generate_json_reports_tree_rounds(tiny_pair):
 
 def test_hybrid_tree_adds_lookup_branches_at_a_temperature(tiny_models):
     """An n-gram match adds a branch of deterministic candidates after the draft's sampled
-    siblings (exact: tests/test_tree_acceptance.py); the caches stay consistent."""
+    siblings (exact: tests/unit/test_tree_acceptance.py); the caches stay consistent."""
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(" ".join([PROMPT] * 4))
     sampling = SamplingConfig(temperature=0.3, seed=2)

@@ -287,7 +287,7 @@ def test_the_twin_imports_neither_mlx_nor_edgespec():
         "for m in ('mlx', 'mlx_lm', 'edgespec'): sys.modules[m] = None\n"
         "import research.block_draft.gpu_train\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

@@ -11,7 +11,7 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (the CI's); 3.10 has no TOML parser
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 MAPPED = {"tui": "edgespec.tui", "models": "edgespec.models"}

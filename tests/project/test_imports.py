@@ -1,7 +1,7 @@
-"""The import graph from every module's AST (tests/import_graph.py): no cycle, function-local
-imports included; every installed module reachable from a command or the public API; the
-installed package never imports research/ or tests/; every project import in research/ and
-tests/ names a module that exists."""
+"""The import graph from every module's AST (tests/helpers/import_graph.py): no cycle,
+function-local imports included; every installed module reachable from a command or the public
+API; the installed package never imports research/ or tests/; every project import in research/
+and tests/ names a module that exists."""
 
 from __future__ import annotations
 

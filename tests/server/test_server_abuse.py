@@ -162,7 +162,8 @@ def test_a_flood_of_bad_request_lines_is_logged_once(server):
 
 def test_a_full_queue_answers_503_with_retry_after(server):
     """Eight long requests at once, --max-queue 1: one runs, one waits, the others are refused
-    with Retry-After (how many exactly is tests/test_server_worker.py's, without HTTP timing)."""
+    with Retry-After (how many exactly is tests/server/test_server_worker.py's, without HTTP
+    timing)."""
     body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 480}
     start = threading.Barrier(8)
 

@@ -1,6 +1,6 @@
 """Grouped verify attention (edgespec.cpu.attention): same values as MLX's attention, taken only by
 a CPU backend's twin on caches EdgeSpec marks (mlx-lm's modules keep their function), and
-row-exact where the BLAS is (tests/test_blas.py runs a KVState forward
+row-exact where the BLAS is (tests/cpu/test_blas.py runs a KVState forward
 under the reference BLAS, which goes through this path on the CPU)."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 from edgespec.cpu import blas
 from edgespec.cpu.blas import checkout_path, safe_command
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

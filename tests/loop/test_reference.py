@@ -1,4 +1,5 @@
-"""The MLX loop must match the slow numpy reference (tests/reference_loop.py) token for token.
+"""The MLX loop must match the slow numpy reference (tests/helpers/reference_loop.py) token for
+token.
 
 The reference recomputes every distribution with a cache-free forward and does all maths in numpy
 float64; both consume the same uniforms (the documented key schedule), so any difference in the

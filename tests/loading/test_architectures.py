@@ -1,15 +1,15 @@
 """Every architecture family a Mac user runs, built by mlx-lm's own model classes and quantized to
-4 bits like an mlx-community folder (tests/tiny_arch.py): attention KV caches (llama
+4 bits like an mlx-community folder (tests/helpers/tiny_arch.py): attention KV caches (llama
 with Llama 3 rope scaling, qwen2, qwen3, phi3 with longrope, ministral3 with yarn, qwen3_moe),
 sliding windows (gemma3_text, gemma4_text with KV-shared layers, gpt_oss: answers several
 windows long) and recurrent layers (qwen3_next, qwen3_5: gated delta-nets in ArraysCache).
-Gemma 4's own checks: tests/test_gemma4.py.
+Gemma 4's own checks: tests/loading/test_gemma4.py.
 
 Per family, as target and as draft: greedy output identical to plain decoding at K = 1..4, a
 self-draft (every token accepted, bonus paths), the family's model drafting for another family's
-target, a statistical test of sampled answers (PIT, tests/arch_models.py) and the CPU rewrites
-bit-identical or stepping aside. The last tests plant the bugs these checks exist for (a recurrent
-state not restored, a window cache that forgets what a rewind needs) and see them caught.
+target, a statistical test of sampled answers (PIT, tests/helpers/arch_models.py) and the CPU
+rewrites bit-identical or stepping aside. The last tests plant the bugs these checks exist for (a
+recurrent state not restored, a window cache that forgets what a rewind needs) and see them caught.
 """
 
 from __future__ import annotations

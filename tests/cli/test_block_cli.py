@@ -1,5 +1,6 @@
 """`edgespec generate --method block / block-tree` as a user runs it (a subprocess): greedy output
-token for token equal to --no-spec with a tiny DFlash-format draft (tests/block_models.py)."""
+token for token equal to --no-spec with a tiny DFlash-format draft
+(tests/helpers/block_models.py)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ an earlier layer of their kind just stored, so rewinding the caches the model ha
 
 The per-family checks (greedy identity at K = 1..4, self-draft, as a draft of another family,
 trees refused, the T = 1 statistical test, CPU rewrites) run on gemma4_text in
-tests/test_architectures.py. Here: the cache layout those checks rely on, answers long enough for
-the window caches to compact, a prompt sharing a prefix with the previous request, the
+tests/loading/test_architectures.py. Here: the cache layout those checks rely on, answers long
+enough for the window caches to compact, a prompt sharing a prefix with the previous request, the
 mlx-community form through the command line, and planted bugs the checks must catch.
 """
 

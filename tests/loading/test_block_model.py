@@ -190,7 +190,7 @@ def test_options_it_does_not_run_are_refused(pair, extra, words):
 
 def test_forward_matches_a_numpy_reference(pair):
     """The MLX block (cache-free and with the context cached in two pieces) against
-    tests/reference_block.py on the same weights, context and tokens."""
+    tests/helpers/reference_block.py on the same weights, context and tokens."""
     import json
 
     import numpy as np

@@ -12,7 +12,7 @@ import pytest
 
 from research.recipes import mlx_affine
 
-RECIPES = Path(__file__).resolve().parents[1] / "research" / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "research" / "recipes"
 
 
 def weights(seed: int) -> np.ndarray:

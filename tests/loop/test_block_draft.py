@@ -1,5 +1,5 @@
 """Block drafts (edgespec/drafting/block_draft.py, trees/block.py) through the Engine: a tiny
-random DFlash-format draft (tests/block_models.py) for a tiny qwen3 target.
+random DFlash-format draft (tests/helpers/block_models.py) for a tiny qwen3 target.
 
 Greedy output equals plain decoding (fixed K, K past the block, adaptive K, trees fixed and
 dynamic, a second prompt reusing the caches); the draft's cached context gives the same block as a
@@ -277,8 +277,9 @@ def test_a_stop_mid_answer_then_a_new_prompt(engine):
 
 
 def _pit_p_value(engine: Engine, spec: SpecConfig, drafter_for=None, seeds=range(12), n=40):
-    """KS p-value of the PIT values (tests/arch_models.py pit_values) of whole sampled answers
-    (T = 1): every token, over many rounds, must follow the target given what came before."""
+    """KS p-value of the PIT values (tests/helpers/arch_models.py pit_values) of whole sampled
+    answers (T = 1): every token, over many rounds, must follow the target given what came
+    before."""
     from scipy.stats import kstest
 
     from tests.helpers.arch_models import pit_values
