@@ -2,8 +2,8 @@
 
 `warp` turns logits into the distribution that is actually sampled, and the SAME function is applied
 to the target's logits (p) and the draft's (q), so the ratio test compares like with like.
-Sampling is inverse-CDF on an explicit uniform, so a slow reference (tests/reference_loop.py) fed the
-same uniforms picks the same tokens.
+Sampling is inverse-CDF on an explicit uniform, so a slow reference
+(tests/helpers/reference_loop.py) fed the same uniforms picks the same tokens.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ tiny_self_pair   -> (target_path, draft_path): the draft is an exact copy of the
 tiny_models      -> (target, draft) records loaded once per session (tiny_self_models likewise)
 engine           -> a fresh Engine (empty caches) over tiny_models; self_engine over
                     tiny_self_models; target_engine: the tiny target alone (no draft)
+offline_hub      -> an empty Hugging Face cache in tmp, offline (tests/helpers/hub.py)
+tiny_ministral   -> a tiny ministral3 target on tiny_pair's tokenizer (tests/helpers/ministral.py)
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from types import SimpleNamespace
 import pytest
 
 from edgespec.runtime import Engine
-from tests.tiny import make_tiny_pair
+from tests.helpers.tiny import make_tiny_pair
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+
+# Fixtures defined beside their helpers, shared with every test module without an import.
+pytest_plugins = ["tests.helpers.hub", "tests.helpers.ministral"]
 
 
 @pytest.fixture(scope="session")

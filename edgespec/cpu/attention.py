@@ -10,7 +10,7 @@ that share a KV head become rows of one (R * L) x D product.
 Each row is computed as in the fallback: q * scale, scores against all keys, the causal mask (a
 row never sees a later position), a precise softmax, the product with the values. With a
 row-exact BLAS (the reference one; MKL strict on Intel) an L-token forward's rows keep the bits
-of L one-token forwards (tests/test_blas.py checks it under the reference BLAS).
+of L one-token forwards (tests/cpu/test_blas.py checks it under the reference BLAS).
 
 Only the CPU backend's twin of a model (edgespec/cpu/backend.py) can take this path: its attention
 modules are subclasses of mlx-lm's whose methods call `grouped_sdpa` where mlx-lm's call

@@ -11,7 +11,7 @@ arrays, with row padding when asked (rowpad.py), rotary tables (rope.py), lean L
 (leanops.py), compiled llama blocks (blocks.py) and attention modules that take the grouped path
 for marked caches (attention.py). The model it was given is left as it is: its classes, its
 modules, mlx-lm's functions. So the bench's mlx-lm peer, which runs `loaded.model`, runs mlx-lm's
-own code by construction, and each twin's outputs keep the model's bits (tests/test_rope.py,
+own code by construction, and each twin's outputs keep the model's bits (tests/cpu/test_rope.py,
 test_leanops.py, test_blocks.py compare a twin with its model). The state the optimised layers
 keep (rotary tables, the rows and the causal mask of the latest forward, the compiled traces)
 belongs to this object and its twins, never to a module of EdgeSpec or mlx-lm.

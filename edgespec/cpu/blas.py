@@ -10,7 +10,7 @@ LD_PRELOAD. EDGESPEC_BLAS picks it:
   libopenblas0-pthread`), else nothing.
 - `mkl`: MKL in exact mode. MKL_CBWR=AUTO,STRICT (its "strict conditional numerical
   reproducibility"): on an Intel CPU a target forward over L tokens then gives the same bits as L
-  one-token forwards (tests/test_blas.py), so greedy speculative output is bit-for-bit plain
+  one-token forwards (tests/cpu/test_blas.py), so greedy speculative output is bit-for-bit plain
   decoding's, near-ties included. MKL honours that setting on Intel CPUs only: on an AMD EPYC the
   rows still differ (in the 5th digit), yet it remains the fastest choice there
   (docs/cpu-backend.md), so it stays the default and greedy output is exact up to floating-point
@@ -177,8 +177,9 @@ def cpu_vendor() -> str:
 
 def rows_exact(name: str | None = None) -> bool:
     """Whether a verify forward's rows carry the same bits as one-token steps under this BLAS
-    (`active()` by default): MKL's exact mode on an Intel CPU (measured; tests/test_blas.py) or the
-    unoptimised reference BLAS. Elsewhere greedy output is exact up to floating-point near-ties."""
+    (`active()` by default): MKL's exact mode on an Intel CPU (measured; tests/cpu/test_blas.py) or
+    the unoptimised reference BLAS. Elsewhere greedy output is exact up to floating-point
+    near-ties."""
     name = active() if name is None else name
     return name == "reference" or (name == "mkl" and cpu_vendor() == "GenuineIntel")
 

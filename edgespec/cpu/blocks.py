@@ -10,7 +10,7 @@ the residuals, the second norm and the MLP after it. `CompiledBlock` runs each p
 their elementwise operations into one kernel), and keeps in Python only what depends on the
 cache: the rotary table rows at the cache's offset (rope.py; the rotation itself is compiled),
 the cache update and the attention (attention.py). Same operations on the same operands: the logits keep their bits
-(tests/test_blocks.py).
+(tests/cpu/test_blocks.py).
  Its measured effect: docs/cpu-backend.md.
 
 CompiledBlock stands for an exact mlx-lm llama block (llama.TransformerBlock with its Attention

@@ -17,7 +17,7 @@ operations whose results never change from one forward to the next:
   runs the same arithmetic (square, sum, times 1/n, plus eps, rsqrt, times x, times weight) with
   those constants kept at the shapes it meets: 8 operations.
 
-Both give the same bits as the layers they replace (tests/test_leanops.py); only speed changes.
+Both give the same bits as the layers they replace (tests/cpu/test_leanops.py); only speed changes.
 They apply to float32 inputs on the CPU (GPUs fuse these into kernels), stand for exact
 `nn.Linear` / `nn.RMSNorm` modules in the CPU backend's twin of a model (same parameter arrays,
 same tree; edgespec/cpu/backend.py), notice when a weight of the twin is replaced (`update`,

@@ -10,7 +10,7 @@ to the queries' and the keys' shapes, are made once per forward and shared by it
 
 Its measured effect on a forward: docs/cpu-backend.md.
 
-The output is bit-identical to `mx.fast.rope` (tests/test_rope.py compares them over offsets,
+The output is bit-identical to `mx.fast.rope` (tests/cpu/test_rope.py compares them over offsets,
 lengths, bases and scales), so nothing EdgeSpec computes changes, only its speed. Only the
 non-traditional `nn.RoPE` that most models use is replaced; other rotary classes (Llama 3's,
 YaRN, ...) keep theirs, and only in the CPU backend's twin of a model (edgespec/cpu/backend.py):

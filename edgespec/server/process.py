@@ -4,7 +4,8 @@
     openai.OpenAI(base_url=srv.base, api_key="none")  # srv.base: "http://127.0.0.1:PORT/v1"
     srv.terminate()                                   # SIGTERM; returns the exit status
 
-Run from a checkout, the subprocess imports that checkout (PYTHONPATH), as tests/cli.py does.
+Run from a checkout, the subprocess imports that checkout (PYTHONPATH), as tests/helpers/cli.py
+does.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ norm(max(0, p - q)) = [0, 1, 0] and c_2 ~ [0, .75, .25]: c_2 = 1 is accepted (1/
 with .6 * .5 * .75 = .225; c_2 = 2 is rejected (r(2) = 0), r stays [0, 1, 0], token 1 with .075.
 c_1 = 1 (prob .3) is accepted with min(1, .6/.3) = 1: token 1 with .3; c_1 = 2 (prob .1) with
 .1/.1 = 1: token 2 with .1. In all P = [.3, .6, .1] = p, and a draft token is accepted with .925,
-where one draft from q is accepted with sum_x min(p, q)(x) = .7 (tests/test_tree_acceptance.py
+where one draft from q is accepted with sum_x min(p, q)(x) = .7 (tests/unit/test_tree_acceptance.py
 works this case exactly). A zero residual only arises when r == q_j, where c_j is accepted with
 certainty; the guard (keep r) only absorbs rounding, as in acceptance.py.
 

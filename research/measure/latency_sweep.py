@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from research.measure.simlink import free_port_block, relayed_hostfiles
-from tests.tiny import (
+from tests.helpers.tiny import (
     llama_config,
     make_tokenizer,
     random_llama_weights,

@@ -28,7 +28,8 @@ QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "do
 
 def quantize_groups(w: torch.Tensor, bits: int, group: int = GROUP):
     """mlx_affine.quantize in torch (on the GPU, inside every training step): (q, scales,
-    biases), flat by group. tests/test_mlx_affine.py compares the two where torch is installed."""
+    biases), flat by group. tests/research/test_mlx_affine.py compares the two where torch is
+    installed."""
     x = w.reshape(-1, group)
     n = float(2**bits - 1)
     wmin = x.min(-1, keepdim=True).values

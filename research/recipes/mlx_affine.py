@@ -1,6 +1,6 @@
 """MLX's affine quantization in NumPy, for scripts that run where MLX is not installed (the lent
 GPU's PyTorch twin, research/recipes/gpu_finetune.py): read a quantized draft, write one that
-`mx.load` reads as if `nn.quantize` had written it. tests/test_mlx_affine.py checks every
+`mx.load` reads as if `nn.quantize` had written it. tests/research/test_mlx_affine.py checks every
 function bit for bit against mx.quantize / mx.dequantize.
 
 The rule (mlx/ops.cpp, affine_quantize), per group of `group` weights along the last axis:

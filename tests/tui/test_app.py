@@ -13,7 +13,7 @@ from edgespec.tui.widgets import AnswerView, StatsPanel, UserMessage
 from textual.widgets import Input, OptionList, Static
 
 from edgespec.errors import ModelNotFoundError, PromptError
-from tests.tui.helpers import ask, make_app, run, wait_for
+from tests.helpers.tui import ask, make_app, run, wait_for
 
 
 def expected_answer(prompt: str, spec: bool = True, k: int = 4) -> tuple[str, list[str]]:

@@ -11,7 +11,7 @@ from edgespec.tui.widgets import StatsPanel
 from rich.style import Style
 from textual.widgets import Static
 
-from tests.tui.helpers import ask, make_app, run, wait_for
+from tests.helpers.tui import ask, make_app, run, wait_for
 
 
 def shown(view: AnswerView) -> str:

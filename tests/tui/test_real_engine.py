@@ -10,14 +10,14 @@ from edgespec.tui.store import ChatStore
 from edgespec.tui.widgets import AnswerView
 
 from edgespec.config import GenerationConfig, SpecConfig
-from tests.tui.helpers import ask, run, wait_for
+from tests.helpers.tui import ask, run, wait_for
 
 pytest.importorskip("mlx.core")
 
 
 def test_real_tiny_pair_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from edgespec.runtime import Engine
-    from tests.tiny import make_tiny_pair
+    from tests.helpers.tiny import make_tiny_pair
 
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))  # the warm-up's calibration
     target, draft = make_tiny_pair(tmp_path / "pair", seed=0, draft="self")

@@ -14,7 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from edgespec.errors import TokenizerMismatchError
-from tests.tui.helpers import ask, make_app, wait_for
+from tests.helpers.tui import ask, make_app, wait_for
 
 SIZE = (120, 40)
 

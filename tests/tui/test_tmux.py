@@ -90,7 +90,7 @@ def _wait(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
 
 
 def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
-    from tests.tiny import make_tiny_pair
+    from tests.helpers.tiny import make_tiny_pair
 
     target, draft = make_tiny_pair(tmp_path / "pair", seed=0, draft="self")
     chats = tmp_path / "chats"

@@ -1,0 +1,194 @@
+"""The BLAS re-exec: right library and settings, at most once, choices and opt-out honoured; and
+the reason MKL's exact mode is the default (a one-token forward and an L-token forward agree
+bit for bit under it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.cpu import blas
+
+MKL = "/opt/lib/libmkl_rt.so.3"
+OPENBLAS = "/opt/libopenblas.so"
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen: list[tuple] = []
+    monkeypatch.setattr(blas.os, "execve", lambda exe, argv, env: seen.append((exe, argv, env)))
+    monkeypatch.setattr(blas, "openblas_path", lambda: OPENBLAS)
+    monkeypatch.setattr(blas, "mkl_path", lambda: MKL)
+    monkeypatch.setattr(blas.sys, "platform", "linux")
+    monkeypatch.delitem(sys.modules, "mlx.core", raising=False)
+    for var in (
+        "LD_PRELOAD",
+        "EDGESPEC_BLAS",
+        blas._MARK,
+        blas.ACTIVE,
+        "MKL_CBWR",
+        "MKL_THREADING_LAYER",
+        "OPENBLAS_CORETYPE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    return seen
+
+
+def test_reexec_prefers_mkl_in_exact_mode_and_keeps_arguments(calls):
+    blas.reexec_with_blas(["generate", "hi", "-k", "3"])
+    ((exe, argv, env),) = calls
+    assert argv[1:] == ["-P", "-m", "edgespec", "generate", "hi", "-k", "3"]  # safe-path mode
+    assert env["LD_PRELOAD"] == MKL and env[blas._MARK] == "1"
+    assert env["MKL_CBWR"] == "AUTO,STRICT" and env[blas.ACTIVE] == "mkl"
+
+
+def test_mkl_fast_drops_the_reproducibility_setting(calls, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_BLAS", "mkl-fast")
+    blas.reexec_with_blas(["models"])
+    env = calls[0][2]
+    assert env["LD_PRELOAD"] == MKL and "MKL_CBWR" not in env and env[blas.ACTIVE] == "mkl-fast"
+
+
+def test_openblas_when_asked_or_when_mkl_is_missing(calls, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESPEC_BLAS", "openblas")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")  # a kernel set pinned by the user: kept
+    blas.reexec_with_blas(["models"])
+    assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS and calls[-1][2][blas.ACTIVE] == "openblas"
+    assert calls[-1][2]["OPENBLAS_CORETYPE"] == "Haswell"
+    monkeypatch.setattr(blas, "mkl_path", lambda: None)
+    monkeypatch.setenv("EDGESPEC_BLAS", "auto")
+    notes: list[str] = []
+    blas.reexec_with_blas(["models"], report=notes.append)
+    assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS
+    assert notes == []  # auto falls back silently
+    monkeypatch.setenv("EDGESPEC_BLAS", "mkl")
+    blas.reexec_with_blas(["models"], report=notes.append)
+    assert calls[-1][2]["LD_PRELOAD"] == OPENBLAS
+    assert len(notes) == 1 and "\n" not in notes[0] and "MKL is not installed" in notes[0]
+    assert capsys.readouterr().err == ""  # the library never prints: the caller reports
+
+
+@pytest.mark.skipif(blas.openblas_path() is None, reason="OpenBLAS is not installed")
+def test_openblas_reports_its_kernels():
+    """The installed OpenBLAS answers openblas_core, and OPENBLAS_CORETYPE steers it (in a
+    subprocess: the library reads the variable when it loads); a process running on it reports
+    the set in use (`kernels`, which the bench records)."""
+    lib = blas.openblas_path()
+    assert lib is not None and blas.openblas_core(lib) != ""
+    code = f"from edgespec.cpu import blas; print(blas.openblas_core({lib!r}))"
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "Sandybridge", out.stderr
+    assert blas.openblas_core("/nonexistent/libblas.so.3") == ""
+    env.update({"LD_PRELOAD": lib, blas.ACTIVE: "openblas"})
+    code = "from edgespec.cpu import blas; import mlx.core; print(blas.kernels())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "Sandybridge", out.stderr
+
+
+def test_an_unknown_choice_is_one_line_and_auto(calls, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESPEC_BLAS", "atlas")
+    notes: list[str] = []
+    blas.reexec_with_blas(["models"], report=notes.append)
+    assert calls[0][2]["LD_PRELOAD"] == MKL
+    assert len(notes) == 1 and "\n" not in notes[0] and "'atlas'" in notes[0]
+    assert capsys.readouterr().err == ""  # the library never prints: the caller reports
+
+
+def test_existing_preload_is_kept_after_the_blas(calls, monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", "/x/other.so")
+    blas.reexec_with_blas(["models"])
+    assert calls[0][2]["LD_PRELOAD"] == f"{MKL}:/x/other.so"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"EDGESPEC_BLAS": "system"},
+        {blas._MARK: "1"},
+        {"LD_PRELOAD": OPENBLAS},
+        {"LD_PRELOAD": "/somewhere/libmkl_rt.so.2"},
+    ],
+)
+def test_no_reexec_when_opted_out_done_or_present(calls, monkeypatch, env):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    blas.reexec_with_blas(["models"])
+    assert calls == []
+
+
+def test_no_reexec_without_an_optimised_blas(calls, monkeypatch):
+    monkeypatch.setattr(blas, "openblas_path", lambda: None)
+    monkeypatch.setattr(blas, "mkl_path", lambda: None)
+    blas.reexec_with_blas(["models"])
+    assert calls == []
+
+
+BITS = """
+import mlx.core as mx, numpy as np
+from mlx_lm.models import llama
+from edgespec.cache import KVState
+from edgespec.cpu.backend import CpuBackend
+from tests.helpers.tiny import llama_config, random_llama_weights
+config = llama_config(vocab_size=4096, layers=2, hidden=576)
+model = llama.Model(llama.ModelArgs.from_dict(config))
+model.load_weights([(k, mx.array(v)) for k, v in random_llama_weights(config, seed=3).items()])
+cpu = CpuBackend()
+st = KVState(cpu.model(model), new_cache=cpu.new_cache)  # as the Engine builds it
+prompt = list(range(1, 40)); st.prefill(prompt)
+toks = [5, 77, 123, 99, 42, 7, 8, 9]
+full = np.array(st.forward(mx.array(toks, dtype=mx.int32))); st.rewind(prompt, len(prompt) - 1)
+one = np.stack([np.array(st.forward(mx.array([t], dtype=mx.int32)))[0] for t in toks])
+print("identical" if np.array_equal(full, one) else "differs")
+"""
+
+
+def _bits(mode: str) -> str:
+    """Run BITS in a subprocess under EDGESPEC_BLAS=mode (the BLAS is fixed at process start)."""
+    env = {k: v for k, v in os.environ.items() if k not in (blas._MARK, "LD_PRELOAD")}
+    chosen = blas.plan(mode)
+    if chosen is not None:
+        env.update(chosen[2], LD_PRELOAD=chosen[1])
+    out = subprocess.run(
+        [sys.executable, "-c", BITS], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(blas.mkl_path() is None, reason="the mkl wheel is not installed")
+def test_mkl_exact_mode_makes_an_l_token_forward_equal_l_one_token_forwards_on_intel():
+    """Why `mkl` (strict CNR) is the default on Intel: the verify forward's rows carry the same
+    bits as plain decoding's one-token forwards. MKL ignores strict CNR on other CPUs (measured on
+    an AMD EPYC: rows differ in the 5th digit), and rows_exact says so."""
+    got = _bits("mkl")
+    if blas.cpu_vendor() == "GenuineIntel":
+        assert got == "identical" and blas.rows_exact("mkl")
+    else:
+        assert not blas.rows_exact("mkl")  # the claim is not made where it does not hold
+
+
+def test_the_reference_blas_is_row_exact():
+    """The unoptimised BLAS (EDGESPEC_BLAS=system) computes each row alike on any CPU."""
+    assert _bits("system") == "identical" and blas.rows_exact("reference")
+
+
+def test_cpu_model_reads_the_first_processor_block(monkeypatch, tmp_path):
+    """results.json's `cpu`: the name plus family/model (two "AMD EPYC" CPUs of different
+    generations measured different speedups), from the first processor only."""
+    info = tmp_path / "cpuinfo"
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: {m}\n"
+    info.write_text(
+        block.format(n=0, m=2) + "model name\t: AMD EPYC\n\n" + block.format(n=1, m=9) + "\n"
+    )
+    real_path = blas.Path
+    monkeypatch.setattr(blas.sys, "platform", "linux")
+    monkeypatch.setattr(blas, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
+    assert blas.cpu_model() == "AMD EPYC (family 26, model 2)"
+    info.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")  # e.g. an ARM board: no name
+    assert blas.cpu_model() == ""
+    monkeypatch.setattr(blas, "Path", lambda p: tmp_path / "missing")
+    assert blas.cpu_model() == ""

