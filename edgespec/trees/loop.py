@@ -2,7 +2,7 @@
 (edgespec/trees/draft.py), verifies all its nodes in one target forward with a tree mask
 (edgespec/trees/forward.py) and keeps the longest accepted path (edgespec/trees/acceptance.py).
 
-Cache invariants after every round, as the chain loop's: the target's cache holds context[:-1]
+Cache invariants after every round, as for chain rounds: the target's cache holds context[:-1]
 (its tree positions compacted to the accepted path, then rewound); the drafter's state a prefix of
 the context. Rounds whose shape is empty (an adaptive policy switched drafting off) run as
 pipelined plain steps (rounds.plain_run), exactly as the chain rounds' K = 0 rounds.
