@@ -12,7 +12,12 @@ import pytest
 from edgespec.events import Finished
 from edgespec.runtime import Engine
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "library.md"
+# The repository's docs/library.md, however deep this file sits under tests/.
+DOC = next(
+    d / "docs" / "library.md"
+    for d in Path(__file__).resolve().parents
+    if (d / "docs" / "library.md").exists()
+)
 
 
 def drafter_example() -> str:
