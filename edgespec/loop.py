@@ -49,7 +49,10 @@ __all__ = ["Chains", "Limits", "Rounds", "Step", "decode_plain", "speculate"]
 
 
 class Rounds(Protocol[Planned]):
-    """How rounds of one kind are drafted and finished (Chains; trees.loop.Trees)."""
+    """How rounds of one kind are drafted and finished (Chains; trees.loop.Trees), and what their
+    drafter can do (`caps`)."""
+
+    caps: Capabilities
 
     def size(self, plan: Planned) -> int:
         """Tokens the plan drafts (0: a plain step)."""
@@ -132,7 +135,8 @@ def speculate(
             prop = rounds.draft(run, plan, draft_key)
             if prop is None:  # plain steps, pipelined, the first with this round's keys
                 run.key = round_key
-                yield from plain_run(target, drafter, run, cfg, plans, rounds.size, cancel)
+                caps = rounds.caps
+                yield from plain_run(target, drafter, run, cfg, plans, rounds.size, caps, cancel)
                 continue
             step = rounds.finish(run, plan, prop, t0, verify_key)
             yield step

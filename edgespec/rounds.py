@@ -294,6 +294,7 @@ def plain_run(
     cfg: SamplingConfig,
     plans: Plans,
     size: Callable[[Plan], int],
+    caps: Capabilities,
     cancel: threading.Event | None,
 ) -> Generator[Step, None, None]:
     """Consecutive plain steps, pipelined like decode_plain: before a step's token is read back,
@@ -303,7 +304,8 @@ def plain_run(
     sync no longer sits between two forwards. The policy decides round j + 1 before round j is
     read back: it has then seen rounds up to j - 1, each once (Plans).
 
-    A drafter that looks behind (LooksBehind: an n-gram lookup) keeps the run going whatever is
+    `caps`: the drafter's (Capabilities.of, looked up once per generation). A drafter that looks
+    behind (LooksBehind: an n-gram lookup) keeps the run going whatever is
     chosen, as long as it proposes (not None): the tokens after the one still being computed, from
     the context without it. A non-empty proposal is queued with that token, as one forward
     [pending, x_1..x_d] verified like any round; the run ends on it. Exact: the proposal depends
@@ -311,7 +313,6 @@ def plain_run(
 
     Yields Steps; leaves a plan already chosen for the next round in plans.ahead. Sets
     run.stopped when it yielded the generation's final Step."""
-    caps = Capabilities.of(drafter)
     wants = caps.features is not None
     queued = _queue(target, run, cfg, mx.array(run.context[target.offset :], dtype=mx.int32),
                     no_proposal(drafter.method), wants)  # fmt: skip

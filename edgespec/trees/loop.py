@@ -22,7 +22,7 @@ import mlx.core as mx
 from edgespec.acceptance import verify_greedy
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import FeatureInput, Proposal
+from edgespec.drafting.base import Capabilities, Proposal
 from edgespec.events import Round
 from edgespec.rounds import Progress, Step, run_round
 from edgespec.sampling import uniforms, warp
@@ -165,7 +165,7 @@ class Trees:
         check_tree_cache(target.cache, target.name)
         self.target, self.drafter, self.cfg, self.policy = target, drafter, cfg, policy
         self.verify = partial(verify_tree_round, kernels=kernels)
-        self.features = isinstance(drafter, FeatureInput)
+        self.caps = Capabilities.of(drafter)
 
     def size(self, plan: Shape) -> int:
         return plan.size
@@ -182,7 +182,14 @@ class Trees:
         target, drafter = self.target, self.drafter
         prop = cast(TreeProposal, prop)
         host, feats, t_draft, t_verify = run_round(
-            target, run.context, prop, t0, self.cfg, key, self.features, self.verify
+            target,
+            run.context,
+            prop,
+            t0,
+            self.cfg,
+            key,
+            self.caps.features is not None,
+            self.verify,
         )
         row, n, nxt, tokens = host[0], host[1], host[2], host[3:]
         path = prop.tree.path(row - 1)
