@@ -180,16 +180,9 @@ class Trees:
     def finish(self, run: Progress, plan: Shape, prop: Proposal, t0: float, key: mx.array) -> Step:
         """Verify, keep the accepted path, commit one tree round."""
         target, drafter = self.target, self.drafter
-        prop = cast(TreeProposal, prop)
+        prop, features = cast(TreeProposal, prop), self.caps.features is not None
         host, feats, t_draft, t_verify = run_round(
-            target,
-            run.context,
-            prop,
-            t0,
-            self.cfg,
-            key,
-            self.caps.features is not None,
-            self.verify,
+            target, run.context, prop, t0, self.cfg, key, features, self.verify
         )
         row, n, nxt, tokens = host[0], host[1], host[2], host[3:]
         path = prop.tree.path(row - 1)
