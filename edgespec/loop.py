@@ -1,28 +1,38 @@
-"""The draft-verify loop. It orchestrates and decides nothing itself: drafters propose
-(edgespec/drafting/), the maths accepts (sampling.py, acceptance.py), rounds.py runs a round.
+"""The draft-verify loop: one round generator for every speculative method. It orchestrates and
+decides nothing itself: drafters propose (edgespec/drafting/), the maths accepts (sampling.py,
+acceptance.py), rounds.py runs a round and schedules around it.
+
+`speculate` runs rounds of one kind (`Rounds`): chains here (`Chains`: K drafted tokens in a row),
+draft trees in edgespec/trees/loop.py (`Trees`). Each round: the plan (K or a tree shape) from the
+policy through rounds.Plans, a proposal, one target forward verifying it, the accepted prefix plus
+a correction or bonus committed. A round with nothing to draft (K = 0, an empty shape, a lookup
+that missed) goes to the scheduler around the rounds, rounds.plain_run, which pipelines plain steps
+(and lookups one token behind) like plain decoding; Plans alone shows each round to the policy,
+once.
 
 Cache invariant after every round: the target's cache holds context[:-1] (the newest committed token
-is the next forward's input); a drafter's state holds some prefix of the context. Both loops yield
-`Step`s; the Engine (runtime.py) turns them into Token / Round / Finished events. Runs of K = 0
-rounds (adaptive K switched the draft off) and of n-gram misses are pipelined like plain decoding
-(rounds.plain_run).
+is the next forward's input); a drafter's state holds some prefix of the context. The loops yield
+`Step`s; the Engine (runtime.py) turns them into Token / Round / Finished events.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
 
 import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Drafter
+from edgespec.drafting.base import Capabilities, Drafter, Proposal
 from edgespec.events import Round
 from edgespec.rounds import (
-    KPolicy,
     Limits,
+    Plan,
+    Plans,
+    Policy,
     Progress,
     Step,
     cancelled,
@@ -33,55 +43,102 @@ from edgespec.rounds import (
 )
 from edgespec.sampling import make_key, round_keys, sample, split, uniforms, warp
 
-__all__ = ["Limits", "Step", "decode_plain", "speculate"]
+Planned = TypeVar("Planned", contravariant=True)  # Plan, as the rounds' input
+
+__all__ = ["Chains", "Limits", "Rounds", "Step", "decode_plain", "speculate"]
+
+
+class Rounds(Protocol[Planned]):
+    """How rounds of one kind are drafted and finished (Chains; trees.loop.Trees), and what their
+    drafter can do (`caps`)."""
+
+    caps: Capabilities
+
+    def size(self, plan: Planned) -> int:
+        """Tokens the plan drafts (0: a plain step)."""
+        ...
+
+    def draft(self, run: Progress, plan: Planned, key: mx.array) -> Proposal | None:
+        """The round's proposal, or None: plain steps, pipelined (rounds.plain_run)."""
+        ...
+
+    def finish(
+        self, run: Progress, plan: Planned, prop: Proposal, t0: float, key: mx.array
+    ) -> Step:
+        """Verify `prop` (drafting since t0) with `key`, commit the round, rewind the target."""
+        ...
+
+
+class Chains:
+    """Chain rounds: K tokens from `drafter` (K from the policy), verified in one forward."""
+
+    def __init__(self, target: KVState, drafter: Drafter, cfg: SamplingConfig):
+        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.caps = Capabilities.of(drafter)
+
+    def size(self, plan: int) -> int:
+        return plan
+
+    def draft(self, run: Progress, plan: int, key: mx.array) -> Proposal | None:
+        k = max(0, min(plan, run.room()))
+        if k > 0:
+            prop = self.drafter.propose(run.context, k, key)  # lazy: the draft runs meanwhile
+        elif self.caps.free is not None:  # drafting is off, but a lookup costs next to nothing
+            prop = self.caps.free.propose_free(run.context, key)
+        else:  # drafting is off: plain steps, pipelined
+            return None
+        prop = prop.cut(run.room())  # a lookup may be longer than the room
+        # A lookup missed: plain steps, pipelined, looking up one token behind meanwhile.
+        return None if prop.size == 0 and self.caps.behind is not None else prop
+
+    def finish(self, run: Progress, plan: int, prop: Proposal, t0: float, key: mx.array) -> Step:
+        features = self.caps.features is not None
+        out, feats, t_draft, t_verify = run_round(
+            self.target, run.context, prop, t0, self.cfg, key, features
+        )
+        d, k = prop.size, max(0, min(plan, run.room()))
+        n, nxt = out[d], out[d + 1]
+        method, match = (prop.method, prop.match) if d else (self.drafter.method, 0)
+        rnd = Round(run.index, d, n, max(k, d), t_draft, t_verify, method, True, match)
+        step = run.commit(self.drafter, out[:n] + [nxt], rnd, feats)
+        self.target.rewind(run.context, len(run.context) - 1)
+        return step
 
 
 def speculate(
     target: KVState,
+    rounds: Rounds[Plan],
     drafter: Drafter,
     prompt: list[int],
     cfg: SamplingConfig,
-    choose_k: KPolicy,
+    policy: Policy[Plan] | Callable[[Round | None], Plan],
     limits: Limits,
     cancel: threading.Event | None = None,
 ) -> Iterator[Step]:
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill).
-    Each round: K from the policy, a proposal of d <= K tokens (more for a lookup), one target
-    forward verifying them, the accepted prefix plus a correction or bonus committed."""
+    `rounds` drafts and finishes each round (Chains, trees.loop.Trees) over `drafter`; `policy`
+    plans each round (K, or a tree shape): a rounds.Policy, or a callable `policy(last) -> plan`.
+
+    Example: speculate(target, Chains(target, drafter, cfg), drafter, prompt, cfg,
+    lambda _last: 4, limits) drafts K = 4 tokens a round."""
     run = Progress(list(prompt), make_key(cfg.seed), limits)
-    chosen: int | None = None  # a K a pipelined run already chose for the next round
+    plans: Plans[Plan] = Plans(policy)
     try:
         while run.index < limits.max_tokens and not run.stopped:
             if is_set(cancel):
                 yield cancelled()
                 return
-            k = max(0, min(choose_k(run.last) if chosen is None else chosen, run.room()))
-            if k == 0 and not drafter.free_lookups:  # drafting is off: plain steps, pipelined
-                chosen = yield from plain_run(target, drafter, run, cfg, choose_k, cancel)
-                continue
+            plan = plans.next(run)
             round_key = run.key
             run.key, draft_key, verify_key = round_keys(run.key)
             t0 = time.perf_counter()
-            if k > 0:
-                prop = drafter.propose(run.context, k, draft_key)  # lazy: the draft runs meanwhile
-            else:  # drafting is off this round, but a lookup costs next to nothing
-                prop = drafter.propose_free(run.context, draft_key)
-            prop, chosen = prop.cut(run.room()), None  # a lookup may be longer than the room
-            if prop.size == 0 and drafter.looks_behind:
-                # A lookup missed: plain steps, pipelined, looking up one token behind meanwhile
-                # (with this round's keys: the run's first step is this round).
+            prop = rounds.draft(run, plan, draft_key)
+            if prop is None:  # plain steps, pipelined, the first with this round's keys
                 run.key = round_key
-                chosen = yield from plain_run(target, drafter, run, cfg, choose_k, cancel)
+                caps = rounds.caps
+                yield from plain_run(target, drafter, run, cfg, plans, rounds.size, caps, cancel)
                 continue
-            out, feats, t_draft, t_verify = run_round(
-                target, run.context, prop, t0, cfg, verify_key, drafter.wants_features
-            )
-            d = prop.size
-            n, nxt = out[d], out[d + 1]
-            method, match = (prop.method, prop.match) if d else (drafter.method, 0)
-            rnd = Round(run.index, d, n, max(k, d), t_draft, t_verify, method, True, match)
-            step = run.commit(drafter, out[:n] + [nxt], rnd, feats)
-            target.rewind(run.context, len(run.context) - 1)
+            step = rounds.finish(run, plan, prop, t0, verify_key)
             yield step
             if step.stop:
                 return

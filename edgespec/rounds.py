@@ -1,6 +1,7 @@
 """The mechanics of a round, for loop.speculate: one target forward over the pending token and the
-drafted ones, the acceptance step, the one host sync, committing what was accepted, and runs of
-plain steps pipelined like plain decoding. Orchestration only: the maths lives in sampling.py and
+drafted ones, the acceptance step, the one host sync, committing what was accepted; and the
+scheduler around the rounds: runs of plain steps pipelined like plain decoding (plain_run), and the
+one caller of the round policy (Plans). Orchestration only: the maths lives in sampling.py and
 acceptance.py.
 
 Speed: drafted tokens stay lazy MLX arrays (async_eval, no .item() per token); the target's verify
@@ -16,19 +17,73 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar, cast, runtime_checkable
 
 import mlx.core as mx
 
 from edgespec.acceptance import verify, verify_greedy
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Drafter, Proposal, no_proposal
+from edgespec.drafting.base import Capabilities, Drafter, FeatureInput, Proposal, no_proposal
 from edgespec.events import Round
 from edgespec.sampling import Softmax, round_keys, uniforms, warp
 
 KPolicy = Callable[[Round | None], int]
+Plan = TypeVar("Plan")  # what a policy chooses for a round: K (chains) or a Shape (trees)
+Chosen = TypeVar("Chosen", covariant=True)  # Plan, as a policy's output
+
+
+@runtime_checkable
+class Policy(Protocol[Chosen]):
+    """A round policy that learns from every round: Plans hands it each committed round once, in
+    order (`observe`), and asks it for each round's plan (`decide`). AdaptiveK and the tree
+    policies are ones; a plain callable `policy(last) -> plan` is wrapped (Newest)."""
+
+    def observe(self, r: Round) -> None: ...
+
+    def decide(self) -> Chosen: ...
+
+
+class Newest(Generic[Plan]):
+    """A callable `fn(last) -> plan` as a Policy: each call gets the newest round committed since
+    the previous call, or None (the first round; a plan decided ahead, before anything new was
+    read back). Example: rounds 3 and 4 observed, then decide() calls fn(round 4); decide()
+    again, with nothing observed since, calls fn(None)."""
+
+    def __init__(self, fn: Callable[[Round | None], Plan]):
+        self.fn = fn
+        self.new: Round | None = None
+
+    def observe(self, r: Round) -> None:
+        self.new = r
+
+    def decide(self) -> Plan:
+        last, self.new = self.new, None
+        return self.fn(last)
+
+
+class Plans(Generic[Plan]):
+    """The only caller of a generation's round policy. Before each decision it hands the policy
+    every round committed since the last one (Progress.fresh), so each round reaches it exactly
+    once and in order, however far ahead a pipelined run decides; a policy never de-duplicates.
+    `ahead` holds a plan a pipelined run decided for the round after it."""
+
+    def __init__(self, policy: Policy[Plan] | Callable[[Round | None], Plan]):
+        self.policy: Policy[Plan] = policy if isinstance(policy, Policy) else Newest(policy)
+        self.ahead: Plan | None = None
+
+    def decide(self, run: Progress) -> Plan:
+        """A plan now, from everything committed so far."""
+        for r in run.fresh:
+            self.policy.observe(r)
+        run.fresh.clear()
+        return self.policy.decide()
+
+    def next(self, run: Progress) -> Plan:
+        """The next round's plan: one decided ahead, else a fresh decision."""
+        plan, self.ahead = self.ahead, None
+        return self.decide(run) if plan is None else plan
 
 
 @dataclass(frozen=True)
@@ -93,6 +148,7 @@ class Progress:
     index: int = 0  # the next round's index
     last: Round | None = None  # the latest committed round
     stopped: bool = False  # the final Step was yielded
+    fresh: list[Round] = field(default_factory=list)  # committed, not yet shown to the policy
 
     def room(self) -> int:
         """Tokens one verify may still add within the context window."""
@@ -107,17 +163,19 @@ class Progress:
         self, drafter: Drafter, new: list[int], rnd: Round, feats: mx.array | None = None
     ) -> Step:
         """Commit one verified round's tokens: cut at EOS / the limits, hand a feature draft the
-        features of the verified positions whose input is committed, roll the drafter back to the
-        committed context. The target's cache is the caller's to rewind."""
+        features of the verified positions whose input is committed (`feats`, verified only for a
+        FeatureInput drafter), roll the drafter back to the committed context. The target's cache
+        is the caller's to rewind."""
         kinds = round_kinds(rnd.accepted, rnd.drafted)
         toks, kinds, committed, stop = truncate(new, kinds, self.emitted, self.limits, self.context)
         if feats is not None:
-            drafter.take_features(
+            cast(FeatureInput, drafter).take_features(
                 self.context + committed, len(self.context) - 1, feats[: len(committed)]
             )
         self.context += committed
         self.emitted += len(toks)
         self.index, self.last = self.index + 1, rnd
+        self.fresh.append(rnd)
         drafter.commit(self.context)
         return Step(toks, kinds, rnd, stop)
 
@@ -234,34 +292,36 @@ def plain_run(
     drafter: Drafter,
     run: Progress,
     cfg: SamplingConfig,
-    choose_k: KPolicy,
+    plans: Plans,
+    size: Callable[[Plan], int],
+    caps: Capabilities,
     cancel: threading.Event | None,
-) -> Generator[Step, None, int | None]:
+) -> Generator[Step, None, None]:
     """Consecutive plain steps, pipelined like decode_plain: before a step's token is read back,
-    the policy picks the next round's K and, while that is 0, the next step's forward is queued.
-    Each step is exactly the d = 0 round speculate would run (same keys, same maths), so the output
-    is unchanged; only the host sync no longer sits between two forwards. The policy decides round
-    j + 1 before round j is read back, so it is shown round j - 1 then: rounds reach it in order,
-    the one before a run twice in a row (a policy must count a repeat once, as AdaptiveK does),
-    the last of a run not at all.
+    the policy picks the next round's plan (`size`: its drafted tokens, 0 for a plain step) and,
+    while that is a plain step, the next step's forward is queued. Each step is exactly the d = 0
+    round speculate would run (same keys, same maths), so the output is unchanged; only the host
+    sync no longer sits between two forwards. The policy decides round j + 1 before round j is
+    read back: it has then seen rounds up to j - 1, each once (Plans).
 
-    A drafter that looks behind (an n-gram lookup) keeps the run going whatever K is chosen, as
-    long as it proposes (not None): the tokens after the one still being computed, from the
-    context without it. A non-empty proposal is queued with that token, as one forward
+    `caps`: the drafter's (Capabilities.of, looked up once per generation). A drafter that looks
+    behind (LooksBehind: an n-gram lookup) keeps the run going whatever is
+    chosen, as long as it proposes (not None): the tokens after the one still being computed, from
+    the context without it. A non-empty proposal is queued with that token, as one forward
     [pending, x_1..x_d] verified like any round; the run ends on it. Exact: the proposal depends
     only on committed tokens, and the ratio test does not care how good it is.
 
-    Yields Steps; returns the K already chosen for the next round (or None). Sets run.stopped
-    when it yielded the generation's final Step."""
-    wants = drafter.wants_features
+    Yields Steps; leaves a plan already chosen for the next round in plans.ahead. Sets
+    run.stopped when it yielded the generation's final Step."""
+    wants = caps.features is not None
     queued = _queue(target, run, cfg, mx.array(run.context[target.offset :], dtype=mx.int32),
                     no_proposal(drafter.method), wants)  # fmt: skip
     t_prev, first = time.perf_counter(), True
     while True:
         decided, upcoming = None, None
         if not queued.prop.size and run.can_queue():
-            decided = choose_k(run.last)
-            ahead = _ahead(drafter, run, decided)
+            decided = plans.decide(run)
+            ahead = _ahead(caps, drafter.method, run, size(decided))
             if ahead is not None and not is_set(cancel):
                 upcoming = _queue(target, run, cfg, queued.out[-1:], ahead, wants)
                 decided = None if ahead.size else decided  # decided after that round is read
@@ -280,21 +340,22 @@ def plain_run(
         if upcoming is None or step.stop:
             target.rewind(run.context, len(run.context) - 1)
             run.stopped = step.stop is not None
+            plans.ahead = decided
             yield step
-            return decided
+            return
         yield step
         if is_set(cancel):
             target.rewind(run.context, len(run.context) - 1)
             run.stopped = True
             yield cancelled()
-            return None
+            return
         queued = upcoming
 
 
-def _ahead(drafter: Drafter, run: Progress, k: int) -> Proposal | None:
+def _ahead(caps: Capabilities, method: str, run: Progress, k: int) -> Proposal | None:
     """What to queue behind the step being computed: a lookup one token behind (cut to the room
     left), a plain step when K = 0, or None (the run ends: the drafter wants a proper round)."""
-    if drafter.looks_behind:
-        behind = drafter.propose_behind(run.context, k)
+    if caps.behind is not None:
+        behind = caps.behind.propose_behind(run.context, k)
         return None if behind is None else behind.cut(max(0, run.room() - 2))
-    return no_proposal(drafter.method) if k <= 0 else None
+    return no_proposal(method) if k <= 0 else None

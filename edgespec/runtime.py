@@ -1,5 +1,7 @@
 """The Engine: a target (and optional draft) with their tokenizer, chat template, detokenizer and
-shared-prefix KV caches. The CLI, the TUI and the bench all drive generation through it.
+shared-prefix KV caches. The CLI, the TUI and the bench all drive generation through it. What a
+request runs (drafter, K or shape policy, chain or tree rounds, plain decoding) comes from a
+RoundFactory (edgespec/strategy.py); the Engine never looks at what kind of draft it holds.
 
     engine = Engine.load(target="path/or/repo", draft="path/or/repo")
     for event in engine.chat([{"role": "user", "content": "Hi"}], GenerationConfig()):
@@ -17,35 +19,24 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import mlx.core as mx
 
 import edgespec.calibration as calib
-from edgespec.cache import PREFILL_CHUNK, KVState, vocab_size
+from edgespec.cache import KVState, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu.backend import CpuBackend
 from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
-from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
 from edgespec.drafting.base import Drafter
-from edgespec.drafting.block import BlockModel
-from edgespec.drafting.block_draft import BlockState
-from edgespec.drafting.build import build_drafter
-from edgespec.drafting.draft_model import reduced_head
-from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.features import EagleState
-from edgespec.drafting.features import prefill as eagle_prefill
-from edgespec.drafting.hybrid import HybridDrafter
-from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import PromptError, check_context
 from edgespec.events import Event, Finished, Round, Token
 from edgespec.loading.load import load_pair
-from edgespec.loop import decode_plain, speculate
 from edgespec.metrics import generation_stats
-from edgespec.rounds import KPolicy, Limits, Step
-from edgespec.trees.build import build_tree_drafter, make_shape_policy
+from edgespec.rounds import KPolicy, Limits, Policy, Step
+from edgespec.strategy import RoundFactory, cached_ids, new_states
 from edgespec.trees.forward import Kernels
-from edgespec.trees.loop import ShapePolicy, speculate_tree
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -57,9 +48,6 @@ class Engine:
         self.target, self.draft = target, draft
         self.tokenizer = target.tokenizer
         self.has_draft = draft is not None
-        # A token draft for peers that cannot run `draft` (mlx-lm, when `draft` is a feature
-        # draft): set by the bench; EdgeSpec's own loop never reads it.
-        self.peer_draft: Any | None = None
         self.name = f"{target.name} + {draft.name}" if draft is not None else str(target.name)
         self.context_window = int(target.context_window)
         if draft is not None:
@@ -69,11 +57,13 @@ class Engine:
         # marked caches; draft steps in pairs; the sampling softmax.
         self.cpu = CpuBackend()
         self._pairs = self.cpu.draft_pairs
-        # The draft-tree forward's pieces: the CPU's grouped attention and compiled blocks.
-        self._tree_kernels = Kernels(self.cpu.masked_attention, self.cpu.block_parts)
         self._draft: KVState | EagleState | None
         self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
+        # Each request's drafter, policy and rounds; the draft-tree forward's pieces are the
+        # CPU's grouped attention and compiled blocks.
+        kernels = Kernels(self.cpu.masked_attention, self.cpu.block_parts)
+        self.factory = RoundFactory(self._vocab, self.name, self._pairs, kernels)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
         # and the ranks compare what each step committed (Agreement). None: a lone process.
@@ -165,81 +155,32 @@ class Engine:
         cancel: threading.Event | None = None,
         *,
         drafter: Drafter | None = None,
-        k_policy: KPolicy | None = None,
+        k_policy: KPolicy | Policy[Any] | None = None,
     ) -> Iterator[Event]:
         """Stream Token events as they are committed, one Round after each round's tokens
         (speculative methods only), then exactly one Finished.
 
         config.spec.method "none" decodes plainly with the target (kind "target"); "draft",
         "ngram" and "hybrid" pick the drafter (edgespec.drafting.build). `drafter` replaces it;
-        `k_policy(last_round)` picks K per round (default: config.spec.k, or AdaptiveK when
-        config.spec.adaptive). Errors surface on the first next()."""
+        `k_policy` picks K per round (default: config.spec.k, or AdaptiveK when
+        config.spec.adaptive): a rounds.Policy (shown every round once: observe / decide) or a
+        callable `(newest round or None) -> K`; with a tree, a trees.loop.ShapePolicy. Errors
+        surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)
         if self.group is not None and k_policy is None:
             check_config(config, self.group)
         return self._run(prompt, config, cancel, drafter, k_policy)
 
-    def _steps(
-        self,
-        prompt: list[int],
-        config: GenerationConfig,
-        cancel: threading.Event | None,
-        drafter: Drafter | None,
-        k_policy: KPolicy | None,
-    ) -> Iterator[Step]:
-        limits = Limits(config.max_tokens, self._eos, self.context_window)
-        sampling = config.sampling
-        if not config.spec.enabled:
-            return decode_plain(self._target, prompt, sampling, limits, cancel)
-        spec = config.spec
-        # Plain decoding (above) rewinds nothing that cannot start over; speculation must rewind.
-        self._target.check_speculation()
-        if spec.method in ("draft", "hybrid") and isinstance(self._draft, KVState):
-            self._draft.check_speculation()
-        if spec.tree:  # draft trees (edgespec/trees/loop.py); chains keep the loop below
-            kernels = self._tree_kernels
-            tree_drafter = build_tree_drafter(
-                spec, sampling, self._draft, self._vocab, self.name, kernels, self._pairs
-            )
-            # k_policy, when given with a tree, is a shape policy (trees.loop.ShapePolicy).
-            shapes = cast(ShapePolicy, k_policy) if k_policy else make_shape_policy(spec)
-            return speculate_tree(
-                self._target, tree_drafter, prompt, sampling, shapes, limits, cancel, kernels
-            )
-        if drafter is None:
-            drafter = build_drafter(
-                spec, sampling, self._draft, self._vocab, self.name, pairs=self._pairs
-            )
-        policy = k_policy
-        if policy is None:
-            # Adaptive hybrid: K is the draft model's (from its estimates); a lookup sizes its
-            # own proposals from the lookup's estimates (AdaptiveK.lookup_k).
-            hybrid = drafter if isinstance(drafter, HybridDrafter) else None
-            model = hybrid.model.method if hybrid else None  # "draft", or "block"
-            policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
-            if hybrid is not None and isinstance(policy, AdaptiveK):
-                hybrid.lookup_k = policy.lookup_k
-            if self.calibration is not None and isinstance(policy, AdaptiveK):
-                policy.seed(*self.calibration.medians())
-        return speculate(self._target, drafter, prompt, sampling, policy, limits, cancel)
-
-    def _prefill(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None) -> int:
-        uses_draft = config.spec.uses_draft and drafter is None
-        # A feature draft needs the prompt's features, the engine's own or a caller's drafter
-        # over the engine's feature-draft state alike.
-        wants = uses_draft or (drafter is not None and drafter.wants_features)
-        if wants and isinstance(self._draft, EagleState):
-            return eagle_prefill(self._target, self._draft, prompt, PREFILL_CHUNK)
-        prefilled = self._target.prefill(prompt)
-        if uses_draft and isinstance(self._draft, KVState):
-            self._draft.prefill(prompt)
-        return prefilled
-
     def _run(self, prompt, config, cancel, drafter, k_policy) -> Iterator[Event]:
         t_request = time.perf_counter()
         try:
-            steps = self._steps(prompt, config, cancel, drafter, k_policy)
-            prefilled = self._prefill(prompt, config, drafter)
+            spec, sampling = config.spec, config.sampling
+            strategy = self.factory.build(
+                spec, sampling, self._target, self._draft, drafter, k_policy, self.calibration
+            )
+            limits = Limits(config.max_tokens, self._eos, self.context_window)
+            steps = strategy.steps(prompt, sampling, limits, cancel)
+            prefilled = strategy.prefill(prompt)
             yield from self._events(prompt, steps, t_request, prefilled)
         except GeneratorExit:
             raise  # the consumer stopped early; the loops' `finally` left the caches consistent
@@ -283,23 +224,6 @@ class Engine:
         )
         yield Finished(reason, stats, detok.text)  # type: ignore[arg-type]
 
-    def warm_kernels(self, lengths: Iterable[int]) -> None:
-        """Run each model once on an input of every length in `lengths`, then forget both caches.
-
-        GPU backends compile some kernels on first use, per input shape (MLX's CUDA backend builds
-        its quantized matmuls with NVRTC, up to a minute each); `edgespec bench` calls this so that
-        no compile lands inside a timed run. A feature draft is left out (it needs features).
-        """
-        states = [self._target] + ([self._draft] if isinstance(self._draft, KVState) else [])
-        for state in states:
-            for n in lengths:
-                inputs = mx.zeros((n,), dtype=mx.int32)
-                outs = [state.forward(inputs)]
-                if reduced_head(state.model) is not None:
-                    outs.append(state.forward(inputs, head_only=True))
-                mx.eval(outs)
-        self.reset()
-
     def warm_up(self, config: GenerationConfig, folder: Path | None = None) -> calib.Calibration:
         """Compile the shapes `config`'s loop will use and calibrate adaptive K (edgespec.calibration):
         short generations whose K cycles over 1..k_max twice (calibration.KCycle; a tree: one
@@ -338,20 +262,7 @@ class Engine:
     def new_states(self) -> tuple[KVState, KVState | EagleState | None]:
         """Empty caches for both models (target, draft or None), e.g. for one more conversation
         kept aside (edgespec.server.prefix); `swap_states` installs them."""
-        target, draft, cpu = self.target, self.draft, self.cpu
-        # the twins of the models, the backend's caches and sampling softmax (cpu/backend.py)
-        backend = (cpu.new_cache, cpu.softmax)
-        state: KVState | EagleState | None = None
-        verifier = KVState(cpu.model(target.model), f"target {target.name}", *backend)
-        if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
-            state = BlockState(draft.model, f"draft {draft.name}", *backend)
-            verifier.feature_layers = draft.model.feature_layers
-        elif draft is not None and isinstance(draft.model, EagleModel | MtpModel):  # features
-            state = EagleState(cpu.model(draft.model), f"draft {draft.name}", *backend)
-            verifier.feature_layers = draft.model.feature_layers  # what it reads
-        elif draft is not None:
-            state = KVState(cpu.model(draft.model), f"draft {draft.name}", *backend)
-        return verifier, state
+        return new_states(self.cpu, self.target, self.draft)
 
     def swap_states(
         self, target: KVState, draft: KVState | EagleState | None
@@ -372,6 +283,4 @@ class Engine:
 
     def cached_tokens(self) -> tuple[list[int], list[int] | None]:
         """The token ids each KV cache holds (target, draft); for tests and the TUI's status."""
-        d = self._draft.kv if isinstance(self._draft, EagleState) else self._draft
-        draft = list(d.tokens) if d is not None else None
-        return list(self._target.tokens), draft
+        return list(self._target.tokens), cached_ids(self._draft)

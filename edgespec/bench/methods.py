@@ -5,6 +5,7 @@ warm prefix cache."""
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,10 +114,25 @@ def _engine_runner(
     return run
 
 
+# A token draft for peers that cannot run an engine's draft (mlx-lm, when that is a feature
+# draft), per engine: bench state (`edgespec bench --peer-draft`), which the Engine never holds.
+_PEER_DRAFTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def set_peer_draft(engine: Any, draft: Any) -> None:
+    """Have peers (mlx-lm) run `draft` (a loaded token draft) instead of `engine`'s draft."""
+    _PEER_DRAFTS[engine] = draft
+
+
+def peer_draft(engine: Any) -> Any | None:
+    """The token draft set for `engine`'s peers, or None."""
+    return _PEER_DRAFTS.get(engine)
+
+
 def mlx_lm_draft(engine: Any) -> Any | None:
     """The draft mlx-lm runs with: the engine's peer token draft when the bench set one (the
     pair's own is a feature draft), else the pair's draft (None without one)."""
-    return getattr(engine, "peer_draft", None) or (engine.draft if engine.has_draft else None)
+    return peer_draft(engine) or (engine.draft if engine.has_draft else None)
 
 
 def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measured]:

@@ -13,21 +13,23 @@ command shows progress from the yielded records.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
 
 from edgespec.bench.greedy import MismatchNote
-from edgespec.bench.methods import DEFAULT_METHODS, METHODS, Point, mlx_lm_draft
+from edgespec.bench.methods import DEFAULT_METHODS, METHODS, Point, mlx_lm_draft, peer_draft
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord
+from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu import blas
 from edgespec.cpu.backend import Switches
 from edgespec.cpu.switch import on_cpu
 from edgespec.drafting.block import BlockModel
+from edgespec.drafting.draft_model import reduced_head
 from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import ConfigError
@@ -116,6 +118,23 @@ def refused_methods(engine: Any, plan: BenchPlan) -> list[dict[str, str]]:
 KERNEL_LENGTHS = (*range(1, 18), 32, 64, 128)
 
 
+def warm_kernels(engine: Any, lengths: Iterable[int]) -> None:
+    """Run each model of `engine` once on an input of every length in `lengths`, on a fresh set
+    of its caches (Engine.new_states: the ones it holds stay as they are).
+
+    GPU backends compile some kernels on first use, per input shape (MLX's CUDA backend builds
+    its quantized matmuls with NVRTC, up to a minute each), so that no compile lands inside a
+    timed run. A feature draft is left out (it needs features)."""
+    target, draft = engine.new_states()
+    for state in [target] + ([draft] if isinstance(draft, KVState) else []):
+        for n in lengths:
+            inputs = mx.zeros((n,), dtype=mx.int32)
+            outs = [state.forward(inputs)]
+            if reduced_head(state.model) is not None:
+                outs.append(state.forward(inputs, head_only=True))
+            mx.eval(outs)
+
+
 def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
     """Run every variant once, briefly, so allocation and first-call costs stay out of timings.
 
@@ -124,7 +143,7 @@ def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
     not reach every shape (adaptive K's catch-up after plain rounds, say), so a compile (48-66 s on
     an H100) could otherwise land inside a timed run."""
     if not on_cpu():
-        engine.warm_kernels(KERNEL_LENGTHS)
+        warm_kernels(engine, KERNEL_LENGTHS)
     n = min(plan.warmup_tokens, plan.max_tokens)
     for temp in plan.temps:
         for method, k in plan.variants():
@@ -227,6 +246,6 @@ def pair_info(engine: Any) -> dict[str, Any]:
         "name": getattr(engine, "name", None),
         "target": getattr(engine.target, "name", None),
         "draft": getattr(draft, "name", None) if draft is not None else None,
-        "peer_draft": getattr(getattr(engine, "peer_draft", None), "name", None),
+        "peer_draft": getattr(peer_draft(engine), "name", None),
         "context_window": getattr(engine, "context_window", None),
     }

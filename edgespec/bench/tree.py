@@ -60,8 +60,11 @@ class Recorder:
         self.inner = inner
         self.outcomes: list[tuple[Tree, list[int]]] = []
 
-    def __call__(self, last: Round | None) -> Shape:
-        return self.inner(last)
+    def observe(self, r: Round) -> None:
+        self.inner.observe(r)
+
+    def decide(self) -> Shape:
+        return self.inner.decide()
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.outcomes.append((tree, list(path)))

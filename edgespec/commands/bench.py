@@ -190,6 +190,7 @@ def _run_cold(args: argparse.Namespace, prompts: list, out: Path) -> int:
 
 
 def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, group: Any) -> int:
+    from edgespec.bench.methods import set_peer_draft
     from edgespec.distributed.probe import probe
     from edgespec.loading.load import load_token_draft, peer_draft_spec
     from edgespec.runtime import Engine
@@ -200,9 +201,8 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
     )  # fmt: skip
     peer = args.peer_draft or peer_draft_spec(args.target, args.draft, args.pair)
     if peer is not None and "mlx-lm" in plan.methods:
-        engine.peer_draft = load_token_draft(
-            peer, engine.target, draft_bits=args.draft_bits, dtype=args.dtype
-        )
+        draft = load_token_draft(peer, engine.target, draft_bits=args.draft_bits, dtype=args.dtype)
+        set_peer_draft(engine, draft)
     check_methods(engine, plan)
     refused = refused_methods(engine, plan)
     if refused:

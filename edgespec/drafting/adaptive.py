@@ -7,9 +7,9 @@ plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is 
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
 while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
-runs such K = 0 rounds pipelined (loop._plain_run), as fast as plain decoding; the policy then
-decides a round before the previous one is read back, so it may be shown the same round twice in a
-row, which counts once.
+runs such K = 0 rounds pipelined (rounds.plain_run), as fast as plain decoding; the policy then
+decides a round before the previous one is read back. The loop hands it every round once, in order
+(`observe`, rounds.Plans), and asks for each K (`decide`).
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
 alpha as an exponentially decayed truncated-geometric MLE (accepted / (accepted + rejections)),
@@ -118,7 +118,7 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
     the fitted line (fit_verify_line), raised to the dearest measured shorter forward of 2+
     tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
-    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (loop._plain_run)
+    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (rounds.plain_run)
     where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
     An unmeasured 1-token step costs the shortest measured forward scaled down by the prior slope,
     v(Ls) / (1 + PRIOR_VERIFY_SLOPE (Ls - 1)): the line's intercept made plain steps look cheap
@@ -244,7 +244,8 @@ class DrafterEstimate:
 
 
 class AdaptiveK:
-    """K policy for loop.speculate: `policy(last_round) -> K`, learning online from Round events.
+    """K policy for loop.speculate (a rounds.Policy: `observe(round)`, `decide() -> K`; or
+    `policy(last_round) -> K`, observing last first), learning online from Round events.
 
     Estimates are kept per drafting method (Round.method), because an n-gram lookup and a draft
     model differ in both cost and acceptance; the verify cost belongs to the target and is shared.
@@ -284,7 +285,7 @@ class AdaptiveK:
         self._plain_run = 0  # K = 0 rounds since the last round that drafted
         self._on = True  # drafting is on by the policy's own choice (not a probe)
         self._probe_gap = PROBE_EVERY
-        self._seen: Round | None = None  # the round observed last
+        self._observed = False  # a round was observed: the first round's K is k_init
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -300,6 +301,10 @@ class AdaptiveK:
             self.verify_costs.setdefault(length, RecentMedian()).add(seconds)
 
     def observe(self, r: Round) -> None:
+        """Learn from one committed round (each once: rounds.Plans sees to it)."""
+        self._observed = True
+        if r.drafted > 0:
+            self._method = r.method
         long = self.long_match > 0 and r.match >= self.long_match
         name = f"{r.method}-long" if long else r.method
         est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
@@ -363,16 +368,17 @@ class AdaptiveK:
         self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
 
-    def __call__(self, last: Round | None) -> int:
-        if last is not None and last is not self._seen:  # a pipelined plain run repeats one
-            self._seen = last
-            self.observe(last)
-            if last.drafted > 0:
-                self._method = last.method
+    def decide(self) -> int:
+        """The next round's K (recorded in `chosen`)."""
         method = self.model or self._method
-        k = self.choose(method if last is not None else None)
+        k = self.choose(method if self._observed else None)
         self.chosen.append(k)
         return k
+
+    def __call__(self, last: Round | None) -> int:
+        if last is not None:
+            self.observe(last)
+        return self.decide()
 
     def lookup_k(self, method: str, default: int) -> int:
         """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best

@@ -1,20 +1,25 @@
-"""What a drafter is: the Proposal it makes and the small base class the loop talks to.
+"""What a drafter is: the Proposal it makes, the small base class the loop talks to, and the
+capabilities a drafter may add.
 
-The loop (edgespec/loop.py) calls `propose` before each round and `commit` after it; the other
-hooks have defaults that do nothing, so a drafter overrides only what it has:
-- `propose_free(context, key)`: tokens that cost next to nothing (an n-gram lookup), made in
-  rounds where the K policy chose K = 0; only asked when `free_lookups` is True.
-- `propose_behind(context, k)`: point-mass proposals for the positions after len(context) + 1,
-  made while the token at len(context) is still being computed (pipelined plain steps,
-  edgespec/rounds.py); only asked when `looks_behind` is True. None ends the pipelined run.
-- `take_features(context, start, features)`: the target's top hidden states of each round's
-  committed positions start .. start + len(features) - 1, for a feature draft
-  (`wants_features` True; edgespec/drafting/eagle.py).
+A drafter needs only `method`, `propose(context, k, key)` and `commit(context)`: the loop
+(edgespec/loop.py) calls `propose` before each round and `commit` after it. A drafter may also
+offer any of three capabilities, each a protocol below that the loop looks for once per generation
+(`Capabilities.of`); nothing else of a drafter is read:
+- FreeLookups, `propose_free(context, key)`: tokens that cost next to nothing (an n-gram lookup),
+  made in rounds where the K policy chose K = 0.
+- LooksBehind, `propose_behind(context, k)`: point-mass proposals for the positions after
+  len(context) + 1, made while the token at len(context) is still being computed (pipelined plain
+  steps, edgespec/rounds.py). None ends the pipelined run.
+- FeatureInput, `take_features(context, start, features)`: the target's top hidden states of each
+  round's committed positions start .. start + len(features) - 1, for a feature draft
+  (edgespec/drafting/eagle.py). A drafter that wraps another offers it when the inner one does
+  (HybridDrafter: `adopt_features`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import mlx.core as mx
 
@@ -58,19 +63,12 @@ def point_mass(tokens: list[int], method: str, match: int = 0) -> Proposal:
 
 
 class Drafter:
-    """Who proposes tokens. Subclasses implement `propose`; every other hook has a default.
+    """Who proposes tokens. Subclasses implement `propose`, and `commit` when they keep state.
 
     `method` is reported for rounds that drafted nothing (a proposal names its own method).
     """
 
     method = "draft"
-    free_lookups = False  # propose_free has something to offer at K = 0
-    looks_behind = False  # propose_behind can keep a pipelined plain run going
-
-    @property
-    def wants_features(self) -> bool:
-        """A feature draft: the loop hands it the target's features (take_features)."""
-        return False
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         """Propose up to k tokens to follow `context` (all committed tokens); fewer (even none:
@@ -78,16 +76,54 @@ class Drafter:
         sampling: draw `uniforms(key, k)` to stay in step with the numpy reference."""
         raise NotImplementedError
 
-    def propose_free(self, context: list[int], key: mx.array) -> Proposal:
-        """A proposal that costs next to nothing, for a round where K = 0 was chosen."""
-        return no_proposal(self.method)
-
-    def propose_behind(self, context: list[int], k: int) -> Proposal | None:
-        """Point masses for the positions after len(context) + 1 (see the module docstring)."""
-        return None
-
-    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
-        """The target's features of committed positions start.. (feature drafts only)."""
-
     def commit(self, context: list[int]) -> None:
         """Called after every round with the committed context: roll back anything past it."""
+
+
+@runtime_checkable
+class FreeLookups(Protocol):
+    """A drafter with a proposal that costs next to nothing, for a round where K = 0 was chosen."""
+
+    def propose_free(self, context: list[int], key: mx.array) -> Proposal: ...
+
+
+@runtime_checkable
+class LooksBehind(Protocol):
+    """A drafter that can keep a pipelined plain run going (see the module docstring)."""
+
+    def propose_behind(self, context: list[int], k: int) -> Proposal | None: ...
+
+
+@runtime_checkable
+class FeatureInput(Protocol):
+    """A feature draft: the loop hands it the target's features of committed positions start.."""
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None: ...
+
+
+def adopt_features(wrapper: Any, inner: object) -> None:
+    """Give `wrapper` (a drafter around `inner`) inner's take_features when inner is a feature
+    draft, so that the wrapper is one exactly when what it wraps is."""
+    if isinstance(inner, FeatureInput):
+        wrapper.take_features = inner.take_features
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a drafter offers beyond propose / commit, looked up once per generation.
+
+    Example: Capabilities.of(NgramDrafter()) has `behind` (its lookup one token behind) and
+    neither `free` nor `features`; a drafter with only method, propose and commit has none.
+    """
+
+    free: FreeLookups | None = None
+    behind: LooksBehind | None = None
+    features: FeatureInput | None = None
+
+    @classmethod
+    def of(cls, drafter: object) -> Capabilities:
+        return cls(
+            drafter if isinstance(drafter, FreeLookups) else None,
+            drafter if isinstance(drafter, LooksBehind) else None,
+            drafter if isinstance(drafter, FeatureInput) else None,
+        )

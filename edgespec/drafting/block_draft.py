@@ -87,10 +87,6 @@ class BlockDrafter(Drafter):
     def __init__(self, state: BlockState, sampling: SamplingConfig, vocab: int):
         self.state, self.sampling, self.vocab = state, sampling, vocab
 
-    @property
-    def wants_features(self) -> bool:
-        return True
-
     def take_features(self, context: list[int], start: int, features: mx.array) -> None:
         self.state.set_features(context, start, features)
 

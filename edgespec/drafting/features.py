@@ -128,10 +128,6 @@ class EagleDrafter(Drafter):
     to `take_features`, which also rolls back the positions drafted on guesses.
     """
 
-    @property
-    def wants_features(self) -> bool:
-        return True
-
     def __init__(self, state: EagleState, sampling: SamplingConfig, vocab: int):
         self.state, self.sampling, self.vocab = state, sampling, vocab
         self.head_ids = state.model.head_ids

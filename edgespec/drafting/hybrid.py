@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from edgespec.drafting.base import Drafter, Proposal
+from edgespec.drafting.base import Drafter, Proposal, adopt_features
 from edgespec.drafting.ngram import NgramDrafter
 
 # A one-token suffix match is a weak guess next to a trained draft: hybrid wants >= 2 tokens.
@@ -29,9 +29,6 @@ class HybridDrafter(Drafter):
     next to nothing and a match is often accepted.
     """
 
-    free_lookups = True
-    looks_behind = True
-
     def __init__(
         self,
         ngram: NgramDrafter,
@@ -42,10 +39,7 @@ class HybridDrafter(Drafter):
     ):
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.lookup_k = lookup_k
-
-    @property
-    def wants_features(self) -> bool:
-        return self.model.wants_features
+        adopt_features(self, model)  # a feature draft's features reach the model (FeatureInput)
 
     def _lookup_len(self, k: int) -> int:
         return self.lookup_k("ngram", self.free_k) if self.lookup_k else max(k, self.free_k)
@@ -66,9 +60,6 @@ class HybridDrafter(Drafter):
         # any proposal to the room left in the context window).
         prop = self.ngram.propose_min(context, self._lookup_len(k), self.min_match)
         return prop if prop.size > 0 else self.model.propose(context, k, key)
-
-    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
-        self.model.take_features(context, start, features)
 
     def commit(self, context: list[int]) -> None:
         self.ngram.commit(context)

@@ -81,7 +81,6 @@ class NgramDrafter(Drafter):
     """
 
     method = "ngram"
-    looks_behind = True
 
     def __init__(self, n_min: int = 1, n_max: int = 8, long_n: int = 0, long_k: int = 1):
         self.index = NgramIndex(n_min, n_max)

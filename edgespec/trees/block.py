@@ -57,10 +57,6 @@ class BlockTreeDrafter(ModelTreeDrafter):
         self._rows: mx.array | None = None  # [depth, V] the round's block logits
         self._depth = 0
 
-    @property
-    def wants_features(self) -> bool:
-        return True
-
     def propose_tree(self, context: list[int], shape: Shape, key: mx.array) -> TreeProposal:
         shape = clamp_depth(shape, self.block.block.args.block_size - 1)
         if shape.depth < 1 or shape.size < 1:

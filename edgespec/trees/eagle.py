@@ -39,10 +39,6 @@ class EagleTreeDrafter(ModelTreeDrafter):
         self._guess: dict[int, mx.array] = {}  # node (-1: root) -> the draft's guess after it
         self.chains = None  # chains too go through the tree path (it keeps the features right)
 
-    @property
-    def wants_features(self) -> bool:
-        return True
-
     def root_logits(self, context: list[int]) -> mx.array | None:
         st, kv = self.eagle, self.eagle.kv
         first = st.first_input(context)

@@ -1,11 +1,11 @@
-"""The draft-verify loop for trees: loop.speculate's twin, where a round drafts a tree
+"""Draft-tree rounds for loop.speculate (`Trees`), where a round drafts a tree
 (edgespec/trees/draft.py), verifies all its nodes in one target forward with a tree mask
 (edgespec/trees/forward.py) and keeps the longest accepted path (edgespec/trees/acceptance.py).
 
-Cache invariants after every round, as the chain loop's: the target's cache holds context[:-1]
+Cache invariants after every round, as for chain rounds: the target's cache holds context[:-1]
 (its tree positions compacted to the accepted path, then rewound); the drafter's state a prefix of
 the context. Rounds whose shape is empty (an adaptive policy switched drafting off) run as
-pipelined plain steps (rounds.plain_run), exactly as the chain loop's K = 0 rounds.
+pipelined plain steps (rounds.plain_run), exactly as the chain rounds' K = 0 rounds.
 
 Key schedule, as the chain's (sampling.round_keys): a round's draft key gives one uniform per
 node (uniforms(draft_key, N)), its verify key N + 1 (node i's ratio test takes u[i], the last
@@ -14,20 +14,18 @@ sample u[N]); a chain-shaped tree therefore draws the chain's tokens.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
 from functools import partial
-from typing import Protocol
+from typing import Protocol, cast
 
 import mlx.core as mx
 
 from edgespec.acceptance import verify_greedy
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
+from edgespec.drafting.base import Capabilities, Proposal
 from edgespec.events import Round
-from edgespec.rounds import Limits, Progress, Step, cancelled, is_set, plain_run, run_round
-from edgespec.sampling import make_key, round_keys, uniforms, warp
+from edgespec.rounds import Progress, Step, run_round
+from edgespec.sampling import uniforms, warp
 from edgespec.trees.acceptance import verify_tree, verify_tree_greedy
 from edgespec.trees.forward import (
     PLAIN,
@@ -42,9 +40,12 @@ from edgespec.trees.shapes import FixedShape, Shape, Tree, tree_mask, tree_posit
 
 
 class ShapePolicy(Protocol):
-    """Chooses each round's tree shape from the last round (an empty shape: a plain step)."""
+    """Chooses each round's tree shape (an empty shape: a plain step), a rounds.Policy that also
+    sees each tree round's accepted path."""
 
-    def __call__(self, last: Round | None) -> Shape: ...
+    def observe(self, r: Round) -> None: ...
+
+    def decide(self) -> Shape: ...
 
     def observe_path(self, tree: Tree, path: list[int]) -> None: ...
 
@@ -56,6 +57,12 @@ class FixedPolicy:
         self.shape = shape
 
     def __call__(self, last: Round | None) -> Shape:
+        return self.shape
+
+    def observe(self, r: Round) -> None:
+        pass
+
+    def decide(self) -> Shape:
         return self.shape
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
@@ -141,80 +148,55 @@ def _fit(shape: Shape, room: int) -> Shape:
     )
 
 
-def _tree_round(
-    target: KVState,
-    drafter: TreeDrafter,
-    run: Progress,
-    shape: Shape,
-    cfg: SamplingConfig,
-    policy: ShapePolicy,
-    kernels: Kernels,
-) -> Step:
-    """Draft, verify and commit one tree round."""
-    run.key, draft_key, verify_key = round_keys(run.key)
-    t0 = time.perf_counter()
-    prop = drafter.propose_tree(run.context, shape, draft_key)
-    prop = prop.cut(run.room() - 1)  # a lookup branch may reach past the context window
-    verify = partial(verify_tree_round, kernels=kernels)
-    host, feats, t_draft, t_verify = run_round(
-        target, run.context, prop, t0, cfg, verify_key, drafter.wants_features, verify
-    )
-    row, n, nxt, tokens = host[0], host[1], host[2], host[3:]
-    path = prop.tree.path(row - 1)
-    base = len(run.context)
-    compact(target.cache, base, [base + i for i in path])
-    drafter.keep_path(base, prop, path)
-    policy.observe_path(prop.tree, path)
-    if feats is not None:
-        feats = feats[mx.array([0] + [i + 1 for i in path], dtype=mx.int32)]
-    tree = prop.tree
-    rnd = Round(
-        run.index, tree.size, n, tree.depth, t_draft, t_verify, prop.method, True, prop.match,
-        nodes=tree.size, branch=branch_of(tree, path),
-    )  # fmt: skip
-    step = run.commit(drafter, [tokens[i] for i in path] + [nxt], rnd, feats)
-    target.rewind(run.context, len(run.context) - 1)
-    return step
+class Trees:
+    """Tree rounds for loop.speculate: a tree of the policy's shape from `drafter`, verified in one
+    forward with a tree mask (`kernels`: the backend's pieces of it; the Engine passes the CPU's).
+    Raises TreeUnsupportedError for a target the tree forward cannot run."""
 
+    def __init__(
+        self,
+        target: KVState,
+        drafter: TreeDrafter,
+        cfg: SamplingConfig,
+        policy: ShapePolicy,
+        kernels: Kernels = PLAIN,
+    ):
+        tree_layers(target.model)
+        check_tree_cache(target.cache, target.name)
+        self.target, self.drafter, self.cfg, self.policy = target, drafter, cfg, policy
+        self.verify = partial(verify_tree_round, kernels=kernels)
+        self.caps = Capabilities.of(drafter)
 
-def speculate_tree(
-    target: KVState,
-    drafter: TreeDrafter,
-    prompt: list[int],
-    cfg: SamplingConfig,
-    policy: ShapePolicy,
-    limits: Limits,
-    cancel: threading.Event | None = None,
-    kernels: Kernels = PLAIN,
-) -> Iterator[Step]:
-    """Speculative decoding with draft trees. Both states must already hold a prefix of `prompt`
-    (Engine.prefill). `kernels`: the backend's pieces of the tree forward (the Engine passes the
-    CPU's). Raises TreeUnsupportedError for a target the tree forward cannot run."""
-    tree_layers(target.model)
-    check_tree_cache(target.cache, target.name)
-    run = Progress(list(prompt), make_key(cfg.seed), limits)
-    chosen: Shape | None = None
-    last_shape: list[Shape] = []
+    def size(self, plan: Shape) -> int:
+        return plan.size
 
-    def plain_k(last: Round | None) -> int:  # plain_run asks for K: a shape's node count
-        last_shape[:] = [policy(last)]
-        return last_shape[0].size
+    def draft(self, run: Progress, plan: Shape, key: mx.array) -> TreeProposal | None:
+        shape = _fit(plan, run.room())
+        if shape.size == 0:
+            return None
+        prop = self.drafter.propose_tree(run.context, shape, key)
+        return prop.cut(run.room() - 1)  # a lookup branch may reach past the context window
 
-    try:
-        while run.index < limits.max_tokens and not run.stopped:
-            if is_set(cancel):
-                yield cancelled()
-                return
-            shape = _fit(policy(run.last) if chosen is None else chosen, run.room())
-            chosen = None
-            if shape.size == 0:
-                decided = yield from plain_run(target, drafter, run, cfg, plain_k, cancel)
-                chosen = last_shape[0] if decided is not None and last_shape else None
-                continue
-            step = _tree_round(target, drafter, run, shape, cfg, policy, kernels)
-            yield step
-            if step.stop:
-                return
-    finally:
-        target.rewind(run.context, min(target.offset, len(run.context) - 1))
-        drafter.commit(run.context)
+    def finish(self, run: Progress, plan: Shape, prop: Proposal, t0: float, key: mx.array) -> Step:
+        """Verify, keep the accepted path, commit one tree round."""
+        target, drafter = self.target, self.drafter
+        prop, features = cast(TreeProposal, prop), self.caps.features is not None
+        host, feats, t_draft, t_verify = run_round(
+            target, run.context, prop, t0, self.cfg, key, features, self.verify
+        )
+        row, n, nxt, tokens = host[0], host[1], host[2], host[3:]
+        path = prop.tree.path(row - 1)
+        base = len(run.context)
+        compact(target.cache, base, [base + i for i in path])
+        drafter.keep_path(base, prop, path)
+        self.policy.observe_path(prop.tree, path)
+        if feats is not None:
+            feats = feats[mx.array([0] + [i + 1 for i in path], dtype=mx.int32)]
+        tree = prop.tree
+        rnd = Round(
+            run.index, tree.size, n, tree.depth, t_draft, t_verify, prop.method, True, prop.match,
+            nodes=tree.size, branch=branch_of(tree, path),
+        )  # fmt: skip
+        step = run.commit(drafter, [tokens[i] for i in path] + [nxt], rnd, feats)
+        target.rewind(run.context, len(run.context) - 1)
+        return step

@@ -18,6 +18,7 @@ from typing import cast
 import mlx.core as mx
 
 from edgespec.config import MAX_TREE_NODES
+from edgespec.drafting.base import adopt_features
 from edgespec.drafting.ngram import NgramDrafter
 from edgespec.trees.proposal import TreeDrafter, TreeProposal
 from edgespec.trees.shapes import Shape, Tree
@@ -59,10 +60,7 @@ class NgramBranch(TreeDrafter):
     ):
         self.model, self.ngram = model, ngram
         self.min_match, self.lookup_k, self.vocab = min_match, lookup_k, vocab
-
-    @property
-    def wants_features(self) -> bool:
-        return self.model.wants_features
+        adopt_features(self, model)  # a feature draft's features reach the model (FeatureInput)
 
     def propose_tree(self, context: list[int], shape: Shape, key: mx.array) -> TreeProposal:
         prop = self.model.propose_tree(context, shape, key)
@@ -74,9 +72,6 @@ class NgramBranch(TreeDrafter):
 
     def keep_path(self, base: int, prop: TreeProposal, path: list[int]) -> None:
         self.model.keep_path(base, prop, path)
-
-    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
-        self.model.take_features(context, start, features)
 
     def commit(self, context: list[int]) -> None:
         self.ngram.commit(context)

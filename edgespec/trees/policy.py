@@ -106,7 +106,6 @@ class AdaptiveTree:
         # verified tokens L -> recent verify seconds, chains (plain steps too) and trees apart
         self.verify_costs: dict[str, dict[int, RecentMedian]] = {"chain": {}, "tree": {}}
         self.chosen: list[Shape] = []
-        self._seen: Round | None = None
         self._after_plain = False
         self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of tree rounds
         self._plain_run, self._probe_gap = 0, PROBE_EVERY
@@ -213,10 +212,13 @@ class AdaptiveTree:
         self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
         return shape  # a probe: refresh the acceptance and the draft's cost
 
-    def __call__(self, last: Round | None) -> Shape:
-        if last is not None and last is not self._seen:
-            self._seen = last
-            self.observe(last)
+    def decide(self) -> Shape:
+        """The next round's shape (recorded in `chosen`)."""
         shape = self.choose()
         self.chosen.append(shape)
         return shape
+
+    def __call__(self, last: Round | None) -> Shape:
+        if last is not None:
+            self.observe(last)
+        return self.decide()

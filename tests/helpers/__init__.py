@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 from edgespec.cache import KVState
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.cpu.backend import CpuBackend
-from edgespec.drafting.base import Drafter, Proposal, no_proposal, point_mass
+from edgespec.drafting.base import Drafter, Proposal, adopt_features, no_proposal, point_mass
 from edgespec.events import Event, Round, Token
 from edgespec.sampling import warp
 
@@ -78,27 +78,19 @@ def toks(prop: Proposal) -> list[int]:
 
 class RoundByRound(Drafter):
     """Wraps a drafter so that its K = 0 rounds go through speculate's round path one at a time:
-    with `free_lookups` the loop asks `propose_free` (always empty here) instead of starting a
+    with `propose_free` (FreeLookups; always empty here) the loop asks it instead of starting a
     pipelined plain run (rounds.plain_run). The reference the pipelined runs must equal."""
-
-    free_lookups = True
 
     def __init__(self, inner: Drafter):
         self.inner = inner
         self.method = inner.method
-
-    @property
-    def wants_features(self) -> bool:
-        return self.inner.wants_features
+        adopt_features(self, inner)  # a feature draft's features reach it
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         return self.inner.propose(context, k, key)
 
     def propose_free(self, context: list[int], key: mx.array) -> Proposal:
         return no_proposal(self.method)
-
-    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
-        self.inner.take_features(context, start, features)
 
     def commit(self, context: list[int]) -> None:
         self.inner.commit(context)
@@ -119,7 +111,6 @@ class BehindOnce(Drafter):
     proposal: the pipelined run goes on)."""
 
     method = "ngram"
-    looks_behind = True
 
     def __init__(self, at: int, drafts: list[int]):
         self.at, self.drafts, self.calls = at, drafts, 0

@@ -256,20 +256,6 @@ def test_a_single_stall_does_not_switch_a_good_draft_off():
     assert 0 not in policy.chosen and policy.chosen[-1] == steady
 
 
-def test_adaptive_k_counts_a_repeated_round_once():
-    once, twice = AdaptiveK(2, 4), AdaptiveK(2, 4)
-    rounds = [Round(i, 2, i % 3, 2, 0.01, 0.1, "draft") for i in range(6)]
-    for r in rounds:
-        once(r)
-        twice(r)
-        twice(r)  # a pipelined plain run shows the round before it again
-    a, b = once.estimates["draft"], twice.estimates["draft"]
-    assert (a.accepted, a.trials, list(a.step_costs.samples)) == (
-        b.accepted, b.trials, list(b.step_costs.samples))  # fmt: skip
-    assert {L: list(m.samples) for L, m in once.verify_costs.items()} == {
-        L: list(m.samples) for L, m in twice.verify_costs.items()}  # fmt: skip
-
-
 def test_adaptive_k_keeps_estimates_per_method():
     policy = AdaptiveK(4, 8, allow_plain=False)
     for i in range(20):

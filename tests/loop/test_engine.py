@@ -9,6 +9,7 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
+from edgespec.bench.runner import warm_kernels
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.errors import CacheNotTrimmableError, ContextLengthError, PromptError
 from edgespec.events import Finished, Round, Token
@@ -115,8 +116,10 @@ def test_event_stream_contract(engine):
 
 def test_warm_kernels_runs_every_length_and_leaves_the_engine_as_it_was(engine):
     before = token_ids(engine.chat(MESSAGES, GREEDY))
+    held = engine.cached_tokens()
     seen: list[tuple[str, int]] = []
-    for state in (engine._target, engine._draft):
+    states = engine.new_states()
+    for state in states:
         forward = state.forward
 
         def logged(inputs, head_only=False, forward=forward, name=state.name):
@@ -124,10 +127,11 @@ def test_warm_kernels_runs_every_length_and_leaves_the_engine_as_it_was(engine):
             return forward(inputs, head_only)
 
         state.forward = logged
-    engine.warm_kernels((1, 5, 64))
+    engine.new_states = lambda: states
+    warm_kernels(engine, (1, 5, 64))
     assert [n for name, n in seen if name.startswith("target")] == [1, 5, 64]
     assert {n for name, n in seen if name.startswith("draft")} == {1, 5, 64}
-    assert engine.cached_tokens() == ([], [])
+    assert engine.cached_tokens() == held
     assert token_ids(engine.chat(MESSAGES, GREEDY)) == before
 
 

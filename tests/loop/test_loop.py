@@ -10,7 +10,7 @@ from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu.backend import draft_pairs
 from edgespec.drafting.model import ModelDrafter
 from edgespec.events import Token
-from edgespec.loop import Limits, speculate
+from edgespec.loop import Chains, Limits, speculate
 from tests.helpers import GREEDY, PROMPT, engine_state, gen, plain_ids, rounds_of, token_ids
 
 
@@ -72,7 +72,8 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
     vocab = int(target.model.args.vocab_size)
     drafter = ModelDrafter(d_state, GREEDY, vocab, draft_pairs())
     limits = Limits(12, frozenset(), 512)
-    steps = list(speculate(t_state, drafter, prompt, GREEDY, lambda _r: 2, limits))
+    chains = Chains(t_state, drafter, GREEDY)
+    steps = list(speculate(t_state, chains, drafter, prompt, GREEDY, lambda _r: 2, limits))
     rounds = " ".join(log).split("verify")  # what happened before each verify, and after the last
     assert len(rounds) - 1 == len(steps) >= 4
     assert rounds[0].split() == ["draft", "draft"]  # the first round waits for nothing
