@@ -129,6 +129,28 @@ def peer_draft(engine: Any) -> Any | None:
     return _PEER_DRAFTS.get(engine)
 
 
+# An Engine over the same target with the pair's token draft, per engine, for the token-draft
+# methods when the engine's own draft is a block draft (`edgespec bench --pair` of a block pair):
+# the block and token drafts then run side by side in one bench. Bench state, like peer drafts.
+_TOKEN_ENGINES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+# The methods that run a draft model token by token (the token engine's, when one is set).
+TOKEN_METHODS = ("spec", "hybrid", "adaptive", "adaptive-hybrid", "tree", "adaptive-tree")
+
+
+def set_token_engine(engine: Any, token_engine: Any) -> None:
+    """Run TOKEN_METHODS on `token_engine` (same target, a token draft) instead of `engine`."""
+    _TOKEN_ENGINES[engine] = token_engine
+
+
+def engine_for(engine: Any, method: str) -> Any:
+    """The engine `method` runs on: the token engine set for `engine` for a token-draft method,
+    else `engine` itself."""
+    if method in TOKEN_METHODS:
+        return _TOKEN_ENGINES.get(engine, engine)
+    return engine
+
+
 def mlx_lm_draft(engine: Any) -> Any | None:
     """The draft mlx-lm runs with: the engine's peer token draft when the bench set one (the
     pair's own is a feature draft), else the pair's draft (None without one)."""

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edgespec.bench.methods import TOKEN_METHODS
 from edgespec.bench.records import PLAIN, Summary, VariantSummary
 from edgespec.bench.runner import BenchResult
 from edgespec.metrics import predicted_speedup, verify_cost_line
@@ -119,7 +120,12 @@ def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> 
         "# EdgeSpec bench" + ("" if result.complete else " (stopped early: partial results)"),
         "",
         f"- pair: {result.pair.get('name')} (target {result.pair.get('target')}, "
-        f"draft {result.pair.get('draft')})",
+        f"draft {result.pair.get('draft')})"
+        + (
+            f"; token-draft methods ({', '.join(TOKEN_METHODS)}) on {token}"
+            if (token := result.pair.get("token_methods_draft"))
+            else ""
+        ),
         f"- machine: {env.get('platform')}, {env.get('device')}, mlx {env.get('mlx')}, "
         f"mlx-lm {env.get('mlx_lm')}" + (f", BLAS {env['blas']}" if env.get("blas") else ""),
         f"- prompts: {st.get('n_prompts')} from {st.get('prompts')}; max new tokens "

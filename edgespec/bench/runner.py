@@ -20,7 +20,14 @@ from typing import Any
 import mlx.core as mx
 
 from edgespec.bench.greedy import MismatchNote
-from edgespec.bench.methods import DEFAULT_METHODS, METHODS, Point, mlx_lm_draft, peer_draft
+from edgespec.bench.methods import (
+    DEFAULT_METHODS,
+    METHODS,
+    Point,
+    engine_for,
+    mlx_lm_draft,
+    peer_draft,
+)
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord
 from edgespec.cache import KVState
@@ -147,7 +154,9 @@ def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
     n = min(plan.warmup_tokens, plan.max_tokens)
     for temp in plan.temps:
         for method, k in plan.variants():
-            METHODS[method].run(engine, prompt_ids, Point(max(k, 1), temp, n, plan.seed))
+            METHODS[method].run(
+                engine_for(engine, method), prompt_ids, Point(max(k, 1), temp, n, plan.seed)
+            )
 
 
 def iter_bench(
@@ -179,7 +188,7 @@ def _measure(
     engine: Any, prompt: Prompt, ids: list[int], method: str, point: Point, repeat: int
 ) -> RunRecord:
     mx.reset_peak_memory()
-    m = METHODS[method].run(engine, ids, replace(point, k=max(point.k, 1)))
+    m = METHODS[method].run(engine_for(engine, method), ids, replace(point, k=max(point.k, 1)))
     r = m.rounds
     return RunRecord(
         method=method, k=point.k, temp=point.temp, prompt_id=prompt.id, category=prompt.category,
@@ -239,6 +248,12 @@ def environment() -> dict[str, Any]:
     }
 
 
+def token_draft_name(engine: Any) -> str | None:
+    """The name of the token draft the token-draft methods ran on, when a token engine is set."""
+    other = engine_for(engine, "spec")
+    return None if other is engine else getattr(other.draft, "name", None)
+
+
 def pair_info(engine: Any) -> dict[str, Any]:
     """Names of the models measured."""
     draft = getattr(engine, "draft", None)
@@ -247,5 +262,7 @@ def pair_info(engine: Any) -> dict[str, Any]:
         "target": getattr(engine.target, "name", None),
         "draft": getattr(draft, "name", None) if draft is not None else None,
         "peer_draft": getattr(peer_draft(engine), "name", None),
+        # the draft the token-draft methods ran with, when not the pair's own (a block pair)
+        "token_methods_draft": token_draft_name(engine),
         "context_window": getattr(engine, "context_window", None),
     }

@@ -189,8 +189,19 @@ def _run_cold(args: argparse.Namespace, prompts: list, out: Path) -> int:
     return 0
 
 
+def _token_side(engine: Any, plan: BenchPlan) -> bool:
+    """Whether the token-draft methods of `plan` should run on the pair's token draft: the
+    engine's own draft is a block draft (which drafts as a block whatever the method)."""
+    from edgespec.bench.methods import TOKEN_METHODS
+    from edgespec.drafting.block import BlockModel
+
+    draft = engine.draft if engine.has_draft else None
+    wanted = any(m in TOKEN_METHODS for m in plan.methods)
+    return wanted and draft is not None and isinstance(draft.model, BlockModel)
+
+
 def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, group: Any) -> int:
-    from edgespec.bench.methods import set_peer_draft
+    from edgespec.bench.methods import set_peer_draft, set_token_engine
     from edgespec.distributed.probe import probe
     from edgespec.loading.load import load_token_draft, peer_draft_spec
     from edgespec.runtime import Engine
@@ -200,9 +211,12 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
         group=group, shard=args.shard,
     )  # fmt: skip
     peer = args.peer_draft or peer_draft_spec(args.target, args.draft, args.pair)
-    if peer is not None and "mlx-lm" in plan.methods:
+    token_side = _token_side(engine, plan) and group is None
+    if peer is not None and ("mlx-lm" in plan.methods or token_side):
         draft = load_token_draft(peer, engine.target, draft_bits=args.draft_bits, dtype=args.dtype)
         set_peer_draft(engine, draft)
+        if token_side:  # the block draft's methods and the token draft's, side by side
+            set_token_engine(engine, Engine(engine.target, draft))
     check_methods(engine, plan)
     refused = refused_methods(engine, plan)
     if refused:

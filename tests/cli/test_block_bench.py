@@ -98,3 +98,26 @@ def test_verify_command_maths_accepts_a_block_draft(paths):
     assert abs(report.acceptance - report.expected_acceptance) < 0.03
     with pytest.raises(ConfigError, match="two tokens"):
         verify_pair(t.model, d.model, [5], SamplingConfig(temperature=1.0), 2, 10)
+
+
+def test_a_block_pair_runs_the_token_methods_on_its_token_draft(tiny_pair, tmp_path):
+    """With a block draft and a token draft (--peer-draft) for one target, the bench runs the
+    block methods on the block draft and the token-draft methods on the token draft, side by side
+    in one run, and says so in results.json and results.md."""
+    target, token_draft = tiny_pair
+    block = write_dflash(target, tmp_path / "dflash", block=4)
+    out = tmp_path / "out"
+    args = ["bench", "--target", str(target), "--draft", str(block), "--draft-bits", "0"]
+    args += ["--peer-draft", str(token_draft), "--methods", "plain,spec,block", "-k", "2"]
+    args += ["--limit", "1", "--categories", "qa", "--max-tokens", "10", "--quiet"]
+    proc = run_edgespec(*args, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "results.json").read_text())
+    assert result["pair"]["token_methods_draft"] == str(token_draft)
+    assert "token-draft methods" in (out / "results.md").read_text()
+    runs = {r["method"]: r for r in result["runs"]}
+    assert runs["spec"]["token_ids"] == runs["plain"]["token_ids"] == runs["block"]["token_ids"]
+    # the token draft drafts token by token: its rounds differ from the block draft's
+    assert runs["spec"]["accepted_hist"] != runs["block"]["accepted_hist"] or (
+        runs["spec"]["accepted"] != runs["block"]["accepted"]
+    )
