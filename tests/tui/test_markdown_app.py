@@ -15,12 +15,12 @@ from tests.tui.helpers import ask, make_app, run, wait_for
 
 
 def shown(view: AnswerView) -> str:
-    return view.render().plain
+    return view.text().plain
 
 
 def colours(view: AnswerView) -> set[object]:
     styles = [
-        Style.parse(s.style) if isinstance(s.style, str) else s.style for s in view.render().spans
+        Style.parse(s.style) if isinstance(s.style, str) else s.style for s in view.text().spans
     ]
     return {style.color for style in styles if style.color}
 
