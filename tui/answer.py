@@ -30,6 +30,13 @@ Run = tuple[str, str]  # (kind, text)
 # Unicode "control pictures" instead (one cell each). Random tiny models emit them.
 _CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
 
+# While an answer streams, its open part's height is held at a multiple of this many lines: a
+# token that starts a line then mostly repaints the part instead of laying out the screen.
+HOLD = 4
+# Finished Markdown units stay in the open part until they fill this many lines, then move into a
+# part of their own: a batch redraws at most about this many lines plus the open unit.
+FREEZE = 24
+
 MARKS = "heading h1 strong emphasis strike link code code_block label quote marker".split()
 
 
@@ -84,15 +91,21 @@ class AnswerPart(Widget):
 
     def __init__(self, text: Text | None = None) -> None:
         super().__init__()
-        self.text = text or Text()
+        self.text = self.source = text or Text()  # as drawn; as given (no held lines)
         self.display = bool(self.text)
 
-    def show(self, text: Text) -> None:
+    def show(self, text: Text, lines: int = 1) -> None:
         """Draw `text` (hidden while empty); nothing happens when it is the text shown, and
-        only this part repaints while its height stays (no layout of the whole screen)."""
+        only this part repaints while its height stays (no layout of the whole screen). With
+        `lines` > 1 its height is rounded up to a multiple of `lines` with blank lines at the
+        end, so that a growing text needs a layout only every `lines` lines."""
+        self.source, height = text, content_height(self, text)
+        pad = 0 if height is None or not text else -height % lines
+        if pad:
+            text, height = text + Text("\n" * pad), height + pad  # type: ignore[operator]
         if text == self.text:
             return
-        layout = not same_height(self, text)
+        layout = height is None or not self.display or height != self.content_size.height
         self.text, self.display = text, bool(text)
         self.refresh(layout=layout)
 
@@ -100,14 +113,20 @@ class AnswerPart(Widget):
         return self.text
 
 
+def content_height(widget: Widget, text: Text) -> int | None:
+    """The lines `text` takes in `widget` at its present width (None before it was laid out)."""
+    width = widget.content_size.width
+    if not width:
+        return None
+    styles = widget.styles  # what Widget.get_content_height passes too
+    return visualize(widget, text).get_height(styles, width)  # type: ignore[arg-type]
+
+
 def same_height(widget: Widget, text: Text) -> bool:
     """Whether `text` takes as many lines in `widget` as its content has now: then a repaint is
     enough (a layout of the screen costs far more, and most tokens do not start a line)."""
-    width, height = widget.content_size
-    if not widget.display or not width:
-        return False
-    styles = widget.styles  # what Widget.get_content_height passes too
-    return visualize(widget, text).get_height(styles, width) == height  # type: ignore[arg-type]
+    height = content_height(widget, text)
+    return widget.display and height is not None and height == widget.content_size.height
 
 
 def part_text(joint: str, drawn: Text) -> Text:
@@ -118,6 +137,19 @@ def part_text(joint: str, drawn: Text) -> Text:
     ('\nb', 'b')
     """
     return Text(joint[1:]) + drawn
+
+
+def join_units(units: Sequence[tuple[str, Text]], first: str) -> Text:
+    r"""Units (joint before each, drawing) in one part: the first one's joint is `first` if it
+    has none (the start of the body) and loses a line break (part_text).
+
+    >>> join_units([("", Text("a")), ("\n\n", Text("b")), ("\n", Text("c"))], "").plain
+    'a\n\nb\nc'
+    """
+    text = Text()
+    for i, (joint, drawn) in enumerate(units):
+        text.append_text(part_text(joint or first, drawn) if i == 0 else Text(joint) + drawn)
+    return text
 
 
 class AnswerView(Widget):
@@ -168,10 +200,12 @@ class AnswerView(Widget):
         self.think_open: bool | None = None  # None: shown while it streams, folded after
         self._look: Look | None = None  # built lazily: component styles need a mounted widget
         self._think: tuple[int, BlockCache] | None = None  # (offset, cache) of the reasoning
-        self._body: tuple[int, bool, BlockCache] | None = None  # (offset, after reasoning, cache)
+        # (offset, after the reasoning, its cache, how many of its units are in frozen parts)
+        self._body: tuple[int, bool, BlockCache, int] | None = None
         self._head, self._tail = AnswerPart(), AnswerPart()
-        self._units: list[AnswerPart] = []  # one per finished unit of the body
+        self._units: list[AnswerPart] = []  # finished units of the body, FREEZE lines a part
         self._live = False  # mounted: the parts can be drawn (styles and theme known)
+        self.streaming = False  # tokens still come: the open part keeps blank lines (HOLD)
         self.note = note
 
     @property
@@ -237,8 +271,9 @@ class AnswerView(Widget):
         self._sync()
 
     def set_note(self, note: str) -> None:
-        """A dim remark after the answer, e.g. '[stopped]'."""
-        self.note = note
+        """End the answer with a dim remark, e.g. '[stopped]' ('' for none): it stops
+        streaming, and the open part loses the blank lines held for it."""
+        self.note, self.streaming = note, False
         self._sync()
 
     def toggle_think(self, show: bool | None = None) -> None:
@@ -287,32 +322,36 @@ class AnswerView(Widget):
             if not (split.closed and not self._plain[split.start : split.end].strip()):
                 head = self._head_text(split, self._look)  # else thinking off: body only
         self._head.show(head)
-        self._tail.show(self._body_tail(start, bool(head)) + self._note_text())
+        tail = self._body_tail(start, bool(head)) + self._note_text()
+        self._tail.show(tail, HOLD if self.streaming else 1)
 
     def _note_text(self) -> Text:
         return Text(f"  {self.note}", "dim italic") if self.note else Text()
 
     def _body_tail(self, start: int, after_head: bool) -> Text:
-        """Draw the body from `start`: a part for each newly finished unit, the open one returned."""
+        """Draw the body from `start`; returns the open part. Finished units wait in it until
+        they fill FREEZE lines, then move to a part of their own, drawn once: a batch redraws
+        a bounded tail, and a part is mounted (a layout) only every FREEZE lines or so."""
         if self._body is None or self._body[:2] != (start, after_head):
             self._reset_body()
             assert self._look is not None
-            self._body = (start, after_head, BlockCache(self._look))
-        cache = self._body[2]
+            self._body = (start, after_head, BlockCache(self._look), 0)
+        _, _, cache, frozen = self._body
         joint, tail = cache.update(self._plain[start:], self._kinds[start:])
         if after_head and not cache.units and not tail.plain.strip():
             return Text()  # no answer after the reasoning yet
         first = "\n\n" if after_head else ""  # a blank line after the reasoning
-        new = [
-            AnswerPart(part_text(joint or first, drawn))
-            for joint, drawn in cache.units[len(self._units) :]
-        ]
-        if new:
-            self._units += new
-            self.mount(*new, before=self._tail)
-        return part_text(joint or first, tail)
+        waiting = cache.units[frozen:]
+        drawn = join_units([*waiting, (joint, tail)], first if not frozen else "")
+        if sum(text.plain.count("\n") + 1 for _, text in waiting) >= FREEZE:
+            part = AnswerPart(join_units(waiting, first if not frozen else ""))
+            self._units.append(part)
+            self.mount(part, before=self._tail)
+            self._body = (start, after_head, cache, len(cache.units))
+            drawn = join_units([(joint, tail)], "")
+        return drawn
 
     def text(self) -> Text:
         """The whole answer as drawn: its parts, one after another."""
-        parts = [p.text for p in (self._head, *self._units, self._tail) if p.text]
+        parts = [p.source for p in (self._head, *self._units, self._tail) if p.source]
         return Text("\n").join(parts)

@@ -43,6 +43,10 @@ from textual.widgets import Footer, Header, Input
 from edgespec.config import GenerationConfig
 
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
+# Seconds between two redraws of a streaming answer: each one costs Textual a frame (layout and
+# composition of the screen) on the UI thread, which competes with the engine for the cores and
+# the GIL, whatever the number of tokens it shows; ten a second still reads as a smooth stream.
+FRAME = 0.1
 
 
 class ChatApp(AnswerActions):
@@ -76,7 +80,7 @@ class ChatApp(AnswerActions):
         config: GenerationConfig,
         store: ChatStore | None = None,
         what: str = "models",
-        flush_interval: float = 0.04,
+        flush_interval: float = FRAME,
     ) -> None:
         super().__init__()
         self.config = config

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from edgespec.tui.answer import AnswerPart, AnswerView
+from edgespec.tui.answer import FREEZE, HOLD, AnswerPart, AnswerView
 from edgespec.tui.widgets import StatsPanel, StatsView
 from textual.widget import Widget
 from textual.widgets import Static
@@ -39,22 +39,29 @@ def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app, _ = make_app(tmp_path)
+    paragraphs = [f"Paragraph {i}" for i in range(FREEZE + 3)]
 
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.ready)
             view = AnswerView()
             await app.query_one("#conversation").mount(view)
-            view.append(tokens("# Title", "\n\n", "One", " two", "\n\n", "- a", "\n", "- b"))
+            view.append(tokens("# Title", "\n\n", "- a", "\n", "- b", "\n\n"))
             await pilot.pause()
-            parts = list(view.query(AnswerPart))
-            shown = [p.text.plain for p in parts if p.display]
-            assert shown == ["Title", "\nOne two", "\n• a", "• b"]  # 3 finished units, 1 open
+            assert [p.text.plain for p in view.query(AnswerPart) if p.display] == [
+                "Title\n\n• a\n• b"
+            ]
+            for paragraph in paragraphs:  # units fill FREEZE lines: they move to a part
+                view.append(tokens(paragraph, "\n\n"))
+            await pilot.pause()
+            parts = [p for p in view.query(AnswerPart) if p.display]
+            assert len(parts) == 2 and parts[0].text.plain.startswith("Title\n\n• a\n• b\n\n")
             calls = spy_refresh(monkeypatch, AnswerPart)
             view.append(tokens(" more", " words"))
             await pilot.pause()
             assert {part for part, _ in calls} == {parts[-1]}  # the open part, nothing else
-            assert view.text().plain == "Title\n\nOne two\n\n• a\n• b more words"
+            whole = "Title\n\n• a\n• b\n\n" + "\n\n".join([*paragraphs, "more words"])
+            assert view.text().plain == whole
 
     run(scenario)
 
@@ -97,5 +104,36 @@ def test_the_stats_panel_repaints_without_a_layout_while_its_lines_stay(
             calls.clear()
             panel.show(StatsView(k=4, temperature=0.0, spec_on=True, hist=[1, 3, 1]))
             assert [s.id for s, layout in calls if layout] == ["histogram"]  # one more line
+
+    run(scenario)
+
+
+def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            view = app.answer_view()  # as the app makes it for a new answer: streaming
+            await app.query_one("#conversation").mount(view)
+            view.append(tokens("```", "\n", "line"))
+            await pilot.pause()  # laid out: the part knows its width from now on
+            view.append(tokens(" 0"))
+            await pilot.pause()
+            tail = list(view.query(AnswerPart))[-1]
+            assert tail.size.height == HOLD  # one code line, the rest held blank
+            calls = spy_refresh(monkeypatch, AnswerPart)
+            for i in range(1, HOLD):  # each token starts a code line: all within the hold
+                view.append(tokens("\n", f"line {i}"))
+            assert [layout for _, layout in calls] == [False] * (HOLD - 1)
+            view.append(tokens("\n", f"line {HOLD}"))  # one more line than held
+            assert calls[-1][1]
+            await pilot.pause()
+            assert tail.size.height == 2 * HOLD
+            view.set_note("")  # the answer ends: no line held
+            await pilot.pause()
+            assert tail.size.height == HOLD + 1 and not view.text().plain.endswith("\n")
 
     run(scenario)
