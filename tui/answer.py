@@ -33,9 +33,6 @@ _CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 
 # While an answer streams, its open part's height is held at a multiple of this many lines: a
 # token that starts a line then mostly repaints the part instead of laying out the screen.
 HOLD = 4
-# Finished Markdown units stay in the open part until they fill this many lines, then move into a
-# part of their own: a batch redraws at most about this many lines plus the open unit.
-FREEZE = 24
 
 MARKS = "heading h1 strong emphasis strike link code code_block label quote marker".split()
 
@@ -139,19 +136,6 @@ def part_text(joint: str, drawn: Text) -> Text:
     return Text(joint[1:]) + drawn
 
 
-def join_units(units: Sequence[tuple[str, Text]], first: str) -> Text:
-    r"""Units (joint before each, drawing) in one part: the first one's joint is `first` if it
-    has none (the start of the body) and loses a line break (part_text).
-
-    >>> join_units([("", Text("a")), ("\n\n", Text("b")), ("\n", Text("c"))], "").plain
-    'a\n\nb\nc'
-    """
-    text = Text()
-    for i, (joint, drawn) in enumerate(units):
-        text.append_text(part_text(joint or first, drawn) if i == 0 else Text(joint) + drawn)
-    return text
-
-
 class AnswerView(Widget):
     """One assistant answer, drawn in parts (`AnswerPart`): the reasoning, one part per finished
     Markdown unit (drawn once, so Textual lays it out and renders it once), and the open unit
@@ -200,10 +184,9 @@ class AnswerView(Widget):
         self.think_open: bool | None = None  # None: shown while it streams, folded after
         self._look: Look | None = None  # built lazily: component styles need a mounted widget
         self._think: tuple[int, BlockCache] | None = None  # (offset, cache) of the reasoning
-        # (offset, after the reasoning, its cache, how many of its units are in frozen parts)
-        self._body: tuple[int, bool, BlockCache, int] | None = None
+        self._body: tuple[int, bool, BlockCache] | None = None  # (offset, after reasoning, cache)
         self._head, self._tail = AnswerPart(), AnswerPart()
-        self._units: list[AnswerPart] = []  # finished units of the body, FREEZE lines a part
+        self._units: list[AnswerPart] = []  # one per finished unit of the body
         self._live = False  # mounted: the parts can be drawn (styles and theme known)
         self.streaming = False  # tokens still come: the open part keeps blank lines (HOLD)
         self.note = note
@@ -329,27 +312,24 @@ class AnswerView(Widget):
         return Text(f"  {self.note}", "dim italic") if self.note else Text()
 
     def _body_tail(self, start: int, after_head: bool) -> Text:
-        """Draw the body from `start`; returns the open part. Finished units wait in it until
-        they fill FREEZE lines, then move to a part of their own, drawn once: a batch redraws
-        a bounded tail, and a part is mounted (a layout) only every FREEZE lines or so."""
+        """Draw the body from `start`: a part for each newly finished unit, the open one returned."""
         if self._body is None or self._body[:2] != (start, after_head):
             self._reset_body()
             assert self._look is not None
-            self._body = (start, after_head, BlockCache(self._look), 0)
-        _, _, cache, frozen = self._body
+            self._body = (start, after_head, BlockCache(self._look))
+        cache = self._body[2]
         joint, tail = cache.update(self._plain[start:], self._kinds[start:])
         if after_head and not cache.units and not tail.plain.strip():
             return Text()  # no answer after the reasoning yet
         first = "\n\n" if after_head else ""  # a blank line after the reasoning
-        waiting = cache.units[frozen:]
-        drawn = join_units([*waiting, (joint, tail)], first if not frozen else "")
-        if sum(text.plain.count("\n") + 1 for _, text in waiting) >= FREEZE:
-            part = AnswerPart(join_units(waiting, first if not frozen else ""))
-            self._units.append(part)
-            self.mount(part, before=self._tail)
-            self._body = (start, after_head, cache, len(cache.units))
-            drawn = join_units([(joint, tail)], "")
-        return drawn
+        new = [
+            AnswerPart(part_text(joint or first, drawn))
+            for joint, drawn in cache.units[len(self._units) :]
+        ]
+        if new:
+            self._units += new
+            self.mount(*new, before=self._tail)
+        return part_text(joint or first, tail)
 
     def text(self) -> Text:
         """The whole answer as drawn: its parts, one after another."""

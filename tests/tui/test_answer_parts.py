@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from edgespec.tui.answer import FREEZE, HOLD, AnswerPart, AnswerView
+from edgespec.tui.answer import HOLD, AnswerPart, AnswerView
+from edgespec.tui.app import PANEL_EVERY, ChatApp
+from edgespec.tui.fake import FakeScript
 from edgespec.tui.widgets import StatsPanel, StatsView
 from textual.widget import Widget
 from textual.widgets import Static
@@ -39,29 +41,22 @@ def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app, _ = make_app(tmp_path)
-    paragraphs = [f"Paragraph {i}" for i in range(FREEZE + 3)]
 
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.ready)
             view = AnswerView()
             await app.query_one("#conversation").mount(view)
-            view.append(tokens("# Title", "\n\n", "- a", "\n", "- b", "\n\n"))
+            view.append(tokens("# Title", "\n\n", "One", " two", "\n\n", "- a", "\n", "- b"))
             await pilot.pause()
-            assert [p.text.plain for p in view.query(AnswerPart) if p.display] == [
-                "Title\n\n• a\n• b"
-            ]
-            for paragraph in paragraphs:  # units fill FREEZE lines: they move to a part
-                view.append(tokens(paragraph, "\n\n"))
-            await pilot.pause()
-            parts = [p for p in view.query(AnswerPart) if p.display]
-            assert len(parts) == 2 and parts[0].text.plain.startswith("Title\n\n• a\n• b\n\n")
+            parts = list(view.query(AnswerPart))
+            shown = [p.text.plain for p in parts if p.display]
+            assert shown == ["Title", "\nOne two", "\n• a", "• b"]  # 3 finished units, 1 open
             calls = spy_refresh(monkeypatch, AnswerPart)
             view.append(tokens(" more", " words"))
             await pilot.pause()
             assert {part for part, _ in calls} == {parts[-1]}  # the open part, nothing else
-            whole = "Title\n\n• a\n• b\n\n" + "\n\n".join([*paragraphs, "more words"])
-            assert view.text().plain == whole
+            assert view.text().plain == "Title\n\nOne two\n\n• a\n• b more words"
 
     run(scenario)
 
@@ -135,5 +130,36 @@ def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
             view.set_note("")  # the answer ends: no line held
             await pilot.pause()
             assert tail.size.height == HOLD + 1 and not view.text().plain.endswith("\n")
+
+    run(scenario)
+
+
+def test_the_live_panel_is_redrawn_on_a_timer_not_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ = make_app(tmp_path, FakeScript(answer_tokens=200, round_delay=0.02, hold_after=40))
+    batches: list[int] = []
+    shows: list[bool] = []
+    real_batch, real_show = ChatApp.on_stream_batch, StatsPanel.show
+    monkeypatch.setattr(
+        ChatApp, "on_stream_batch", lambda s, m: [batches.append(1), real_batch(s, m)]
+    )
+    monkeypatch.setattr(StatsPanel, "show", lambda s, v: [shows.append(v.live), real_show(s, v)])
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            await pilot.press(*"hi", "enter")
+            await wait_for(
+                pilot, lambda: app._meter is not None and len(app._meter.per_round) == 40
+            )
+            assert 0 < shows.count(True) < len(batches)  # fewer live redraws than batches
+            shows.clear(), batches.clear()
+            await pilot.pause(2 * PANEL_EVERY)  # held mid-answer: the panel catches up
+            assert "Rounds       40" in str(app.query_one("#table", Static).render())
+            assert batches == [] and shows.count(True) <= 1  # drawn once after the last batch
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+            assert shows[-1] is False  # the final stats, drawn at once
 
     run(scenario)
