@@ -18,6 +18,8 @@ from edgespec.tui.think import ThinkSplit, split_think
 from rich.style import Style
 from rich.text import Text
 from textual import events
+from textual.app import ComposeResult
+from textual.visual import visualize
 from textual.widget import Widget
 
 from edgespec.events import TOKEN_KINDS, Token
@@ -27,6 +29,10 @@ Run = tuple[str, str]  # (kind, text)
 # C0 controls and DEL (except newline and tab) would move the terminal's cursor: show their
 # Unicode "control pictures" instead (one cell each). Random tiny models emit them.
 _CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
+
+# While an answer streams, its open part's height is held at a multiple of this many lines: a
+# token that starts a line then mostly repaints the part instead of laying out the screen.
+HOLD = 4
 
 MARKS = "heading h1 strong emphasis strike link code code_block label quote marker".split()
 
@@ -74,10 +80,68 @@ def _own(style: Style, base: Style) -> Style:
     )
 
 
+class AnswerPart(Widget):
+    """One piece of an answer on screen (a finished Markdown unit, the open one, the reasoning):
+    a `Text` drawn once, and again only when set to a different one."""
+
+    DEFAULT_CSS = "AnswerPart { height: auto; }"
+
+    def __init__(self, text: Text | None = None) -> None:
+        super().__init__()
+        self.text = self.source = text or Text()  # as drawn; as given (no held lines)
+        self.display = bool(self.text)
+
+    def show(self, text: Text, lines: int = 1) -> None:
+        """Draw `text` (hidden while empty); nothing happens when it is the text shown, and
+        only this part repaints while its height stays (no layout of the whole screen). With
+        `lines` > 1 its height is rounded up to a multiple of `lines` with blank lines at the
+        end, so that a growing text needs a layout only every `lines` lines."""
+        self.source, height = text, content_height(self, text)
+        pad = 0 if height is None or not text else -height % lines
+        if pad:
+            text, height = text + Text("\n" * pad), height + pad  # type: ignore[operator]
+        if text == self.text:
+            return
+        layout = height is None or not self.display or height != self.content_size.height
+        self.text, self.display = text, bool(text)
+        self.refresh(layout=layout)
+
+    def render(self) -> Text:
+        return self.text
+
+
+def content_height(widget: Widget, text: Text) -> int | None:
+    """The lines `text` takes in `widget` at its present width (None before it was laid out)."""
+    width = widget.content_size.width
+    if not width:
+        return None
+    styles = widget.styles  # what Widget.get_content_height passes too
+    return visualize(widget, text).get_height(styles, width)  # type: ignore[arg-type]
+
+
+def same_height(widget: Widget, text: Text) -> bool:
+    """Whether `text` takes as many lines in `widget` as its content has now: then a repaint is
+    enough (a layout of the screen costs far more, and most tokens do not start a line)."""
+    height = content_height(widget, text)
+    return widget.display and height is not None and height == widget.content_size.height
+
+
+def part_text(joint: str, drawn: Text) -> Text:
+    r"""A unit drawn in its own part: each part starts a line, so its joint (the line breaks
+    between it and the unit before) loses one line break.
+
+    >>> part_text("\n\n", Text("b")).plain, part_text("\n", Text("b")).plain
+    ('\nb', 'b')
+    """
+    return Text(joint[1:]) + drawn
+
+
 class AnswerView(Widget):
-    """One assistant answer. `append` only records the tokens; the text is rendered once per
-    refresh, where finished Markdown blocks come from a cache and only the open one is redrawn.
-    Everything is redrawn when the theme, the colour mode or the reasoning fold changes."""
+    """One assistant answer, drawn in parts (`AnswerPart`): the reasoning, one part per finished
+    Markdown unit (drawn once, so Textual lays it out and renders it once), and the open unit
+    with the note, the only part a streamed batch redraws: the cost of a batch does not grow
+    with the answer. Everything is redrawn when the theme, the colour mode or the reasoning
+    fold changes. `text()` is the whole answer as drawn."""
 
     COMPONENT_CLASSES = {f"token--{kind}" for kind in TOKEN_KINDS} | {f"md--{m}" for m in MARKS}
     DEFAULT_CSS = """
@@ -119,8 +183,12 @@ class AnswerView(Widget):
         self._provenance = provenance
         self.think_open: bool | None = None  # None: shown while it streams, folded after
         self._look: Look | None = None  # built lazily: component styles need a mounted widget
-        self._caches: dict[str, tuple[int, BlockCache]] = {}  # part -> (offset, cache)
-        self._shown: Text | None = None
+        self._think: tuple[int, BlockCache] | None = None  # (offset, cache) of the reasoning
+        self._body: tuple[int, bool, BlockCache] | None = None  # (offset, after reasoning, cache)
+        self._head, self._tail = AnswerPart(), AnswerPart()
+        self._units: list[AnswerPart] = []  # one per finished unit of the body
+        self._live = False  # mounted: the parts can be drawn (styles and theme known)
+        self.streaming = False  # tokens still come: the open part keeps blank lines (HOLD)
         self.note = note
 
     @property
@@ -143,12 +211,27 @@ class AnswerView(Widget):
         self._provenance = on
         self._restyle()
 
+    def compose(self) -> ComposeResult:
+        yield self._head
+        yield self._tail
+
     def on_mount(self) -> None:
-        self.watch(self.app, "theme", self._restyle, init=False)
+        self.watch(self.app, "theme", self._on_theme, init=False)
+        self._live = True
+        self._sync()
+
+    def _on_theme(self) -> None:
+        self.call_after_refresh(self._restyle)  # then the component styles have its colours
 
     def _restyle(self) -> None:
-        self._look, self._caches, self._shown = None, {}, None
-        self.refresh(layout=True)
+        self._look, self._think = None, None
+        self._reset_body()
+        self._sync()
+
+    def _reset_body(self) -> None:
+        for part in self._units:
+            part.remove()
+        self._units, self._body = [], None
 
     def _make_look(self) -> Look:
         def own(name: str) -> Style:  # the component's style less what it inherits
@@ -168,20 +251,19 @@ class AnswerView(Widget):
         pieces = [(tok.kind, clean_text(tok.text)) for tok in tokens]
         self._plain += "".join(text for _, text in pieces)
         self._kinds.extend(kind for kind, text in pieces for _ in text)
-        self._shown = None
-        self.refresh(layout=True)
+        self._sync()
 
     def set_note(self, note: str) -> None:
-        """A dim remark after the answer, e.g. '[stopped]'."""
-        self.note = note
-        self.refresh(layout=True)
+        """End the answer with a dim remark, e.g. '[stopped]' ('' for none): it stops
+        streaming, and the open part loses the blank lines held for it."""
+        self.note, self.streaming = note, False
+        self._sync()
 
     def toggle_think(self, show: bool | None = None) -> None:
         """Fold or unfold the reasoning (`show` None: the other way from now)."""
         split = split_think(self._plain)
         self.think_open = (not self._think_shown(split)) if show is None else show
-        self._shown = None
-        self.refresh(layout=True)
+        self._sync()
 
     def _think_shown(self, split: ThinkSplit | None) -> bool:
         if self.think_open is not None:
@@ -193,41 +275,63 @@ class AnswerView(Widget):
         if offset is not None and offset.y == 0 and split_think(self._plain) is not None:
             self.toggle_think()
 
-    def _part(self, name: str, start: int, end: int, look: Look) -> Text:
-        offset, cache = self._caches.get(name, (-1, None))
-        if cache is None or offset != start:
-            cache = BlockCache(look)
-            self._caches[name] = (start, cache)
-        return cache.render(self._plain[start:end], self._kinds[start:end])
+    def _head_text(self, split: ThinkSplit, look: Look) -> Text:
+        """The reasoning's line (▼/▶ Thought) and, unfolded, its text dimmed."""
+        shown = self._think_shown(split)
+        text = Text()
+        text.append(f"{'▼' if shown else '▶'} {'Thought' if split.closed else 'Thinking…'}")
+        text.stylize("italic dim")
+        if not shown:
+            text.append("  (click or F9 to show)", "dim")
+            return text
+        if self._think is None or self._think[0] != split.start:
+            self._think = (split.start, BlockCache(look))
+        think = self._think[1].render(
+            self._plain[split.start : split.end], self._kinds[split.start : split.end]
+        )
+        think.stylize(Style(dim=True))
+        return Text.assemble(text, "\n", think)
 
-    def _render_all(self) -> Text:
+    def _sync(self) -> None:
+        """Bring the parts up to date with the text (once mounted): only what changed redraws."""
+        if not self._live:
+            return
         if self._look is None:
             self._look = self._make_look()
         split = split_think(self._plain)
-        if split is not None and split.closed and not self._plain[split.start : split.end].strip():
-            return self._part("body", split.body, len(self._plain), self._look)  # thinking off
-        if split is None:
-            return self._part("body", 0, len(self._plain), self._look)
-        shown = self._think_shown(split)
-        state = "Thought" if split.closed else "Thinking…"
-        text = Text()
-        text.append(f"{'▼' if shown else '▶'} {state}", "italic dim")
-        if not shown:
-            text.append("  (click or F9 to show)", "dim")
-        else:
-            think = self._part("think", split.start, split.end, self._look)
-            think.stylize(Style(dim=True))
-            text.append("\n")
-            text.append_text(think)
-        body = self._part("body", split.body, len(self._plain), self._look)
-        if body.plain.strip():
-            text.append("\n\n")
-            text.append_text(body)
-        return text
+        head, start = Text(), 0
+        if split is not None:
+            start = split.body
+            if not (split.closed and not self._plain[split.start : split.end].strip()):
+                head = self._head_text(split, self._look)  # else thinking off: body only
+        self._head.show(head)
+        tail = self._body_tail(start, bool(head)) + self._note_text()
+        self._tail.show(tail, HOLD if self.streaming else 1)
 
-    def render(self) -> Text:
-        if self._shown is None:
-            self._shown = self._render_all()
-        if not self.note:
-            return self._shown
-        return Text.assemble(self._shown, (f"  {self.note}", "dim italic"))
+    def _note_text(self) -> Text:
+        return Text(f"  {self.note}", "dim italic") if self.note else Text()
+
+    def _body_tail(self, start: int, after_head: bool) -> Text:
+        """Draw the body from `start`: a part for each newly finished unit, the open one returned."""
+        if self._body is None or self._body[:2] != (start, after_head):
+            self._reset_body()
+            assert self._look is not None
+            self._body = (start, after_head, BlockCache(self._look))
+        cache = self._body[2]
+        joint, tail = cache.update(self._plain[start:], self._kinds[start:])
+        if after_head and not cache.units and not tail.plain.strip():
+            return Text()  # no answer after the reasoning yet
+        first = "\n\n" if after_head else ""  # a blank line after the reasoning
+        new = [
+            AnswerPart(part_text(joint or first, drawn))
+            for joint, drawn in cache.units[len(self._units) :]
+        ]
+        if new:
+            self._units += new
+            self.mount(*new, before=self._tail)
+        return part_text(joint or first, tail)
+
+    def text(self) -> Text:
+        """The whole answer as drawn: its parts, one after another."""
+        parts = [p.source for p in (self._head, *self._units, self._tail) if p.source]
+        return Text("\n").join(parts)

@@ -46,7 +46,7 @@ class AnswerActions(App[int]):
     def answer_view(self) -> AnswerView:
         """A new answer widget in the current colour mode and reasoning fold."""
         view = AnswerView(provenance=self.provenance)
-        view.think_open = self.show_thinking
+        view.think_open, view.streaming = self.show_thinking, True
         return view
 
     def last_answer(self) -> str:

@@ -43,6 +43,9 @@ from textual.widgets import Footer, Header, Input
 from edgespec.config import GenerationConfig
 
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
+# Seconds between redraws of a streaming answer, and of the live stats panel: each redraw costs a
+# Textual frame on the UI thread, which competes with the engine for the cores and the GIL.
+FRAME, PANEL_EVERY = 0.1, 0.5
 
 
 class ChatApp(AnswerActions):
@@ -76,16 +79,12 @@ class ChatApp(AnswerActions):
         config: GenerationConfig,
         store: ChatStore | None = None,
         what: str = "models",
-        flush_interval: float = 0.04,
+        flush_interval: float = FRAME,
     ) -> None:
         super().__init__()
-        self.config = config
-        self.store = store or ChatStore()
-        self.what = what
+        self.config, self.store, self.what = config, store or ChatStore(), what
         self.engine_thread = EngineThread(loader, self.post_message, flush_interval, config)
-        self.engine_name = ""
-        self.has_draft = True
-        self.ready = False
+        self.engine_name, self.has_draft, self.ready = "", True, False
         self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
         self.load_error: str | None = None
         self.conv = Conversation()
@@ -96,6 +95,7 @@ class ChatApp(AnswerActions):
         self._reply: ChatMessage | None = None
         self._meter: TurnMeter | None = None
         self._dirty = False  # the streaming answer changed since the last save
+        self._panel_stale = False  # the live panel lags the streamed batches
         self.plain_tps: float | None = None
         self.spec_tps: float | None = None
         self._last_view: StatsView | None = None
@@ -113,6 +113,7 @@ class ChatApp(AnswerActions):
         self.push_screen(LoadingScreen(self.what))
         self.engine_thread.start()
         self.set_interval(SAVE_EVERY, self._autosave)
+        self.set_interval(PANEL_EVERY, self._refresh_panel)
         self._show_stats()
 
     def on_unmount(self) -> None:
@@ -200,8 +201,7 @@ class ChatApp(AnswerActions):
             self._meter.add(message.tokens, message.rounds, time.monotonic())
         if follow:
             view.scroll_end(animate=False)
-        self._dirty = True
-        self._show_stats()
+        self._dirty = self._panel_stale = True  # the panel follows at the next PANEL_EVERY tick
 
     def on_turn_finished(self, message: TurnFinished) -> None:
         if message.turn != self.waiting or self._answer is None or self._reply is None:
@@ -249,6 +249,10 @@ class ChatApp(AnswerActions):
         if self._dirty:
             self._save()
 
+    def _refresh_panel(self) -> None:  # timer: the live panel, if batches came since
+        if self._panel_stale and self._meter is not None:
+            self._show_stats()
+
     def _show_stats(self, final: tuple | None = None) -> None:
         view = StatsView(
             k=self.config.spec.k,
@@ -270,7 +274,7 @@ class ChatApp(AnswerActions):
             )
             view = dataclasses.replace(keep, spec_on=view.spec_on, plain_tps=view.plain_tps)
             view.spec_tps = self.spec_tps
-        self._last_view = view
+        self._last_view, self._panel_stale = view, False
         self.query_one(StatsPanel).show(view)
 
     # ----------------------------------------------------------------- actions

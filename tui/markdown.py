@@ -306,19 +306,30 @@ def _digits(block: Block, text: str, base: int) -> bool:
 class BlockCache:
     """The rendering of one growing text: finished blocks are drawn once, the last one each time.
 
-    `render(text, kinds)` must be called with the same text grown at the end (or a new cache
-    made): everything before `done` is assumed unchanged.
+    `update(text, kinds)` / `render(text, kinds)` must be called with the same text grown at the
+    end (or a new cache made): everything before `upto` is assumed unchanged. Finished units are
+    kept apart in `units`, each as (joint before it, drawing), so that a view can show each one
+    once and redraw only the open part.
+
+    >>> cache = BlockCache(Look({}, {}))
+    >>> joint, drawn = cache.update("# Hi\\n\\nsome", ["target"] * 10)
+    >>> joint, drawn.plain, [(j, t.plain) for j, t in cache.units]
+    ('\\n\\n', 'some', [('', 'Hi')])
     """
 
     def __init__(self, look: Look) -> None:
         self.look = look
-        self.done = Text()  # the finished blocks, joined by blank lines
-        self.upto = 0  # text[:upto] is rendered into `done`
-        self.blocks = 0  # how many finished units
+        self.units: list[tuple[str, Text]] = []  # finished units: (joint before it, drawing)
+        self.upto = 0  # text[:upto] is rendered into `units`
         self.joint = "\n\n"  # before the unit at `upto` (a list's next item: one line break)
 
-    def render(self, text: str, kinds: Sequence[str]) -> Text:
-        """The whole text rendered: the cached finished blocks plus the open one."""
+    @property
+    def blocks(self) -> int:
+        """How many finished units."""
+        return len(self.units)
+
+    def update(self, text: str, kinds: Sequence[str]) -> tuple[str, Text]:
+        """Move the units that finished into `units`; return the open part: (joint, drawing)."""
         base = self.upto
         found = blocks(text[base:])
         if found:
@@ -326,17 +337,33 @@ class BlockCache:
         # A paragraph of digits may still become the next item of the list before it ("3" -> "3.")
         keep = 2 if len(found) > 1 and _digits(found[-1], text, base) else 1
         for block in found[:-keep]:
-            self._add(self.done, base, block, text, kinds)
-            self.blocks += 1
-        shown = self.done.copy()
-        for block in found[-keep:]:
-            self._add(shown, base, block, text, kinds)
+            self.units.append(self._unit(base, block, text, kinds, first=not self.units))
+        opened = [
+            self._unit(base, block, text, kinds, first=not self.units and i == 0)
+            for i, block in enumerate(found[-keep:])
+        ]
         if found:
             self.upto, self.joint = base + found[-keep].start, found[-keep].joint
+        if not opened:
+            return "", Text()
+        drawn = Text()
+        for i, (joint, part) in enumerate(opened):
+            drawn.append(joint if i else "")
+            drawn.append_text(part)
+        return opened[0][0], drawn
+
+    def render(self, text: str, kinds: Sequence[str]) -> Text:
+        """The whole text rendered: the cached finished units plus the open one."""
+        tail = self.update(text, kinds)  # first: it moves the units that finished
+        shown = Text()
+        for joint, drawn in (*self.units, tail):
+            shown.append(joint)
+            shown.append_text(drawn)
         return shown
 
-    def _add(self, into: Text, base: int, block: Block, text: str, kinds: Sequence[str]) -> None:
+    def _unit(
+        self, base: int, block: Block, text: str, kinds: Sequence[str], first: bool
+    ) -> tuple[str, Text]:
         a, b = base + block.start, base + block.end
-        if into:
-            into.append(block.joint)
-        into.append_text(render_block(block.tokens, text[a:b], kinds[a:b], self.look))
+        drawn = render_block(block.tokens, text[a:b], kinds[a:b], self.look)
+        return ("" if first else block.joint), drawn

@@ -30,13 +30,10 @@ def message_widgets(
 
 
 def finish_answer(answer: AnswerView, fin: Finished) -> None:
-    """Show what the detokenizer still held back (in the last run's colour) and the note for an
-    answer that was stopped or hit the token limit."""
+    """Show what the detokenizer still held back (in the last run's colour) and end the answer,
+    with a note when it was stopped or hit the token limit."""
     shown, final = answer.plain, clean_text(fin.text)
     if final != shown and final.startswith(shown):
         kind = answer.runs[-1][0] if answer.runs else "target"
         answer.append([Token(id=-1, text=final[len(shown) :], kind=kind, round=-1)])  # type: ignore[arg-type]
-    if fin.reason == "cancelled":
-        answer.set_note("[stopped]")
-    elif fin.reason == "length":
-        answer.set_note("[max tokens]")
+    answer.set_note({"cancelled": "[stopped]", "length": "[max tokens]"}.get(fin.reason, ""))

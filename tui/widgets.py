@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs
+from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs, same_height
 from edgespec.tui.think import ThinkCounter
 from rich.text import Text
 from textual.app import ComposeResult
@@ -275,10 +275,11 @@ class StatsPanel(Vertical):
         yield Legend()
 
     def show(self, view: StatsView) -> None:
-        """Redraw all numbers from `view`."""
-        self.query_one("#table", Static).update(stats_table(view))
+        """Redraw all numbers from `view` (a repaint only, where the lines stay as many)."""
         self.query_one("#sparkline", Sparkline).data = [float(n) for n in view.per_round[-64:]]
         hist = histogram(view.hist)
         if not any(view.hist) and not view.spec_on:
             hist = Text("speculation off: plain decoding", "dim")
-        self.query_one("#histogram", Static).update(hist)
+        for name, text in (("#table", stats_table(view)), ("#histogram", hist)):
+            static = self.query_one(name, Static)
+            static.update(text, layout=not same_height(static, text))

@@ -139,14 +139,16 @@ def spawn(job: ColdJob, timeout: float = 900.0) -> dict[str, Any]:
 
 
 def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per method: median decode tokens/s and TTFT per mode, and the medians of the per-prompt
-    ratios app / warm and cold / warm (tokens/s).
+    """Per method: median decode tokens/s and TTFT per mode, the medians of the per-prompt
+    ratios app / warm and cold / warm (tokens/s), and of the app's UI thread CPU time over its
+    engine's decode time ("ui/engine", the app runs that measured it).
 
     >>> recs = [dict(method="m", mode=md, prompt=p, tokens_per_s=t, ttft=0.1)
     ...         for p, ts in (("a", (5, 10, 8)), ("b", (6, 12, 12))) for md, t in zip(MODES, ts)]
+    >>> recs[1].update(decode_time=4.0); recs[2].update(ui_cpu_s=0.1, decode_time=5.0)
     >>> row = summarise(recs)[0]
-    >>> row["app/warm"], row["cold/warm"], row["tokens_per_s"]["warm"]
-    (0.9, 0.5, 11.0)
+    >>> row["app/warm"], row["cold/warm"], row["tokens_per_s"]["warm"], row["ui/engine"]
+    (0.9, 0.5, 11.0, 0.02)
     """
     ok = [r for r in records if "error" not in r]
     rows = []
@@ -165,6 +167,12 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 if m == "warm" and (mode, p) in by and by[("warm", p)]["tokens_per_s"] > 0
             ]
             row[f"{mode}/warm"] = round(statistics.median(ratios), 3) if ratios else None
+        shares = [
+            r["ui_cpu_s"] / r["decode_time"]
+            for r in by.values()
+            if "ui_cpu_s" in r and r.get("decode_time")
+        ]
+        row["ui/engine"] = round(statistics.median(shares), 4) if shares else None
         rows.append(row)
     return rows
 
@@ -172,12 +180,13 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def format_summary(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table: one line per method."""
     head = f"{'method':<16} {'mode':<5} {'tok/s':>7} {'TTFT ms':>8}"
-    lines = [head + "   app/warm  cold/warm"]
+    lines = [head + "   app/warm  cold/warm  ui/engine"]
     for row in rows:
         for i, mode in enumerate(m for m in MODES if m in row["tokens_per_s"]):
             tps, ttft = row["tokens_per_s"][mode], row["ttft"][mode] * 1000
             name = row["method"] if i == 0 else ""
-            tail = f"   {row['app/warm']!s:>8}  {row['cold/warm']!s:>9}" if i == 0 else ""
+            app, cold, ui = row["app/warm"], row["cold/warm"], row.get("ui/engine")
+            tail = f"   {app!s:>8}  {cold!s:>9}  {ui!s:>9}" if i == 0 else ""
             lines.append(f"{name:<16} {mode:<5} {tps:7.1f} {ttft:8.0f}{tail}")
     return "\n".join(lines)
 

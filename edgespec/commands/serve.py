@@ -90,6 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "repeat for several, '*' for any",
     )
     add_limit_args(g)
+    g.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="answer at once: skip the warm-up (compiling the loop's shapes, calibrating "
+        "adaptive K) that otherwise runs before the server listens",
+    )
     g.add_argument("--verbose", action="store_true", help="log every request (uvicorn's log)")
 
 
@@ -231,7 +238,12 @@ def _start_worker(
 
     def load() -> Any:
         engine = _load(args, group, draft)
-        return GroupEngine(engine, group) if group is not None else engine
+        if group is not None:
+            return GroupEngine(engine, group)
+        if getattr(args, "warmup", True):  # before start() returns, so before /health answers
+            _progress("warming up (compiling, calibrating adaptive K)", None)
+            engine.warm_up(config)
+        return engine
 
     budget = args.cache_mb << 20
     kind = Worker if group is None else GroupWorker

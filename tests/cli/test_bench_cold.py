@@ -26,6 +26,10 @@ def test_each_mode_answers_in_a_fresh_process(
     # A self-draft: every draft accepted, whichever way the answer was asked for.
     assert all(r["tokens"] == 12 and r["acceptance"] == 1.0 for r in records)
     assert set(row["tokens_per_s"]) == set(MODES) and row["app/warm"] > 0
+    (app,) = [r for r in records if r["mode"] == "app"]  # the UI thread's own time was measured
+    assert 0 < app["ui_cpu_s"] and row["ui/engine"] == round(
+        app["ui_cpu_s"] / app["decode_time"], 4
+    )
 
 
 def test_a_failed_run_is_a_record_and_unknown_methods_are_refused(tmp_path: Path) -> None:

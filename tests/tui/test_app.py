@@ -337,7 +337,7 @@ def test_answer_redraws_only_its_open_block_and_restyles_on_theme_change(
             await pilot.pause()
             drawn.clear()
             view.append([Token(5, " more", "bonus", 2)])
-            text = view.render()
+            text = view.text()
             assert drawn == ["!␛[2J more"]  # the finished first paragraph came from the cache
             assert text.plain == "Hi there\n\n!␛[2J more"  # no control char reaches the screen
             styles = [str(span.style) for span in text.spans]
@@ -345,7 +345,7 @@ def test_answer_redraws_only_its_open_block_and_restyles_on_theme_change(
             accepted_dark = text.spans[0].style.color
             app.theme = "textual-light"
             await pilot.pause()
-            assert view.render().spans[0].style.color != accepted_dark
+            assert view.text().spans[0].style.color != accepted_dark
             assert view.runs[-1] == ("bonus", "!␛[2J more")
 
     run(scenario)

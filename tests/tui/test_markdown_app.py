@@ -15,12 +15,12 @@ from tests.helpers.tui import ask, make_app, run, wait_for
 
 
 def shown(view: AnswerView) -> str:
-    return view.render().plain
+    return view.text().plain
 
 
 def colours(view: AnswerView) -> set[object]:
     styles = [
-        Style.parse(s.style) if isinstance(s.style, str) else s.style for s in view.render().spans
+        Style.parse(s.style) if isinstance(s.style, str) else s.style for s in view.text().spans
     ]
     return {style.color for style in styles if style.color}
 
@@ -72,8 +72,9 @@ def test_reasoning_is_shown_while_it_streams(tmp_path: Path) -> None:
             assert app.waiting is not None and app._answer is not None
             text = shown(app._answer)
             assert text.startswith("▼ Thinking…") and "<think>" not in text
-            table = str(app.query_one(StatsPanel).query_one("#table", Static).render())
-            assert "Reasoning" in table and "Answer       0 tokens" in table
+            table = lambda: str(app.query_one(StatsPanel).query_one("#table", Static).render())  # noqa: E731
+            await wait_for(pilot, lambda: "Reasoning" in table())  # the live panel's next tick
+            assert "Answer       0 tokens" in table()
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.waiting is None)
 

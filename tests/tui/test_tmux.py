@@ -71,6 +71,12 @@ def styled_chars(line: str) -> list[tuple[str, tuple]]:
     return out
 
 
+def _styles(line: str) -> list[tuple[str, dict]]:
+    """The conversation's printed characters of an escaped line, each with its SGR state."""
+    chars = styled_chars(line)[:CONVERSATION_COLS]
+    return [(ch, dict(style)) for ch, style in chars if not ch.isspace()]
+
+
 SOCKET = f"edgespec-chat-test-{os.getpid()}"  # a private tmux server: no shared sizes or options
 
 
@@ -150,12 +156,24 @@ def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
 
 
+def provenance_colours() -> dict[str, tuple[int, int, int]]:
+    """The default theme's colours of accepted, corrected and bonus tokens, as RGB."""
+    from textual.theme import BUILTIN_THEMES
+
+    colours = BUILTIN_THEMES["textual-dark"].to_color_system().generate()
+    names = {"accepted": "text-success", "corrected": "text-error", "bonus": "text-accent"}
+    hexes = {kind: colours[name].lstrip("#") for kind, name in names.items()}
+    return {kind: tuple(int(h[i : i + 2], 16) for i in (0, 2, 4)) for kind, h in hexes.items()}
+
+
 def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path) -> None:
     """`edgespec chat --fake markdown`: a reasoning model's Markdown answer, drawn on a real
-    terminal: no fence, emphasis marker or think tag on screen, the code and its label are."""
+    terminal: no fence, emphasis marker or think tag on screen, the code and its label are, and
+    the three provenance colours (the fake drafts: accepted, corrected and bonus tokens)."""
     cmd = (
         f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} "
-        f"EDGESPEC_DATA_DIR={tmp_path / 'chats'} COLORTERM=truecolor "
+        f"EDGESPEC_DATA_DIR={tmp_path / 'chats'} EDGESPEC_HOME={tmp_path / 'home'} "
+        "COLORTERM=truecolor "
         f"{sys.executable} -m edgespec chat --fake markdown; sleep 60"
     )
     _tmux("new-session", "-d", "-s", "md", "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
@@ -171,5 +189,9 @@ def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path) -> N
             assert raw not in shown, raw
         assert "▶ Thought" in shown and "python" in shown
         assert "def fib(n: int) -> int:" in shown and "1. each value is computed once" in shown
+        escaped = _tmux("capture-pane", "-t", "md", "-e", "-p").splitlines()
+        fgs = {style.get("fg") for line in escaped for _, style in _styles(line)}
+        for kind, rgb in provenance_colours().items():
+            assert rgb in fgs, f"no {kind} token ({rgb}) on screen"
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)

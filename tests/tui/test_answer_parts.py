@@ -1,0 +1,165 @@
+"""The cost of a streamed batch does not grow with the answer: finished Markdown units are drawn
+once in their own parts, only the open part redraws, and a batch that adds no line repaints
+without a layout of the screen (the answer view and the stats panel alike)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from edgespec.tui.answer import HOLD, AnswerPart, AnswerView
+from edgespec.tui.app import PANEL_EVERY, ChatApp
+from edgespec.tui.fake import FakeScript
+from edgespec.tui.widgets import StatsPanel, StatsView
+from textual.widget import Widget
+from textual.widgets import Static
+
+from edgespec.events import Token
+from tests.helpers.tui import make_app, run, wait_for
+
+
+def tokens(*texts: str) -> list[Token]:
+    kinds = ("accepted", "corrected", "bonus")
+    return [Token(i, t, kinds[i % 3], i) for i, t in enumerate(texts)]  # type: ignore[arg-type]
+
+
+def spy_refresh(monkeypatch: pytest.MonkeyPatch, cls: type[Widget]) -> list[tuple[Widget, bool]]:
+    """Record (widget, layout) for every refresh of a `cls` widget."""
+    calls: list[tuple[Widget, bool]] = []
+    real = Widget.refresh
+
+    def refresh(self, *regions, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if isinstance(self, cls):
+            calls.append((self, bool(kwargs.get("layout"))))
+        return real(self, *regions, **kwargs)
+
+    monkeypatch.setattr(Widget, "refresh", refresh)
+    return calls
+
+
+def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            view = AnswerView()
+            await app.query_one("#conversation").mount(view)
+            view.append(tokens("# Title", "\n\n", "One", " two", "\n\n", "- a", "\n", "- b"))
+            await pilot.pause()
+            parts = list(view.query(AnswerPart))
+            shown = [p.text.plain for p in parts if p.display]
+            assert shown == ["Title", "\nOne two", "\n• a", "• b"]  # 3 finished units, 1 open
+            calls = spy_refresh(monkeypatch, AnswerPart)
+            view.append(tokens(" more", " words"))
+            await pilot.pause()
+            assert {part for part, _ in calls} == {parts[-1]}  # the open part, nothing else
+            assert view.text().plain == "Title\n\nOne two\n\n• a\n• b more words"
+
+    run(scenario)
+
+
+def test_a_batch_that_adds_no_line_repaints_without_a_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            view = AnswerView()
+            await app.query_one("#conversation").mount(view)
+            view.append(tokens("Some", " words"))
+            await pilot.pause()
+            calls = spy_refresh(monkeypatch, AnswerPart)
+            view.append(tokens(" on", " one", " line"))
+            view.append(tokens("\n", "and", " a", " second", " line"))
+            assert [layout for _, layout in calls] == [False, True]
+
+    run(scenario)
+
+
+def test_the_stats_panel_repaints_without_a_layout_while_its_lines_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            panel = app.query_one(StatsPanel)
+            view = StatsView(k=4, temperature=0.0, spec_on=True, hist=[1, 2])
+            panel.show(view)
+            await pilot.pause()
+            calls = spy_refresh(monkeypatch, Static)
+            panel.show(StatsView(k=4, temperature=0.0, spec_on=True, hist=[1, 3], rounds=9))
+            assert calls and not any(layout for _, layout in calls)
+            calls.clear()
+            panel.show(StatsView(k=4, temperature=0.0, spec_on=True, hist=[1, 3, 1]))
+            assert [s.id for s, layout in calls if layout] == ["histogram"]  # one more line
+
+    run(scenario)
+
+
+def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            view = app.answer_view()  # as the app makes it for a new answer: streaming
+            await app.query_one("#conversation").mount(view)
+            view.append(tokens("```", "\n", "line"))
+            await pilot.pause()  # laid out: the part knows its width from now on
+            view.append(tokens(" 0"))
+            await pilot.pause()
+            tail = list(view.query(AnswerPart))[-1]
+            assert tail.size.height == HOLD  # one code line, the rest held blank
+            calls = spy_refresh(monkeypatch, AnswerPart)
+            for i in range(1, HOLD):  # each token starts a code line: all within the hold
+                view.append(tokens("\n", f"line {i}"))
+            assert [layout for _, layout in calls] == [False] * (HOLD - 1)
+            view.append(tokens("\n", f"line {HOLD}"))  # one more line than held
+            assert calls[-1][1]
+            await pilot.pause()
+            assert tail.size.height == 2 * HOLD
+            view.set_note("")  # the answer ends: no line held
+            await pilot.pause()
+            assert tail.size.height == HOLD + 1 and not view.text().plain.endswith("\n")
+
+    run(scenario)
+
+
+def test_the_live_panel_is_redrawn_on_a_timer_not_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, _ = make_app(tmp_path, FakeScript(answer_tokens=200, round_delay=0.02, hold_after=40))
+    batches: list[int] = []
+    shows: list[bool] = []
+    real_batch, real_show = ChatApp.on_stream_batch, StatsPanel.show
+    monkeypatch.setattr(
+        ChatApp, "on_stream_batch", lambda s, m: [batches.append(1), real_batch(s, m)]
+    )
+    monkeypatch.setattr(StatsPanel, "show", lambda s, v: [shows.append(v.live), real_show(s, v)])
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            await pilot.press(*"hi", "enter")
+            await wait_for(
+                pilot, lambda: app._meter is not None and len(app._meter.per_round) == 40
+            )
+            assert 0 < shows.count(True) < len(batches)  # fewer live redraws than batches
+            shows.clear(), batches.clear()
+            await pilot.pause(2 * PANEL_EVERY)  # held mid-answer: the panel catches up
+            assert "Rounds       40" in str(app.query_one("#table", Static).render())
+            assert batches == [] and shows.count(True) <= 1  # drawn once after the last batch
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+            assert shows[-1] is False  # the final stats, drawn at once
+
+    run(scenario)
