@@ -314,8 +314,14 @@ def plain_run(
     Yields Steps; leaves a plan already chosen for the next round in plans.ahead. Sets
     run.stopped when it yielded the generation's final Step."""
     wants = caps.features is not None
-    queued = _queue(target, run, cfg, mx.array(run.context[target.offset :], dtype=mx.int32),
-                    no_proposal(drafter.method), wants)  # fmt: skip
+    queued = _queue(
+        target,
+        run,
+        cfg,
+        mx.array(run.context[target.offset :], dtype=mx.int32),
+        no_proposal(drafter.method),
+        wants,
+    )
     t_prev, first = time.perf_counter(), True
     while True:
         decided, upcoming = None, None

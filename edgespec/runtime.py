@@ -92,9 +92,16 @@ class Engine:
         generate alike. Raises ModelNotFoundError / ModelLoadError / TokenizerMismatchError /
         CacheNotTrimmableError with one-line messages."""
         t, d = load_pair(
-            target, draft, pair, draft_bits=draft_bits, on_progress=on_progress,
-            with_draft=with_draft, dtype=dtype, group=group, shard=shard,
-        )  # fmt: skip
+            target,
+            draft,
+            pair,
+            draft_bits=draft_bits,
+            on_progress=on_progress,
+            with_draft=with_draft,
+            dtype=dtype,
+            group=group,
+            shard=shard,
+        )
         engine = cls(t, d)
         if group is not None:
             engine.group, engine.agreement = group, agreement_for(group)

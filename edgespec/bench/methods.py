@@ -4,6 +4,7 @@ warm prefix cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -65,9 +66,15 @@ class _Timer:
         first = self.last if self.first is None else self.first
         end = time.perf_counter()
         return Measured(
-            tuple(self.ids), first - self.start, self.last - first, end - self.start, reason,
-            rounds, timed, t_model,
-        )  # fmt: skip
+            tuple(self.ids),
+            first - self.start,
+            self.last - first,
+            end - self.start,
+            reason,
+            rounds,
+            timed,
+            t_model,
+        )
 
 
 def _sampling(point: Point) -> SamplingConfig:
@@ -207,40 +214,87 @@ class Method:
 BENCH_TREE = "dynamic"
 
 
+# EdgeSpec's methods: name -> (description, needs a draft, takes a K list, SpecConfig fields).
+# A method that takes a K list gets SpecConfig(k=K, ...) per K; adaptive ones take no K list (K is
+# chosen per round, starting from SpecConfig's default and capped by its k_max).
+SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
+    PLAIN: ("target alone through EdgeSpec's loop", False, False, {"method": "none"}),
+    "spec": ("EdgeSpec, draft model", True, True, {"method": "draft"}),
+    "ngram": ("EdgeSpec, n-gram prompt lookup (no draft)", False, True, {"method": "ngram"}),
+    "hybrid": (
+        "EdgeSpec, n-gram when it matches, else the draft",
+        True,
+        True,
+        {"method": "hybrid"},
+    ),
+    "adaptive": (
+        "EdgeSpec, draft model, K chosen per round",
+        True,
+        False,
+        {"method": "draft", "adaptive": True},
+    ),
+    "adaptive-ngram": (
+        "EdgeSpec, n-gram lookup, K chosen per round",
+        False,
+        False,
+        {"method": "ngram", "adaptive": True},
+    ),
+    "adaptive-hybrid": (
+        "EdgeSpec, hybrid drafting, K chosen per round",
+        True,
+        False,
+        {"method": "hybrid", "adaptive": True},
+    ),
+    "tree": (
+        f"EdgeSpec, draft trees {BENCH_TREE} K deep",
+        True,
+        True,
+        {"method": "draft", "tree": BENCH_TREE},
+    ),
+    "adaptive-tree": (
+        "EdgeSpec, chain or tree chosen per round",
+        True,
+        False,
+        {"method": "draft", "tree": "auto"},
+    ),
+    "block": ("EdgeSpec, block draft (one draft forward a round)", True, True, {"method": "block"}),
+    "block-tree": (
+        f"EdgeSpec, trees from a block draft, {BENCH_TREE} K deep",
+        True,
+        True,
+        {"method": "block-tree"},
+    ),
+    "mtp": ("EdgeSpec, the target's own MTP head (--draft mtp)", True, True, {"method": "mtp"}),
+}
+
+
+def _spec_runner(
+    fields: dict[str, Any], uses_k: bool
+) -> Callable[[Any, list[int], Point], Measured]:
+    """The runner of an EdgeSpec method: Engine.generate with SpecConfig(**fields), k from the
+    point when the method takes a K list."""
+    return _engine_runner(
+        lambda p: (
+            dataclasses.replace(SpecConfig(**fields), k=p.k) if uses_k else SpecConfig(**fields)
+        )
+    )
+
+
 def _registry() -> dict[str, Method]:
-    """The methods `--methods` can name. A new EdgeSpec method is one line here: a SpecConfig
-    (the Engine builds its drafter and K policy), or extras(engine, point) returning drafter=... /
-    k_policy=... keyword arguments for Engine.generate. Adaptive methods take no K list (K is
-    chosen per round, starting from SpecConfig's default and capped by its k_max)."""
+    """The methods `--methods` can name. A new EdgeSpec method is one row of SPEC_METHODS (the
+    Engine builds its drafter and K policy from the SpecConfig); mlx-lm's are the peers."""
     methods = [
-        Method(PLAIN, "target alone through EdgeSpec's loop", False, False,
-               _engine_runner(lambda p: SpecConfig(method="none"))),
-        Method("spec", "EdgeSpec, draft model", True, True,
-               _engine_runner(lambda p: SpecConfig(k=p.k, method="draft"))),
-        Method("ngram", "EdgeSpec, n-gram prompt lookup (no draft)", False, True,
-               _engine_runner(lambda p: SpecConfig(k=p.k, method="ngram"))),
-        Method("hybrid", "EdgeSpec, n-gram when it matches, else the draft", True, True,
-               _engine_runner(lambda p: SpecConfig(k=p.k, method="hybrid"))),
-        Method("adaptive", "EdgeSpec, draft model, K chosen per round", True, False,
-               _engine_runner(lambda p: SpecConfig(method="draft", adaptive=True))),
-        Method("adaptive-ngram", "EdgeSpec, n-gram lookup, K chosen per round", False, False,
-               _engine_runner(lambda p: SpecConfig(method="ngram", adaptive=True))),
-        Method("adaptive-hybrid", "EdgeSpec, hybrid drafting, K chosen per round", True, False,
-               _engine_runner(lambda p: SpecConfig(method="hybrid", adaptive=True))),
-        Method("tree", f"EdgeSpec, draft trees {BENCH_TREE} K deep", True, True,
-               _engine_runner(lambda p: SpecConfig(k=p.k, method="draft", tree=BENCH_TREE))),
-        Method("adaptive-tree", "EdgeSpec, chain or tree chosen per round", True, False,
-               _engine_runner(lambda p: SpecConfig(method="draft", tree="auto"))),
-        Method("block", "EdgeSpec, block draft (one draft forward a round)", True, True,
-               _engine_runner(lambda p: SpecConfig(k=p.k, method="block"))),
-        Method("block-tree", f"EdgeSpec, trees from a block draft, {BENCH_TREE} K deep", True,
-               True, _engine_runner(lambda p: SpecConfig(k=p.k, method="block-tree"))),
-        Method("mtp", "EdgeSpec, the target's own MTP head (--draft mtp)", True, True,
-               _engine_runner(lambda p: SpecConfig(k=p.k, method="mtp"))),
-        Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True)),
-        Method("mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False,
-               _mlx_lm_runner(False)),
-    ]  # fmt: skip
+        Method(name, text, draft, uses_k, _spec_runner(fields, uses_k))
+        for name, (text, draft, uses_k, fields) in SPEC_METHODS.items()
+    ]
+    methods.append(
+        Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True))
+    )
+    methods.append(
+        Method(
+            "mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False, _mlx_lm_runner(False)
+        )
+    )
     return {m.name: m for m in methods}
 
 

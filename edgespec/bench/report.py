@@ -78,20 +78,43 @@ def _speedup(s: Summary) -> str:
 
 
 COLUMNS = (
-    "method", "category", "runs", "tok/s", "speedup", "pred", "TTFT ms", "TPOT ms",
-    "tau", "alpha", "c", "v", "ovh %", "mism", "peak MB",
-)  # fmt: skip
+    "method",
+    "category",
+    "runs",
+    "tok/s",
+    "speedup",
+    "pred",
+    "TTFT ms",
+    "TPOT ms",
+    "tau",
+    "alpha",
+    "c",
+    "v",
+    "ovh %",
+    "mism",
+    "peak MB",
+)
 
 
 def _row(label: str, category: str, s: Summary) -> list[str]:
     ms = 1000.0
     return [
-        label, category, str(s.runs), _fmt(s.tokens_per_s, ".1f"), _speedup(s),
-        _fmt(s.predicted_speedup, ".2f"), _fmt(s.ttft and s.ttft * ms, ".0f"),
-        _fmt(s.tpot and s.tpot * ms, ".1f"), _fmt(s.tau, ".2f"), _fmt(s.alpha, ".2f"),
-        _fmt(s.c, ".2f"), _fmt(s.v, ".2f"), _fmt(s.overhead and 100 * s.overhead, ".1f"),
-        _fmt(s.mismatches, "d"), f"{s.peak_memory_mb:.0f}",
-    ]  # fmt: skip
+        label,
+        category,
+        str(s.runs),
+        _fmt(s.tokens_per_s, ".1f"),
+        _speedup(s),
+        _fmt(s.predicted_speedup, ".2f"),
+        _fmt(s.ttft and s.ttft * ms, ".0f"),
+        _fmt(s.tpot and s.tpot * ms, ".1f"),
+        _fmt(s.tau, ".2f"),
+        _fmt(s.alpha, ".2f"),
+        _fmt(s.c, ".2f"),
+        _fmt(s.v, ".2f"),
+        _fmt(s.overhead and 100 * s.overhead, ".1f"),
+        _fmt(s.mismatches, "d"),
+        f"{s.peak_memory_mb:.0f}",
+    ]
 
 
 def table_rows(variants: Sequence[VariantSummary], categories: bool = True) -> list[list[str]]:
@@ -108,7 +131,13 @@ def format_table(variants: Sequence[VariantSummary], categories: bool = True) ->
     """A plain-text, column-aligned table for the terminal."""
     rows = [list(COLUMNS)] + table_rows(variants, categories)
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]  # fmt: skip
+    lines = [
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

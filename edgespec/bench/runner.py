@@ -191,14 +191,30 @@ def _measure(
     m = METHODS[method].run(engine_for(engine, method), ids, replace(point, k=max(point.k, 1)))
     r = m.rounds
     return RunRecord(
-        method=method, k=point.k, temp=point.temp, prompt_id=prompt.id, category=prompt.category,
-        repeat=repeat, tokens=len(m.token_ids), ttft=m.ttft, decode_time=m.decode_time,
-        wall_time=m.wall_time, finish_reason=m.finish_reason, peak_memory=mx.get_peak_memory(),
-        rounds=r.rounds, drafted=r.drafted, accepted=r.accepted, rejections=r.rejections,
-        accepted_hist=r.hist, position_tries=r.tries, position_passes=r.passes, t_draft=r.t_draft if m.timed_rounds else None,
-        t_verify=r.t_verify if m.timed_rounds else None, t_model_decode=m.t_model_decode,
+        method=method,
+        k=point.k,
+        temp=point.temp,
+        prompt_id=prompt.id,
+        category=prompt.category,
+        repeat=repeat,
+        tokens=len(m.token_ids),
+        ttft=m.ttft,
+        decode_time=m.decode_time,
+        wall_time=m.wall_time,
+        finish_reason=m.finish_reason,
+        peak_memory=mx.get_peak_memory(),
+        rounds=r.rounds,
+        drafted=r.drafted,
+        accepted=r.accepted,
+        rejections=r.rejections,
+        accepted_hist=r.hist,
+        position_tries=r.tries,
+        position_passes=r.passes,
+        t_draft=r.t_draft if m.timed_rounds else None,
+        t_verify=r.t_verify if m.timed_rounds else None,
+        t_model_decode=m.t_model_decode,
         token_ids=m.token_ids,
-    )  # fmt: skip
+    )
 
 
 @dataclass

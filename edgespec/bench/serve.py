@@ -198,14 +198,19 @@ def _measure(args: argparse.Namespace) -> tuple[list[tuple[Timed, Timed]], Turns
     from edgespec.runtime import Engine
     from edgespec.server.process import ServerProcess
 
-    spec = SpecConfig(k=args.k, method=args.method, adaptive=args.adaptive,
-                      k_max=max(SpecConfig.k_max, args.k))  # fmt: skip
+    spec = SpecConfig(
+        k=args.k, method=args.method, adaptive=args.adaptive, k_max=max(SpecConfig.k_max, args.k)
+    )
     config = GenerationConfig(SamplingConfig(temperature=0), spec, args.max_tokens)
     questions = [p.text for p in load_prompts(args.prompts, limit=args.per_category)]
-    engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits,
-                         dtype=args.dtype)  # fmt: skip
-    print(f"{engine.name}: {len(questions)} prompts, {args.max_tokens} tokens, T=0, BLAS "
-          f"{blas.active()} (both sides)", flush=True)  # fmt: skip
+    engine = Engine.load(
+        args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype
+    )
+    print(
+        f"{engine.name}: {len(questions)} prompts, {args.max_tokens} tokens, T=0, BLAS "
+        f"{blas.active()} (both sides)",
+        flush=True,
+    )
     cold = ServerProcess(*_server_args(args), "--cache-slots", "0")
     try:
         model = _model_of(cold)

@@ -207,9 +207,14 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
     from edgespec.runtime import Engine
 
     engine = Engine.load(
-        args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype,
-        group=group, shard=args.shard,
-    )  # fmt: skip
+        args.target,
+        args.draft,
+        args.pair,
+        draft_bits=args.draft_bits,
+        dtype=args.dtype,
+        group=group,
+        shard=args.shard,
+    )
     peer = args.peer_draft or peer_draft_spec(args.target, args.draft, args.pair)
     token_side = _token_side(engine, plan) and group is None
     if peer is not None and ("mlx-lm" in plan.methods or token_side):
@@ -239,12 +244,19 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
     if group is not None and not group.is_primary:
         return 0 if complete else 130
     settings = {
-        "methods": list(plan.methods), "k": list(plan.ks), "temp": list(plan.temps),
-        "max_tokens": plan.max_tokens, "repeats": plan.repeats, "seed": plan.seed,
+        "methods": list(plan.methods),
+        "k": list(plan.ks),
+        "temp": list(plan.temps),
+        "max_tokens": plan.max_tokens,
+        "repeats": plan.repeats,
+        "seed": plan.seed,
         "dtype": args.dtype,
-        "prompts": str(args.prompts or "built-in"), "categories": list(args.categories or []),
-        "limit": args.limit, "n_prompts": len(encoded), "warmup": bool(plan.warmup_tokens),
-    }  # fmt: skip
+        "prompts": str(args.prompts or "built-in"),
+        "categories": list(args.categories or []),
+        "limit": args.limit,
+        "n_prompts": len(encoded),
+        "warmup": bool(plan.warmup_tokens),
+    }
     env = environment() | {"distributed": latency.to_json()}  # group size 1 when not launched
     result = BenchResult(
         records, notes, skipped, settings, pair_info(engine), env, complete, refused

@@ -141,9 +141,14 @@ def report_lines(r: EvalReport) -> list[str]:
 
     def row(name: str, c: EvalReport | CategoryReport) -> list[str]:
         return [
-            name, str(c.prompts), f"{c.agreement:.3f}", str(c.agreement_tokens),
-            f"{c.acceptance:.3f}", f"{c.tau:.2f}", f"{c.identical}/{c.prompts}",
-        ]  # fmt: skip
+            name,
+            str(c.prompts),
+            f"{c.agreement:.3f}",
+            str(c.agreement_tokens),
+            f"{c.acceptance:.3f}",
+            f"{c.tau:.2f}",
+            f"{c.identical}/{c.prompts}",
+        ]
 
     if len(r.categories) > 1:
         rows += [row(name, c) for name, c in r.categories.items()]

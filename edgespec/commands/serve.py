@@ -290,11 +290,17 @@ def run(args: argparse.Namespace) -> int:
     server = _make_server(app, worker, guard, args.verbose)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"edgespec serve: {engine.name} at http://{shown}:{port}/v1 (model {model_id!r}; "
-          "Ctrl-C stops)", flush=True)  # fmt: skip
+    print(
+        f"edgespec serve: {engine.name} at http://{shown}:{port}/v1 (model {model_id!r}; "
+        "Ctrl-C stops)",
+        flush=True,
+    )
     if not args.api_key and not ipaddress.ip_address(host).is_loopback:
-        print(f"edgespec serve: warning: listening on {host} without --api-key: anyone who can "
-              "reach this machine can use it", file=sys.stderr)  # fmt: skip
+        print(
+            f"edgespec serve: warning: listening on {host} without --api-key: anyone who can "
+            "reach this machine can use it",
+            file=sys.stderr,
+        )
     if group is not None:  # a lost rank stops the server (edgespec.server.group)
         engine.on_lost = lambda: server.handle_exit(signal.SIGTERM, None)
     _serve(server, sock, worker)

@@ -70,15 +70,21 @@ def run(args: argparse.Namespace) -> int:
     encoded, skipped = encode_prompts(engine, prompts, args.max_tokens)
     block = engine.draft is not None and isinstance(engine.draft.model, BlockModel)
     plan = variants(args.depth, trees, adaptive=not args.no_adaptive, block=block)
-    print(f"{engine.name}: {len(encoded)} prompts x {len(plan)} variants, depth {args.depth}, "
-          f"{args.max_tokens} tokens, temperature {sampling.temperature}", file=sys.stderr)  # fmt: skip
+    print(
+        f"{engine.name}: {len(encoded)} prompts x {len(plan)} variants, depth {args.depth}, "
+        f"{args.max_tokens} tokens, temperature {sampling.temperature}",
+        file=sys.stderr,
+    )
     for warm in plan:  # first-use compiles (kernels, traced blocks) outside the measured runs
         next(iter_runs(engine, dict(list(encoded.items())[:1]), [warm], sampling, 8))
     runs = []
     for r in iter_runs(engine, encoded, plan, sampling, args.max_tokens):
         runs.append(r)
-        print(f"  {r.prompt_id:>6} {r.variant:<16} tau {r.tau:.2f}  {r.tokens_per_s:6.2f} tok/s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"  {r.prompt_id:>6} {r.variant:<16} tau {r.tau:.2f}  {r.tokens_per_s:6.2f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
     summaries = summarise(runs, sampling.greedy)
     by = {s.variant: s for s in summaries}
     chain = by.get("chain")
@@ -92,9 +98,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "summary": [vars(s) for s in summaries],
-            "runs": [{"variant": r.variant, "prompt": r.prompt_id, "tokens": len(r.tokens),
-                      "rounds": r.rounds, "tokens_per_s": r.tokens_per_s,
-                      "cpu_seconds": r.cpu_seconds} for r in runs],
-        }  # fmt: skip
+            "runs": [
+                {
+                    "variant": r.variant,
+                    "prompt": r.prompt_id,
+                    "tokens": len(r.tokens),
+                    "rounds": r.rounds,
+                    "tokens_per_s": r.tokens_per_s,
+                    "cpu_seconds": r.cpu_seconds,
+                }
+                for r in runs
+            ],
+        }
         args.json.write_text(json.dumps(out, indent=1))
     return 0

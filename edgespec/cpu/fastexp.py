@@ -29,8 +29,14 @@ from edgespec.cpu.switch import cpu_switch
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; n * hi is exact in float32
-_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-         5.0000001201e-1)  # fmt: skip
+_POLY = (
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
 _FLOOR = -87.0  # e^-87 ~ 1.6e-38, just above float32's smallest normal
 
 

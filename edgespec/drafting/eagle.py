@@ -247,10 +247,21 @@ def eagle_config(
 ) -> dict[str, Any]:
     """A feature draft's config.json for a llama target's config."""
     keep = (
-        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-        "rms_norm_eps", "vocab_size", "rope_theta", "rope_scaling", "max_position_embeddings",
-        "head_dim", "attention_bias", "mlp_bias", "tie_word_embeddings", "rope_traditional",
-    )  # fmt: skip
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "vocab_size",
+        "rope_theta",
+        "rope_scaling",
+        "max_position_embeddings",
+        "head_dim",
+        "attention_bias",
+        "mlp_bias",
+        "tie_word_embeddings",
+        "rope_traditional",
+    )
     cfg = {k: target_config[k] for k in keep if k in target_config}
     cfg.update(model_type=MODEL_TYPE, eagle_layers=n_layers, head_size=head_size)
     cfg["eagle_head"] = "own" if own_head else "target"

@@ -32,8 +32,16 @@ from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, Worker
 from edgespec.server.prefix import ConversationPool
 from edgespec.worker import EngineWorker, ServedEngine
 
-__all__ = ["Done", "Failed", "Job", "Piece", "QueueFullError", "ShuttingDownError", "Worker",
-           "WorkerEvent"]  # fmt: skip
+__all__ = [
+    "Done",
+    "Failed",
+    "Job",
+    "Piece",
+    "QueueFullError",
+    "ShuttingDownError",
+    "Worker",
+    "WorkerEvent",
+]
 
 
 class Worker:

@@ -194,9 +194,18 @@ class Trees:
             feats = feats[mx.array([0] + [i + 1 for i in path], dtype=mx.int32)]
         tree = prop.tree
         rnd = Round(
-            run.index, tree.size, n, tree.depth, t_draft, t_verify, prop.method, True, prop.match,
-            nodes=tree.size, branch=branch_of(tree, path),
-        )  # fmt: skip
+            run.index,
+            tree.size,
+            n,
+            tree.depth,
+            t_draft,
+            t_verify,
+            prop.method,
+            True,
+            prop.match,
+            nodes=tree.size,
+            branch=branch_of(tree, path),
+        )
         step = run.commit(drafter, [tokens[i] for i in path] + [nxt], rnd, feats)
         target.rewind(run.context, len(run.context) - 1)
         return step

@@ -67,9 +67,12 @@ def man_passages(
         if p.is_file():
             by_pkg.setdefault(owners.get(str(p), "?"), []).append(p)
     english = [
-        p for pkg in sorted(by_pkg)
-        for p in sample_in_order(by_pkg[pkg], caps.man_per_package, seeded_rng(seed, f"man:en:{pkg}"))
-    ]  # fmt: skip
+        p
+        for pkg in sorted(by_pkg)
+        for p in sample_in_order(
+            by_pkg[pkg], caps.man_per_package, seeded_rng(seed, f"man:en:{pkg}")
+        )
+    ]
     groups = [("en", english)]
     for lang in FOREIGN_LANGS:
         pages = sorted(p for p in (root / lang).glob("man[1-8]/*") if p.is_file())
@@ -203,8 +206,18 @@ def dpkg_records(
     lic: dict[str, str], path: Path = Path("/var/lib/dpkg/status")
 ) -> Iterator[Passage]:
     """Package records (name, version, size, maintainer, description) as "record" passages."""
-    keep = ("Package", "Version", "Architecture", "Installed-Size", "Maintainer", "Section",
-            "Priority", "Depends", "Homepage", "Description")  # fmt: skip
+    keep = (
+        "Package",
+        "Version",
+        "Architecture",
+        "Installed-Size",
+        "Maintainer",
+        "Section",
+        "Priority",
+        "Depends",
+        "Homepage",
+        "Description",
+    )
     for stanza in read_text(path).split("\n\n"):
         fields = re.findall(r"^([A-Za-z-]+): (.*(?:\n .*)*)", stanza, re.M)
         rec = {k: v for k, v in fields if k in keep}

@@ -281,8 +281,18 @@ def debian_licence(copyright_text: str) -> str:
 # ----------------------------------------------------------------------------- collecting
 
 FOREIGN_LANGS = ("de", "fr", "es", "it", "nl", "pt", "pt_BR", "sv", "pl", "ru", "ja", "zh_CN")
-SKIP_STDLIB = {"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__",
-                "ensurepip", "turtledemo", "pydoc_data", "dist-packages"}  # fmt: skip
+SKIP_STDLIB = {
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "site-packages",
+    "__pycache__",
+    "ensurepip",
+    "turtledemo",
+    "pydoc_data",
+    "dist-packages",
+}
 HTML_TAG = re.compile(r"<[a-zA-Z/!][^>]*>")
 SKIP_MAN_SECTIONS = re.compile(
     r"^(NAME|SYNOPSIS|SEE ALSO|AUTHORS?|COPYRIGHT|REPORTING BUGS|BUGS|COLOPHON|HISTORY)$"

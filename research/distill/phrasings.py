@@ -274,7 +274,16 @@ LANGS = _s(
 )
 CODE_LANGS = _s("JavaScript|Rust|Go|C|Java|TypeScript|C++|Ruby|Bash")
 LANG_NAMES = {
-    "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "nl": "Dutch",
-    "pt": "Portuguese", "sv": "Swedish", "pl": "Polish", "ru": "Russian", "ja": "Japanese",
-    "zh": "Chinese", "en": "English",
-}  # fmt: skip
+    "de": "German",
+    "fr": "French",
+    "es": "Spanish",
+    "it": "Italian",
+    "nl": "Dutch",
+    "pt": "Portuguese",
+    "sv": "Swedish",
+    "pl": "Polish",
+    "ru": "Russian",
+    "ja": "Japanese",
+    "zh": "Chinese",
+    "en": "English",
+}

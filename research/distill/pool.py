@@ -165,9 +165,15 @@ def build_pool(
         if kind == "prompt_writing":
             fb = qa_closed(rng, take)
             prompts.append(
-                PoolPrompt(root.id + 1, "self_written", "", parent=root.id, fallback=fb.user,
-                           sources=root.sources + _sources(fb))
-            )  # fmt: skip
+                PoolPrompt(
+                    root.id + 1,
+                    "self_written",
+                    "",
+                    parent=root.id,
+                    fallback=fb.user,
+                    sources=root.sources + _sources(fb),
+                )
+            )
         elif rng.random() < followup_rate:
             text = followup_text(kind, rng)
             prompts.append(
@@ -189,8 +195,15 @@ def build_pool(
 def write_pool(pool: Pool, path: Path) -> str:
     """Write the pool (gzip'd JSON lines: a header, then one prompt a line); returns its sha256.
     Same pool -> same bytes (gzip mtime 0), so the hash names the pool."""
-    head = {"version": POOL_VERSION, "seed": pool.seed, "eval_fraction": pool.eval_fraction,
-            "slots": SLOTS, "kinds": list(KINDS), "n_prompts": len(pool.prompts), **pool.info}  # fmt: skip
+    head = {
+        "version": POOL_VERSION,
+        "seed": pool.seed,
+        "eval_fraction": pool.eval_fraction,
+        "slots": SLOTS,
+        "kinds": list(KINDS),
+        "n_prompts": len(pool.prompts),
+        **pool.info,
+    }
     lines = [json.dumps(head, sort_keys=True)]
     lines += [json.dumps(asdict(p), ensure_ascii=False, sort_keys=True) for p in pool.prompts]
     buf = io.BytesIO()

@@ -144,10 +144,13 @@ def generate_pool_data(
         index = next_index(data_dir)
         mx.random.seed(meta.instruction_seed * 100_003 + index)
         items = [
-            (i, list(_template(tokenizer, conversation(by_id[i], by_id, answers))),
-             is_greedy(i, meta, held))
+            (
+                i,
+                list(_template(tokenizer, conversation(by_id[i], by_id, answers))),
+                is_greedy(i, meta, held),
+            )
             for i in ids
-        ]  # fmt: skip
+        ]
         seqs = answer(model, tokenizer, items, meta.sampling, batch_size, on_tokens)
         write_pool_shard(data_dir, index, seqs, [by_id[i].kind for i in ids])
         meta = add_counts(meta, seqs)

@@ -22,10 +22,10 @@ from edgespec.distill import lexicon as W
 from research.distill import phrasings as P
 from research.distill.passages import LONG_CHARS, Passage, sentences
 
-KINDS = (
-    "summarize", "qa_context", "qa_closed", "extract", "rewrite", "translate", "code_explain",
-    "code_write", "math", "chat", "roleplay", "followup", "prompt_writing", "self_written",
-)  # fmt: skip
+KINDS = tuple(
+    "summarize qa_context qa_closed extract rewrite translate code_explain code_write math chat "
+    "roleplay followup prompt_writing self_written".split()
+)
 PROSE_FORMS = ("prose", "docstring", "reference", "legal", "changelog")
 Take = Callable[..., Passage]
 
@@ -89,9 +89,13 @@ def question_for(p: Passage, rng: random.Random) -> str:
         "record": P.Q_RECORD,
     }.get(p.form, P.Q_PROSE)
     return _fill(
-        _pick(rng, bank), name=name_of(p), title=p.title or p.source, kw=kw,
-        opt=rng.choice(opts) if opts else kw, ver=ver.group(1) if ver else "this version",
-    )  # fmt: skip
+        _pick(rng, bank),
+        name=name_of(p),
+        title=p.title or p.source,
+        kw=kw,
+        opt=rng.choice(opts) if opts else kw,
+        ver=ver.group(1) if ver else "this version",
+    )
 
 
 def _up_to(limit: int, docs: list[Passage]) -> list[Passage]:
@@ -112,10 +116,14 @@ def _lc(q: str) -> str:
 
 def _common(rng: random.Random, p: Passage) -> dict[str, object]:
     return {
-        "title": p.title or p.source, "audience": _pick(rng, P.AUDIENCES),
-        "tone": _pick(rng, P.TONES), "recipient": _pick(rng, P.RECIPIENTS),
-        "lang": _pick(rng, P.LANGS), "n": rng.randint(2, 5), "w": rng.choice((50, 80, 120)),
-    }  # fmt: skip
+        "title": p.title or p.source,
+        "audience": _pick(rng, P.AUDIENCES),
+        "tone": _pick(rng, P.TONES),
+        "recipient": _pick(rng, P.RECIPIENTS),
+        "lang": _pick(rng, P.LANGS),
+        "n": rng.randint(2, 5),
+        "w": rng.choice((50, 80, 120)),
+    }
 
 
 # ----------------------------------------------------------------------------- builders
@@ -152,16 +160,27 @@ def qa_closed(rng: random.Random, take: Take) -> Request:
     p = take("record", "reference", "docstring", "legal")
     desc = re.search(r"Description: (.*)", p.text)
     summary = desc.group(1).strip() if desc else name_of(p)
-    licences = ("GNU General Public License", "MIT License", "Apache License", "BSD licence",
-                "Mozilla Public License", "GNU Lesser General Public License")  # fmt: skip
+    licences = (
+        "GNU General Public License",
+        "MIT License",
+        "Apache License",
+        "BSD licence",
+        "Mozilla Public License",
+        "GNU Lesser General Public License",
+    )
     a, b = rng.sample(licences, 2)
     country, _ = rng.choice(W.COUNTRIES)
     fields = {
-        "title": p.title or p.source, "cmd": p.title or "ls", "desc_lc": _lc(summary).rstrip("."),
-        "module": name_of(p).split(".")[0], "licence": a, "licence2": b, "country": country,
+        "title": p.title or p.source,
+        "cmd": p.title or "ls",
+        "desc_lc": _lc(summary).rstrip("."),
+        "module": name_of(p).split(".")[0],
+        "licence": a,
+        "licence2": b,
+        "country": country,
         "concept": rng.choice(W.STEM_CONCEPTS + W.HUMANITIES_CONCEPTS),
         "animal": rng.choice(W.ANIMALS),
-    }  # fmt: skip
+    }
     return Request("qa_closed", _fill(_pick(rng, P.Q_CLOSED), **fields), (p,))
 
 
@@ -214,8 +233,12 @@ def code_write(rng: random.Random, take: Take) -> Request:
         desc = re.search(r"Description: (.*)", p.text)
         summary = (desc.group(1).strip() if desc else p.title).rstrip(".")
         t = _pick(rng, P.CODE_WRITE_TOOL)
-        fields = {"title": p.title, "summary": summary, "summary_lc": _lc(summary),
-                  "lang": _pick(rng, P.CODE_LANGS)}  # fmt: skip
+        fields = {
+            "title": p.title,
+            "summary": summary,
+            "summary_lc": _lc(summary),
+            "lang": _pick(rng, P.CODE_LANGS),
+        }
         return Request("code_write", _fill(t, **fields), (p,))
     p = take("docstring")
     sig = (
@@ -242,11 +265,19 @@ def math(rng: random.Random, take: Take) -> Request:
     ]
     y1 = rng.randint(1995, 2015)
     fields = {
-        "a": recs[0].title, "b": recs[1].title, "c": recs[2].title, "x": size[0], "y": size[1],
-        "z": size[2], "r": rng.choice((50, 120, 250, 800, 1500)), "n": rng.randint(3, 400),
-        "v1": f"{rng.randint(0, 3)}.{rng.randint(0, 9)}", "v2": f"{rng.randint(4, 9)}.{rng.randint(0, 9)}",
-        "y1": y1, "y2": y1 + rng.randint(2, 10),
-    }  # fmt: skip
+        "a": recs[0].title,
+        "b": recs[1].title,
+        "c": recs[2].title,
+        "x": size[0],
+        "y": size[1],
+        "z": size[2],
+        "r": rng.choice((50, 120, 250, 800, 1500)),
+        "n": rng.randint(3, 400),
+        "v1": f"{rng.randint(0, 3)}.{rng.randint(0, 9)}",
+        "v2": f"{rng.randint(4, 9)}.{rng.randint(0, 9)}",
+        "y1": y1,
+        "y2": y1 + rng.randint(2, 10),
+    }
     extra = rng.choice(("", "", " Show your work.", " Explain each step.", " Answer briefly."))
     return Request("math", _fill(_pick(rng, P.MATH_REAL), **fields) + extra, tuple(recs))
 
@@ -278,8 +309,14 @@ def chat(rng: random.Random, take: Take) -> Request:
     t = _pick(rng, P.CHAT)
     if "{summary}" in t and not f["summary"]:
         t = P.CHAT[0]
-    user = _fill(t, topic=topic, n=rng.randint(3, 7), audience=_pick(rng, P.AUDIENCES),
-                 character=rng.choice(W.CHARACTERS), **f)  # fmt: skip
+    user = _fill(
+        t,
+        topic=topic,
+        n=rng.randint(3, 7),
+        audience=_pick(rng, P.AUDIENCES),
+        character=rng.choice(W.CHARACTERS),
+        **f,
+    )
     return Request("chat", user, (p,) if p else ())
 
 

@@ -100,9 +100,10 @@ def package_passages(
         seen.add(name)
         meta = dist.metadata
         lic = package_licence(
-            meta["License-Expression"] or "", meta["License"] or "",
+            meta["License-Expression"] or "",
+            meta["License"] or "",
             [c for c in (meta.get_all("Classifier") or []) if c.startswith("License ::")],
-        )  # fmt: skip
+        )
         if not lic:
             continue
         yield from _distribution_passages(dist, name, lic, caps, seed)
@@ -115,10 +116,12 @@ def _distribution_passages(dist, name: str, lic: str, caps: Caps, seed: int) -> 
         for t in group_paragraphs(_readme_paragraphs(dist.metadata.get_payload() or ""))
     ]
     files = [
-        f for f in (dist.files or [])
-        if f.suffix == ".py" and not {"tests", "test", "testing"} & set(f.parts)
+        f
+        for f in (dist.files or [])
+        if f.suffix == ".py"
+        and not {"tests", "test", "testing"} & set(f.parts)
         and not f.name.startswith("test_")
-    ]  # fmt: skip
+    ]
     for f in sample_in_order(sorted(files, key=str), caps.package_files, seeded_rng(seed, source)):
         path = Path(dist.locate_file(f))
         module = ".".join(Path(f).with_suffix("").parts).removesuffix(".__init__")

@@ -137,8 +137,13 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.plot(1000 * grid, predict(rows, grid), "-", color="0.6", label="predicted from 0 ms")
     ax.plot(1000 * added, [r["speedup"] for r in rows], "o", color="C0", label="measured")
     for r, a in zip(rows, added, strict=True):
-        ax.annotate(f"{r['all_sum_us'] / 1000:.1f}", (1000 * a, r["speedup"]), fontsize=7,
-                    xytext=(3, -9), textcoords="offset points")  # fmt: skip
+        ax.annotate(
+            f"{r['all_sum_us'] / 1000:.1f}",
+            (1000 * a, r["speedup"]),
+            fontsize=7,
+            xytext=(3, -9),
+            textcoords="offset points",
+        )
     ax.axhline(rows[0]["tau"], color="0.8", ls=":", label=f"tau = {rows[0]['tau']:.2f}")
     ax.set_xlabel("latency added to each target forward (ms)")
     ax.set_ylabel("spec / plain tokens per s")
@@ -149,8 +154,10 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def markdown(rows: list[dict], k: int) -> str:
-    head = ("| one-way delay (ms) | all_sum (us) | forward L=1 (ms) | forward L=K+1 (ms) | "
-            "plain tok/s | spec tok/s | speedup | tau | predicted |")  # fmt: skip
+    head = (
+        "| one-way delay (ms) | all_sum (us) | forward L=1 (ms) | forward L=K+1 (ms) | "
+        "plain tok/s | spec tok/s | speedup | tau | predicted |"
+    )
     added = added_latency(rows)
     lines = [head, "|" + "---|" * 9]
     for r, p in zip(rows, predict(rows, added), strict=True):

@@ -120,9 +120,15 @@ def cmd_train(a: argparse.Namespace) -> int:
         log(f"source {s.name}: {len(s.train)} train ({n} tokens) x{s.repeat}, {len(s.held)} held")
     _, start = start_draft(srcs, a.head_size)
     cfg = TrainConfig(
-        steps=a.steps, lr=a.lr, warmup=a.warmup, batch_tokens=a.batch, eval_every=a.eval_every,
-        ckpt_every=a.eval_every, min_lr_ratio=0.1, seed=a.seed,
-    )  # fmt: skip
+        steps=a.steps,
+        lr=a.lr,
+        warmup=a.warmup,
+        batch_tokens=a.batch,
+        eval_every=a.eval_every,
+        ckpt_every=a.eval_every,
+        min_lr_ratio=0.1,
+        seed=a.seed,
+    )
     info = [
         {"name": s.name, "repeat": s.repeat, "train": len(s.train), "held": len(s.held)}
         for s in srcs
@@ -239,10 +245,14 @@ def cmd_gpu_pack(a: argparse.Namespace) -> int:
             break
     _save_pack(out / "prompts.npz", prompts, kinds)
     info = {
-        "pool_sha256": sha, "prompts": len(prompts), "prompt_tokens": int(sum(len(s.ids) for s in prompts)),
-        "real_train": len(real_train), "real_held": len(real_held), "gpu_train": len(pick),
+        "pool_sha256": sha,
+        "prompts": len(prompts),
+        "prompt_tokens": int(sum(len(s.ids) for s in prompts)),
+        "real_train": len(real_train),
+        "real_held": len(real_held),
+        "gpu_train": len(pick),
         "prev_train": len(earlier),
-    }  # fmt: skip
+    }
     (out / "pack.json").write_text(json.dumps(info, indent=2))
     log(f"pack {out}: {info}")
     return 0
@@ -347,9 +357,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt", type=int, default=768)
     p.add_argument("--gpu-sample", type=int, default=4000)
     p.add_argument(
-        "--gpu-data", nargs="*", default=[str(DRAFT / "data-real-gpu")],
+        "--gpu-data",
+        nargs="*",
+        default=[str(DRAFT / "data-real-gpu")],
         help="earlier GPU rounds' answer folders (gpu-import --data-out)",
-    )  # fmt: skip
+    )
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("gpu-import", help="measure (and install) gpu_finetune.py's export")
     p.add_argument("--run", required=True, help="gpu_finetune.py's --out, fetched")
@@ -369,9 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     reexec_with_blas(argv, module="research.recipes.draft_r2")
     a = parser().parse_args(argv)
     return {
-        "topk": cmd_topk, "train": cmd_train, "export": cmd_export,
-        "gpu-pack": cmd_gpu_pack, "gpu-import": cmd_gpu_import,
-    }[a.cmd](a)  # fmt: skip
+        "topk": cmd_topk,
+        "train": cmd_train,
+        "export": cmd_export,
+        "gpu-pack": cmd_gpu_pack,
+        "gpu-import": cmd_gpu_import,
+    }[a.cmd](a)
 
 
 if __name__ == "__main__":

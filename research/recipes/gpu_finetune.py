@@ -78,8 +78,10 @@ def generate(target, pack: Path, args, deadline: float):
             kinds.append(int(prompt_kinds[i]))
             made += len(ans)
         width = max(len(prompts[i]) for i in idx)
-        log(f"gen batch {b} ({'greedy' if greedy else 'sampled'}, width {width}): "
-            f"{len(seqs)} answers, {made} tokens, {made / (time.time() - t0):.0f} tok/s")  # fmt: skip
+        log(
+            f"gen batch {b} ({'greedy' if greedy else 'sampled'}, width {width}): "
+            f"{len(seqs)} answers, {made} tokens, {made / (time.time() - t0):.0f} tok/s"
+        )
     return (
         seqs,
         plens,
@@ -164,8 +166,11 @@ def train(draft, target, sources: dict, held: dict, args, deadline: float, out: 
         curve.append(row)
         log(json.dumps(row))
         if row["agreement"] > best["score"]:
-            best.update(score=row["agreement"], row=row,
-                        state={k: v.detach().clone() for k, v in draft.state_dict().items()})  # fmt: skip
+            best.update(
+                score=row["agreement"],
+                row=row,
+                state={k: v.detach().clone() for k, v in draft.state_dict().items()},
+            )
         (out / "report.json").write_text(json.dumps({"curve": curve}, indent=1))
 
     record(float("nan"))
@@ -255,8 +260,14 @@ def main() -> None:
     new_seqs, new_plens, new_ids, new_kinds, gen_info = gen
     for g in range(0, len(new_seqs), 12000):
         part = slice(g, g + 12000)
-        write_shard(args.out / f"new-{g // 12000:02d}.npz", new_seqs[part], new_plens[part],
-                    new_ids[part], new_kinds[part], compress=True)  # fmt: skip
+        write_shard(
+            args.out / f"new-{g // 12000:02d}.npz",
+            new_seqs[part],
+            new_plens[part],
+            new_ids[part],
+            new_kinds[part],
+            compress=True,
+        )
     reps = {k: int(v) for k, v in (kv.split("=") for kv in args.mix.split(","))}
     sources = {"new": (new_seqs, new_plens, reps.get("new", 1))}
     # prev: earlier GPU rounds' answers, when the pack has them
@@ -264,8 +275,14 @@ def main() -> None:
         if (args.pack / f"{name}_train.npz").exists():
             s, p, _ = read_shards([args.pack / f"{name}_train.npz"])
             sources[name] = (s[:lim], p[:lim], reps.get(name, 1))
-    data = {k: {"answers": len(v[0]), "completion_tokens": int(sum(len(s) - p for s, p in zip(v[0], v[1], strict=True))), "repeat": v[2]}
-            for k, v in sources.items()}  # fmt: skip
+    data = {
+        k: {
+            "answers": len(v[0]),
+            "completion_tokens": int(sum(len(s) - p for s, p in zip(v[0], v[1], strict=True))),
+            "repeat": v[2],
+        }
+        for k, v in sources.items()
+    }
     log(f"sources: {data}")
     result = train(draft, target, sources, held, args, deadline, args.out)
     final = {
@@ -274,11 +291,15 @@ def main() -> None:
     }
     draft.export(args.out, args.bits)
     report = {
-        "start": start_scores, "final_best": final, "generation": gen_info, "sources": data,
-        **result, "args": {k: str(v) for k, v in vars(args).items()},
+        "start": start_scores,
+        "final_best": final,
+        "generation": gen_info,
+        "sources": data,
+        **result,
+        "args": {k: str(v) for k, v in vars(args).items()},
         "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
         "seconds": round(time.time() - t_start, 1),
-    }  # fmt: skip
+    }
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     log(f"done in {time.time() - t_start:.0f}s: {final}")
 

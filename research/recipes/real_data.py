@@ -56,9 +56,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     pool, sha = read_pool(Path(a.pool))
     plan = SamplingPlan(
-        temperature=a.temperature, greedy_fraction=a.greedy_fraction,
+        temperature=a.temperature,
+        greedy_fraction=a.greedy_fraction,
         max_new_tokens=a.max_new_tokens,
-    )  # fmt: skip
+    )
     meta = pool_meta(pool, sha, a.target, Meta(target=a.target, n_eval=a.n_eval, sampling=plan))
     target = load_target(a.target)
     data_dir = Path(a.data)
@@ -76,12 +77,22 @@ def cmd_generate(a: argparse.Namespace) -> int:
         clock.update(t=now, tok=m.n_completion_tokens)
 
     blas = os.environ.get("EDGESPEC_BLAS_ACTIVE", "reference BLAS")
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} pool {a.pool} ({sha[:16]}), data {a.data}, "
-          f"{had} completion tokens already, {blas}", flush=True)  # fmt: skip
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} pool {a.pool} ({sha[:16]}), data {a.data}, "
+        f"{had} completion tokens already, {blas}",
+        flush=True,
+    )
     meta = generate_pool_data(
-        target.model, target.tokenizer, Path(a.data), pool, meta, tokens=a.tokens,
-        batch_size=a.gen_batch, shard_size=a.shard_size, on_shard=log,
-    )  # fmt: skip
+        target.model,
+        target.tokenizer,
+        Path(a.data),
+        pool,
+        meta,
+        tokens=a.tokens,
+        batch_size=a.gen_batch,
+        shard_size=a.shard_size,
+        on_shard=log,
+    )
     print(f"done: {meta.n_sequences} answers, {meta.n_completion_tokens} completion tokens")
     return 0
 

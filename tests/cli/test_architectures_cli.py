@@ -87,10 +87,26 @@ def test_the_bench_runs_on_every_family(families, family):
 def test_the_bench_command_says_why_mlx_lm_was_left_out(families, family, tmp_path):
     target, draft = (str(p) for p in families.paths(family))
     proc = run_edgespec(
-        "bench", "--target", target, "--draft", draft, "--methods", "plain,spec,mlx-lm",
-        "--categories", "qa", "--limit", "1", "--max-tokens", "40", "-k", "3", "--no-warmup",
-        "--out", str(tmp_path), "--quiet",
-    )  # fmt: skip
+        "bench",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--methods",
+        "plain,spec,mlx-lm",
+        "--categories",
+        "qa",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "40",
+        "-k",
+        "3",
+        "--no-warmup",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "results.json").read_text())
     ran = {m["method"] for m in doc["methods"]}

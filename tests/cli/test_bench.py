@@ -89,8 +89,16 @@ def test_plan_rejects_bad_settings_with_generates_messages(bad, message) -> None
 def _synthetic() -> BenchResult:
     recs = []
     for cat, pid in (("qa", "1"), ("math", "2")):
-        common = dict(temp=0.0, prompt_id=pid, category=cat, repeat=0, ttft=0.05,
-                      wall_time=1.0, finish_reason="length", peak_memory=2**20)  # fmt: skip
+        common = dict(
+            temp=0.0,
+            prompt_id=pid,
+            category=cat,
+            repeat=0,
+            ttft=0.05,
+            wall_time=1.0,
+            finish_reason="length",
+            peak_memory=2**20,
+        )
         recs.append(RunRecord(method="plain", k=0, tokens=21, decode_time=1.0, **common))
         recs.append(
             RunRecord(
@@ -108,7 +116,7 @@ def _synthetic() -> BenchResult:
                 mismatch=pid == "2",
                 first_diff=3 if pid == "2" else None,
                 **common,
-            )  # fmt: skip
+            )
         )
     note = MismatchNote("spec", 4, "2", "math", 0, 3, 10, 11, 1e-6, True)
     settings = {"max_tokens": 21, "n_prompts": 2, "prompts": "synthetic", "repeats": 1}
@@ -202,9 +210,31 @@ def test_self_draft_accepts_every_token(tiny_pairs) -> None:
 def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
     pytest.importorskip("edgespec.runtime")
     target, draft = tiny_pairs["subset"]
-    cmd = [sys.executable, "-m", "edgespec", "bench", "--target", str(target), "--draft",
-           str(draft), "--draft-bits", "0", "--prompts", str(DEFAULT_PROMPTS), "--categories", "qa,coding",
-           "--limit", "1", "--max-tokens", "6", "-k", "2", "--out", str(tmp_path), "--quiet"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgespec",
+        "bench",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--draft-bits",
+        "0",
+        "--prompts",
+        str(DEFAULT_PROMPTS),
+        "--categories",
+        "qa,coding",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "6",
+        "-k",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "spec K=2 T=0" in proc.stdout and "results.json" in proc.stdout

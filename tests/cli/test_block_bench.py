@@ -78,10 +78,23 @@ def test_tree_bench_names_block_variants(paths, tmp_path):
     assert {v.spec.method for v in variants(3, ["2,1"], block=True) if v.spec} == {"block"}
     out = tmp_path / "tree.json"
     r = run_edgespec(
-        "tree-bench", "--target", str(paths[0]), "--draft", str(paths[1]), "--depth", "3",
-        "--trees", "2,1", "--limit", "1", "--max-tokens", "8", "--no-adaptive", "--json",
+        "tree-bench",
+        "--target",
+        str(paths[0]),
+        "--draft",
+        str(paths[1]),
+        "--depth",
+        "3",
+        "--trees",
+        "2,1",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "8",
+        "--no-adaptive",
+        "--json",
         str(out),
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr
     assert "block-tree 2,1" in r.stdout
 

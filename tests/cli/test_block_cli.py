@@ -46,9 +46,17 @@ def test_block_methods_equal_plain_greedy(models):
 
 def test_block_method_without_a_block_draft_is_one_line(models, tiny_pair):
     r = run_edgespec(
-        "generate", "the cat", "--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]),
-        "--method", "block", "--max-tokens", "4",
-    )  # fmt: skip
+        "generate",
+        "the cat",
+        "--target",
+        str(tiny_pair[0]),
+        "--draft",
+        str(tiny_pair[1]),
+        "--method",
+        "block",
+        "--max-tokens",
+        "4",
+    )
     assert r.returncode == 2 and "block draft" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -57,9 +65,17 @@ def test_a_draft_for_another_target_is_one_line(models, tmp_path):
     target = models[1]
     other = write_dflash(Path(target), tmp_path / "other", num_target_layers=6)
     r = run_edgespec(
-        "generate", "the cat", "--target", target, "--draft", str(other), "--method", "block",
-        "--max-tokens", "4",
-    )  # fmt: skip
+        "generate",
+        "the cat",
+        "--target",
+        target,
+        "--draft",
+        str(other),
+        "--method",
+        "block",
+        "--max-tokens",
+        "4",
+    )
     assert r.returncode == 2 and "6 layers" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 

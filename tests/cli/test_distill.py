@@ -27,9 +27,15 @@ from tests.helpers.tiny import make_tiny_pair
 N_INSTR = 120
 PLAN = S.SamplingPlan(max_new_tokens=16, top_k_saved=8)
 CFG = TrainConfig(
-    layers="0,-1", head_size=96, steps=6, batch_tokens=384, lr=3e-3, warmup=1, eval_every=3,
+    layers="0,-1",
+    head_size=96,
+    steps=6,
+    batch_tokens=384,
+    lr=3e-3,
+    warmup=1,
+    eval_every=3,
     ckpt_every=3,
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +46,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Target, Path]:
     target = load_target(str(target_dir))
     meta = S.Meta(target=str(target_dir), n_instructions=N_INSTR, sampling=PLAN)
     D.generate_data(
-        target.model, target.tokenizer, root / "data", meta, tokens=250, batch_size=8,
-        shard_size=10, progress=False,
-    )  # fmt: skip
+        target.model,
+        target.tokenizer,
+        root / "data",
+        meta,
+        tokens=250,
+        batch_size=8,
+        shard_size=10,
+        progress=False,
+    )
     return target, root / "data"
 
 
@@ -112,9 +124,15 @@ def test_generation_resumes_without_regenerating(tiny: tuple[Target, Path]) -> N
     before = {p: p.stat().st_mtime_ns for p in S.shard_paths(data_dir)}
     meta = S.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
     again = D.generate_data(
-        target.model, target.tokenizer, data_dir, meta, tokens=250, batch_size=8, shard_size=10,
+        target.model,
+        target.tokenizer,
+        data_dir,
+        meta,
+        tokens=250,
+        batch_size=8,
+        shard_size=10,
         progress=False,
-    )  # fmt: skip
+    )
     assert {p: p.stat().st_mtime_ns for p in S.shard_paths(data_dir)} == before
     assert again.n_sequences == 20
 
@@ -126,9 +144,15 @@ def test_generation_continues_with_new_ids_only(tmp_path: Path, tiny: tuple[Targ
     S.shard_paths(copy)[-1].unlink()  # as if killed before the second shard was written
     meta = S.Meta(target=target.name, n_instructions=N_INSTR, sampling=PLAN)
     meta = D.generate_data(
-        target.model, target.tokenizer, copy, meta, tokens=400, batch_size=8, shard_size=10,
+        target.model,
+        target.tokenizer,
+        copy,
+        meta,
+        tokens=400,
+        batch_size=8,
+        shard_size=10,
         progress=False,
-    )  # fmt: skip
+    )
     ids = [s.instr_id for s in S.iter_sequences(copy)]
     assert len(ids) == len(set(ids)) > 20
 
@@ -209,11 +233,36 @@ def test_cli_end_to_end_exports_a_loadable_4bit_draft(
     target, data_dir = tiny
     out = tmp_path / "run"
     argv = [
-        "distill", "--target", str(target.name), "--out", str(out), "--data", str(data_dir),
-        "--tokens", "250", "--instructions", str(N_INSTR), "--max-new-tokens", "16",
-        "--layers", "0,-1", "--head-size", "96", "--steps", "4", "--batch", "384",
-        "--eval-every", "2", "--ckpt-every", "2", "--warmup", "1", "--bits", "4",
-    ]  # fmt: skip
+        "distill",
+        "--target",
+        str(target.name),
+        "--out",
+        str(out),
+        "--data",
+        str(data_dir),
+        "--tokens",
+        "250",
+        "--instructions",
+        str(N_INSTR),
+        "--max-new-tokens",
+        "16",
+        "--layers",
+        "0,-1",
+        "--head-size",
+        "96",
+        "--steps",
+        "4",
+        "--batch",
+        "384",
+        "--eval-every",
+        "2",
+        "--ckpt-every",
+        "2",
+        "--warmup",
+        "1",
+        "--bits",
+        "4",
+    ]
     assert main(argv) == 0
     assert main(argv) == 2  # a second run without --resume refuses to clobber the first
     with pytest.raises(ValueError, match="shares its target's embedding"):
@@ -286,9 +335,16 @@ def test_evaluate_cli_prints_categories_and_flags_them(evaluated_pair: tuple[str
     target, draft, prompts = evaluated_pair
     args = ["--target", target, "--draft", str(draft), "--prompts", str(prompts)]
     proc = run_edgespec(
-        "distill", "--evaluate", *args, "--per-category", "1", "--eval-tokens", "8",
-        "--min-category", "1",
-    )  # fmt: skip
+        "distill",
+        "--evaluate",
+        *args,
+        "--per-category",
+        "1",
+        "--eval-tokens",
+        "8",
+        "--min-category",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     table = [ln.split() for ln in lines if ln.split()[:1] in (["greet"], ["ask"], ["overall"])]

@@ -118,10 +118,18 @@ def test_only_exact_llama_blocks_compile_and_the_switch_turns_it_off(tiny_pair, 
 def test_a_head_size_other_than_hidden_over_heads_keeps_the_logits(monkeypatch):
     # Llama configs may set head_dim apart from hidden_size / num_attention_heads.
     args = llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
-        vocab_size=100, rope_theta=10000.0, tie_word_embeddings=True,
-    )  # fmt: skip
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        vocab_size=100,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
     mx.random.seed(9)
     compiled_model = llama.Model(args)
     mx.eval(compiled_model.parameters())

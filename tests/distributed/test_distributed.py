@@ -70,8 +70,13 @@ def test_checksum_worked_example():
 
 
 def test_shardable_checks_name_the_fix():
-    smollm = {"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3,
-              "intermediate_size": 1536, "num_hidden_layers": 30}  # fmt: skip
+    smollm = {
+        "model_type": "llama",
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+    }
     assert divisible_sizes(smollm) == [3]
     check_shardable(smollm, "smollm", {"tensor": True, "pipeline": False}, "tensor", 3)
     with pytest.raises(GroupError, match=r"9 attention heads, 3 KV heads .* size 2 .*fit: 3\)"):
@@ -149,9 +154,24 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
 
     tiny_pair, count, out = two_layer_pair, 100, tmp_path / "samples.json"
     port = free_ports(2)
-    cmd = [sys.executable, "-c", LAUNCH, "--backend", "ring", "-n", "2", "-p", str(port), "--",
-           sys.executable, str(ROOT / "tests" / "helpers" / "dist_sample.py"), str(tiny_pair[0]),
-           str(tiny_pair[1]), str(out), str(count)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "--backend",
+        "ring",
+        "-n",
+        "2",
+        "-p",
+        str(port),
+        "--",
+        sys.executable,
+        str(ROOT / "tests" / "helpers" / "dist_sample.py"),
+        str(tiny_pair[0]),
+        str(tiny_pair[1]),
+        str(out),
+        str(count),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=600)
     assert out.exists(), r.stdout + r.stderr
     got = json.loads(out.read_text())
@@ -179,8 +199,20 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
 
 def test_ranks_that_disagree_all_stop(tmp_path):
     """The agreement check can fail: a step committed differently on one rank stops every rank."""
-    cmd = [sys.executable, "-c", LAUNCH, "--backend", "ring", "-n", "2", "-p", str(free_ports(2)),
-           "--", sys.executable, str(ROOT / "tests" / "helpers" / "dist_agreement.py")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "--backend",
+        "ring",
+        "-n",
+        "2",
+        "-p",
+        str(free_ports(2)),
+        "--",
+        sys.executable,
+        str(ROOT / "tests" / "helpers" / "dist_agreement.py"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
     caught = sorted(line for line in r.stdout.splitlines() if "caught" in line)
     assert len(caught) == 2, r.stdout + r.stderr
@@ -191,8 +223,22 @@ def test_killed_rank_stops_rank_0_with_one_line(tiny_pair, tmp_path):
     """Rank 1 is killed mid-answer; rank 0 (no launcher to stop it) must end on its own, within
     the timeout, with a one-line error that says what happened."""
     hostfile = write_hostfile(tmp_path / "hosts.json", 2)
-    args = [sys.executable, "-m", "edgespec", "generate", "the cat", *models(*tiny_pair),
-            "--temp", "0", "--json", "--max-tokens", "400", "--method", "draft", "--no-adaptive"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "edgespec",
+        "generate",
+        "the cat",
+        *models(*tiny_pair),
+        "--temp",
+        "0",
+        "--json",
+        "--max-tokens",
+        "400",
+        "--method",
+        "draft",
+        "--no-adaptive",
+    ]
     ranks = [
         subprocess.Popen(
             args,
@@ -201,7 +247,7 @@ def test_killed_rank_stops_rank_0_with_one_line(tiny_pair, tmp_path):
             text=True,
             cwd=ROOT,
             env=env(MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank)),
-        )  # fmt: skip
+        )
         for rank in range(2)
     ]
     try:
@@ -236,9 +282,13 @@ def test_heads_that_do_not_divide_give_one_line(tiny_pair):
 def test_commands_without_a_group_path_refuse_the_launcher(tmp_path):
     hostfile = write_hostfile(tmp_path / "hosts.json", 2)
     r = subprocess.run(
-        [sys.executable, "-m", "edgespec", "verify"], capture_output=True, text=True, cwd=ROOT,
-        env=env(MLX_HOSTFILE=str(hostfile), MLX_RANK="0"), timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "edgespec", "verify"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env(MLX_HOSTFILE=str(hostfile), MLX_RANK="0"),
+        timeout=120,
+    )
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "edgespec verify: error: verify does not run under mlx.launch; use generate, bench or serve "
@@ -279,9 +329,12 @@ def test_ring_giving_up_ends_a_hung_rank_with_one_line(case):
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-c", RING_WATCH, case],
-        capture_output=True, text=True, cwd=ROOT, timeout=30,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
         env=env(MLX_RANK="0", MLX_HOSTFILE="hosts.json"),  # read as a launched rank 0
-    )  # fmt: skip
+    )
     lines = r.stderr.splitlines()
     if case == "hang":
         assert r.returncode == 2 and time.monotonic() - t0 < 20, r.stderr

@@ -47,18 +47,34 @@ def free_ports(n: int) -> int:
 def launch_command(n: int, *args: str) -> list[str]:
     """`mlx.launch --backend ring -n N -p PORT -- python -m edgespec ARGS`."""
     return [
-        sys.executable, "-c", LAUNCH, "--backend", "ring", "-n", str(n), "-p", str(free_ports(n)),
-        "--", sys.executable, "-m", "edgespec", *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "--backend",
+        "ring",
+        "-n",
+        str(n),
+        "-p",
+        str(free_ports(n)),
+        "--",
+        sys.executable,
+        "-m",
+        "edgespec",
+        *args,
+    ]
 
 
 def launch(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `edgespec ARGS` on N ranks; the merged output of all ranks comes back (rank 0 alone
     writes to stdout; error lines of ranks > 0 say `[rank r]`)."""
     return subprocess.run(
-        launch_command(n, *args), capture_output=True, text=True, env=env(), cwd=ROOT,
+        launch_command(n, *args),
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=ROOT,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def token_ids(stdout: str) -> list[int]:

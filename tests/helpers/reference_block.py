@@ -24,9 +24,14 @@ def _rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
 
 
 def block_logits(
-    w: dict[str, np.ndarray], cfg: dict[str, Any], tokens: list[int], raw: np.ndarray,
-    embed: np.ndarray, head: np.ndarray, windows: dict[int, int] | None = None,
-) -> np.ndarray:  # fmt: skip
+    w: dict[str, np.ndarray],
+    cfg: dict[str, Any],
+    tokens: list[int],
+    raw: np.ndarray,
+    embed: np.ndarray,
+    head: np.ndarray,
+    windows: dict[int, int] | None = None,
+) -> np.ndarray:
     """Logits [L, V] of the block `tokens` after a context of raw target layer outputs [S, n*d]:
     context at positions 0..S-1, block at S..S+L-1, every block query over every key (in a layer
     of `windows`, {layer: width}, over the keys less than width positions away)."""
@@ -40,10 +45,16 @@ def block_logits(
         p = f"layers.{i}."
         x = _rms(h, w[p + "input_layernorm.weight"], eps)
         both = np.concatenate([ctx, x])
-        q = _rms((x @ w[p + "self_attn.q_proj.weight"].T).reshape(n, heads, hd),
-                 w[p + "self_attn.q_norm.weight"], eps)  # fmt: skip
-        k = _rms((both @ w[p + "self_attn.k_proj.weight"].T).reshape(s + n, kv, hd),
-                 w[p + "self_attn.k_norm.weight"], eps)  # fmt: skip
+        q = _rms(
+            (x @ w[p + "self_attn.q_proj.weight"].T).reshape(n, heads, hd),
+            w[p + "self_attn.q_norm.weight"],
+            eps,
+        )
+        k = _rms(
+            (both @ w[p + "self_attn.k_proj.weight"].T).reshape(s + n, kv, hd),
+            w[p + "self_attn.k_norm.weight"],
+            eps,
+        )
         v = (both @ w[p + "self_attn.v_proj.weight"].T).reshape(s + n, kv, hd)
         q, k = _rope(q, pos_q, theta), _rope(k, pos_k, theta)
         group = heads // kv

@@ -80,9 +80,14 @@ def _draft_tree(draft, ctx: list[int], tree: Tree, cfg: SamplingConfig, u):
 
 
 def reference_tree(
-    target, draft, prompt: list[int], cfg: SamplingConfig, paths: list[RankPath], max_tokens: int,
+    target,
+    draft,
+    prompt: list[int],
+    cfg: SamplingConfig,
+    paths: list[RankPath],
+    max_tokens: int,
     eos=(),
-) -> list[int]:  # fmt: skip
+) -> list[int]:
     """The generated token ids (EOS excluded) of tree speculation with a fixed shape."""
     tree = shape_tree(paths)
     key, ctx, out = make_key(cfg.seed), list(prompt), []

@@ -230,9 +230,12 @@ def test_transformers_5_rope_and_sliding_window_layers(pair, tmp_path):
 
     target_path, target, _ = pair
     cfg = {
-        "rope_theta": None, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1,
-    }  # fmt: skip
+        "rope_theta": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "use_sliding_window": True,
+        "sliding_window": 3,
+        "max_window_layers": 1,
+    }
     folder = write_dflash(target_path, tmp_path / "windowed", **cfg)
     args = BlockArgs.from_config(json.loads((folder / "config.json").read_text()))
     assert args.rope_theta == 10000.0 and args.rope_scaling is None

@@ -41,8 +41,10 @@ def test_shipped_catalogue_is_consistent():
             )  # z-lab's block drafts
     eagle = cat.pair("smollm2-135m-eagle")  # the feature draft, with a token draft for mlx-lm
     assert (eagle.target, eagle.draft, eagle.token_draft) == (
-        "smollm2-135m-instruct", "smollm2-135m-eagle", "smollm2-135m-draft"
-    )  # fmt: skip
+        "smollm2-135m-instruct",
+        "smollm2-135m-eagle",
+        "smollm2-135m-draft",
+    )
     assert cat.model("smollm2-135m-eagle").available
     eagle3 = cat.pair("smollm2-135m-eagle3")  # EAGLE-3 style: three target layers
     assert (eagle3.draft, eagle3.token_draft) == ("smollm2-135m-eagle3", "smollm2-135m-draft")
@@ -139,8 +141,11 @@ def test_a_pairs_token_draft_is_the_peer_draft_only_for_its_own_draft(tmp_path):
     raw = {
         "default_pair": "p",
         "models": {"t": {"local": "t"}, "f": {"local": "f"}, "d": {"local": "d"}},
-        "pairs": {"p": {"target": "t", "draft": "f", "token_draft": "d"}, "q": {"target": "t", "draft": "d"}},
-    }  # fmt: skip
+        "pairs": {
+            "p": {"target": "t", "draft": "f", "token_draft": "d"},
+            "q": {"target": "t", "draft": "d"},
+        },
+    }
     cat = catalog.parse_catalog(raw, tmp_path)
     assert cat.pair("p").token_draft == "d" and cat.pair("q").token_draft is None
     assert loading.peer_draft_spec(None, None, None, cat) == "d"  # the default pair

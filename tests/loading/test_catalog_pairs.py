@@ -36,19 +36,31 @@ from tests.helpers.tiny import make_tokenizer
 from tests.helpers.tiny_arch import build, family_config, save_quantized, seed_weights
 
 MAC_PAIRS = {
-    "qwen3-4b", "qwen3-8b", "qwen3-14b", "llama3.1-8b", "qwen2.5-7b", "gemma3-12b", "qwen3.5-9b",
+    "qwen3-4b",
+    "qwen3-8b",
+    "qwen3-14b",
+    "llama3.1-8b",
+    "qwen2.5-7b",
+    "gemma3-12b",
+    "qwen3.5-9b",
     "gemma4-31b",
-}  # fmt: skip
+}
 
 # Family -> (tokenizer size, special tokens at their ids): what the made-up configs mimic.
 FAMILIES = {
     "qwen3": (151669, {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}),
     "qwen2.5": (151665, {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}),
-    "llama3": (128256, {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128009: "<|eot_id|>"}),
-    "gemma3": (262144, {0: "<pad>", 1: "<eos>", 2: "<bos>", 105: "<start_of_turn>", 106: "<end_of_turn>"}),
+    "llama3": (
+        128256,
+        {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>", 128009: "<|eot_id|>"},
+    ),
+    "gemma3": (
+        262144,
+        {0: "<pad>", 1: "<eos>", 2: "<bos>", 105: "<start_of_turn>", 106: "<end_of_turn>"},
+    ),
     "qwen3.5": (248077, {248044: "<|endoftext|>", 248045: "<|im_start|>", 248046: "<|im_end|>"}),
     "gemma4": (262144, {0: "<pad>", 1: "<eos>", 2: "<bos>", 106: "<turn|>"}),
-}  # fmt: skip
+}
 
 
 def test_every_mac_pair_declares_its_tokenizer_and_widths():

@@ -249,8 +249,13 @@ def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):
         (draft / name).unlink(missing_ok=True)
     make_hub_cache(offline_hub, "mlx-community/Tiny-Qwen3-4bit", target)
     make_hub_cache(offline_hub, "z-lab/Tiny-Qwen3-DFlash", draft)
-    pairs = {"tiny-dflash": {"target": "mlx-community/Tiny-Qwen3-4bit",
-                             "draft": "z-lab/Tiny-Qwen3-DFlash", "platform": "mac"}}  # fmt: skip
+    pairs = {
+        "tiny-dflash": {
+            "target": "mlx-community/Tiny-Qwen3-4bit",
+            "draft": "z-lab/Tiny-Qwen3-DFlash",
+            "platform": "mac",
+        }
+    }
     cat = catalog.parse_catalog({"default_pair": "tiny-dflash", "pairs": pairs}, tmp_path)
     t, d = load_pair(pair="tiny-dflash", catalog=cat)
     assert d is not None and type(d.model).__name__ == "BlockModel"

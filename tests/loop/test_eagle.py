@@ -285,11 +285,27 @@ def test_bench_runs_mlx_lm_with_a_peer_token_draft_beside_a_feature_draft(tiny_d
     """`--peer-draft`: EdgeSpec speculates with the feature draft, mlx-lm with the token draft,
     side by side in one run; results.json names both."""
     out = run_edgespec(
-        "bench", "--target", str(tiny_dir / "target"), "--draft", str(tiny_dir / "eagle"),
-        "--peer-draft", str(tiny_dir / "draft"), "--methods", "plain,spec,mlx-lm", "-k", "2",
-        "--max-tokens", "8", "--limit", "1", "--no-warmup", "--quiet", "--out", str(tmp_path),
+        "bench",
+        "--target",
+        str(tiny_dir / "target"),
+        "--draft",
+        str(tiny_dir / "eagle"),
+        "--peer-draft",
+        str(tiny_dir / "draft"),
+        "--methods",
+        "plain,spec,mlx-lm",
+        "-k",
+        "2",
+        "--max-tokens",
+        "8",
+        "--limit",
+        "1",
+        "--no-warmup",
+        "--quiet",
+        "--out",
+        str(tmp_path),
         timeout=600,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["pair"]["peer_draft"] == str(tiny_dir / "draft")
@@ -362,8 +378,9 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
             calls.append(last)
             return script[(len(calls) - 1) % len(script)]
 
-        events = gen(engine, prompt, SpecConfig(k=2), 40, sampling, drafter=drafter,
-                     k_policy=policy)  # fmt: skip
+        events = gen(
+            engine, prompt, SpecConfig(k=2), 40, sampling, drafter=drafter, k_policy=policy
+        )
         runs[name] = (
             [(e.id, e.kind) for e in events if isinstance(e, Token)],
             [(r.drafted, r.accepted, r.k) for r in rounds_of(events)],

@@ -31,9 +31,12 @@ def head_pair(tiny_models):
     head = np.sort(np.random.default_rng(1).choice(vocab, size=vocab // 3, replace=False))
     draft, _ = build_draft(target.model, cfg, [0, 3], head.astype(np.int32), "tiny")
     record = SimpleNamespace(
-        model=draft, tokenizer=target.tokenizer, name="head-draft", path=target.path,
+        model=draft,
+        tokenizer=target.tokenizer,
+        name="head-draft",
+        path=target.path,
         context_window=target.context_window,
-    )  # fmt: skip
+    )
     return target, record
 
 

@@ -87,8 +87,13 @@ def test_k0_rounds_are_plain_steps_and_output_stays_exact(engine, method):
     ids = engine.encode_raw(PROMPT)
     plain = plain_ids(engine, ids, 48)
     calls = iter(range(1000))
-    events = gen(engine, ids, SpecConfig(k=3, method=method), 48,
-                 k_policy=lambda last: 0 if next(calls) % 2 else 3)  # fmt: skip
+    events = gen(
+        engine,
+        ids,
+        SpecConfig(k=3, method=method),
+        48,
+        k_policy=lambda last: 0 if next(calls) % 2 else 3,
+    )
     assert token_ids(events) == plain
     rounds = rounds_of(events)
     assert {r.k for r in rounds} >= ({0, 3} if method == "draft" else {3})
@@ -113,8 +118,9 @@ def test_pipelined_plain_runs_equal_the_round_path_token_for_token(engine, sampl
         drafter = wrap(ModelDrafter(engine._draft, sampling, engine._vocab, engine._pairs))
         engine.reset()
         calls: list = []
-        events = gen(engine, ids, SpecConfig(k=3), 60, sampling, drafter=drafter,
-                     k_policy=_scripted(calls))  # fmt: skip
+        events = gen(
+            engine, ids, SpecConfig(k=3), 60, sampling, drafter=drafter, k_policy=_scripted(calls)
+        )
         rounds = rounds_of(events)
         runs[name] = (
             [(e.id, e.kind) for e in events if isinstance(e, Token)],

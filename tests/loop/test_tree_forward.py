@@ -122,10 +122,19 @@ def test_compact_moves_only_what_is_out_of_place():
 
 def _tiny_qwen3() -> qwen3.Model:
     args = qwen3.ModelArgs(
-        model_type="qwen3", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-        num_attention_heads=4, rms_norm_eps=1e-6, vocab_size=50, num_key_value_heads=2,
-        max_position_embeddings=256, head_dim=8, tie_word_embeddings=True, rope_theta=10000.0,
-    )  # fmt: skip
+        model_type="qwen3",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=4,
+        rms_norm_eps=1e-6,
+        vocab_size=50,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        head_dim=8,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    )
     model = qwen3.Model(args)
     mx.eval(model.parameters())
     return model
@@ -143,9 +152,15 @@ def test_qwen3_blocks_are_supported():
 
 def test_other_architectures_and_caches_are_refused_in_one_line():
     args = gpt2.ModelArgs(
-        model_type="gpt2", n_ctx=64, n_embd=32, n_head=4, n_layer=1, n_positions=64,
-        layer_norm_epsilon=1e-5, vocab_size=50,
-    )  # fmt: skip
+        model_type="gpt2",
+        n_ctx=64,
+        n_embd=32,
+        n_head=4,
+        n_layer=1,
+        n_positions=64,
+        layer_norm_epsilon=1e-5,
+        vocab_size=50,
+    )
     with pytest.raises(TreeUnsupportedError, match="llama, mistral, qwen2 and qwen3") as err:
         tree_layers(gpt2.Model(args))
     assert "\n" not in str(err.value) and "--tree chain" in str(err.value)

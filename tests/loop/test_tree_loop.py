@@ -191,8 +191,19 @@ def test_cli_generate_json_reports_tree_rounds(tiny_pair):
 
     target, draft = (str(p) for p in tiny_pair)
     args = ["generate", "the cat", "--raw", "--target", target, "--draft", draft]
-    proc = run_edgespec(*args, "--draft-bits", "0", "--tree", "3,2,1", "--no-adaptive", "-k", "3",
-                        "--max-tokens", "12", "--json")  # fmt: skip
+    proc = run_edgespec(
+        *args,
+        "--draft-bits",
+        "0",
+        "--tree",
+        "3,2,1",
+        "--no-adaptive",
+        "-k",
+        "3",
+        "--max-tokens",
+        "12",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     rounds = [r for r in records if r["type"] == "round"]

@@ -56,10 +56,25 @@ def test_the_trained_feature_draft_gets_tokens_accepted(engine):
 def test_bench_compares_against_mlx_lm_with_the_pairs_token_draft(tmp_path):
     """mlx-lm cannot run a feature draft; the bench hands it the pair's token draft, same run."""
     out = run_edgespec(
-        "bench", "--pair", PAIR, "--categories", "writing", "--limit", "1", "--max-tokens", "16",
-        "-k", "1", "--methods", "plain,spec,mlx-lm", "--no-warmup", "--quiet", "--out", str(tmp_path),
+        "bench",
+        "--pair",
+        PAIR,
+        "--categories",
+        "writing",
+        "--limit",
+        "1",
+        "--max-tokens",
+        "16",
+        "-k",
+        "1",
+        "--methods",
+        "plain,spec,mlx-lm",
+        "--no-warmup",
+        "--quiet",
+        "--out",
+        str(tmp_path),
         timeout=900,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["pair"]["peer_draft"] == "smollm2-135m-draft"

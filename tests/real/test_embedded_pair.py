@@ -65,7 +65,7 @@ def spec_bench_prompt(category: str) -> str:
         SpecConfig(k=1, method="ngram"),
         SpecConfig(k=4, method="ngram"),
         SpecConfig(k=1, method="hybrid", adaptive=True),
-    ],  # fmt: skip
+    ],
     ids=["ngram-k1", "ngram-k4", "adaptive-hybrid"],
 )
 def test_grounded_lookups_accept_copies_and_keep_greedy_output(engine, spec, monkeypatch):

@@ -24,9 +24,15 @@ from research.distill.qat import add_fake_quant, set_bits
 from tests.helpers.tiny import make_tiny_pair
 
 CFG = TrainConfig(
-    layers="0,-1", head_size=96, steps=8, batch_tokens=384, lr=3e-3, warmup=1, eval_every=4,
+    layers="0,-1",
+    head_size=96,
+    steps=8,
+    batch_tokens=384,
+    lr=3e-3,
+    warmup=1,
+    eval_every=4,
     ckpt_every=4,
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +44,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Target, list[S.Seque
     plan = S.SamplingPlan(max_new_tokens=16, top_k_saved=8)
     meta = S.Meta(target=str(target_dir), n_instructions=120, sampling=plan)
     D.generate_data(
-        target.model, target.tokenizer, root / "data", meta, tokens=250, batch_size=8,
-        shard_size=10, progress=False,
-    )  # fmt: skip
+        target.model,
+        target.tokenizer,
+        root / "data",
+        meta,
+        tokens=250,
+        batch_size=8,
+        shard_size=10,
+        progress=False,
+    )
     seqs, _ = split_data(load_with_topk(root / "data", None), S.Meta.read(root / "data"))
     return target, seqs
 

@@ -43,10 +43,15 @@ def passages() -> list[Passage]:
     """Real passages from the fast collections (no manual pages: rendering them takes minutes)."""
     lic = debian.debian_licences()
     owners = debian.dpkg_owners()
-    out = S.unique([
-        S.stdlib_passages(CAPS, seed=0), debian.debian_doc_passages(CAPS, 0, lic),
-        debian.licence_passages(), debian.dpkg_records(lic), debian.gettext_passages(CAPS, 0, owners, lic),
-    ])  # fmt: skip
+    out = S.unique(
+        [
+            S.stdlib_passages(CAPS, seed=0),
+            debian.debian_doc_passages(CAPS, 0, lic),
+            debian.licence_passages(),
+            debian.dpkg_records(lic),
+            debian.gettext_passages(CAPS, 0, owners, lic),
+        ]
+    )
     forms = {p.form for p in out}
     if not {"docstring", "code", "record", "foreign"} <= forms:
         pytest.skip(f"this machine lacks some real text (has {sorted(forms)})")
@@ -75,9 +80,11 @@ def test_python_pieces_finds_docstrings_signatures_and_bodies() -> None:
     )
     got = {(p.kind, p.signature) for p in python_pieces(src, "geo")}
     assert got == {
-        ("module-doc", "geo"), ("doc", "Box"), ("doc", "Box.area(w: int, h: int=2)"),
+        ("module-doc", "geo"),
+        ("doc", "Box"),
+        ("doc", "Box.area(w: int, h: int=2)"),
         ("code", "Box.area(w: int, h: int=2)"),
-    }  # fmt: skip
+    }
     code = next(p.text for p in python_pieces(src, "geo") if p.kind == "code")
     assert code.startswith("@staticmethod\ndef area(")  # decorator kept, dedented
 
@@ -88,15 +95,24 @@ def test_licences_are_read_from_metadata_and_copyright_files() -> None:
         "Apache-2.0"
     )
     assert package_licence("", "UNKNOWN", []) == ""
-    assert debian_licence("This program is free software under the GNU General Public "
-                          "License, version 2.") == "GPL-2"  # fmt: skip
+    assert (
+        debian_licence(
+            "This program is free software under the GNU General Public License, version 2."
+        )
+        == "GPL-2"
+    )
     dep5 = "Format: x\n\nFiles: debian/*\nLicense: GPL-2+\n\nFiles: *\nLicense: MIT\n"
     assert debian_licence(dep5) == "MIT"  # the Files: * stanza, not debian/'s
     assert debian_licence("Files: *\nLicense: BSD-3-clause or GPL-2\n") == "BSD-3-clause or GPL-2"
     # A License: line with prose (or nothing) after it is no licence name; the text decides.
     assert debian_licence("License:\n tests/a.c\n") == ""
-    assert debian_licence("License: Different licenses apply to different files here.\n"
-                          "Permission is hereby granted, free of charge, to any person") == "Expat"  # fmt: skip
+    assert (
+        debian_licence(
+            "License: Different licenses apply to different files here.\n"
+            "Permission is hereby granted, free of charge, to any person"
+        )
+        == "Expat"
+    )
 
 
 def test_collections_are_deterministic_and_record_origin_and_licence(passages) -> None:  # type: ignore[no-untyped-def]
@@ -148,10 +164,12 @@ def test_prompts_record_where_their_text_came_from(pool) -> None:  # type: ignor
 
 def test_no_template_field_is_left_unfilled(passages, pool) -> None:  # type: ignore[no-untyped-def]
     texts = {p.origin: p.text for p in passages}
-    fields = re.compile(r"\{(p|q|docs|question|question_lc|title|audience|tone|recipient|lang|n|w|"
-                        r"name|kw|opt|ver|sig|summary|summary_lc|topic|persona|request|src|cmd|"
-                        r"desc_lc|module|licence|licence2|country|concept|animal|character|"
-                        r"x|y|z|a|b|c|r|v1|v2|y1|y2)\}")  # fmt: skip
+    fields = re.compile(
+        r"\{(p|q|docs|question|question_lc|title|audience|tone|recipient|lang|n|w|"
+        r"name|kw|opt|ver|sig|summary|summary_lc|topic|persona|request|src|cmd|"
+        r"desc_lc|module|licence|licence2|country|concept|animal|character|"
+        r"x|y|z|a|b|c|r|v1|v2|y1|y2)\}"
+    )
     for p in pool.prompts:
         for m in set(fields.findall(p.user + p.system + p.fallback)):
             quoted = [texts.get(o, "") for _, o, _ in p.sources]
@@ -234,8 +252,16 @@ def answered(tmp_path_factory, passages):  # type: ignore[no-untyped-def]
     sha = write_pool(tiny_pool, root / "pool.jsonl.gz")
     plan = D.SamplingPlan(max_new_tokens=12, top_k_saved=4)
     meta = pool_meta(tiny_pool, sha, str(target_dir), D.Meta(target="", n_eval=2, sampling=plan))
-    out = generate_pool_data(target.model, target.tokenizer, root / "data", tiny_pool, meta,
-                             tokens=200, batch_size=8, shard_size=10)  # fmt: skip
+    out = generate_pool_data(
+        target.model,
+        target.tokenizer,
+        root / "data",
+        tiny_pool,
+        meta,
+        tokens=200,
+        batch_size=8,
+        shard_size=10,
+    )
     return target, tiny_pool, meta, root / "data", out
 
 
@@ -255,8 +281,9 @@ def test_a_followup_prompt_holds_its_parents_answer(answered) -> None:  # type: 
 
     target, pool, _, data_dir, _ = answered
     seqs = {s.instr_id: s for s in D.iter_sequences(data_dir)}
-    shard_of = {int(i): k for k, p in enumerate(D.shard_paths(data_dir))
-                for i in np.load(p)["instr_ids"]}  # fmt: skip
+    shard_of = {
+        int(i): k for k, p in enumerate(D.shard_paths(data_dir)) for i in np.load(p)["instr_ids"]
+    }
     kids = [p for p in pool.prompts if p.parent >= 0 and p.id in seqs]
     assert kids
     tok = target.tokenizer
@@ -288,14 +315,23 @@ def test_generation_resumes_and_finishes_pending_continuations(answered, tmp_pat
 
     target, pool, meta, data_dir, _ = answered
     before = {p.name: p.stat().st_mtime_ns for p in D.shard_paths(data_dir)}
-    same = generate_pool_data(target.model, target.tokenizer, data_dir, pool, meta, tokens=200,
-                              batch_size=8, shard_size=10)  # fmt: skip
+    same = generate_pool_data(
+        target.model,
+        target.tokenizer,
+        data_dir,
+        pool,
+        meta,
+        tokens=200,
+        batch_size=8,
+        shard_size=10,
+    )
     assert {p.name: p.stat().st_mtime_ns for p in D.shard_paths(data_dir)} == before
     copy = tmp_path / "data"
     shutil.copytree(data_dir, copy)
     D.shard_paths(copy)[-1].unlink()  # killed before the last shard was written
-    more = generate_pool_data(target.model, target.tokenizer, copy, pool, meta, tokens=400,
-                              batch_size=8, shard_size=10)  # fmt: skip
+    more = generate_pool_data(
+        target.model, target.tokenizer, copy, pool, meta, tokens=400, batch_size=8, shard_size=10
+    )
     ids = [s.instr_id for s in D.iter_sequences(copy)]
     assert len(ids) == len(set(ids)) == more.n_sequences > same.n_sequences
     done = set(ids)

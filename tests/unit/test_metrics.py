@@ -115,11 +115,22 @@ def test_summary_speedup_costs_and_prediction() -> None:
     plain = [_run("plain", "a", 11, 0.5), _run("plain", "b", 11, 0.5)]
     spec = [
         _run(
-            "spec", pid, 11, 0.25, rounds=4, drafted=16, accepted=6, rejections=4,
-            accepted_hist=(1, 1, 1, 1), t_draft=0.08, t_verify=0.16, t_model_decode=0.2, mismatch=(pid == "b"),
+            "spec",
+            pid,
+            11,
+            0.25,
+            rounds=4,
+            drafted=16,
+            accepted=6,
+            rejections=4,
+            accepted_hist=(1, 1, 1, 1),
+            t_draft=0.08,
+            t_verify=0.16,
+            t_model_decode=0.2,
+            mismatch=(pid == "b"),
         )
         for pid in ("a", "b")
-    ]  # fmt: skip
+    ]
     s = summarize_runs(spec, plain)
     assert s.speedup_vs_plain == pytest.approx(2.0)
     assert s.tau == pytest.approx(1 + 12 / 8)
