@@ -159,7 +159,7 @@ def test_deterministic_candidates_follow_the_target(point):
 def test_planted_bugs_are_caught(bug):
     """The same test with a sibling tried against p instead of the residual, or siblings drawn
     with replacement (while the test assumes without): it must fail."""
-    rng = np.random.default_rng(hash("peaked") % 2**32)
+    rng = np.random.default_rng(0)  # fixed rows: str hashes change per process
     tree = shape_tree(PATHS)
     p_rows, q_rows = _rows(rng, tree.depth, 0.3), _rows(rng, tree.depth, 0.3)
     assert _p_value(tree, p_rows, q_rows, seed=1, bug=bug) < 1e-6
