@@ -4,7 +4,6 @@ warm prefix cache."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -273,11 +272,7 @@ def _spec_runner(
 ) -> Callable[[Any, list[int], Point], Measured]:
     """The runner of an EdgeSpec method: Engine.generate with SpecConfig(**fields), k from the
     point when the method takes a K list."""
-    return _engine_runner(
-        lambda p: (
-            dataclasses.replace(SpecConfig(**fields), k=p.k) if uses_k else SpecConfig(**fields)
-        )
-    )
+    return _engine_runner(lambda p: SpecConfig(**({**fields, "k": p.k} if uses_k else fields)))
 
 
 def _registry() -> dict[str, Method]:

@@ -60,7 +60,7 @@ class BlockState(EagleState):
         new = self.features[self.kv.offset : p][None]
         self.kv.layers.before_forward(int(new.shape[1]))
         toks = mx.array([context[-1]] + [self.block.args.mask_token_id] * k, dtype=mx.int32)
-        last = self.features[p - 1][None] if p else None
+        last = self.features[p - 1][None]  # covers(): p >= 1
         hidden = self.block(toks[None], new, cache=self.kv.cache, last=last)[0, 1:]
         self.kv.tokens = list(context[:p])
         return self.block.logits(hidden)

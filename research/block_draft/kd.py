@@ -29,10 +29,8 @@ class KdAnchors(Anchors):
         self.width = width  # the target's hidden size: the last `width` feature columns
 
     def sequence(self, pick: int | None = None):
-        state = self.rng.bit_generator.state
-        c, s = self.index[self.rng.integers(len(self.index)) if pick is None else pick]
-        self.rng.bit_generator.state = state  # the base class draws the same sequence
         raw, anchors, toks, labels = super().sequence(pick)
+        c, s = self.picked
         ch = self.chunks[c]
         lo, hi = int(ch["starts"][s]), int(ch["starts"][s + 1])
         pos = anchors[:, None] + np.arange(self.block - 1)[None, :]
@@ -67,14 +65,15 @@ def target_agreement(model, seqs, final_norm) -> dict[str, float]:
     train.evaluate forms it."""
     import mlx.core as mx
 
+    from research.block_draft.train import agreement, block_forward
+
     hits, counts = 0, 0
     for seq in seqs:
         raw, anchors, toks, labels, soft = (mx.array(x) for x in seq)
-        _, logits = kd_loss_fn(model, [(raw, anchors, toks, labels, soft)], mx.ones(1), final_norm)
+        logits = block_forward(model, raw, anchors, toks)[:, 1:] @ model.train_head.T
         want = mx.argmax(final_norm(soft.astype(mx.float32)) @ model.train_head.T, -1)
         ok = np.array(labels) >= 0
-        hits = hits + ((np.array(mx.argmax(logits[0], -1)) == np.array(want)) & ok).sum(0)
+        hits = hits + ((np.array(mx.argmax(logits, -1)) == np.array(want)) & ok).sum(0)
         counts = counts + ok.sum(0)
-    acc = hits / np.maximum(counts, 1)
-    tau = 1 + sum(float(np.prod(acc[: k + 1])) for k in range(len(acc)))
+    acc, tau = agreement(hits, counts)
     return {"tau_target": tau, **{f"top{j + 1}": float(x) for j, x in enumerate(acc)}}

@@ -56,6 +56,7 @@ class Anchors:
         [n, B] int32 ([token a, mask, ...]), labels [n, B - 1] int32 (-1: past the end)."""
         B = self.block
         c, s = self.index[self.rng.integers(len(self.index)) if pick is None else pick]
+        self.picked = (c, s)  # the (chunk, sequence) of this draw, for subclasses (kd.py)
         ch = self.chunks[c]
         lo, hi = int(ch["starts"][s]), int(ch["starts"][s + 1])
         plen, seq = int(ch["prompt_lens"][s]), ch["tokens"][lo:hi]
@@ -210,9 +211,15 @@ def evaluate(model, seqs, weights) -> dict[str, float]:
         ok = labels >= 0
         hits = hits + ((pred == labels) & ok).sum(0)
         counts = counts + ok.sum(0)
-    acc = hits / np.maximum(counts, 1)
-    tau = 1 + sum(float(np.prod(acc[: k + 1])) for k in range(len(acc)))
+    acc, tau = agreement(hits, counts)
     return {"tau_independent": tau, **{f"acc{j + 1}": float(a) for j, a in enumerate(acc)}}
+
+
+def agreement(hits: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, float]:
+    """Agreement per block position (hits / counts) and tau = 1 + the sum over k of the product
+    of the first k agreements. E.g. hits [8, 4], counts [10, 8] -> [0.8, 0.5], 1 + 0.8 + 0.4."""
+    acc = hits / np.maximum(counts, 1)
+    return acc, 1 + sum(float(np.prod(acc[: k + 1])) for k in range(len(acc)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
 
     held_src = Anchors(held, a.block, a.per_seq, a.mask_id, 1234)
     eval_seqs = [draw(held_src, i) for i in range(min(24, len(held_src.index)))]
-    kd_src = KdAnchors(held, a.block, a.per_seq, a.mask_id, 1234, target.args.hidden_size)
-    kd_seqs = [draw(kd_src, i) for i in range(min(24, len(kd_src.index)))] if a.kd else []
+    kd_seqs = []  # with --kd, the same held-out draws with the target's features (its argmax)
+    if a.kd:
+        kd_src = KdAnchors(held, a.block, a.per_seq, a.mask_id, 1234, target.args.hidden_size)
+        kd_seqs = [draw(kd_src, i) for i in range(min(24, len(kd_src.index)))]
     data = anchors_of(train, a.seed + step)
     if a.kd:
         norm = target.model.norm
