@@ -137,6 +137,9 @@ class KVState:
         self.tokens: list[int] = []
         self.refeed = REFEED  # see `settle`
         self.feature_layers: tuple[int, ...] = (TOP,)  # what forward_features returns
+        # Set by a server running several requests at once (edgespec/server/packing.py): takes
+        # this state's forwards and returns their logits, packed with other requests' rows.
+        self.packer: Callable[[KVState, mx.array, bool], mx.array] | None = None
 
     @property
     def offset(self) -> int:
@@ -168,7 +171,14 @@ class KVState:
     def forward(self, inputs: mx.array, head_only: bool = False) -> mx.array:
         """inputs [L] int32 -> logits [L, V] (lazy). Appends L positions to the cache; the caller
         must `rewind` afterwards so that `tokens` matches again. `head_only`: a reduced-head draft's
-        logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits)."""
+        logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits).
+        With a `packer`, the packer runs it (the same logits)."""
+        if self.packer is not None:
+            return self.packer(self, inputs, head_only)
+        return self.forward_alone(inputs, head_only)
+
+    def forward_alone(self, inputs: mx.array, head_only: bool = False) -> mx.array:
+        """`forward` as this state's own forward, whatever its packer."""
         self.layers.before_forward(int(inputs.shape[0]))
         if head_only:
             return self.model.head_logits(inputs[None], cache=self.cache)[0]

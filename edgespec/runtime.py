@@ -60,10 +60,11 @@ class Engine:
         self._draft: KVState | EagleState | None
         self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
-        # Each request's drafter, policy and rounds; the draft-tree forward's pieces are the
-        # CPU's grouped attention and compiled blocks.
-        kernels = Kernels(self.cpu.masked_attention, self.cpu.block_parts)
-        self.factory = RoundFactory(self._vocab, self.name, self._pairs, kernels)
+        # Each request's drafter, policy and rounds; the draft-tree forward's pieces (and the
+        # server's packed forward's, edgespec/packed.py) are the CPU's grouped attention and
+        # compiled blocks.
+        self.kernels = Kernels(self.cpu.masked_attention, self.cpu.block_parts)
+        self.factory = RoundFactory(self._vocab, self.name, self._pairs, self.kernels)
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
         # and the ranks compare what each step committed (Agreement). None: a lone process.

@@ -201,6 +201,7 @@ def _progress(stage: str, fraction: float | None) -> None:
 
 def _require_extra() -> None:
     try:
+        import greenlet  # noqa: F401
         import sse_starlette  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401

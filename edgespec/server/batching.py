@@ -1,20 +1,23 @@
-"""Continuous batching at round granularity: the running requests take turns, one round each.
+"""Continuous batching at round granularity: every running request runs one round per turn, and
+their forwards run together.
 
 The worker thread keeps up to `max_batch` requests running. Each holds its own cache set from
 the conversation pool (edgespec/server/prefix.py) and its own generation (Engine.generate, with
-its own random stream from its seed); a turn installs the request's set and runs its next round
-(a plain step for method "none"), so every stream gets text every few rounds instead of waiting
-for the requests before it to finish. A request joins between two turns (its first turn runs its
-prefill, reusing its cached prefix), and one that ends, is cancelled or fails leaves without
-touching the others' caches.
+its own random stream from its seed), run as a task (edgespec/server/packing.py). A turn runs
+every request's next round (a plain step for method "none"): each drafts on its own, and where it
+needs a target forward it parks; the parked forwards run as one packed forward (the weights read
+once for all of them), and each request goes on with its own logits. So every stream gets text
+every turn, and a turn costs about one request's round, not one per request. A request joins
+between two turns (its first turn runs its prefill, reusing its cached prefix), and one that
+ends, is cancelled or fails leaves without touching the others' caches.
 
-Exactness: a request runs exactly the computation it would run alone (its caches, its keys, its
-K policy), only interleaved with others', so its T = 0 text, and its seeded T > 0 text, are the
-ones it gets alone.
+Exactness: a request runs the computation it would run alone (its caches, its keys, its K
+policy); its target rows are computed beside others' (edgespec/packed.py: the same bits with a
+row-exact BLAS), so its T = 0 text, and its seeded T > 0 text, are the ones it gets alone.
 
     batch = Batch(engine, pool, max_batch=4, closing)
     batch.start(job)                    # when batch.fits(job): holds a set, generation not run yet
-    for job, outcome in batch.turn():  # one round of every running request
+    for job, outcome in batch.turn():  # one round of every running request, forwards packed
         ...                             # the ended ones: Done or Failed
 """
 
@@ -24,12 +27,15 @@ import threading
 from collections.abc import Generator
 from dataclasses import dataclass
 
+from edgespec.cache import KVState
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
+from edgespec.server.packing import ROUND, Packer, Park, Task
 from edgespec.server.prefix import ConversationPool, Slot
 from edgespec.server.responses import Usage
 from edgespec.server.stops import Segment, StopScanner
+from edgespec.trees.forward import PLAIN
 from edgespec.worker import ServedEngine
 
 Rounds = Generator[None, None, WorkerEvent]
@@ -41,7 +47,7 @@ class Running:
 
     job: Job
     slot: Slot
-    rounds: Rounds
+    task: Task
     need: float
 
 
@@ -57,6 +63,9 @@ class Batch:
     ):
         self.engine, self.pool, self.max_batch, self.closing = engine, pool, max_batch, closing
         self.running: list[Running] = []
+        # Packs the running requests' forwards (none with one place: nothing to pack).
+        kernels = getattr(engine, "kernels", PLAIN)
+        self.packer = Packer(kernels) if max_batch > 1 else None
 
     def __len__(self) -> int:
         return len(self.running)
@@ -86,23 +95,56 @@ class Batch:
         except Exception as exc:  # noqa: BLE001 - the backend failed; the server goes on
             return failure(exc)
         rounds = job_rounds(self.engine, job, self.closing)
-        self.running.append(Running(job, slot, rounds, self.need(job)))
+        for state in (slot.target, slot.draft):
+            if isinstance(state, KVState):  # a fake engine's sets (tests) have no forwards
+                state.packer = self.packer
+        self.running.append(Running(job, slot, Task(lambda: advance(rounds)), self.need(job)))
         return None
 
     def turn(self) -> list[tuple[Job, WorkerEvent]]:
-        """One round of every running request, in the order they joined; returns the ended
-        requests with their outcome (their sets are released)."""
+        """One round of every running request, in the order they joined, their forwards
+        packed; returns the ended requests with their outcome (their sets are released)."""
         ended = []
-        for run in list(self.running):
-            if self.closing.is_set():
-                run.job.cancel.set()  # one that started as the server began to close
-            self.pool.activate(run.slot)
-            outcome = advance(run.rounds)
-            if outcome is not None:
-                self.running.remove(run)
-                self.pool.release(run.slot)
-                ended.append((run.job, outcome))
+        pending = list(self.running)
+        while pending:
+            parked: list[tuple[Running, Park]] = []
+            for run in pending:
+                if self.closing.is_set():
+                    run.job.cancel.set()  # one that started as the server began to close
+                self.pool.activate(run.slot)
+                try:
+                    msg = run.task.resume()
+                except Exception as exc:  # noqa: BLE001 - outside its rounds; the others go on
+                    msg = failure(exc)
+                if isinstance(msg, Park):
+                    parked.append((run, msg))
+                elif msg is not ROUND:  # the request ended
+                    self._end(run)
+                    ended.append((run.job, msg))
+            self._forward(parked)
+            pending = [run for run, _ in parked]
         return ended
+
+    def _forward(self, parked: list[tuple[Running, Park]]) -> None:
+        """Run the parked forwards; each request resumes with its logits, or with the error."""
+        if not parked:
+            return
+        assert self.packer is not None  # only a packer parks
+        try:
+            results = self.packer.run([park for _, park in parked])
+        except Exception as exc:  # noqa: BLE001 - raised where each request asked for it
+            for run, _ in parked:
+                run.task.error = exc
+            return
+        for (run, _), logits in zip(parked, results, strict=True):
+            run.task.value = logits
+
+    def _end(self, run: Running) -> None:
+        self.running.remove(run)
+        for state in (run.slot.target, run.slot.draft):
+            if isinstance(state, KVState):
+                state.packer = None
+        self.pool.release(run.slot)
 
 
 def advance(rounds: Rounds) -> WorkerEvent | None:

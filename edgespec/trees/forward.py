@@ -143,20 +143,23 @@ class Rotary:
         return c, s
 
 
-def _block(
-    layer: Any, x: mx.array, rotary: Rotary, allowed: mx.array, cache: Any, kernels: Kernels
-) -> mx.array:
-    """One llama-style block over x [1, L, d] with per-row positions and a mask; appends L
-    positions to `cache`."""
+Finish = Callable[[mx.array], mx.array]  # attention heads [1, H, L, D] -> the block's output
+
+
+def block_qkv(
+    layer: Any, x: mx.array, rotary: Rotary, kernels: Kernels
+) -> tuple[mx.array, mx.array, mx.array, Finish]:
+    """A llama-style block's part before the attention over x [1, L, d] at the rotary's per-row
+    positions: (q [1, H, L, D], k, v [1, G, L, D], the part after the attention). The cache and
+    the attention are the caller's (one cache here; one per packed sequence in
+    edgespec/packed.py)."""
     attn = layer.self_attn
     b, length, _ = x.shape
     compiled = kernels.parts(layer, x)  # the backend's compiled cache-free parts, if any
     if compiled is not None:
         before, after = compiled
         q, k, v = before(x)
-        q, k = rotary(attn.rope, q), rotary(attn.rope, k)
-        k, v = cache.update_and_fetch(k, v)
-        return after(x, kernels.attention(q, k, v, attn.scale, allowed, cache))
+        return rotary(attn.rope, q), rotary(attn.rope, k), v, lambda heads: after(x, heads)
     h = layer.input_layernorm(x)
     q = attn.q_proj(h).reshape(b, length, attn.n_heads, -1)
     k = attn.k_proj(h).reshape(b, length, attn.n_kv_heads, -1)
@@ -165,10 +168,22 @@ def _block(
         q, k = attn.q_norm(q), attn.k_norm(k)
     q = rotary(attn.rope, q.transpose(0, 2, 1, 3))
     k = rotary(attn.rope, k.transpose(0, 2, 1, 3))
+
+    def finish(heads: mx.array) -> mx.array:
+        h = x + attn.o_proj(heads.transpose(0, 2, 1, 3).reshape(b, length, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    return q, k, v, finish
+
+
+def _block(
+    layer: Any, x: mx.array, rotary: Rotary, allowed: mx.array, cache: Any, kernels: Kernels
+) -> mx.array:
+    """One llama-style block over x [1, L, d] with per-row positions and a mask; appends L
+    positions to `cache`."""
+    q, k, v, finish = block_qkv(layer, x, rotary, kernels)
     k, v = cache.update_and_fetch(k, v)
-    heads = kernels.attention(q, k, v, attn.scale, allowed, cache)
-    h = x + attn.o_proj(heads.transpose(0, 2, 1, 3).reshape(b, length, -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+    return finish(kernels.attention(q, k, v, layer.self_attn.scale, allowed, cache))
 
 
 def run_layers(

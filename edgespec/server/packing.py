@@ -1,0 +1,135 @@
+"""The running requests' forwards, run together: one packed forward (edgespec/packed.py) per
+model per step of the batch instead of one forward per request.
+
+Each running request's generation runs in a `Task`, a greenlet of the MLX thread (greenlets are
+coroutines that switch inside one OS thread, so MLX only ever sees that thread). The loop code is
+unchanged: when it asks its target state for a forward (KVState.forward: a verify, a plain step,
+a prefill chunk) or its draft state for a draft step, the state's packer (`Packer.__call__`) parks the request and switches back to
+the batch (edgespec/server/batching.py); once every running request has finished its round or
+parked a forward, `Packer.run` runs the parked forwards together and each request resumes with
+its own logits, as if its own forward had returned them.
+
+    packer = Packer(kernels)
+    slot.target.packer = packer          # this request's forwards go through it (its draft's too)
+    task = Task(step)                    # step(): one round of the request, its outcome at the end
+    msg = task.resume()                  # ROUND, a Park, or the request's outcome
+    logits = packer.run([park, ...])     # then task.value = logits; task.resume()
+
+Exact: every request runs its own rounds on its own caches with its own random stream; only its
+target forwards share the weights' reads with the others' (edgespec/packed.py says why each row
+and each cache comes out as in a forward of its own); its drafts are the ones it drafts alone
+(up to the BLAS's rounding of a draft row, which changes what is proposed, never what is kept). A lone parked forward runs as its own
+(`KVState.forward_alone`), so a request alone runs exactly as without batching. A model the packed
+forward does not support (`packed.packable`) runs one forward per request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import greenlet
+import mlx.core as mx
+
+from edgespec.cache import KVState
+from edgespec.packed import packable, packed_forward
+from edgespec.trees.forward import PLAIN, Kernels
+
+ROUND = "round"  # what a task switches back with after each round
+
+
+@dataclass(frozen=True)
+class Park:
+    """A forward a request asked for: its state (target or draft), the new tokens [L] int32,
+    and whether a reduced-head draft asked for its head's logits only (KVState.forward)."""
+
+    state: KVState
+    inputs: mx.array
+    head_only: bool = False
+
+    def alone(self) -> mx.array:
+        return self.state.forward_alone(self.inputs, self.head_only)
+
+
+class _Green(greenlet.greenlet):  # type: ignore[misc]
+    """A request's greenlet (so the packer parks only a request's own forwards)."""
+
+
+class Task:
+    """One request's rounds in a greenlet of the MLX thread, created on that thread.
+    `step()` runs one round and returns None, or the request's outcome when it ended."""
+
+    def __init__(self, step: Callable[[], Any]):
+        self._step = step
+        self._green = _Green(self._body)
+        self.value: mx.array | None = None  # what the next resume hands back (a parked forward's)
+        self.error: BaseException | None = None  # or raises there (the packed forward failed)
+
+    def _body(self, _first: Any = None) -> Any:  # the first switch's value (None)
+        while True:
+            outcome = self._step()
+            if outcome is not None:
+                return outcome
+            self._green.parent.switch(ROUND)
+
+    def resume(self) -> Any:
+        """Run the request until it parks a forward (a Park), ends its round (ROUND) or ends
+        (its outcome)."""
+        if self.error is not None:
+            error, self.error = self.error, None
+            return self._green.throw(error)
+        value, self.value = self.value, None
+        return self._green.switch(value)
+
+
+class Packer:
+    """Parks a request's forwards (as its KVStates' packer) and runs parked ones together.
+    `kernels`: the backend's attention and compiled block parts (the Engine's)."""
+
+    def __init__(self, kernels: Kernels = PLAIN):
+        self.kernels = kernels
+        self.counts: Counter[str] = Counter()  # forwards run "packed" and "alone"
+        self._packable: dict[int, bool] = {}
+
+    def __call__(self, state: KVState, inputs: mx.array, head_only: bool = False) -> mx.array:
+        current = greenlet.getcurrent()
+        if not isinstance(current, _Green):  # not inside a request: a forward of its own
+            return state.forward_alone(inputs, head_only)
+        logits: mx.array = current.parent.switch(Park(state, inputs, head_only))
+        return logits
+
+    def run(self, parked: list[Park]) -> list[mx.array]:
+        """The parked forwards' logits (lazy), in order: the ones packed_forward supports in one
+        forward per model, the others (and a lone one) each on its own."""
+        out: dict[int, mx.array] = {}
+        groups: dict[int, list[int]] = {}
+        for i, park in enumerate(parked):
+            if self._can_pack(park):
+                groups.setdefault(id(park.state.model), []).append(i)
+            else:
+                out[i] = park.alone()
+                self.counts["alone"] += 1
+        for members in groups.values():
+            if len(members) == 1:
+                out[members[0]] = parked[members[0]].alone()
+                self.counts["alone"] += 1
+                continue
+            self.counts["packed"] += len(members)
+            for i in members:
+                parked[i].state.layers.before_forward(int(parked[i].inputs.shape[0]))
+            model = parked[members[0]].state.model
+            parts = [(parked[i].state.cache, parked[i].inputs) for i in members]
+            for i, logits in zip(members, packed_forward(model, parts, self.kernels), strict=True):
+                out[i] = logits
+        return [out[i] for i in range(len(parked))]
+
+    def _can_pack(self, park: Park) -> bool:
+        """A target's full forward, or a reduced-head draft's head-only one (the head the
+        packed forward runs, trees.forward.head_of), on a model and cache it supports."""
+        state = park.state
+        key = id(state.model)
+        if key not in self._packable:
+            self._packable[key] = packable(state)
+        return self._packable[key] and park.head_only == hasattr(state.model, "head_logits")
