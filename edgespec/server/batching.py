@@ -103,12 +103,16 @@ class Batch:
 
     def turn(self) -> list[tuple[Job, WorkerEvent]]:
         """One round of every running request, in the order they joined, their forwards
-        packed; returns the ended requests with their outcome (their sets are released)."""
+        packed; returns the ended requests with their outcome (their sets are released).
+
+        Draft steps run first: while any request still drafts, only the parked draft forwards
+        run, and the target forwards wait, so that requests drafting different K still verify
+        in one packed forward."""
         ended = []
-        pending = list(self.running)
-        while pending:
-            parked: list[tuple[Running, Park]] = []
-            for run in pending:
+        resume: list[Running] = list(self.running)
+        held: list[tuple[Running, Park]] = []
+        while resume or held:
+            for run in resume:
                 if self.closing.is_set():
                     run.job.cancel.set()  # one that started as the server began to close
                 self.pool.activate(run.slot)
@@ -117,12 +121,15 @@ class Batch:
                 except Exception as exc:  # noqa: BLE001 - outside its rounds; the others go on
                     msg = failure(exc)
                 if isinstance(msg, Park):
-                    parked.append((run, msg))
+                    held.append((run, msg))
                 elif msg is not ROUND:  # the request ended
                     self._end(run)
                     ended.append((run.job, msg))
-            self._forward(parked)
-            pending = [run for run, _ in parked]
+            drafts = [pair for pair in held if pair[1].state is not pair[0].slot.target]
+            now = drafts or held
+            held = [pair for pair in held if all(pair is not ran for ran in now)]
+            self._forward(now)
+            resume = [run for run, _ in now]
         return ended
 
     def _forward(self, parked: list[tuple[Running, Park]]) -> None:

@@ -85,3 +85,25 @@ def test_a_failing_packed_forward_fails_its_requests_and_the_server_goes_on(tiny
         assert isinstance(run(w, [3, 4, 5, 6], config()).wait(), Done)
     finally:
         w.shutdown()
+
+
+def test_requests_drafting_different_k_still_verify_together(tiny_pair, monkeypatch):
+    """K = 1 beside K = 4 (fixed): the K = 1 request's verify waits for the other's last draft
+    step, so every round of both verifies in one packed target forward."""
+    sizes: list[tuple[bool, int]] = []
+    packed_forward = packing.packed_forward
+
+    def recording(model, parts, kernels):
+        sizes.append((hasattr(model, "head_logits") or len(model.layers) == 1, len(parts)))
+        return packed_forward(model, parts, kernels)
+
+    monkeypatch.setattr(packing, "packed_forward", recording)
+    w = worker(tiny_pair)
+    try:
+        outs = answer_together(w, [config(k=1), config(k=4)])
+        assert all(isinstance(out.events[-1], Done) for out in outs)
+    finally:
+        w.shutdown()
+    rounds = [sum(1 for e in out.events if not isinstance(e, Done)) for out in outs]
+    target_packs = sum(1 for is_draft, n in sizes if not is_draft and n == 2)
+    assert target_packs >= min(rounds)
