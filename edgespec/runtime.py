@@ -71,6 +71,8 @@ class Engine:
         self.group: Group | None = None
         self.agreement: Agreement | None = None
         self.calibration: calib.Calibration | None = None  # set by warm_up: seeds adaptive K
+        # Wraps each generation's round policy (the server's batch mode, server/mode.py).
+        self.policy_gate: Callable[[Any], Any] | None = None
 
     @classmethod
     def load(
@@ -186,6 +188,8 @@ class Engine:
             strategy = self.factory.build(
                 spec, sampling, self._target, self._draft, drafter, k_policy, self.calibration
             )
+            if self.policy_gate is not None and strategy.policy is not None:
+                strategy = dataclasses.replace(strategy, policy=self.policy_gate(strategy.policy))
             limits = Limits(config.max_tokens, self._eos, self.context_window)
             steps = strategy.steps(prompt, sampling, limits, cancel)
             prefilled = strategy.prefill(prompt)

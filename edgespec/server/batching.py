@@ -24,6 +24,7 @@ row-exact BLAS), so its T = 0 text, and its seeded T > 0 text, are the ones it g
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from edgespec.cache import KVState
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
+from edgespec.server.mode import BatchMode
 from edgespec.server.packing import ROUND, Packer, Park, Task
 from edgespec.server.prefix import ConversationPool, Slot
 from edgespec.server.responses import Usage
@@ -66,6 +68,10 @@ class Batch:
         # Packs the running requests' forwards (none with one place: nothing to pack).
         kernels = getattr(engine, "kernels", PLAIN)
         self.packer = Packer(kernels) if max_batch > 1 else None
+        # Whether the batch drafts, measured (server/mode.py); a fake engine (tests) has no gate.
+        self.mode = BatchMode()
+        if max_batch > 1 and hasattr(engine, "policy_gate"):
+            engine.policy_gate = self.mode.gate
 
     def __len__(self) -> int:
         return len(self.running)
@@ -109,6 +115,7 @@ class Batch:
         run, and the target forwards wait, so that requests drafting different K still verify
         in one packed forward."""
         ended = []
+        t0, tokens0, running = time.perf_counter(), self._tokens(), len(self.running)
         resume: list[Running] = list(self.running)
         held: list[tuple[Running, Park]] = []
         while resume or held:
@@ -130,7 +137,12 @@ class Batch:
             held = [pair for pair in held if all(pair is not ran for ran in now)]
             self._forward(now)
             resume = [run for run, _ in now]
+        tokens = self._tokens() + sum(job.tokens for job, _ in ended) - tokens0
+        self.mode.observe(running, tokens, time.perf_counter() - t0)
         return ended
+
+    def _tokens(self) -> int:
+        return sum(run.job.tokens for run in self.running)
 
     def _forward(self, parked: list[tuple[Running, Park]]) -> None:
         """Run the parked forwards; each request resumes with its logits, or with the error."""
@@ -183,6 +195,7 @@ def job_rounds(engine: ServedEngine, job: Job, closing: threading.Event) -> Roun
     for event in engine.generate(job.prompt, job.config, job.cancel):
         if isinstance(event, Token):
             shown, kind = shown + len(event.text), event.kind
+            job.tokens += 1
             released += scanner.feed(event.text, event.kind)
             if scanner.stopped:
                 job.cancel.set()  # stop after this round; the rest of it is dropped

@@ -49,6 +49,7 @@ class Job:
     stop: tuple[str, ...]
     emit: Callable[[WorkerEvent], None]
     cancel: threading.Event = field(default_factory=threading.Event)
+    tokens: int = 0  # tokens generated so far (the worker thread counts them)
 
 
 SHUTTING_DOWN = Failed(503, "the server is shutting down", "server_shutting_down")

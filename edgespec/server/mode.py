@@ -1,0 +1,97 @@
+"""Whether a batch drafts: the aggregate tokens/s of the running requests with drafting on (each
+by its own adaptive K) against all of them stepping plainly, measured turn by turn as the batch
+runs, the better one kept.
+
+Why the batch decides and not each request: a request's adaptive K (drafting/adaptive.py) prices
+its own round, but in a packed forward (edgespec/packed.py) its drafted rows also lengthen every
+other request's turn. Where a forward of a few rows costs about one of a single row (a laptop
+GPU's decode step; the CPU under MKL, whose one-row products run on one thread), several
+requests' plain steps already fill those rows, and drafting on top can lose: measured on a
+2-core CPU, two requests stepping plainly together beat the same two drafting. On other
+machines, or with a draft that is accepted more often, drafting wins. Only measuring says.
+
+    mode = BatchMode()
+    engine.policy_gate = mode.gate       # each new generation's adaptive K goes through it
+    mode.observe(running=4, tokens=11, seconds=0.09)   # after every turn
+
+A request with a fixed K (adaptive off) keeps it: the gate wraps AdaptiveK policies only. A
+batch of one is left to its policy. Exact either way: the gate only chooses K.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgespec.drafting.adaptive import AdaptiveK
+from edgespec.events import Round
+
+WINDOW = 16  # turns per measurement of a mode
+SETTLE = 2  # turns after a change left out (rounds already under way, a pipelined run starting)
+RETRY_EVERY = 16  # windows in the better mode before the other is measured again
+
+
+class Gated:
+    """An adaptive request's policy under the batch's mode: its own K while the batch drafts,
+    0 (a plain step) while it does not. It sees every round either way."""
+
+    def __init__(self, policy: AdaptiveK, mode: BatchMode):
+        self.policy, self.mode = policy, mode
+
+    def observe(self, r: Round) -> None:
+        self.policy.observe(r)
+
+    def decide(self) -> int:
+        k = self.policy.decide()
+        return 0 if self.mode.plain else k
+
+
+class BatchMode:
+    """The batch's choice, drafting or plain (`plain`), from tokens/s measured in windows of
+    WINDOW turns of each (after SETTLE turns): drafting first, then plain, then the better one,
+    the other measured again every RETRY_EVERY windows. A change in the number of running
+    requests starts over."""
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.plain = False
+        self.rates: dict[bool, float] = {}  # plain? -> tokens/s of its latest window
+        self._tokens, self._seconds, self._turns = 0, 0.0, -SETTLE
+        self._windows = 0  # windows since the last change of mode
+
+    def gate(self, policy: Any) -> Any:
+        """`policy` under this mode (an AdaptiveK), or as it is."""
+        return Gated(policy, self) if isinstance(policy, AdaptiveK) else policy
+
+    def observe(self, running: int, tokens: int, seconds: float) -> None:
+        """One turn: `running` requests committed `tokens` in `seconds`."""
+        if running != self._running:
+            self._running = running
+            self._reset()
+        if running < 2:
+            return
+        if self._turns < 0:  # settling
+            self._turns += 1
+            return
+        self._tokens, self._seconds, self._turns = (
+            self._tokens + tokens,
+            self._seconds + seconds,
+            self._turns + 1,
+        )
+        if self._turns < WINDOW:
+            return
+        self.rates[self.plain] = self._tokens / max(self._seconds, 1e-9)
+        self._tokens, self._seconds, self._turns = 0, 0.0, 0
+        self._windows += 1
+        other = not self.plain
+        if other not in self.rates or self._windows >= RETRY_EVERY:
+            self._switch(other)  # measure the other mode (again)
+        elif self.rates[other] > self.rates[self.plain]:
+            self._switch(other)
+
+    def _switch(self, plain: bool) -> None:
+        if plain != self.plain:
+            self._turns = -SETTLE
+        self.plain, self._windows = plain, 0
