@@ -78,8 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch",
         type=int,
         default=DEFAULT_BATCH,
-        help=f"requests answered at once, taking turns round by round (default {DEFAULT_BATCH}; "
-        "1: one after another)",
+        help=f"requests answered at once, round by round, their forwards packed (default "
+        f"{DEFAULT_BATCH}; 1: one after another)",
     )
     g.add_argument(
         "--allow-origin",
