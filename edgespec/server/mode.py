@@ -48,16 +48,17 @@ class Gated:
 class BatchMode:
     """The batch's choice, drafting or plain (`plain`), from tokens/s measured in windows of
     WINDOW turns of each (after SETTLE turns): drafting first, then plain, then the better one,
-    the other measured again every RETRY_EVERY windows. A change in the number of running
-    requests starts over."""
+    the other measured again every RETRY_EVERY windows. The rates are kept per number of running
+    requests: a batch of a size seen before starts in the mode that was faster at that size."""
 
     def __init__(self) -> None:
         self._running = 0
+        self._by_size: dict[int, dict[bool, float]] = {}  # running requests -> their rates
         self._reset()
 
     def _reset(self) -> None:
-        self.plain = False
-        self.rates: dict[bool, float] = {}  # plain? -> tokens/s of its latest window
+        self.rates: dict[bool, float] = self._by_size.setdefault(self._running, {})
+        self.plain = len(self.rates) == 2 and self.rates[True] > self.rates[False]
         self._tokens, self._seconds, self._turns = 0, 0.0, -SETTLE
         self._windows = 0  # windows since the last change of mode
 

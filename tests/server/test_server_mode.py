@@ -39,12 +39,22 @@ def test_the_other_mode_is_measured_again():
     assert mode.plain  # the RETRY_EVERY-th window: plain measured again
 
 
-def test_a_new_batch_size_starts_over_and_one_request_is_never_gated():
+def test_a_new_batch_size_starts_over_and_a_known_one_where_it_was_faster():
     mode = BatchMode()
     window(mode, 40)
     assert mode.plain
     mode.observe(3, 10, 1.0)
-    assert not mode.plain and mode.rates == {}
+    assert not mode.plain and mode.rates == {}  # three running: not measured yet
+    window(mode, 40, running=3)
+    window(mode, 60, running=3)
+    assert mode.plain  # plain was faster with three
+    mode.observe(2, 10, 1.0)
+    assert not mode.plain and mode.rates == {False: 40}  # two: plain not measured yet
+    mode.observe(3, 10, 1.0)
+    assert mode.plain and mode.rates == {False: 40, True: 60}  # three again: plain at once
+
+
+def test_one_request_is_never_gated():
     alone = BatchMode()
     for _ in range(10 * WINDOW):
         alone.observe(1, 1, 1.0)
