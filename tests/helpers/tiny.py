@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -208,3 +209,21 @@ def make_tiny_eagle(
         str(out / "model.safetensors"), {k: mx.array(a) for k, a in weights.items()}
     )
     return out
+
+
+def tiny_gpt2() -> Any:
+    """A one-layer GPT-2 (seeded by MLX's default key): an architecture that neither draft trees
+    nor packed forwards run (their llama-style blocks only)."""
+    from mlx_lm.models import gpt2
+
+    args = gpt2.ModelArgs(
+        model_type="gpt2",
+        n_ctx=64,
+        n_embd=32,
+        n_head=4,
+        n_layer=1,
+        n_positions=64,
+        layer_norm_epsilon=1e-5,
+        vocab_size=50,
+    )
+    return gpt2.Model(args)

@@ -9,13 +9,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm import load
-from mlx_lm.models import gpt2
 from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import KVState
 from edgespec.cpu.backend import CpuBackend
 from edgespec.packed import causal, packable, packed_forward
 from edgespec.trees.forward import PLAIN, Kernels
+from tests.helpers.tiny import tiny_gpt2
 
 CPU = CpuBackend()
 CPU_KERNELS = Kernels(CPU.masked_attention, CPU.block_parts)  # as the Engine passes
@@ -71,14 +71,4 @@ def test_causal_mask_golden():
 def test_packable_takes_llama_blocks_on_plain_caches_only(tiny_pair):
     model, _ = load(str(tiny_pair[0]))
     assert packable(KVState(model, "t"))
-    args = gpt2.ModelArgs(
-        model_type="gpt2",
-        n_ctx=64,
-        n_embd=32,
-        n_head=4,
-        n_layer=1,
-        n_positions=64,
-        layer_norm_epsilon=1e-5,
-        vocab_size=50,
-    )
-    assert not packable(KVState(gpt2.Model(args), "g"))
+    assert not packable(KVState(tiny_gpt2(), "g"))

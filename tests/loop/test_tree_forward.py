@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm import load
-from mlx_lm.models import gpt2, qwen3
+from mlx_lm.models import qwen3
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from edgespec.cache import KVState
@@ -31,6 +31,7 @@ from edgespec.trees.shapes import (
     tree_positions,
     widths_shape,
 )
+from tests.helpers.tiny import tiny_gpt2
 
 IDS = list(range(3, 40))
 CPU = CpuBackend()
@@ -151,18 +152,8 @@ def test_qwen3_blocks_are_supported():
 
 
 def test_other_architectures_and_caches_are_refused_in_one_line():
-    args = gpt2.ModelArgs(
-        model_type="gpt2",
-        n_ctx=64,
-        n_embd=32,
-        n_head=4,
-        n_layer=1,
-        n_positions=64,
-        layer_norm_epsilon=1e-5,
-        vocab_size=50,
-    )
     with pytest.raises(TreeUnsupportedError, match="llama, mistral, qwen2 and qwen3") as err:
-        tree_layers(gpt2.Model(args))
+        tree_layers(tiny_gpt2())
     assert "\n" not in str(err.value) and "--tree chain" in str(err.value)
     with pytest.raises(TreeUnsupportedError, match="RotatingKVCache"):
         check_tree_cache([RotatingKVCache(max_size=16)], "target x")
