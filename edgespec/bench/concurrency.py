@@ -198,10 +198,15 @@ def run_sweep(
     ns: Sequence[int],
     max_tokens: int,
     client: Callable[[str], Any],
+    batched: Sequence[str] = (),
 ) -> list[Level]:
-    """The three servers' sweeps. `edgespec(*extra)` starts an EdgeSpec server process."""
+    """The three servers' sweeps. `edgespec(*extra)` starts an EdgeSpec server process;
+    `batched`: the batched one's extra arguments (e.g. --max-batch 8)."""
     levels: list[Level] = []
-    for name, extra in (("edgespec batched", ()), ("edgespec one at a time", ("--max-batch", "1"))):
+    for name, extra in (
+        ("edgespec batched", batched),
+        ("edgespec one at a time", ("--max-batch", "1")),
+    ):
         srv = edgespec(*extra)
         try:
             c = client(srv.base)

@@ -12,8 +12,9 @@
    server's overhead, measured within each request, so it holds on a noisy machine too.
 2. Second-turn time to first token: turn one, then turn two (turn one + its answer + a follow-up)
    on a server with the prefix cache (the default pool), against turn two on the server without.
-3. With --sweep 1,2,4,8 (instead of 1 and 2): N clients at once, for EdgeSpec batched, EdgeSpec
-   one request at a time and mlx_lm.server without a draft (edgespec/bench/concurrency.py).
+3. With --sweep 1,2,4,8 (instead of 1 and 2): N clients at once, for EdgeSpec batched (serve's
+   default --max-batch, or --max-batch M), EdgeSpec one request at a time and mlx_lm.server
+   without a draft (edgespec/bench/concurrency.py).
 
 Prompts: the project's own set (edgespec/data/bench_prompts.jsonl) unless --prompts names one.
 Only `main` prints; the measuring functions return records.
@@ -164,6 +165,12 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         "--sweep",
         help="comma-separated client counts, e.g. 1,2,4,8: the concurrency sweep instead",
     )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="the sweep's batched server's --max-batch (default: serve's own default)",
+    )
     return parser.parse_args(argv)
 
 
@@ -251,6 +258,7 @@ def _sweep(args: argparse.Namespace) -> None:
         ns,
         args.max_tokens,
         _client,
+        () if args.max_batch is None else ("--max-batch", str(args.max_batch)),
     )
     concurrency.report(levels)
 
