@@ -33,7 +33,7 @@ HELP = (
 )
 DEFAULT_CACHE_MB = 1024
 DEFAULT_SLOTS = 4
-DEFAULT_BATCH = 4  # requests answered at once (docs/server.md: why four)
+DEFAULT_BATCH = 8  # requests answered at once (docs/server.md: why eight)
 # Connections accepted in one go (and the listen backlog): asyncio accepts up to this many before
 # the guard sees any, and a connection the guard closes frees its descriptor a loop turn later.
 ACCEPT_BACKLOG = 128
