@@ -28,8 +28,9 @@ def models(pair) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_pair):
-    """Small limits, a queue of one, an API key."""
+    """Small limits, four running at once and a queue of one, an API key."""
     limits = f"--max-body-bytes {BODY_LIMIT} --request-timeout {TIMEOUT_S} --max-queue 1"
+    limits += " --max-batch 4"
     srv = ServerProcess(*models(tiny_pair), *limits.split(), env={"EDGESPEC_API_KEY": "sesame"})
     yield srv
     srv.kill()
@@ -161,9 +162,9 @@ def test_a_flood_of_bad_request_lines_is_logged_once(server):
 
 
 def test_a_full_queue_answers_503_with_retry_after(server):
-    """Eight long requests at once, --max-queue 1: one runs, one waits, the others are refused
-    with Retry-After (how many exactly is tests/server/test_server_worker.py's, without HTTP
-    timing)."""
+    """Eight long requests at once, --max-batch 4 --max-queue 1: four run, one waits, the others
+    are refused with Retry-After (how many exactly is tests/server/test_server_worker.py's,
+    without HTTP timing)."""
     body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 480}
     start = threading.Barrier(8)
 

@@ -27,7 +27,7 @@ def models(pair) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_pair):
-    srv = ServerProcess(*models(tiny_pair), "--max-tokens", str(MAX))
+    srv = ServerProcess(*models(tiny_pair), "--max-tokens", str(MAX), "--max-batch", "4")
     yield srv
     srv.kill()
 
@@ -139,7 +139,7 @@ def test_a_client_that_disconnects_cancels_its_generation(server):
 
 
 def test_a_client_gone_while_queued_is_skipped(server):
-    """B waits behind four long answers (the default batch is full) and hangs up: B never runs;
+    """B waits behind four long answers (the batch of four is full) and hangs up: B never runs;
     the four, cancelled too, end. The four start together, so none ends before B has waited."""
     before = health(server)["requests"]
     long_body = {"messages": [{"role": "user", "content": "go on"}], "max_tokens": 480}
