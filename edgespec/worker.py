@@ -3,7 +3,7 @@
 MLX streams belong to the thread that made them (docs/library.md), so the engine is loaded *and*
 run on one long-lived thread. An EngineWorker starts it, loads the engine there, hands every later
 piece of work to it through a first-in, first-out inbox, and closes it. What the thread does with
-the inbox is its owner's: the server takes jobs and lets the running ones take turns round by round
+the inbox is its owner's: the server takes jobs and runs them round by round, their forwards packed
 (edgespec/server/worker.py); the chat app runs one turn after another and posts Textual messages
 (tui/engine_thread.py). A generation stops between two rounds once its cancel event is set (the
 Engine reads it), so other threads only put work in the inbox and set cancel events.

@@ -1,6 +1,6 @@
 """The server's side of the thread that owns the models (edgespec/worker.py, shared with the chat
 app): it loads the engine, then serves jobs first in, first out, up to `max_batch` of them at
-once, taking turns round by round (edgespec/server/batching.py).
+once, round by round, their forwards packed (edgespec/server/batching.py).
 
 Loading and every generation run on that thread; the HTTP side only submits jobs, sets their
 cancel events and reads what they emit.
