@@ -90,7 +90,8 @@ class Packer:
 
     def __init__(self, kernels: Kernels = PLAIN):
         self.kernels = kernels
-        self.counts: Counter[str] = Counter()  # forwards run "packed" and "alone"
+        # Forwards run "packed" and "alone", and of the packed ones a draft's "head-only" steps.
+        self.counts: Counter[str] = Counter()
         self._packable: dict[int, bool] = {}
 
     def __call__(self, state: KVState, inputs: mx.array, head_only: bool = False) -> mx.array:
@@ -117,6 +118,7 @@ class Packer:
                 self.counts["alone"] += 1
                 continue
             self.counts["packed"] += len(members)
+            self.counts["head-only"] += len(members) if parked[members[0]].head_only else 0
             for i in members:
                 parked[i].state.layers.before_forward(int(parked[i].inputs.shape[0]))
             model = parked[members[0]].state.model
