@@ -274,9 +274,14 @@ def test_killed_rank_stops_rank_0_with_one_line(tiny_pair, tmp_path):
 def test_heads_that_do_not_divide_give_one_line(tiny_pair):
     r = launch(3, "generate", "hi", *models(*tiny_pair), "--max-tokens", "2", timeout=120)
     # The launcher relays the ranks' stderr as it comes: a rank's line may land right after
-    # another's before its newline, so the messages are split where each begins.
-    messages = [m.strip() for m in re.split(r"(?=edgespec generate)", r.stderr)]
-    rank_0 = [m for m in messages if m.startswith("edgespec generate: err")]
+    # another's before its newline, so the lines are split where each message begins too.
+    lines = [
+        line
+        for chunk in re.split(r"(?=edgespec generate)", r.stderr)
+        for line in chunk.splitlines()
+    ]
+    rank_0 = [line for line in lines if line.startswith("edgespec generate: err")]
+    assert "Traceback" not in r.stderr
     assert rank_0 == [
         "edgespec generate: error: target has 4 attention heads, 2 KV heads and an MLP of 128: "
         "tensor parallelism needs all three divisible by the group size 3 (sizes that fit: 2)"
