@@ -101,9 +101,7 @@ class Batch:
         except Exception as exc:  # noqa: BLE001 - the backend failed; the server goes on
             return failure(exc)
         rounds = job_rounds(self.engine, job, self.closing)
-        for state in (slot.target, slot.draft):
-            if isinstance(state, KVState):  # a fake engine's sets (tests) have no forwards
-                state.packer = self.packer
+        _install(slot, self.packer)
         self.running.append(Running(job, slot, Task(lambda: advance(rounds)), self.need(job)))
         return None
 
@@ -133,8 +131,8 @@ class Batch:
                     self._end(run)
                     ended.append((run.job, msg))
             drafts = [pair for pair in held if pair[1].state is not pair[0].slot.target]
-            now = drafts or held
-            held = [pair for pair in held if all(pair is not ran for ran in now)]
+            targets = [pair for pair in held if pair[1].state is pair[0].slot.target]
+            now, held = (drafts, targets) if drafts else (targets, [])
             self._forward(now)
             resume = [run for run, _ in now]
         tokens = self._tokens() + sum(job.tokens for job, _ in ended) - tokens0
@@ -160,10 +158,15 @@ class Batch:
 
     def _end(self, run: Running) -> None:
         self.running.remove(run)
-        for state in (run.slot.target, run.slot.draft):
-            if isinstance(state, KVState):
-                state.packer = None
+        _install(run.slot, None)
         self.pool.release(run.slot)
+
+
+def _install(slot: Slot, packer: Packer | None) -> None:
+    """Route the set's forwards through `packer` (None: each its own forward again)."""
+    for state in (slot.target, slot.draft):
+        if isinstance(state, KVState):  # a fake engine's sets (tests) have no forwards
+            state.packer = packer
 
 
 def advance(rounds: Rounds) -> WorkerEvent | None:

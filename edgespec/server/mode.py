@@ -87,12 +87,6 @@ class BatchMode:
         self._tokens, self._seconds, self._turns = 0, 0.0, 0
         self._windows += 1
         other = not self.plain
-        if other not in self.rates or self._windows >= RETRY_EVERY:
-            self._switch(other)  # measure the other mode (again)
-        elif self.rates[other] > self.rates[self.plain]:
-            self._switch(other)
-
-    def _switch(self, plain: bool) -> None:
-        if plain != self.plain:
-            self._turns = -SETTLE
-        self.plain, self._windows = plain, 0
+        unmeasured = other not in self.rates or self._windows >= RETRY_EVERY
+        if unmeasured or self.rates[other] > self.rates[self.plain]:
+            self.plain, self._windows, self._turns = other, 0, -SETTLE
