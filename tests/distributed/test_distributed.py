@@ -28,7 +28,13 @@ from edgespec.distributed.launch import env_rank, launched_backend, local_ranks,
 from edgespec.errors import ConfigError, GroupError
 from edgespec.loading.shard import check_shardable, divisible_sizes
 from tests.helpers.cli import ROOT, run_edgespec
-from tests.helpers.distributed import LAUNCH, env, free_ports, launch, token_ids, write_hostfile
+from tests.helpers.distributed import (
+    env,
+    launch,
+    script_command,
+    token_ids,
+    write_hostfile,
+)
 from tests.helpers.tiny import make_tiny_pair
 
 GREEDY = ["--temp", "0", "--json", "--raw", "--max-tokens", "16"]
@@ -154,25 +160,9 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
     from tests.helpers.dist_sample import PROMPT, samples
 
     tiny_pair, count, out = two_layer_pair, 100, tmp_path / "samples.json"
-    port = free_ports(2)
-    cmd = [
-        sys.executable,
-        "-c",
-        LAUNCH,
-        "--backend",
-        "ring",
-        "-n",
-        "2",
-        "-p",
-        str(port),
-        "--",
-        sys.executable,
-        str(ROOT / "tests" / "helpers" / "dist_sample.py"),
-        str(tiny_pair[0]),
-        str(tiny_pair[1]),
-        str(out),
-        str(count),
-    ]
+    cmd = script_command(
+        2, "dist_sample.py", str(tiny_pair[0]), str(tiny_pair[1]), str(out), str(count)
+    )
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=600)
     assert out.exists(), r.stdout + r.stderr
     got = json.loads(out.read_text())
@@ -200,20 +190,7 @@ def test_sampled_run_follows_p_and_the_single_process(two_layer_pair, tmp_path):
 
 def test_ranks_that_disagree_all_stop(tmp_path):
     """The agreement check can fail: a step committed differently on one rank stops every rank."""
-    cmd = [
-        sys.executable,
-        "-c",
-        LAUNCH,
-        "--backend",
-        "ring",
-        "-n",
-        "2",
-        "-p",
-        str(free_ports(2)),
-        "--",
-        sys.executable,
-        str(ROOT / "tests" / "helpers" / "dist_agreement.py"),
-    ]
+    cmd = script_command(2, "dist_agreement.py")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
     caught = sorted(line for line in r.stdout.splitlines() if "caught" in line)
     assert len(caught) == 2, r.stdout + r.stderr

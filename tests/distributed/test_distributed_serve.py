@@ -27,7 +27,12 @@ from edgespec.distributed.serve import decode_config, encode_config
 from edgespec.server.process import READY, ServerProcess
 from tests.helpers.cli import ROOT
 from tests.helpers.dist_serve import REQUESTS
-from tests.helpers.distributed import LAUNCH, env, free_ports, launch_command, write_hostfile
+from tests.helpers.distributed import (
+    env,
+    launch_command,
+    script_command,
+    write_hostfile,
+)
 from tests.helpers.ministral import tiny_ministral as ministral_fixture
 
 httpx = pytest.importorskip("httpx")
@@ -189,20 +194,7 @@ def test_a_request_config_survives_its_bytes(config):
 def test_requests_cancellation_and_caches_reach_every_rank():
     """Rank 0's requests arrive whole on rank 1, its cancel flag stops both ranks at the same
     check (rank 1's own flag counts for nothing), and caches that differ are reset."""
-    cmd = [
-        sys.executable,
-        "-c",
-        LAUNCH,
-        "--backend",
-        "ring",
-        "-n",
-        "2",
-        "-p",
-        str(free_ports(2)),
-        "--",
-        sys.executable,
-        str(ROOT / "tests" / "helpers" / "dist_serve.py"),
-    ]
+    cmd = script_command(2, "dist_serve.py")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
     reports = {}
     for line in r.stdout.splitlines():

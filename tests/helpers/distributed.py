@@ -44,8 +44,9 @@ def free_ports(n: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def launch_command(n: int, *args: str) -> list[str]:
-    """`mlx.launch --backend ring -n N -p PORT -- python -m edgespec ARGS`."""
+def ring_command(n: int, *program: str) -> list[str]:
+    """`mlx.launch --backend ring -n N -p PORT -- PROGRAM` on free local ports."""
+    ports = str(free_ports(n))
     return [
         sys.executable,
         "-c",
@@ -55,13 +56,20 @@ def launch_command(n: int, *args: str) -> list[str]:
         "-n",
         str(n),
         "-p",
-        str(free_ports(n)),
+        ports,
         "--",
-        sys.executable,
-        "-m",
-        "edgespec",
-        *args,
+        *program,
     ]
+
+
+def launch_command(n: int, *args: str) -> list[str]:
+    """`mlx.launch --backend ring -n N -p PORT -- python -m edgespec ARGS`."""
+    return ring_command(n, sys.executable, "-m", "edgespec", *args)
+
+
+def script_command(n: int, script: str, *args: str) -> list[str]:
+    """`mlx.launch --backend ring -n N -p PORT -- python tests/helpers/SCRIPT ARGS`."""
+    return ring_command(n, sys.executable, str(ROOT / "tests" / "helpers" / script), *args)
 
 
 def launch(n: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
