@@ -21,6 +21,17 @@ from edgespec.events import Finished, Round, Token
 from edgespec.metrics import RoundTotals, fold_rounds
 
 
+def one_stream() -> Any:
+    """The context every bench run executes in: MLX's default stream switched to mlx-lm's
+    generation stream, so EdgeSpec's methods and mlx-lm's run their products on one thread. On
+    the CPU backend under a multi-threaded BLAS (Intel MKL's OpenMP), a second thread that
+    calls the BLAS leaves every later multi-row product of the process short of threads: after
+    one mlx-lm run on its own stream, EdgeSpec's verifies on the default stream ran about half
+    as fast (docs/cpu-backend.md). One stream also keeps a sharded target's all-reduces in one
+    order on every rank."""
+    return mx.stream(generation_stream)
+
+
 @dataclass(frozen=True)
 class Point:
     """The settings of one measured run."""

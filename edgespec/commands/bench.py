@@ -143,6 +143,7 @@ def _group_plan(args: argparse.Namespace, group: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgespec.bench.methods import one_stream
     from edgespec.distributed.group import init_group
 
     group = init_group()  # None unless mlx.launch started this process
@@ -155,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.cold:
             return _run_cold(args, prompts, out)
-        return _run(args, plan, prompts, out, group)
+        with one_stream():  # EdgeSpec's runs and mlx-lm's on one thread (methods.one_stream)
+            return _run(args, plan, prompts, out, group)
     except BaseException:
         if created:  # a run that ends before writing leaves no empty folder behind
             with contextlib.suppress(OSError):

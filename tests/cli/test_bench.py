@@ -164,6 +164,27 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
     assert (records, complete) == ([done], False)
 
 
+def test_every_run_executes_on_mlx_lms_stream(monkeypatch, tmp_path: Path) -> None:
+    """EdgeSpec's methods and mlx-lm's products run on one stream, hence one thread: a second
+    thread calling a multi-threaded BLAS slows every later multi-row product (methods.one_stream)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream
+
+    import argparse
+
+    from edgespec.commands import bench as command
+
+    seen = []
+    monkeypatch.setattr(command, "_run", lambda *a: seen.append(mx.default_stream(mx.cpu)) or 0)
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path / "o"), "--quiet"])
+    assert command.run(args) == 0
+    with mx.stream(generation_stream):
+        theirs = mx.default_stream(mx.cpu)
+    assert seen == [theirs] != [mx.default_stream(mx.cpu)]
+
+
 @pytest.fixture(scope="module")
 def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     from tests.helpers.tiny import make_tiny_pair
