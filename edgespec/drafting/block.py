@@ -22,7 +22,8 @@ Files: config.json with either `model_type: "edgespec_block"` (ours; `target_lay
 weights (safetensors, no `model.` prefix): fc.weight [d, n * d], hidden_norm.weight, norm.weight,
 layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.self_attn.{q,k}_norm.weight,
 layers.{i}.mlp.{gate,up,down}_proj.weight, layers.{i}.{input,post_attention}_layernorm.weight.
-No embedding, no head: `attach(target)` lends the target's.
+No embedding, no head: `attach(target)` lends the target's (ours: optionally only its rows of
+`head_ids`, edgespec/drafting/block_head.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from edgespec.drafting.block_head import ReducedHead, head_rows
 from edgespec.drafting.draft_model import quantize_as_stored, read_weights
 
 MODEL_TYPE = "edgespec_block"
@@ -73,6 +75,7 @@ class BlockArgs:
     sliding_window: int = 0
     layer_types: tuple[str, ...] = ()
     input_context: bool = False
+    head_size: int = 0  # ours: score only head_ids (0: the whole vocabulary)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> BlockArgs:
@@ -162,13 +165,9 @@ class BlockAttention(nn.Module):
         if args.qk_norm:
             self.q_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
             self.k_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
-        self.rope = initialize_rope(
-            hd,
-            base=args.rope_theta,
-            traditional=False,
-            scaling_config=args.rope_scaling,
-            max_position_embeddings=args.max_position_embeddings,
-        )
+        rope = {"base": args.rope_theta, "scaling_config": args.rope_scaling}
+        rope["max_position_embeddings"] = args.max_position_embeddings
+        self.rope = initialize_rope(hd, traditional=False, **rope)
 
     def _heads(self, x: mx.array, n: int, norm: str | None) -> mx.array:
         """[B, L, n * hd] -> [B, n, L, hd], through q_norm / k_norm when the draft has them."""
@@ -261,6 +260,8 @@ class BlockModel(nn.Module):
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         if args.input_context:
             self.ctx_in = nn.Linear(d, d, bias=False)
+        if args.head_size:
+            self.head_ids = mx.zeros((args.head_size,), dtype=mx.int32)
         # The target's embedding module and head: plain attributes, never saved or trained.
         object.__setattr__(self, "embedding", None)
         object.__setattr__(self, "head", None)
@@ -294,6 +295,9 @@ class BlockModel(nn.Module):
         embedding = inner.embed_tokens
         tied = args.get("tie_word_embeddings", False) or not hasattr(_lm(target), "lm_head")
         head = embedding.as_linear if tied else _lm(target).lm_head
+        if "head_ids" in self:  # the rows of head_ids only, dense: [head_size, d]
+            ids = self.head_ids
+            head = ReducedHead(embedding(ids) if tied else head_rows(head, ids), ids, vocab)
         object.__setattr__(self, "embedding", embedding)
         object.__setattr__(self, "head", head)
 

@@ -4,7 +4,9 @@
 
 Writes config.json (model_type edgespec_block, with `quantization` when --bits is 4 or 8) and
 model.safetensors, plus the run's curve.csv; the folder loads with edgespec.drafting.block's
-load_block beside its target.
+load_block beside its target. The draft scores only the run's training head (head_ids.npy, the
+tokens it was trained to predict: `head_size`, edgespec/drafting/block_head.py) unless
+--full-head.
 """
 
 from __future__ import annotations
@@ -22,17 +24,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--bits", type=int, choices=(0, 4, 8), default=4, help="0: float32")
     ap.add_argument("--group-size", type=int, default=32)
+    ap.add_argument("--full-head", action="store_true", help="score the whole vocabulary")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
     import mlx.core as mx
     import mlx.nn as nn
+    import numpy as np
 
     from edgespec.drafting.block import BlockArgs, BlockModel, save_block
 
     run = Path(a.run)
     cfg = json.loads((run / "config.json").read_text())
+    ids = (
+        None
+        if a.full_head or not (run / "head_ids.npy").exists()
+        else np.load(run / "head_ids.npy")
+    )
+    cfg["head_size"] = 0 if ids is None else len(ids)
     model = BlockModel(BlockArgs.from_config(cfg))
-    model.load_weights(str(run / "ckpt" / "model.safetensors"), strict=True)
+    weights = dict(mx.load(str(run / "ckpt" / "model.safetensors")))
+    if ids is not None:
+        weights["head_ids"] = mx.array(ids.astype(np.int32))
+    model.load_weights(list(weights.items()), strict=True)
     config = BlockArgs.from_config(cfg).to_config()
     if a.bits:
         nn.quantize(model, group_size=a.group_size, bits=a.bits)

@@ -84,6 +84,9 @@ def write_dflash(
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     arrays = {k: mx.array(v.astype(np.float32)) for k, v in w.items()}
+    if overrides.get("head_size"):  # ours: a reduced head, a seeded choice of token ids
+        ids = rng.choice(int(tcfg["vocab_size"]), int(overrides["head_size"]), replace=False)  # type: ignore[call-overload]
+        arrays["head_ids"] = mx.array(np.sort(ids).astype(np.int32))
     mx.save_safetensors(str(out / "model.safetensors"), arrays)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (target / name).is_file():

@@ -11,6 +11,7 @@ and both positions' tests run), and planted bugs in the reported q are caught.
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -335,3 +336,43 @@ def test_a_draft_that_reads_the_newest_context_stays_exact(tmp_path):
     rows = state.block_logits(context, 3)
     state.block.ctx_in.weight = mx.zeros_like(state.block.ctx_in.weight)
     assert not mx.allclose(rows, state.block_logits(context, 3)).item()
+
+
+def test_a_reduced_head_scores_its_tokens_alone_and_stays_exact(tmp_path):
+    """A draft that scores only head_ids (edgespec/drafting/block_head.py): its logits are the
+    full head's on those ids and -inf elsewhere; greedy output equals plain; sampled first
+    tokens follow the target at T = 1, though most tokens can never be drafted."""
+    from edgespec.drafting.block import load_block
+
+    target = tiny_qwen3(tmp_path)
+    full = write_dflash(target, tmp_path / "full", block=4)
+    reduced = write_dflash(target, tmp_path / "reduced", block=4, head_size=48)
+    engine = Engine(*load_pair(str(target), str(reduced)))
+    block = engine._draft.block
+    ids = np.array(block.head_ids)
+    whole, _ = load_block(full, engine.target.model)
+    h = mx.random.normal((3, 64))
+    got, want = np.array(block.logits(h)), np.array(whole.logits(h))
+    off = np.setdiff1d(np.arange(got.shape[-1]), ids)
+    assert np.allclose(got[:, ids], want[:, ids], atol=1e-5) and np.isneginf(got[:, off]).all()
+    for prompt in (PROMPT, "the river and the moon"):
+        p_ids = engine.encode_raw(prompt)
+        for spec in (SpecConfig(method="block", k=3), SpecConfig(method="block-tree", k=3)):
+            events = gen(engine, p_ids, spec, 20)
+            assert token_ids(events) == plain_ids(engine, p_ids, 20)
+            assert any(r.drafted > 0 for r in rounds_of(events))
+        rows = engine._draft.block_logits(engine._draft.context, 3)
+        assert set(np.argmax(np.array(rows), -1).tolist()) <= set(ids.tolist())
+    p_ids, firsts, seconds, _ = _samples(engine, 1.0)
+    assert min(_check(engine, p_ids, firsts, seconds, 1.0)) > 1e-3
+
+
+def test_head_rows_of_a_quantized_head_are_its_dequantized_rows():
+    from edgespec.drafting.block_head import head_rows
+
+    lin = nn.Linear(64, 96, bias=False)
+    q = nn.QuantizedLinear.from_linear(lin, group_size=32, bits=4)
+    ids = mx.array([3, 0, 95], dtype=mx.int32)
+    dense = mx.dequantize(q.weight, q.scales, q.biases, 32, 4)
+    assert mx.allclose(head_rows(q, ids), dense[ids]).item()
+    assert mx.allclose(head_rows(lin, ids), lin.weight[ids]).item()
