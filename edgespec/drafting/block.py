@@ -165,7 +165,7 @@ class BlockAttention(nn.Module):
         if args.qk_norm:
             self.q_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
             self.k_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
-        rope = {"base": args.rope_theta, "scaling_config": args.rope_scaling}
+        rope: dict[str, Any] = {"base": args.rope_theta, "scaling_config": args.rope_scaling}
         rope["max_position_embeddings"] = args.max_position_embeddings
         self.rope = initialize_rope(hd, traditional=False, **rope)
 

@@ -27,7 +27,6 @@ class ReducedHead:
 def head_rows(head: nn.Module, ids: mx.array) -> mx.array:
     """Rows `ids` of an output head, dense (a quantized one's rows dequantized)."""
     if isinstance(head, nn.QuantizedLinear):
-        return mx.dequantize(
-            head.weight[ids], head.scales[ids], head.get("biases")[ids], head.group_size, head.bits
-        )
+        biases = head["biases"][ids] if "biases" in head else None
+        return mx.dequantize(head.weight[ids], head.scales[ids], biases, head.group_size, head.bits)
     return head.weight[ids]

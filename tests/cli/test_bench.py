@@ -167,10 +167,10 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
 def test_every_run_executes_on_mlx_lms_stream(monkeypatch, tmp_path: Path) -> None:
     """EdgeSpec's methods and mlx-lm's products run on one stream, hence one thread: a second
     thread calling a multi-threaded BLAS slows every later multi-row product (methods.one_stream)."""
+    import argparse
+
     import mlx.core as mx
     from mlx_lm.generate import generation_stream
-
-    import argparse
 
     from edgespec.commands import bench as command
 
