@@ -268,6 +268,12 @@ SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
         {"method": "draft", "tree": "auto"},
     ),
     "block": ("EdgeSpec, block draft (one draft forward a round)", True, True, {"method": "block"}),
+    "adaptive-block": (
+        "EdgeSpec, block draft, K chosen per round",
+        True,
+        False,
+        {"method": "block", "adaptive": True},
+    ),
     "block-tree": (
         f"EdgeSpec, trees from a block draft, {BENCH_TREE} K deep",
         True,

@@ -85,7 +85,7 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
         raise ConfigError(
             f"methods {', '.join(missing)} need a draft model; pass --draft or drop them"
         )
-    blocks = [m for m in plan.methods if m.startswith("block")]
+    blocks = [m for m in plan.methods if "block" in m.split("-")]
     if blocks and not isinstance(engine.draft.model, BlockModel):
         raise ConfigError(f"methods {', '.join(blocks)} need a block draft (DFlash-style)")
     if "mtp" in plan.methods and not isinstance(engine.draft.model, MtpModel):
