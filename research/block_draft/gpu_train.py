@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -286,12 +287,15 @@ def fit(a, d: Draft, opt: MlxAdamW, step: int, chunks, head, feats, eval_batch, 
     B, first, out = d.cfg["block_size"], step, Path(a.out)
     data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
     t0, losses = time.time(), []
+    rewarm = first > 0 and opt.step == 0  # a joined or exported draft: no moments came back
     while time.time() < t_end and (not a.steps or step < first + a.steps):
         if step % a.reload_every == 0 and step:  # train.py re-seeds here when it reloads chunks
             data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
         loss, _ = loss_fn(d, collate([draw(data, head) for _ in range(a.seqs)], feats, a.device))
         grads = torch.autograd.grad(loss, list(d.w.values()))
         lr = lr_at(step, a.lr, a.total_steps, (time.time() - t0) / max(t_end - t0, 1e-9))
+        if rewarm:  # Adam's moments start at zero on trained weights: warm up again
+            lr *= min(1.0, (step - first + 1) / 100)
         opt.update(d.w, dict(zip(d.w, grads, strict=True)), lr)
         losses.append(loss.detach())
         step += 1
@@ -316,6 +320,8 @@ def train(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     held, chunks = split_chunks(a.data, a.max_len, a.held_every)
     cfg, head, w, opt, step = start(a, hp, target, chunks, out)
+    if a.resume and (Path(a.resume) / "curve.csv").exists() and not (out / "curve.csv").exists():
+        shutil.copy(Path(a.resume) / "curve.csv", out / "curve.csv")  # the curve goes on
     begin_files(out, cfg, head)
     for v in w.values():
         v.requires_grad_(True)
@@ -345,7 +351,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--target", required=True, help="the target's GGUF or mlx-lm folder")
     t.add_argument("--data", required=True, help="data folders (shard-*.npz), comma-separated")
     t.add_argument("--out", required=True, help="the run folder (train.py's layout)")
-    t.add_argument("--resume", default="", help="start from this run folder's checkpoint")
+    t.add_argument(
+        "--resume", default="", help="start from this run folder's checkpoint, or an exported draft"
+    )
     t.add_argument("--ship", default="", help="also write the result here in files under 16 MiB")
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--deadline", type=float, default=420, help="seconds for the whole run")

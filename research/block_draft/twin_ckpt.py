@@ -71,7 +71,11 @@ def save_run(out: Path, w: dict[str, torch.Tensor], opt: MlxAdamW, step: int) ->
 
 
 def load_run(run: Path, device) -> tuple[dict, np.ndarray, dict, dict | None, int]:
-    """A run folder: (config, head ids, weights on `device`, optimiser arrays or None, step)."""
+    """A run folder: (config, head ids, weights on `device`, optimiser arrays or None, step).
+    An exported draft folder (export.py's; what the repository keeps) reads as a run folder
+    without optimiser state, its weights dequantized (`draft_folder`)."""
+    if not (run / "ckpt").is_dir() and (run / "model.safetensors").is_file():
+        return draft_folder(run, device)
     cfg = json.loads((run / "config.json").read_text())
     ck = run / "ckpt"
     weights = load_file(str(ck / "model.safetensors"))
@@ -80,6 +84,34 @@ def load_run(run: Path, device) -> tuple[dict, np.ndarray, dict, dict | None, in
     state = ck / "state.json"
     step = json.loads(state.read_text())["step"] if state.exists() else 0
     return cfg, np.load(run / "head_ids.npy"), w, opt, step
+
+
+# The training config's fields (gpu_train.draft_config); an exported config has more.
+TRAIN_FIELDS = (
+    "hidden_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
+    "intermediate_size vocab_size rms_norm_eps rope_theta max_position_embeddings block_size "
+    "target_layer_ids mask_token_id qk_norm num_target_layers"
+).split()
+
+
+def draft_folder(path: Path, device) -> tuple[dict, np.ndarray, dict, None, int]:
+    """An exported block draft (config.json with head_size, model.safetensors with head_ids,
+    curve.csv) as load_run's tuple: MLX-quantized weights dequantized to float32 (exactly, by
+    research/recipes/mlx_affine.py), the step the curve ends at. So a later run trains on from
+    the draft the repository ships, when the float32 run folder is gone."""
+    from research.block_draft.gpu_train import dense
+
+    full = json.loads((path / "config.json").read_text())
+    cfg = {k: full[k] for k in TRAIN_FIELDS}
+    flat = load_file(str(path / "model.safetensors"))
+    head = flat.pop("head_ids", None)
+    if head is None:
+        raise SystemExit(f"{path} scores the whole vocabulary; train on from its run folder")
+    group = int((full.get("quantization") or {}).get("group_size", 64))
+    w = {k: torch.from_numpy(v).to(device) for k, v in dense(flat, group).items()}
+    rows = (path / "curve.csv").read_text().split() if (path / "curve.csv").exists() else []
+    step = int(rows[-1].split(",")[0]) if len(rows) > 1 else 0
+    return cfg, head.astype(np.int64), w, None, step
 
 
 def parts(sizes: dict[str, int], limit: int = PART_BYTES) -> list[list[str]]:

@@ -213,7 +213,7 @@ def test_parts_fit_the_limit_and_join_restores_the_run(tmp_path):
     assert np.array_equal(head, np.arange(5)) and all(torch.equal(back[k], w[k]) for k in w)
 
 
-def test_smoke_run_resumes_ships_and_exports(pair, tmp_path):
+def test_smoke_run_resumes_ships_and_exports(pair, tmp_path, monkeypatch):
     from edgespec.drafting.block import load_block
 
     folder, target, _, _ = pair
@@ -244,6 +244,32 @@ def test_smoke_run_resumes_ships_and_exports(pair, tmp_path):
     model, _ = load_block(tmp_path / "block0", target)
     from mlx.utils import tree_flatten
 
+    # A later run trains on from the exported 8-bit draft (what the repository keeps)
+    assert (
+        export.main(
+            ["--run", str(tmp_path / "back"), "--out", str(tmp_path / "b8")] + ["--bits", "8"]
+        )
+        == 0
+    )
+    cfg, ids, w8, opt, step = twin_ckpt.load_run(tmp_path / "b8", "cpu")
+    _, ids0, w0, _, _ = twin_ckpt.load_run(tmp_path / "back", "cpu")
+    assert step == 5 and opt is None and np.array_equal(ids, ids0) and set(w8) == set(w0)
+    assert cfg == {
+        k: v
+        for k, v in json.loads((tmp_path / "back" / "config.json").read_text()).items()
+        if k in cfg
+    }
+    for k in w0:  # 8-bit groups of 32: within a 255th of each group's range
+        assert torch.allclose(w8[k], w0[k], atol=float(w0[k].abs().max()) / 100)
+    more = [a if a != str(tmp_path / "run") else str(tmp_path / "run2") for a in args]
+    rates, update = [], twin_ckpt.MlxAdamW.update
+    monkeypatch.setattr(
+        twin_ckpt.MlxAdamW, "update", lambda o, w, g, lr: rates.append(lr) or update(o, w, g, lr)
+    )
+    assert gpu_train.main([*more, "--resume", str(tmp_path / "b8"), "--steps", "1"]) == 0
+    assert 0 < rates[0] <= 1e-3 / 100  # fresh moments on trained weights: warmed up again
+    rows = (tmp_path / "run2" / "curve.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["2", "3", "4", "5", "6"]
     head = np.load(tmp_path / "back" / "head_ids.npy")  # the export scores the training head
     assert model.args.head_size == len(head) and np.array_equal(np.array(model.head_ids), head)
     for k, v in tree_flatten(model.parameters()):
