@@ -316,6 +316,16 @@ def test_whole_sampled_answers_follow_the_target(engine, method):
         assert _pit_p_value(engine, spec)[0] > 1e-3
 
 
+def _chain_and_tree_equal_plain(engine, prompts=(PROMPT, "the river and the moon")) -> None:
+    """Greedy block chain and block tree (K = 3) emit plain decoding's 20 tokens, drafting."""
+    for prompt in prompts:
+        ids = engine.encode_raw(prompt)
+        for spec in (SpecConfig(method="block", k=3), SpecConfig(method="block-tree", k=3)):
+            events = gen(engine, ids, spec, 20)
+            assert token_ids(events) == plain_ids(engine, ids, 20)
+            assert any(r.drafted > 0 for r in rounds_of(events))
+
+
 def test_a_draft_that_reads_the_newest_context_stays_exact(tmp_path):
     """An `input_context` draft (each block row also reads the context of the position before
     the anchor) drafts other tokens than without it, and greedy output still equals plain."""
@@ -324,12 +334,7 @@ def test_a_draft_that_reads_the_newest_context_stays_exact(tmp_path):
     engine = Engine(*load_pair(str(target), str(with_ctx)))
     state = engine._draft
     assert "ctx_in" in state.block
-    for prompt in (PROMPT, "the river and the moon"):
-        ids = engine.encode_raw(prompt)
-        for spec in (SpecConfig(method="block", k=3), SpecConfig(method="block-tree", k=3)):
-            events = gen(engine, ids, spec, 20)
-            assert token_ids(events) == plain_ids(engine, ids, 20)
-            assert any(r.drafted > 0 for r in rounds_of(events))
+    _chain_and_tree_equal_plain(engine)
     ids = engine.encode_raw(PROMPT)
     gen(engine, ids, SpecConfig(method="block", k=3), 8)
     context = state.context
@@ -356,11 +361,7 @@ def test_a_reduced_head_scores_its_tokens_alone_and_stays_exact(tmp_path):
     off = np.setdiff1d(np.arange(got.shape[-1]), ids)
     assert np.allclose(got[:, ids], want[:, ids], atol=1e-5) and np.isneginf(got[:, off]).all()
     for prompt in (PROMPT, "the river and the moon"):
-        p_ids = engine.encode_raw(prompt)
-        for spec in (SpecConfig(method="block", k=3), SpecConfig(method="block-tree", k=3)):
-            events = gen(engine, p_ids, spec, 20)
-            assert token_ids(events) == plain_ids(engine, p_ids, 20)
-            assert any(r.drafted > 0 for r in rounds_of(events))
+        _chain_and_tree_equal_plain(engine, (prompt,))
         rows = engine._draft.block_logits(engine._draft.context, 3)
         assert set(np.argmax(np.array(rows), -1).tolist()) <= set(ids.tolist())
     p_ids, firsts, seconds, _ = _samples(engine, 1.0)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import SpecConfig
 from edgespec.drafting.block import BlockModel
 from edgespec.drafting.block_head import ReducedHead
 from edgespec.events import Finished
 from tests.helpers import token_ids
+from tests.helpers.pair import answer
 from tests.helpers.prompt_sets import own_prompts
 
 pytestmark = pytest.mark.slow
@@ -26,12 +27,6 @@ def engine():
     from edgespec.runtime import Engine
 
     return Engine.load(pair=PAIR)
-
-
-def answer(engine, prompt: str, spec: SpecConfig, temp: float = 0.0, n: int = 48) -> list:
-    cfg = GenerationConfig(SamplingConfig(temperature=temp, seed=3), spec, max_tokens=n)
-    engine.reset()
-    return list(engine.chat([{"role": "user", "content": prompt}], cfg))
 
 
 def test_the_pair_loads_its_block_draft_with_a_reduced_head(engine):
