@@ -14,9 +14,10 @@ import pytest
 
 from tests.helpers.import_graph import ROOT
 
-# The three shipped drafts and the code, with some room: a new draft or data file in the wheel
-# must raise it on purpose.
-MAX_WHEEL_BYTES = 24_000_000
+# The four shipped drafts and the code, with some room: a new draft or data file in the wheel
+# must raise it on purpose. The block draft (models/smollm2-135m-block, 8-bit: its 4-bit export
+# lost acceptance) added 19.8 MB.
+MAX_WHEEL_BYTES = 42_000_000
 # Not copied for the build: git's store, build outputs, caches, local work folders (.gitignore).
 LEFT_BEHIND = (".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".venv", ".dev")
 LEFT_BEHIND += ("bench-out", "runs", ".whl", ".gpucarry", ".gl", ".benchmarks")
@@ -28,6 +29,7 @@ MUST_HAVE = (
     "edgespec/tui/app.py",
     "edgespec/models/catalog.json",
     "edgespec/models/smollm2-135m-draft/model.safetensors",
+    "edgespec/models/smollm2-135m-block/model.safetensors",
 )
 
 
