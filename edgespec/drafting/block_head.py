@@ -10,6 +10,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from edgespec.drafting.draft_model import onto_vocab
+
 
 class ReducedHead:
     """A head over `ids` alone: logits [..., vocab], -inf off `ids` (rows: their head rows)."""
@@ -18,10 +20,7 @@ class ReducedHead:
         self.rows, self.ids, self.vocab = rows, ids, vocab
 
     def __call__(self, hidden: mx.array) -> mx.array:
-        z = hidden @ self.rows.T.astype(hidden.dtype)
-        full = mx.full((*z.shape[:-1], self.vocab), -mx.inf, dtype=z.dtype)
-        full[..., self.ids] = z
-        return full
+        return onto_vocab(hidden @ self.rows.T.astype(hidden.dtype), self.ids, self.vocab)
 
 
 def head_rows(head: nn.Module, ids: mx.array) -> mx.array:

@@ -51,10 +51,7 @@ class DraftModel(nn.Module):
         return self.lm_head(self.model(inputs, cache=cache))
 
     def __call__(self, inputs: mx.array, cache: Any = None) -> mx.array:
-        z = self.head_logits(inputs, cache)
-        full = mx.full((*z.shape[:-1], self.args.vocab_size), -mx.inf, dtype=z.dtype)
-        full[..., self.head_ids] = z
-        return full
+        return onto_vocab(self.head_logits(inputs, cache), self.head_ids, self.args.vocab_size)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
@@ -123,6 +120,14 @@ def quantize_as_stored(model: nn.Module, config: dict[str, Any], weights: dict) 
             bits=q["bits"],
             class_predicate=lambda p, m: f"{p}.scales" in weights,
         )
+
+
+def onto_vocab(z: mx.array, ids: mx.array, vocab: int) -> mx.array:
+    """A reduced head's logits [..., len(ids)] as full-vocabulary ones [..., vocab]: column j at
+    token ids[j], -inf everywhere else (so those tokens get probability 0)."""
+    full = mx.full((*z.shape[:-1], vocab), -mx.inf, dtype=z.dtype)
+    full[..., ids] = z
+    return full
 
 
 EMBED = "model.embed_tokens."
