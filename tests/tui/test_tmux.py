@@ -77,12 +77,31 @@ def _styles(line: str) -> list[tuple[str, dict]]:
     return [(ch, dict(style)) for ch, style in chars if not ch.isspace()]
 
 
-SOCKET = f"edgespec-chat-test-{os.getpid()}"  # a private tmux server: no shared sizes or options
+class Tmux:
+    """A private tmux server per test (no shared sizes or options, and no race with the previous
+    test's server while it shuts down); its errors carry tmux's own message."""
+
+    def __init__(self, name: str) -> None:
+        self.socket = f"edgespec-{name}-{os.getpid()}"
+
+    def __call__(self, *args: str) -> str:
+        cmd = ["tmux", "-L", self.socket, *args]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise AssertionError(
+                f"tmux {args[0]} failed ({done.returncode}): {done.stderr.strip()}"
+            )
+        return done.stdout
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
 
 
-def _tmux(*args: str) -> str:
-    cmd = ["tmux", "-L", SOCKET, *args]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+@pytest.fixture
+def tmux(request: pytest.FixtureRequest):  # noqa: ANN201
+    tmux = Tmux(re.sub(r"\W+", "-", request.node.name)[:40])
+    yield tmux
+    tmux.kill()
 
 
 def _wait(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
@@ -95,7 +114,7 @@ def _wait(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
+def test_chat_in_a_real_terminal(tmp_path: Path, tmux: Tmux) -> None:
     from tests.helpers.tiny import make_tiny_pair
 
     target, draft = make_tiny_pair(tmp_path / "pair", seed=0, draft="self")
@@ -107,11 +126,11 @@ def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
         f"{sys.executable} -m edgespec chat --target {target} --draft {draft} "
         f"--max-tokens 40 -k 3 --seed 0; sleep 60"
     )
-    _tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
+    tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
     try:
-        screen = lambda: _tmux("capture-pane", "-t", session, "-p")  # noqa: E731
+        screen = lambda: tmux("capture-pane", "-t", session, "-p")  # noqa: E731
         _wait(lambda: "Ask something" in screen(), 240, "the app to load the models")
-        _tmux("send-keys", "-t", session, "hello model", "Enter")
+        tmux("send-keys", "-t", session, "hello model", "Enter")
 
         def finished_answer() -> dict | None:
             for path in chats.glob("*.json"):
@@ -124,7 +143,7 @@ def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
         prefix = answer["content"].strip()[:6]
         _wait(lambda: "[max tokens]" in screen() or answer["reason"] == "stop", 10, "the redraw")
         time.sleep(0.5)
-        escaped = _tmux("capture-pane", "-t", session, "-e", "-p").splitlines()
+        escaped = tmux("capture-pane", "-t", session, "-e", "-p").splitlines()
         rows = [styled_chars(line) for line in escaped]
         plain = ["".join(ch for ch, _ in row) for row in rows]
         start = next(i for i, line in enumerate(plain) if "hello model" in line) + 1
@@ -153,7 +172,7 @@ def test_chat_in_a_real_terminal(tmp_path: Path) -> None:
         assert len({k for k, _ in answer["runs"]}) >= 2
         assert len(styles) >= 2, "the answer shows fewer than two token styles"
     finally:
-        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+        tmux.kill()
 
 
 def provenance_colours() -> dict[str, tuple[int, int, int]]:
@@ -166,7 +185,7 @@ def provenance_colours() -> dict[str, tuple[int, int, int]]:
     return {kind: tuple(int(h[i : i + 2], 16) for i in (0, 2, 4)) for kind, h in hexes.items()}
 
 
-def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path) -> None:
+def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path, tmux: Tmux) -> None:
     """`edgespec chat --fake markdown`: a reasoning model's Markdown answer, drawn on a real
     terminal: no fence, emphasis marker or think tag on screen, the code and its label are, and
     the three provenance colours (the fake drafts: accepted, corrected and bonus tokens)."""
@@ -176,11 +195,11 @@ def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path) -> N
         "COLORTERM=truecolor "
         f"{sys.executable} -m edgespec chat --fake markdown; sleep 60"
     )
-    _tmux("new-session", "-d", "-s", "md", "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
+    tmux("new-session", "-d", "-s", "md", "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
     try:
-        screen = lambda: _tmux("capture-pane", "-t", "md", "-p")  # noqa: E731
+        screen = lambda: tmux("capture-pane", "-t", "md", "-p")  # noqa: E731
         _wait(lambda: "Ask something" in screen(), 60, "the app to start")
-        _tmux("send-keys", "-t", "md", "Fibonacci?", "Enter")
+        tmux("send-keys", "-t", "md", "Fibonacci?", "Enter")
         _wait(lambda: "• see the docs" in screen(), 60, "the answer to finish")
         rows = [line[:CONVERSATION_COLS] for line in screen().splitlines()]
         shown = "\n".join(rows)
@@ -189,9 +208,9 @@ def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path) -> N
             assert raw not in shown, raw
         assert "▶ Thought" in shown and "python" in shown
         assert "def fib(n: int) -> int:" in shown and "1. each value is computed once" in shown
-        escaped = _tmux("capture-pane", "-t", "md", "-e", "-p").splitlines()
+        escaped = tmux("capture-pane", "-t", "md", "-e", "-p").splitlines()
         fgs = {style.get("fg") for line in escaped for _, style in _styles(line)}
         for kind, rgb in provenance_colours().items():
             assert rgb in fgs, f"no {kind} token ({rgb}) on screen"
     finally:
-        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+        tmux.kill()
