@@ -192,9 +192,12 @@ def test_ranks_that_disagree_all_stop(tmp_path):
     """The agreement check can fail: a step committed differently on one rank stops every rank."""
     cmd = script_command(2, "dist_agreement.py")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=120)
-    caught = sorted(line for line in r.stdout.splitlines() if "caught" in line)
+    # mlx.launch relays each rank's output in chunks, so one rank's line may end inside another's:
+    # split at the marker, not at line breaks.
+    caught = sorted(re.findall(r"rank \d caught: .*?(?=rank \d caught: |\n|$)", r.stdout))
     assert len(caught) == 2, r.stdout + r.stderr
     assert caught[0].startswith("rank 0 caught: the 2 ranks disagree on the tokens of step 2")
+    assert caught[1].startswith("rank 1 caught: the 2 ranks disagree on the tokens of step 2")
 
 
 def test_killed_rank_stops_rank_0_with_one_line(tiny_pair, tmp_path):
