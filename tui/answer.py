@@ -33,6 +33,10 @@ _CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 
 # While an answer streams, its open part's height is held at a multiple of this many lines: a
 # token that starts a line then mostly repaints the part instead of laying out the screen.
 HOLD = 4
+# Finished Markdown units stay in the open part until they fill this many lines, then move into a
+# part of their own together: mounting a part lays out the whole screen, and one part per unit
+# did that on most frames of a streamed answer.
+GROUP = 12
 
 MARKS = "heading h1 strong emphasis strike link code code_block label quote marker".split()
 
@@ -137,10 +141,10 @@ def part_text(joint: str, drawn: Text) -> Text:
 
 
 class AnswerView(Widget):
-    """One assistant answer, drawn in parts (`AnswerPart`): the reasoning, one part per finished
-    Markdown unit (drawn once, so Textual lays it out and renders it once), and the open unit
-    with the note, the only part a streamed batch redraws: the cost of a batch does not grow
-    with the answer. Everything is redrawn when the theme, the colour mode or the reasoning
+    """One assistant answer, drawn in parts (`AnswerPart`): the reasoning, finished Markdown units
+    (GROUP lines or more a part, drawn once, so Textual lays each out and renders it once), and
+    the open part (the units not yet grouped, the open unit and the note), the only part a
+    streamed batch redraws: the cost of a batch does not grow with the answer. Everything is redrawn when the theme, the colour mode or the reasoning
     fold changes. `text()` is the whole answer as drawn."""
 
     COMPONENT_CLASSES = {f"token--{kind}" for kind in TOKEN_KINDS} | {f"md--{m}" for m in MARKS}
@@ -186,7 +190,8 @@ class AnswerView(Widget):
         self._think: tuple[int, BlockCache] | None = None  # (offset, cache) of the reasoning
         self._body: tuple[int, bool, BlockCache] | None = None  # (offset, after reasoning, cache)
         self._head, self._tail = AnswerPart(), AnswerPart()
-        self._units: list[AnswerPart] = []  # one per finished unit of the body
+        self._units: list[AnswerPart] = []  # finished units of the body, GROUP lines a part
+        self._placed = 0  # how many finished units are in `_units` (the rest: in the open part)
         self._live = False  # mounted: the parts can be drawn (styles and theme known)
         self.streaming = False  # tokens still come: the open part keeps blank lines (HOLD)
         self.note = note
@@ -231,7 +236,7 @@ class AnswerView(Widget):
     def _reset_body(self) -> None:
         for part in self._units:
             part.remove()
-        self._units, self._body = [], None
+        self._units, self._body, self._placed = [], None, 0
 
     def _make_look(self) -> Look:
         def own(name: str) -> Style:  # the component's style less what it inherits
@@ -312,7 +317,8 @@ class AnswerView(Widget):
         return Text(f"  {self.note}", "dim italic") if self.note else Text()
 
     def _body_tail(self, start: int, after_head: bool) -> Text:
-        """Draw the body from `start`: a part for each newly finished unit, the open one returned."""
+        """Draw the body from `start`: a part for each GROUP lines of finished units; returns the
+        open part (the finished units not yet in a part, then the open unit)."""
         if self._body is None or self._body[:2] != (start, after_head):
             self._reset_body()
             assert self._look is not None
@@ -322,13 +328,18 @@ class AnswerView(Widget):
         if after_head and not cache.units and not tail.plain.strip():
             return Text()  # no answer after the reasoning yet
         first = "\n\n" if after_head else ""  # a blank line after the reasoning
-        new = [
-            AnswerPart(part_text(joint or first, drawn))
-            for joint, drawn in cache.units[len(self._units) :]
-        ]
-        if new:
-            self._units += new
-            self.mount(*new, before=self._tail)
+        held = Text()  # finished units not yet in a part of their own
+        for i, (unit_joint, drawn) in enumerate(cache.units[self._placed :], self._placed):
+            unit_joint = unit_joint or (first if i == 0 else "")
+            held = held + Text(unit_joint) + drawn if held else part_text(unit_joint, drawn)
+        if held and held.plain.count("\n") + 1 >= GROUP:
+            part = AnswerPart(held)
+            self._units.append(part)
+            self._placed = len(cache.units)
+            self.mount(part, before=self._tail)
+            held = Text()
+        if held:
+            return held + Text(joint) + tail
         return part_text(joint or first, tail)
 
     def text(self) -> Text:

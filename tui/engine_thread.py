@@ -6,8 +6,10 @@ another for the app's whole life. The UI thread only enqueues requests and sets 
 it never waits on the engine.
 
 Events do not go to the UI one by one: the engine thread hands them to a small batcher thread that
-posts one `StreamBatch` per `flush_interval` at most (default 40 ms, i.e. <= 25 UI updates/s however
-fast the model is) and at most `flush_interval` late. The batcher knows nothing about MLX.
+posts one `StreamBatch` per interval at most, however fast the model is, and at most an interval
+late. The interval starts at `flush_interval` (the app's: 100 ms) and follows what the app's redraws
+cost (`FrameBudget`: where a redraw takes more than 2% of the interval's CPU time, the batches come
+less often, 250 ms apart at most). The batcher knows nothing about MLX.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class Batcher:
 
     def __init__(self, post: Post, interval: float = 0.04) -> None:
         self._post = post
-        self._interval = interval
+        self.interval = interval  # seconds; the UI thread may change it (EngineThread.drawn)
         self._q: queue.Queue[tuple[int, Token | Round | Finished | _Failed] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="edgespec-batcher", daemon=True)
         self._turn = -1
@@ -122,7 +124,7 @@ class Batcher:
                 self._turn = turn
             if isinstance(event, (Token, Round)):
                 if not pending:
-                    deadline = max(time.monotonic(), self._last_flush + self._interval)
+                    deadline = max(time.monotonic(), self._last_flush + self.interval)
                 (self._tokens if isinstance(event, Token) else self._rounds).append(event)  # type: ignore[arg-type]
             else:
                 self._flush()
@@ -132,6 +134,29 @@ class Batcher:
                     self._post(TurnFailed(turn, event.error))
             if (self._tokens or self._rounds) and time.monotonic() >= deadline:
                 self._flush()
+
+
+class FrameBudget:
+    """Paces a streaming answer's redraws so that the UI thread's CPU time (Textual's layout and
+    paint, the panel, the saves) stays near `share` of the wall time: a redraw every `floor`
+    seconds where they are cheap, less often where they are not, every `ceiling` seconds at the
+    least. `frame(cpu)` takes the UI thread's CPU seconds since the last batch and returns the
+    interval for the next ones; the cost it learns carries over to the next answer.
+
+    >>> budget = FrameBudget(0.1)
+    >>> budget.frame(0.001), budget.frame(0.004)
+    (0.1, 0.1)
+    >>> round(FrameBudget(0.1).frame(0.004), 3), FrameBudget(0.1).frame(0.5)
+    (0.2, 0.25)
+    """
+
+    def __init__(self, floor: float, share: float = 0.02, ceiling: float = 0.25) -> None:
+        self.floor, self.share, self.ceiling = floor, share, max(floor, ceiling)
+        self.cost: float | None = None  # CPU seconds per redraw, smoothed
+
+    def frame(self, cpu: float) -> float:
+        self.cost = cpu if self.cost is None else 0.8 * self.cost + 0.2 * cpu
+        return min(self.ceiling, max(self.floor, self.cost / self.share))
 
 
 class EngineThread:
@@ -151,6 +176,8 @@ class EngineThread:
         self._warm = warm
         self._post = post
         self._batcher = Batcher(post, flush_interval)
+        self._budget = FrameBudget(flush_interval)
+        self._ui_cpu: float | None = None  # the UI thread's CPU time at the last batch
         self.mlx: EngineWorker[_Chat | _Reset] = EngineWorker(
             self._load, self._serve, name="edgespec-engine"
         )
@@ -165,8 +192,15 @@ class EngineThread:
     def submit(self, turn: int, messages: list[dict[str, str]], config: GenerationConfig) -> None:
         """Queue one chat turn; its events arrive as `StreamBatch` ... `TurnFinished`."""
         request = _Chat(turn, list(messages), config)
-        self._latest = request
+        self._latest, self._ui_cpu = request, None
         self.mlx.put(request)
+
+    def drawn(self, ui_cpu: float) -> None:
+        """A batch was drawn; `ui_cpu` is the UI thread's `time.thread_time()` now. The UI's
+        CPU time since the last batch (one redraw and what came with it) paces the batches."""
+        if self._ui_cpu is not None:
+            self._batcher.interval = self._budget.frame(ui_cpu - self._ui_cpu)
+        self._ui_cpu = ui_cpu
 
     def cancel(self) -> None:
         """Ask the last submitted turn to stop (the engine ends it with Finished('cancelled')).

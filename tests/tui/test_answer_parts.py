@@ -1,5 +1,5 @@
 """The cost of a streamed batch does not grow with the answer: finished Markdown units are drawn
-once in their own parts, only the open part redraws, and a batch that adds no line repaints
+once in parts of their own (GROUP lines or more each), only the open part redraws, and a batch that adds no line repaints
 without a layout of the screen (the answer view and the stats panel alike)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from edgespec.tui.answer import HOLD, AnswerPart, AnswerView
+from edgespec.tui.answer import GROUP, HOLD, AnswerPart, AnswerView
 from edgespec.tui.app import PANEL_EVERY, ChatApp
 from edgespec.tui.fake import FakeScript
 from edgespec.tui.widgets import StatsPanel, StatsView
@@ -49,14 +49,21 @@ def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
             await app.query_one("#conversation").mount(view)
             view.append(tokens("# Title", "\n\n", "One", " two", "\n\n", "- a", "\n", "- b"))
             await pilot.pause()
-            parts = list(view.query(AnswerPart))
-            shown = [p.text.plain for p in parts if p.display]
-            assert shown == ["Title", "\nOne two", "\n• a", "• b"]  # 3 finished units, 1 open
+            shown = [p.text.plain for p in view.query(AnswerPart) if p.display]
+            assert shown == ["Title\n\nOne two\n\n• a\n• b"]  # fewer than GROUP lines: one part
+            paras = [t for i in range(GROUP // 2) for t in ("\n\n", f"Para {i}")]
+            view.append(tokens(*paras, "\n\n", "Open"))
+            await pilot.pause()
+            group, tail = [p for p in view.query(AnswerPart) if p.display]
+            assert group.text.plain.count("\n") + 1 >= GROUP  # finished units, drawn once
+            assert group.text.plain.endswith(f"Para {GROUP // 2 - 1}")
+            assert tail.text.plain == "\nOpen"
             calls = spy_refresh(monkeypatch, AnswerPart)
             view.append(tokens(" more", " words"))
             await pilot.pause()
-            assert {part for part, _ in calls} == {parts[-1]}  # the open part, nothing else
-            assert view.text().plain == "Title\n\nOne two\n\n• a\n• b more words"
+            assert {part for part, _ in calls} == {tail}  # the open part, nothing else
+            body = "\n\n".join(f"Para {i}" for i in range(GROUP // 2))
+            assert view.text().plain == f"Title\n\nOne two\n\n• a\n• b\n\n{body}\n\nOpen more words"
 
     run(scenario)
 

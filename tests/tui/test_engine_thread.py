@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from edgespec.tui.engine_thread import Batcher, EngineThread, error_line
+from edgespec.tui.engine_thread import Batcher, EngineThread, FrameBudget, error_line
 from edgespec.tui.fake import FakeEngine, FakeScript
 from edgespec.tui.messages import (
     EngineFailed,
@@ -69,6 +69,32 @@ def test_batcher_flushes_a_lone_token_without_waiting_for_more() -> None:
     time.sleep(0.2)  # no further event: the token must still reach the UI
     assert [type(m) for m in inbox.items] == [StreamBatch]
     batcher.close()
+
+
+def test_frame_budget_spaces_costly_redraws_out() -> None:
+    """Cheap redraws keep the floor; a redraw that costs more than `share` of the floor's time
+    spreads the batches until it costs `share` of the interval, up to the ceiling."""
+    budget = FrameBudget(0.1, share=0.02, ceiling=0.25)
+    assert budget.frame(0.001) == 0.1  # 1% of 100 ms
+    cheap = FrameBudget(0.1)
+    for _ in range(30):
+        interval = cheap.frame(0.003)  # 3 ms a redraw: 150 ms apart keeps it at 2%
+    assert abs(interval - 0.15) < 1e-6
+    assert FrameBudget(0.1).frame(0.05) == 0.25  # the ceiling: a redraw every 250 ms at least
+    assert FrameBudget(0.3).frame(0.05) == 0.3  # a floor above the ceiling wins
+
+
+def test_engine_thread_paces_batches_by_the_ui_cost() -> None:
+    """`drawn` with the UI thread's CPU clock sets the batcher's interval; a new turn starts a new
+    measurement (the time between answers is not a redraw's)."""
+    worker = EngineThread(lambda p: FakeEngine.load(FakeScript(), p), Inbox(), flush_interval=0.1)
+    worker.drawn(10.0)
+    worker.drawn(10.008)  # 8 ms of UI work for one batch
+    assert abs(worker._batcher.interval - 0.25) < 1e-9
+    worker.submit(1, [{"role": "user", "content": "hi"}], GenerationConfig())
+    worker.drawn(50.0)  # the first batch of a turn only starts the clock
+    assert abs(worker._batcher.interval - 0.25) < 1e-9
+    worker.shutdown()
 
 
 def test_engine_thread_runs_turns_and_cancels() -> None:
