@@ -30,6 +30,7 @@ from edgespec.tui.widgets import (
     AnswerView,
     StatsPanel,
     StatsView,
+    SteadyFooter,
     TurnMeter,
     UserMessage,
 )
@@ -38,7 +39,7 @@ from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Header, Input
 
 from edgespec.config import GenerationConfig
 
@@ -100,14 +101,13 @@ class ChatApp(AnswerActions):
         self.spec_tps: float | None = None
         self._last_view: StatsView | None = None
 
-    # ----------------------------------------------------------------- layout and lifecycle
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="main"):
             yield VerticalScroll(id="conversation")
             yield StatsPanel(id="stats")
         yield Input(placeholder="Ask something and press Enter", id="prompt")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         self.push_screen(LoadingScreen(self.what))

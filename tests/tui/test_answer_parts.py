@@ -10,9 +10,10 @@ import pytest
 from edgespec.tui.answer import GROUP, HOLD, AnswerPart, AnswerView
 from edgespec.tui.app import PANEL_EVERY, ChatApp
 from edgespec.tui.fake import FakeScript
-from edgespec.tui.widgets import StatsPanel, StatsView
+from edgespec.tui.widgets import StatsPanel, StatsView, SteadyFooter
 from textual.widget import Widget
 from textual.widgets import Static
+from textual.widgets._footer import FooterKey
 
 from edgespec.events import Token
 from tests.helpers.tui import make_app, run, wait_for
@@ -168,5 +169,37 @@ def test_the_live_panel_is_redrawn_on_a_timer_not_per_batch(
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.waiting is None)
             assert shows[-1] is False  # the final stats, drawn at once
+
+    run(scenario)
+
+
+def test_stop_greys_and_lights_in_the_footer_without_a_recompose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's start and end only change whether Stop is enabled: the footer's keys stay mounted
+    and Stop is lit while the answer streams, greyed before and after."""
+    app, _ = make_app(tmp_path, FakeScript(answer_tokens=200, round_delay=0.02, hold_after=10))
+    recomposes: list[int] = []
+    real = SteadyFooter.recompose
+    monkeypatch.setattr(SteadyFooter, "recompose", lambda s: [recomposes.append(1), real(s)][1])
+
+    def stop_key() -> FooterKey:
+        return next(k for k in app.query_one(SteadyFooter).query(FooterKey) if k.action == "stop")
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            await pilot.pause()
+            key, recomposes[:] = stop_key(), []
+            assert key.has_class("-disabled")
+            await pilot.press(*"hi", "enter")
+            await wait_for(pilot, lambda: app._meter is not None and app._meter.per_round)
+            await pilot.pause()
+            assert not key.has_class("-disabled") and stop_key() is key
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+            await pilot.pause()
+            assert key.has_class("-disabled") and stop_key() is key
+            assert recomposes == []
 
     run(scenario)
