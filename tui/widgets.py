@@ -14,7 +14,6 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Sparkline, Static
-from textual.widgets._footer import FooterKey
 
 from edgespec.events import Round, Stats, Token
 
@@ -291,17 +290,19 @@ class SteadyFooter(Footer):
     """Textual's footer, except that when only which bindings are enabled changes (Stop, at each
     turn's start and end), its keys are greyed or lit in place. Textual's recomposes the footer
     (every key unmounted, mounted again, the screen laid out), about 35 ms of the UI thread a turn
-    here. Any other change (keys added or gone) still recomposes."""
+    here. Any other change (keys added or gone), or a Textual whose keys differ, still recomposes."""
 
     def bindings_changed(self, screen: Screen) -> None:
         enabled: dict[str, bool] = {}
         for _node, binding, on, _tip in screen.active_bindings.values():
             if binding.show:
                 enabled.setdefault(binding.action, on)
-        keys = [key for key in self.query(FooterKey) if not key.has_class("-command-palette")]
-        if self._bindings_ready and keys and {key.action for key in keys} == set(enabled):
+        keys = [key for key in self.query("FooterKey") if not key.has_class("-command-palette")]
+        actions = {getattr(key, "action", None) for key in keys}
+        same = keys and actions == set(enabled) and getattr(self, "_bindings_ready", False)
+        if same and all(hasattr(key, "_disabled") for key in keys):
             for key in keys:  # what FooterKey's constructor does with `disabled`
-                key._disabled = not enabled[key.action]
-                key.set_class(key._disabled, "-disabled")
+                key._disabled = not enabled[key.action]  # type: ignore[attr-defined]
+                key.set_class(key._disabled, "-disabled")  # type: ignore[attr-defined]
             return
         super().bindings_changed(screen)
