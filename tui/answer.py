@@ -144,8 +144,9 @@ class AnswerView(Widget):
     """One assistant answer, drawn in parts (`AnswerPart`): the reasoning, finished Markdown units
     (GROUP lines or more a part, drawn once, so Textual lays each out and renders it once), and
     the open part (the units not yet grouped, the open unit and the note), the only part a
-    streamed batch redraws: the cost of a batch does not grow with the answer. Everything is redrawn when the theme, the colour mode or the reasoning
-    fold changes. `text()` is the whole answer as drawn."""
+    streamed batch redraws: the cost of a batch does not grow with the answer. Everything is
+    redrawn when the theme, the colour mode or the reasoning fold changes. `text()` is the whole
+    answer as drawn."""
 
     COMPONENT_CLASSES = {f"token--{kind}" for kind in TOKEN_KINDS} | {f"md--{m}" for m in MARKS}
     DEFAULT_CSS = """

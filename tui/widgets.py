@@ -290,7 +290,8 @@ class SteadyFooter(Footer):
     """Textual's footer, except that when only which bindings are enabled changes (Stop, at each
     turn's start and end), its keys are greyed or lit in place. Textual's recomposes the footer
     (every key unmounted, mounted again, the screen laid out), about 35 ms of the UI thread a turn
-    here. Any other change (keys added or gone), or a Textual whose keys differ, still recomposes."""
+    here. Any other change (keys added or gone), or a Textual whose keys differ, still
+    recomposes."""
 
     def bindings_changed(self, screen: Screen) -> None:
         enabled: dict[str, bool] = {}

@@ -1,6 +1,7 @@
 """The cost of a streamed batch does not grow with the answer: finished Markdown units are drawn
-once in parts of their own (GROUP lines or more each), only the open part redraws, and a batch that adds no line repaints
-without a layout of the screen (the answer view and the stats panel alike)."""
+once in parts of their own (GROUP lines or more each), only the open part redraws, and a batch
+that adds no line repaints without a layout of the screen (the answer view and the stats panel
+alike)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
             await pilot.pause()
             assert {part for part, _ in calls} == {tail}  # the open part, nothing else
             body = "\n\n".join(f"Para {i}" for i in range(GROUP // 2))
-            assert view.text().plain == f"Title\n\nOne two\n\n• a\n• b\n\n{body}\n\nOpen more words"
+            head = "Title\n\nOne two\n\n• a\n• b"
+            assert view.text().plain == f"{head}\n\n{body}\n\nOpen more words"
 
     run(scenario)
 
