@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from edgespec.tui.markdown import BlockCache, Look
+from edgespec.tui.part import AnswerPart
 from edgespec.tui.think import ThinkSplit, split_think
 from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
-from textual.visual import visualize
 from textual.widget import Widget
 
 from edgespec.events import TOKEN_KINDS, Token
@@ -30,12 +30,13 @@ Run = tuple[str, str]  # (kind, text)
 # Unicode "control pictures" instead (one cell each). Random tiny models emit them.
 _CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
 
-# While an answer streams, its open part's height is held at a multiple of this many lines: a
-# token that starts a line then mostly repaints the part instead of laying out the screen.
+# While an answer streams, its open part's height is held at a multiple of half the view's height
+# (this many lines at least): a token that starts a line then repaints a line or two instead of
+# laying out (and redrawing) the whole screen, and the view moves on half a screen at a time.
 HOLD = 4
-# Finished Markdown units stay in the open part until they fill this many lines, then move into a
-# part of their own together: mounting a part lays out the whole screen, and one part per unit
-# did that on most frames of a streamed answer.
+# Finished Markdown units stay in the open part until they fill this many lines and the screen is
+# laid out anyway, then move into a part of their own together: mounting a part lays out the
+# whole screen, and one part per unit did that on most frames of a streamed answer.
 GROUP = 12
 
 MARKS = "heading h1 strong emphasis strike link code code_block label quote marker".split()
@@ -82,52 +83,6 @@ def _own(style: Style, base: Style) -> Style:
         strike=style.strike,
         reverse=style.reverse,
     )
-
-
-class AnswerPart(Widget):
-    """One piece of an answer on screen (a finished Markdown unit, the open one, the reasoning):
-    a `Text` drawn once, and again only when set to a different one."""
-
-    DEFAULT_CSS = "AnswerPart { height: auto; }"
-
-    def __init__(self, text: Text | None = None) -> None:
-        super().__init__()
-        self.text = self.source = text or Text()  # as drawn; as given (no held lines)
-        self.display = bool(self.text)
-
-    def show(self, text: Text, lines: int = 1) -> None:
-        """Draw `text` (hidden while empty); nothing happens when it is the text shown, and
-        only this part repaints while its height stays (no layout of the whole screen). With
-        `lines` > 1 its height is rounded up to a multiple of `lines` with blank lines at the
-        end, so that a growing text needs a layout only every `lines` lines."""
-        self.source, height = text, content_height(self, text)
-        pad = 0 if height is None or not text else -height % lines
-        if pad:
-            text, height = text + Text("\n" * pad), height + pad  # type: ignore[operator]
-        if text == self.text:
-            return
-        layout = height is None or not self.display or height != self.content_size.height
-        self.text, self.display = text, bool(text)
-        self.refresh(layout=layout)
-
-    def render(self) -> Text:
-        return self.text
-
-
-def content_height(widget: Widget, text: Text) -> int | None:
-    """The lines `text` takes in `widget` at its present width (None before it was laid out)."""
-    width = widget.content_size.width
-    if not width:
-        return None
-    styles = widget.styles  # what Widget.get_content_height passes too
-    return visualize(widget, text).get_height(styles, width)  # type: ignore[arg-type]
-
-
-def same_height(widget: Widget, text: Text) -> bool:
-    """Whether `text` takes as many lines in `widget` as its content has now: then a repaint is
-    enough (a layout of the screen costs far more, and most tokens do not start a line)."""
-    height = content_height(widget, text)
-    return widget.display and height is not None and height == widget.content_size.height
 
 
 def part_text(joint: str, drawn: Text) -> Text:
@@ -311,15 +266,27 @@ class AnswerView(Widget):
             if not (split.closed and not self._plain[split.start : split.end].strip()):
                 head = self._head_text(split, self._look)  # else thinking off: body only
         self._head.show(head)
-        tail = self._body_tail(start, bool(head)) + self._note_text()
-        self._tail.show(tail, HOLD if self.streaming else 1)
+        note, lines = self._note_text(), self.hold() if self.streaming else 1
+        held, joint, unit = self._body_tail(start, bool(head))
+        tail = (held + Text(joint) + unit if held else part_text(joint, unit)) + note
+        if held and held.plain.count("\n") + 1 >= GROUP and self._tail.needs_layout(tail, lines):
+            self._group(held)  # the screen is laid out anyway: move the finished units now
+            tail = part_text(joint, unit) + note
+        self._tail.show(tail, lines)
+
+    def hold(self) -> int:
+        """Lines a streaming open part holds: half the conversation's height (HOLD at least), so
+        that the view moves on half a screen at a time and most batches repaint a line or two."""
+        parent = self.parent
+        height = parent.scrollable_content_region.height if isinstance(parent, Widget) else 0
+        return max(HOLD, height // 2)
 
     def _note_text(self) -> Text:
         return Text(f"  {self.note}", "dim italic") if self.note else Text()
 
-    def _body_tail(self, start: int, after_head: bool) -> Text:
-        """Draw the body from `start`: a part for each GROUP lines of finished units; returns the
-        open part (the finished units not yet in a part, then the open unit)."""
+    def _body_tail(self, start: int, after_head: bool) -> tuple[Text, str, Text]:
+        """The body from `start`, less the units already in parts: (the finished units not yet in
+        a part, the open unit's joint, the open unit)."""
         if self._body is None or self._body[:2] != (start, after_head):
             self._reset_body()
             assert self._look is not None
@@ -327,21 +294,21 @@ class AnswerView(Widget):
         cache = self._body[2]
         joint, tail = cache.update(self._plain[start:], self._kinds[start:])
         if after_head and not cache.units and not tail.plain.strip():
-            return Text()  # no answer after the reasoning yet
+            return Text(), "", Text()  # no answer after the reasoning yet
         first = "\n\n" if after_head else ""  # a blank line after the reasoning
         held = Text()  # finished units not yet in a part of their own
         for i, (unit_joint, drawn) in enumerate(cache.units[self._placed :], self._placed):
             unit_joint = unit_joint or (first if i == 0 else "")
             held = held + Text(unit_joint) + drawn if held else part_text(unit_joint, drawn)
-        if held and held.plain.count("\n") + 1 >= GROUP:
-            part = AnswerPart(held)
-            self._units.append(part)
-            self._placed = len(cache.units)
-            self.mount(part, before=self._tail)
-            held = Text()
-        if held:
-            return held + Text(joint) + tail
-        return part_text(joint or first, tail)
+        return held, joint if held else joint or first, tail
+
+    def _group(self, held: Text) -> None:
+        """Move the finished units not yet in a part (`held`) into a part of their own."""
+        assert self._body is not None
+        part = AnswerPart(held)
+        self._units.append(part)
+        self._placed = len(self._body[2].units)
+        self.mount(part, before=self._tail)
 
     def text(self) -> Text:
         """The whole answer as drawn: its parts, one after another."""

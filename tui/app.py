@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 from edgespec.tui import settings
-from edgespec.tui.answer_actions import ANSWER_BINDINGS, AnswerActions
+from edgespec.tui.answer_actions import ANSWER_BINDINGS
 from edgespec.tui.engine_thread import EngineThread, Loader
 from edgespec.tui.messages import (
     EngineFailed,
@@ -24,6 +24,7 @@ from edgespec.tui.messages import (
     TurnFinished,
 )
 from edgespec.tui.screens import LoadingScreen, PastChatsScreen
+from edgespec.tui.setting_actions import SettingActions
 from edgespec.tui.store import ChatMessage, ChatStore, Conversation, stats_to_json
 from edgespec.tui.transcript import finish_answer, message_widgets
 from edgespec.tui.widgets import (
@@ -49,7 +50,7 @@ SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
 FRAME, PANEL_EVERY = 0.1, 0.5
 
 
-class ChatApp(AnswerActions):
+class ChatApp(SettingActions):
     """The chat app. `loader(on_progress)` builds the engine on the engine thread."""
 
     TITLE = "EdgeSpec chat"
@@ -128,6 +129,8 @@ class ChatApp(AnswerActions):
     def waiting(self, turn: int | None) -> None:
         self._waiting = turn
         self.refresh_bindings()  # Stop is enabled only while an answer streams
+        # A blinking cursor repaints twice a second: not while the engine needs the CPU.
+        self.query_one("#prompt", Input).cursor_blink = turn is None
 
     @property
     def generating(self) -> bool:
@@ -291,7 +294,7 @@ class ChatApp(AnswerActions):
         return True
 
     def action_stop(self) -> None:
-        """Stop generating: the engine finishes the turn as 'cancelled', the partial answer stays."""
+        """Stop generating: the engine ends the turn as 'cancelled'; the partial answer stays."""
         if self.generating:
             self.engine_thread.cancel()
 
@@ -312,63 +315,6 @@ class ChatApp(AnswerActions):
         view.scroll_end(animate=False)
         self._last_view = None
         self._show_stats()
-
-    def action_toggle_spec(self) -> None:
-        """Speculation off/on (applies from the next turn); plain turns measure the baseline."""
-        if not self.has_draft and not self.config.spec.enabled:
-            self.notify("This engine has no draft model: speculation is unavailable.")
-            return
-        method = "none" if self.config.spec.enabled else self._spec_method
-        self.config = settings.with_method(self.config, method)
-        state = "on" if self.config.spec.enabled else "off (plain decoding)"
-        self.notify(f"Speculation {state} from the next answer")
-        self._show_stats()
-
-    def _set_k(self, k: int) -> None:
-        """A K key fixes K (adaptive K off): starting from the K shown, the latest choice when
-        adaptive K was on."""
-        was_adaptive = self.config.spec.adaptive
-        self.config = settings.with_k(self.config, k)
-        if was_adaptive:
-            self.notify(
-                f"K fixed at {self.config.spec.k} from the next answer (F6: back to auto K)"
-            )
-        self._show_stats()
-
-    def _k_base(self) -> int:
-        """The K the K keys step from: the fixed K, or adaptive K's latest choice (if any)."""
-        if self.config.spec.adaptive and self._last_view is not None:
-            if self._last_view.k_now is not None:
-                return self._last_view.k_now
-        return self.config.spec.k
-
-    def action_k_up(self) -> None:
-        """Draft one more token per round (from the next turn)."""
-        self._set_k(self._k_base() + 1)
-
-    def action_k_down(self) -> None:
-        """Draft one token fewer per round (from the next turn)."""
-        self._set_k(self._k_base() - 1)
-
-    def action_toggle_adaptive(self) -> None:
-        """Adaptive K on/off (from the next turn): K chosen each round from the measured costs."""
-        self.config = settings.with_adaptive(self.config, not self.config.spec.adaptive)
-        spec = self.config.spec
-        state = "auto (chosen each round)" if spec.adaptive else f"fixed at {spec.k}"
-        self.notify(f"K {state} from the next answer")
-        self._show_stats()
-
-    def _set_temp(self, t: float) -> None:
-        self.config = settings.with_temperature(self.config, t)
-        self._show_stats()
-
-    def action_temp_up(self) -> None:
-        """Raise the temperature by 0.1 (0 = greedy)."""
-        self._set_temp(self.config.sampling.temperature + settings.TEMP_STEP)
-
-    def action_temp_down(self) -> None:
-        """Lower the temperature by 0.1 (0 = greedy)."""
-        self._set_temp(self.config.sampling.temperature - settings.TEMP_STEP)
 
     def action_open_chats(self) -> None:
         """List saved chats; choosing one reopens it."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs, same_height
+from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs
+from edgespec.tui.part import same_height
 from edgespec.tui.think import ThinkCounter
 from rich.text import Text
 from textual.app import ComposeResult

@@ -8,12 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from edgespec.tui.answer import GROUP, HOLD, AnswerPart, AnswerView
+from edgespec.tui.answer import GROUP, HOLD, AnswerView
 from edgespec.tui.app import PANEL_EVERY, ChatApp
 from edgespec.tui.fake import FakeScript
+from edgespec.tui.part import AnswerPart
 from edgespec.tui.widgets import StatsPanel, StatsView, SteadyFooter
+from textual.geometry import Region
 from textual.widget import Widget
-from textual.widgets import Static
+from textual.widgets import Input, Static
 from textual.widgets._footer import FooterKey
 
 from edgespec.events import Token
@@ -37,6 +39,19 @@ def spy_refresh(monkeypatch: pytest.MonkeyPatch, cls: type[Widget]) -> list[tupl
 
     monkeypatch.setattr(Widget, "refresh", refresh)
     return calls
+
+
+def spy_regions(monkeypatch: pytest.MonkeyPatch) -> list[Region]:
+    """Record the regions of every AnswerPart refresh that names some."""
+    regions: list[Region] = []
+    real = AnswerPart.refresh
+
+    def refresh(self, *given, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        regions.extend(given)
+        return real(self, *given, **kwargs)
+
+    monkeypatch.setattr(AnswerPart, "refresh", refresh)
+    return regions
 
 
 def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
@@ -84,7 +99,9 @@ def test_a_batch_that_adds_no_line_repaints_without_a_layout(
             view.append(tokens("Some", " words"))
             await pilot.pause()
             calls = spy_refresh(monkeypatch, AnswerPart)
+            regions = spy_regions(monkeypatch)
             view.append(tokens(" on", " one", " line"))
+            assert [(r.y, r.height) for r in regions] == [(0, 1)]  # the one line that changed
             view.append(tokens("\n", "and", " a", " second", " line"))
             assert [layout for _, layout in calls] == [False, True]
 
@@ -127,19 +144,21 @@ def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
             await pilot.pause()  # laid out: the part knows its width from now on
             view.append(tokens(" 0"))
             await pilot.pause()
-            tail = list(view.query(AnswerPart))[-1]
-            assert tail.size.height == HOLD  # one code line, the rest held blank
+            tail, hold = list(view.query(AnswerPart))[-1], view.hold()
+            conversation = app.query_one("#conversation").scrollable_content_region.height
+            assert hold == max(HOLD, conversation // 2) > HOLD  # half the view at 120x40
+            assert tail.size.height == hold  # one code line, the rest held blank
             calls = spy_refresh(monkeypatch, AnswerPart)
-            for i in range(1, HOLD):  # each token starts a code line: all within the hold
+            for i in range(1, hold):  # each token starts a code line: all within the hold
                 view.append(tokens("\n", f"line {i}"))
-            assert [layout for _, layout in calls] == [False] * (HOLD - 1)
-            view.append(tokens("\n", f"line {HOLD}"))  # one more line than held
+            assert [layout for _, layout in calls] == [False] * (hold - 1)
+            view.append(tokens("\n", f"line {hold}"))  # one more line than held
             assert calls[-1][1]
             await pilot.pause()
-            assert tail.size.height == 2 * HOLD
+            assert tail.size.height == 2 * hold
             view.set_note("")  # the answer ends: no line held
             await pilot.pause()
-            assert tail.size.height == HOLD + 1 and not view.text().plain.endswith("\n")
+            assert tail.size.height == hold + 1 and not view.text().plain.endswith("\n")
 
     run(scenario)
 
@@ -203,5 +222,60 @@ def test_stop_greys_and_lights_in_the_footer_without_a_recompose(
             await pilot.pause()
             assert key.has_class("-disabled") and stop_key() is key
             assert recomposes == []
+
+    run(scenario)
+
+
+def test_a_streaming_answer_groups_finished_units_only_when_it_lays_out(tmp_path: Path) -> None:
+    """Mounting a part lays out the screen: finished units stay in the open part while it grows
+    within the lines it holds, and move into a part of their own when it outgrows them."""
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            view = app.answer_view()
+            await app.query_one("#conversation").mount(view)
+            view.append(tokens("First"))
+            await pilot.pause()
+            hold, n = view.hold(), 1
+
+            def lines() -> int:
+                return view.text().plain.count("\n") + 1
+
+            while lines() + 2 <= hold:  # paragraphs of a line and a blank, within the hold
+                view.append(tokens("\n\n", f"Para {n}"))
+                n += 1
+            await pilot.pause()
+            assert n > GROUP // 2 + 1  # more finished lines than GROUP, yet one part
+            assert len([p for p in view.query(AnswerPart) if p.display]) == 1
+            while lines() <= hold:
+                view.append(tokens("\n\n", f"Para {n}"))
+                n += 1
+            await pilot.pause()
+            group, tail = [p for p in view.query(AnswerPart) if p.display]
+            assert group.text.plain.startswith("First") and tail.text.plain.endswith(
+                f"Para {n - 1}"
+            )
+            paras = ["First", *(f"Para {i}" for i in range(1, n))]
+            assert view.text().plain == "\n\n".join(paras)
+
+    run(scenario)
+
+
+def test_the_prompt_cursor_stops_blinking_while_an_answer_streams(tmp_path: Path) -> None:
+    app, _ = make_app(tmp_path, FakeScript(answer_tokens=200, round_delay=0.02, hold_after=10))
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            prompt = app.query_one("#prompt", Input)
+            assert prompt.cursor_blink
+            await pilot.press(*"hi", "enter")
+            await wait_for(pilot, lambda: app._meter is not None and app._meter.per_round)
+            assert not prompt.cursor_blink
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+            assert prompt.cursor_blink
 
     run(scenario)

@@ -1,0 +1,110 @@
+"""One piece of an answer on screen, drawn line by line: a new text repaints only the lines that
+changed, and lays out the screen only when the piece's height changes."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from rich.text import Text
+from textual.geometry import Region, Size
+from textual.strip import Strip
+from textual.visual import Visual, visualize
+from textual.widget import Widget
+
+
+class _Drawing(NamedTuple):
+    text: Text
+    look: tuple[object, ...]  # (width, visual style, selection)
+    strips: list[Strip]
+
+
+class AnswerPart(Widget):
+    """One piece of an answer on screen (a finished Markdown unit, the open one, the reasoning):
+    a `Text` drawn line by line. A new text repaints only the lines that differ from the ones
+    shown, and lays out the screen only when its height changes."""
+
+    DEFAULT_CSS = "AnswerPart { height: auto; }"
+
+    def __init__(self, text: Text | None = None) -> None:
+        super().__init__()
+        self.text = self.source = text or Text()  # as drawn; as given (no held lines)
+        self.display = bool(self.text)
+        self._held = 1  # the height is held at a multiple of this many lines
+        self._drawn: _Drawing | None = None  # the lines of `text`
+        self._next: _Drawing | None = None  # the lines of the last text measured
+
+    def _strips(self, text: Text, width: int) -> list[Strip]:
+        """`text` drawn at `width` (as Textual draws a widget's content)."""
+        look = (width, self.visual_style, self.text_selection)
+        for known in (self._drawn, self._next):
+            if known is not None and known.text is text and known.look == look:
+                return known.strips
+        visual = visualize(self, text)  # type: ignore[arg-type]
+        strips = Visual.to_strips(self, visual, width, None, self.visual_style)
+        self._next = _Drawing(text, look, strips)
+        return strips
+
+    def _lines(self) -> list[Strip]:
+        strips = self._strips(self.text, self.content_size.width)
+        assert self._next is not None
+        self._drawn = self._next if self._next.text is self.text else self._drawn
+        return strips
+
+    def _height(self, text: Text, lines: int) -> int | None:
+        """The lines `text` takes at the present width, held at a multiple of `lines`."""
+        width = self.content_size.width
+        if not width:
+            return None
+        height = len(self._strips(text, width)) if text else 0
+        return height + (-height % lines if text else 0)
+
+    def needs_layout(self, text: Text, lines: int = 1) -> bool:
+        """Whether showing `text` (with `lines`) changes this part's height."""
+        height = self._height(text, lines)
+        return height is None or bool(text) != self.display or height != self.content_size.height
+
+    def show(self, text: Text, lines: int = 1) -> None:
+        """Draw `text` (hidden while empty); nothing happens when it is the text shown, and
+        only the lines that changed repaint while the height stays (no layout of the screen).
+        With `lines` > 1 the height is rounded up to a multiple of `lines` with blank lines at
+        the end, so that a growing text needs a layout only every `lines` lines."""
+        self.source = text
+        if lines == self._held and text == self.text:
+            return
+        if self.needs_layout(text, lines):
+            self.text, self._held, self.display = text, lines, bool(text)
+            self.refresh(layout=True)
+            return
+        width = self.content_size.width
+        old, new = self._lines(), self._strips(text, width)
+        self.text = text
+        changed = [y for y in range(len(new)) if y >= len(old) or old[y] != new[y]]
+        changed += range(len(new), len(old))  # lines the text no longer reaches
+        if changed:
+            self.refresh(Region(0, changed[0], width, changed[-1] - changed[0] + 1))
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        height = len(self._strips(self.text, width)) if self.text else 0
+        return height + -height % self._held
+
+    def render_line(self, y: int) -> Strip:
+        lines = self._lines()
+        if y < len(lines):
+            return lines[y]
+        return Strip.blank(self.content_size.width, self.visual_style.rich_style)
+
+
+def content_height(widget: Widget, text: Text) -> int | None:
+    """The lines `text` takes in `widget` at its present width (None before it was laid out)."""
+    width = widget.content_size.width
+    if not width:
+        return None
+    styles = widget.styles  # what Widget.get_content_height passes too
+    return visualize(widget, text).get_height(styles, width)  # type: ignore[arg-type]
+
+
+def same_height(widget: Widget, text: Text) -> bool:
+    """Whether `text` takes as many lines in `widget` as its content has now: then a repaint is
+    enough (a layout of the screen costs far more, and most tokens do not start a line)."""
+    height = content_height(widget, text)
+    return widget.display and height is not None and height == widget.content_size.height
