@@ -26,7 +26,7 @@ import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Capabilities, Drafter, Proposal
+from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, Proposal
 from edgespec.events import Round
 from edgespec.rounds import (
     Limits,
@@ -81,6 +81,8 @@ class Chains:
 
     def draft(self, run: Progress, plan: int, key: mx.array) -> Proposal | None:
         k = max(0, min(plan, run.room()))
+        if plan <= PLAIN_ONLY:  # plain steps, pipelined, no lookups
+            return None
         if k > 0:
             prop = self.drafter.propose(run.context, k, key)  # lazy: the draft runs meanwhile
         elif self.caps.free is not None:  # drafting is off, but a lookup costs next to nothing

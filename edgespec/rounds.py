@@ -25,7 +25,14 @@ import mlx.core as mx
 from edgespec.acceptance import verify, verify_greedy
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Capabilities, Drafter, FeatureInput, Proposal, no_proposal
+from edgespec.drafting.base import (
+    PLAIN_ONLY,
+    Capabilities,
+    Drafter,
+    FeatureInput,
+    Proposal,
+    no_proposal,
+)
 from edgespec.events import Round
 from edgespec.sampling import Softmax, round_keys, uniforms, warp
 
@@ -360,7 +367,10 @@ def plain_run(
 
 def _ahead(caps: Capabilities, method: str, run: Progress, k: int) -> Proposal | None:
     """What to queue behind the step being computed: a lookup one token behind (cut to the room
-    left), a plain step when K = 0, or None (the run ends: the drafter wants a proper round)."""
+    left), a plain step when K = 0 (or PLAIN_ONLY: no lookup), or None (the run ends: the drafter
+    wants a proper round)."""
+    if k <= PLAIN_ONLY:
+        return no_proposal(method)
     if caps.behind is not None:
         behind = caps.behind.propose_behind(run.context, k)
         return None if behind is None else behind.cut(max(0, run.room() - 2))

@@ -52,6 +52,12 @@ class Proposal:
         return Proposal(self.tokens[:room], q, self.method, self.match)
 
 
+# A chain plan (K) below 0: a plain step that looks nothing up either (a drafter's free lookups,
+# and the ones one token behind, are skipped). A batch of requests stepping plainly asks for it
+# (edgespec/server/mode.py): there a lookup's rows lengthen every request's packed forward.
+PLAIN_ONLY = -1
+
+
 def no_proposal(method: str = "draft") -> Proposal:
     """K = 0: nothing drafted, the round is a plain target step."""
     return Proposal(mx.array([], dtype=mx.int32), None, method, 0)

@@ -29,6 +29,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from edgespec.cache import KVState
+from edgespec.cpu.switch import on_cpu
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
@@ -69,7 +70,8 @@ class Batch:
         kernels = getattr(engine, "kernels", PLAIN)
         self.packer = Packer(kernels) if max_batch > 1 else None
         # Whether the batch drafts, measured (server/mode.py); a fake engine (tests) has no gate.
-        self.mode = BatchMode()
+        # Plain first on the CPU: there several requests' plain steps fill a forward's cheap rows.
+        self.mode = BatchMode(prefer_plain=on_cpu())
         if max_batch > 1 and hasattr(engine, "policy_gate"):
             engine.policy_gate = self.mode.gate
 

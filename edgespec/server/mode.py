@@ -23,16 +23,21 @@ from __future__ import annotations
 from typing import Any
 
 from edgespec.drafting.adaptive import AdaptiveK
+from edgespec.drafting.base import PLAIN_ONLY
 from edgespec.events import Round
 
 WINDOW = 16  # turns per measurement of a mode
 SETTLE = 2  # turns after a change left out (rounds already under way, a pipelined run starting)
 RETRY_EVERY = 16  # windows in the better mode before the other is measured again
+# A window ends early once it has EARLY turns and trails the other mode's rate by MARGIN or more:
+# measuring the slower mode costs the batch, and the requests may leave before a whole window.
+EARLY, MARGIN = 4, 0.2
 
 
 class Gated:
     """An adaptive request's policy under the batch's mode: its own K while the batch drafts,
-    0 (a plain step) while it does not. It sees every round either way."""
+    PLAIN_ONLY (a plain step, no lookup either) while it does not. It sees every round either
+    way."""
 
     def __init__(self, policy: AdaptiveK, mode: BatchMode):
         self.policy, self.mode = policy, mode
@@ -42,25 +47,46 @@ class Gated:
 
     def decide(self) -> int:
         k = self.policy.decide()
-        return 0 if self.mode.plain else k
+        return PLAIN_ONLY if self.mode.plain else k
 
 
 class BatchMode:
     """The batch's choice, drafting or plain (`plain`), from tokens/s measured in windows of
-    WINDOW turns of each (after SETTLE turns): drafting first, then plain, then the better one,
-    the other measured again every RETRY_EVERY windows. The rates are kept per number of running
-    requests: a batch of a size seen before starts in the mode that was faster at that size."""
+    WINDOW turns of each (after SETTLE turns; a window that trails the other mode's rate by
+    MARGIN ends after EARLY turns): the likelier one first, then the other, then the better one,
+    the other measured again every RETRY_EVERY windows. The rates are kept per number
+    of running requests: a batch of a size seen before starts in the mode that was faster at that
+    size (in the one not measured yet, if one is). A size not seen yet starts plain where plain won at a smaller size (a drafted row costs
+    more, the more requests share each forward), drafting where drafting won at a larger one, and
+    else as `prefer_plain` says (the server's guess for its backend)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefer_plain: bool = False) -> None:
+        self.prefer_plain = prefer_plain
         self._running = 0
         self._by_size: dict[int, dict[bool, float]] = {}  # running requests -> their rates
         self._reset()
 
     def _reset(self) -> None:
         self.rates: dict[bool, float] = self._by_size.setdefault(self._running, {})
-        self.plain = len(self.rates) == 2 and self.rates[True] > self.rates[False]
+        if self._running < 2:
+            self.plain = False  # a request alone: left to its own policy
+        elif len(self.rates) == 1:  # seen before, one mode measured: the other now
+            self.plain = not next(iter(self.rates))
+        elif not self.rates:
+            self.plain = self._first()
+        else:
+            self.plain = self.rates[True] > self.rates[False]
         self._tokens, self._seconds, self._turns = 0, 0.0, -SETTLE
         self._windows = 0  # windows since the last change of mode
+
+    def _first(self) -> bool:
+        """Whether a size not measured in both modes starts plain."""
+        won = {n: r[True] > r[False] for n, r in self._by_size.items() if len(r) == 2}
+        if any(plain for n, plain in won.items() if n <= self._running):
+            return True
+        if any(not plain for n, plain in won.items() if n >= self._running):
+            return False
+        return self.prefer_plain
 
     def gate(self, policy: Any) -> Any:
         """`policy` under this mode (an AdaptiveK), or as it is."""
@@ -81,12 +107,13 @@ class BatchMode:
             self._seconds + seconds,
             self._turns + 1,
         )
-        if self._turns < WINDOW:
+        rate, other = self._tokens / max(self._seconds, 1e-9), not self.plain
+        behind = self._turns >= EARLY and rate < (1 - MARGIN) * self.rates.get(other, 0.0)
+        if self._turns < WINDOW and not behind:
             return
-        self.rates[self.plain] = self._tokens / max(self._seconds, 1e-9)
+        self.rates[self.plain] = rate
         self._tokens, self._seconds, self._turns = 0, 0.0, 0
         self._windows += 1
-        other = not self.plain
         unmeasured = other not in self.rates or self._windows >= RETRY_EVERY
         if unmeasured or self.rates[other] > self.rates[self.plain]:
             self.plain, self._windows, self._turns = other, 0, -SETTLE

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 
 from edgespec.config import GenerationConfig, SpecConfig
-from edgespec.drafting.base import Drafter, Proposal, point_mass
+from edgespec.drafting.base import PLAIN_ONLY, Drafter, Proposal, point_mass
 from edgespec.drafting.build import build_drafter
 from edgespec.drafting.hybrid import HybridDrafter
 from edgespec.drafting.ngram import NgramDrafter
@@ -125,3 +125,19 @@ def test_build_drafter_errors_and_choices(target_engine):
             list(engine.generate([1, 2, 3], GenerationConfig(GREEDY, SpecConfig(method=method))))
     events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=3, method="ngram"), 8)
     assert len(token_ids(events)) == 8  # n-gram needs no draft model
+
+
+def test_plain_only_skips_every_lookup_and_decodes_as_plain(tiny_models):
+    """K = 0 still looks up (free lookups, and one token behind each plain step); PLAIN_ONLY, what
+    a batch stepping plainly asks for (server/mode.py), looks nothing up: every round is a plain
+    step, and the text is plain decoding's."""
+    engine = Engine(*tiny_models)
+    ids = engine.encode_raw(PROMPT)
+    spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6)  # matches abound
+    plain = token_ids(gen(engine, ids, SpecConfig(method="none"), 80))
+    lookups = [e for e in gen(engine, ids, spec, 80, k_policy=lambda _: 0) if isinstance(e, Round)]
+    assert any(r.drafted > 0 for r in lookups)  # K = 0: lookups verified
+    events = gen(engine, ids, spec, 80, k_policy=lambda _: PLAIN_ONLY)
+    rounds = [e for e in events if isinstance(e, Round)]
+    assert rounds and all(r.drafted == 0 for r in rounds)
+    assert token_ids(events) == plain

@@ -4,8 +4,17 @@ started over when the batch changes; only adaptive policies are gated."""
 from __future__ import annotations
 
 from edgespec.drafting.adaptive import AdaptiveK
+from edgespec.drafting.base import PLAIN_ONLY
 from edgespec.events import Round
-from edgespec.server.mode import RETRY_EVERY, SETTLE, WINDOW, BatchMode, Gated
+from edgespec.server.mode import (
+    EARLY,
+    MARGIN,
+    RETRY_EVERY,
+    SETTLE,
+    WINDOW,
+    BatchMode,
+    Gated,
+)
 
 
 def window(mode: BatchMode, tokens_per_s: float, running: int = 2) -> None:
@@ -49,7 +58,7 @@ def test_a_new_batch_size_starts_over_and_a_known_one_where_it_was_faster():
     window(mode, 60, running=3)
     assert mode.plain  # plain was faster with three
     mode.observe(2, 10, 1.0)
-    assert not mode.plain and mode.rates == {False: 40}  # two: plain not measured yet
+    assert mode.plain and mode.rates == {False: 40}  # two: plain not measured yet, so plain now
     mode.observe(3, 10, 1.0)
     assert mode.plain and mode.rates == {False: 40, True: 60}  # three again: plain at once
 
@@ -70,6 +79,55 @@ def test_only_adaptive_policies_are_gated_and_they_see_every_round():
     assert isinstance(gated, Gated)
     assert gated.decide() == 3
     mode.plain = True
-    assert gated.decide() == 0
+    assert gated.decide() == PLAIN_ONLY  # a plain step that looks nothing up either
     gated.observe(Round(0, 3, 2, 3, 0.01, 0.02, "draft"))
     assert adaptive.estimates["draft"].timings == 1
+
+
+def test_a_size_not_measured_starts_in_the_likelier_mode():
+    """A drafted row costs more the more requests share each forward: a size starts plain where
+    plain won at a smaller one, drafting where drafting won at a larger one, else as the
+    backend's guess (prefer_plain) says; a request alone is never gated."""
+    mode = BatchMode(prefer_plain=True)
+    mode.observe(1, 1, 1.0)
+    assert not mode.plain  # alone: its own policy
+    mode.observe(2, 1, 1.0)
+    assert mode.plain  # nothing measured: the guess
+    mode = BatchMode()
+    mode.observe(3, 1, 1.0)
+    assert not mode.plain
+    window(mode, 40, running=3)
+    window(mode, 60, running=3)  # plain won with three
+    mode.observe(4, 1, 1.0)
+    assert mode.plain  # four: plain first
+    mode.observe(2, 1, 1.0)
+    assert not mode.plain  # two: nothing known below three, the guess (drafting)
+    window(mode, 50, running=2)
+    window(mode, 30, running=2)  # drafting won with two
+    mode.observe(5, 1, 1.0)
+    assert mode.plain  # plain won at three, below five
+    mode = BatchMode(prefer_plain=True)
+    window(mode, 10, running=4)
+    window(mode, 60, running=4)  # started plain (10), then drafting (60) won with four
+    mode.observe(3, 1, 1.0)
+    assert not mode.plain  # three: drafting won with more requests, so drafting first
+
+
+def test_a_window_that_trails_the_other_mode_ends_early():
+    mode = BatchMode(prefer_plain=True)
+    window(mode, 60)  # plain: 60
+    assert not mode.plain  # drafting measured next
+    slow = int(60 * (1 - MARGIN)) - 1
+    for _ in range(SETTLE + EARLY - 1):
+        mode.observe(2, slow, 1.0)
+    assert not mode.plain  # not yet: EARLY turns first
+    mode.observe(2, slow, 1.0)
+    assert mode.plain and mode.rates == {True: 60, False: slow}  # ended early, plain again
+    mode = BatchMode(prefer_plain=True)
+    window(mode, 60)
+    close = int(60 * (1 - MARGIN)) + 1  # within the margin: a whole window
+    for _ in range(SETTLE + WINDOW - 1):
+        mode.observe(2, close, 1.0)
+    assert not mode.plain and False not in mode.rates
+    mode.observe(2, close, 1.0)
+    assert mode.plain and mode.rates[False] == close
