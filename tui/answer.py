@@ -312,5 +312,5 @@ class AnswerView(Widget):
 
     def text(self) -> Text:
         """The whole answer as drawn: its parts, one after another."""
-        parts = [p.source for p in (self._head, *self._units, self._tail) if p.source]
+        parts = [p.text for p in (self._head, *self._units, self._tail) if p.text]
         return Text("\n").join(parts)

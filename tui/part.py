@@ -27,7 +27,7 @@ class AnswerPart(Widget):
 
     def __init__(self, text: Text | None = None) -> None:
         super().__init__()
-        self.text = self.source = text or Text()  # as drawn; as given (no held lines)
+        self.text = text or Text()  # the text shown (the lines held after it are not in it)
         self.display = bool(self.text)
         self._held = 1  # the height is held at a multiple of this many lines
         self._drawn: _Drawing | None = None  # the lines of `text`
@@ -68,7 +68,6 @@ class AnswerPart(Widget):
         only the lines that changed repaint while the height stays (no layout of the screen).
         With `lines` > 1 the height is rounded up to a multiple of `lines` with blank lines at
         the end, so that a growing text needs a layout only every `lines` lines."""
-        self.source = text
         if lines == self._held and text == self.text:
             return
         if self.needs_layout(text, lines):
@@ -77,11 +76,14 @@ class AnswerPart(Widget):
             return
         width = self.content_size.width
         old, new = self._lines(), self._strips(text, width)
-        self.text = text
+        self.text, self._held = text, lines
         changed = [y for y in range(len(new)) if y >= len(old) or old[y] != new[y]]
         changed += range(len(new), len(old))  # lines the text no longer reaches
         if changed:
             self.refresh(Region(0, changed[0], width, changed[-1] - changed[0] + 1))
+
+    def render(self) -> Text:  # what Textual copies from a selection (drawing: render_line)
+        return self.text
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         height = len(self._strips(self.text, width)) if self.text else 0

@@ -14,6 +14,8 @@ from edgespec.tui.fake import FakeScript
 from edgespec.tui.part import AnswerPart
 from edgespec.tui.widgets import StatsPanel, StatsView, SteadyFooter
 from textual.geometry import Region
+from textual.selection import Selection
+from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Input, Static
 from textual.widgets._footer import FooterKey
@@ -277,5 +279,45 @@ def test_the_prompt_cursor_stops_blinking_while_an_answer_streams(tmp_path: Path
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.waiting is None)
             assert prompt.cursor_blink
+
+    run(scenario)
+
+
+def test_an_answer_ending_within_its_hold_keeps_no_blank_lines_and_copies_as_text(
+    tmp_path: Path,
+) -> None:
+    """The held lines go with the stream's end even when the height stays (the text filled them),
+    and a selection over a part copies its text (Textual reads it from `render`)."""
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            view = app.answer_view()
+            await app.query_one("#conversation").mount(view)
+            view.append(tokens("```", "\n", "line 0"))
+            await pilot.pause()
+            hold = view.hold()
+            longer = " is a longer line of code"  # every other line wraps when narrower
+            more = [t for i in range(1, hold) for t in ("\n", f"line {i}{longer * (i % 2)}")]
+            view.append(tokens(*more))
+            await pilot.pause()
+            tail = list(view.query(AnswerPart))[-1]
+            assert tail.size.height == hold  # the text fills the hold exactly
+            view.set_note("")  # ends: the height stays, held at 1 line from now
+            await pilot.pause()
+            await pilot.resize_terminal(70, 40)  # narrower: the code lines wrap
+            await pilot.pause()
+            width = tail.content_size.width
+            drawn = Visual.to_strips(
+                tail, visualize(tail, tail.text), width, None, tail.visual_style
+            )
+            assert tail.size.height == len(drawn)  # no blank lines held after them
+            assert len(drawn) % hold  # (held ones would have shown: not a multiple)
+            await pilot.resize_terminal(120, 40)
+            await pilot.pause()
+            app.screen.selections = {tail: Selection(None, None)}
+            copied = app.screen.get_selected_text()
+            assert copied is not None and copied.splitlines()[-1].strip() == more[-1]
 
     run(scenario)
