@@ -14,6 +14,7 @@ from edgespec.tui.fake import FakeScript
 from edgespec.tui.part import AnswerPart
 from edgespec.tui.widgets import StatsPanel, StatsView, SteadyFooter
 from textual.geometry import Region
+from textual.pilot import Pilot
 from textual.selection import Selection
 from textual.visual import Visual, visualize
 from textual.widget import Widget
@@ -54,6 +55,14 @@ def spy_regions(monkeypatch: pytest.MonkeyPatch) -> list[Region]:
 
     monkeypatch.setattr(AnswerPart, "refresh", refresh)
     return regions
+
+
+async def streaming_view(app: ChatApp, pilot: Pilot) -> AnswerView:
+    """Once the app is ready, a new answer as the app makes it (streaming), in the conversation."""
+    await wait_for(pilot, lambda: app.ready)
+    view = app.answer_view()
+    await app.query_one("#conversation").mount(view)
+    return view
 
 
 def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
@@ -139,9 +148,7 @@ def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
 
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.ready)
-            view = app.answer_view()  # as the app makes it for a new answer: streaming
-            await app.query_one("#conversation").mount(view)
+            view = await streaming_view(app, pilot)
             view.append(tokens("```", "\n", "line"))
             await pilot.pause()  # laid out: the part knows its width from now on
             view.append(tokens(" 0"))
@@ -235,9 +242,7 @@ def test_a_streaming_answer_groups_finished_units_only_when_it_lays_out(tmp_path
 
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.ready)
-            view = app.answer_view()
-            await app.query_one("#conversation").mount(view)
+            view = await streaming_view(app, pilot)
             view.append(tokens("First"))
             await pilot.pause()
             hold, n = view.hold(), 1
@@ -292,9 +297,7 @@ def test_an_answer_ending_within_its_hold_keeps_no_blank_lines_and_copies_as_tex
 
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.ready)
-            view = app.answer_view()
-            await app.query_one("#conversation").mount(view)
+            view = await streaming_view(app, pilot)
             view.append(tokens("```", "\n", "line 0"))
             await pilot.pause()
             hold = view.hold()
