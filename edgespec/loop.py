@@ -80,9 +80,9 @@ class Chains:
         return plan
 
     def draft(self, run: Progress, plan: int, key: mx.array) -> Proposal | None:
-        k = max(0, min(plan, run.room()))
         if plan <= PLAIN_ONLY:  # plain steps, pipelined, no lookups
             return None
+        k = max(0, min(plan, run.room()))
         if k > 0:
             prop = self.drafter.propose(run.context, k, key)  # lazy: the draft runs meanwhile
         elif self.caps.free is not None:  # drafting is off, but a lookup costs next to nothing

@@ -54,11 +54,12 @@ class BatchMode:
     """The batch's choice, drafting or plain (`plain`), from tokens/s measured in windows of
     WINDOW turns of each (after SETTLE turns; a window that trails the other mode's rate by
     MARGIN ends after EARLY turns): the likelier one first, then the other, then the better one,
-    the other measured again every RETRY_EVERY windows. The rates are kept per number
-    of running requests: a batch of a size seen before starts in the mode that was faster at that
-    size (in the one not measured yet, if one is). A size not seen yet starts plain where plain won at a smaller size (a drafted row costs
-    more, the more requests share each forward), drafting where drafting won at a larger one, and
-    else as `prefer_plain` says (the server's guess for its backend)."""
+    the other measured again every RETRY_EVERY windows. The rates are kept per number of running
+    requests: a batch of a size seen before starts in the mode that was faster at that size (in
+    the one not measured yet, if one is). A size not seen yet starts plain where plain won at a
+    smaller size (a drafted row costs more, the more requests share each forward), drafting where
+    drafting won at a larger one, and else as `prefer_plain` says (the server's guess for its
+    backend)."""
 
     def __init__(self, prefer_plain: bool = False) -> None:
         self.prefer_plain = prefer_plain
@@ -80,7 +81,7 @@ class BatchMode:
         self._windows = 0  # windows since the last change of mode
 
     def _first(self) -> bool:
-        """Whether a size not measured in both modes starts plain."""
+        """Whether a size not measured yet starts plain."""
         won = {n: r[True] > r[False] for n, r in self._by_size.items() if len(r) == 2}
         if any(plain for n, plain in won.items() if n <= self._running):
             return True
