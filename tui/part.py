@@ -94,19 +94,3 @@ class AnswerPart(Widget):
         if y < len(lines):
             return lines[y]
         return Strip.blank(self.content_size.width, self.visual_style.rich_style)
-
-
-def content_height(widget: Widget, text: Text) -> int | None:
-    """The lines `text` takes in `widget` at its present width (None before it was laid out)."""
-    width = widget.content_size.width
-    if not width:
-        return None
-    styles = widget.styles  # what Widget.get_content_height passes too
-    return visualize(widget, text).get_height(styles, width)  # type: ignore[arg-type]
-
-
-def same_height(widget: Widget, text: Text) -> bool:
-    """Whether `text` takes as many lines in `widget` as its content has now: then a repaint is
-    enough (a layout of the screen costs far more, and most tokens do not start a line)."""
-    height = content_height(widget, text)
-    return widget.display and height is not None and height == widget.content_size.height

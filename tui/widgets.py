@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs
-from edgespec.tui.part import same_height
 from edgespec.tui.think import ThinkCounter
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
+from textual.visual import visualize
+from textual.widget import Widget
 from textual.widgets import Footer, Sparkline, Static
 
 from edgespec.events import Round, Stats, Token
@@ -247,6 +248,22 @@ def histogram(hist: Sequence[int], width: int = 16) -> Text:
         bar = "█" * int(cells) + (eighths[round((cells % 1) * 8)] if cells % 1 else "")
         lines.append(f"{i} {bar:<{width}} {n}")
     return Text("\n".join(lines))
+
+
+def content_height(widget: Widget, text: Text) -> int | None:
+    """The lines `text` takes in `widget` at its present width (None before it was laid out)."""
+    width = widget.content_size.width
+    if not width:
+        return None
+    styles = widget.styles  # what Widget.get_content_height passes too
+    return visualize(widget, text).get_height(styles, width)  # type: ignore[arg-type]
+
+
+def same_height(widget: Widget, text: Text) -> bool:
+    """Whether `text` takes as many lines in `widget` as its content has now: then a repaint is
+    enough (a layout of the screen costs far more, and most tokens do not start a line)."""
+    height = content_height(widget, text)
+    return widget.display and height is not None and height == widget.content_size.height
 
 
 class StatsPanel(Vertical):
