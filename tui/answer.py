@@ -299,7 +299,11 @@ class AnswerView(Widget):
         held = Text()  # finished units not yet in a part of their own
         for i, (unit_joint, drawn) in enumerate(cache.units[self._placed :], self._placed):
             unit_joint = unit_joint or (first if i == 0 else "")
-            held = held + Text(unit_joint) + drawn if held else part_text(unit_joint, drawn)
+            if held:  # in place: a copy per unit made each batch quadratic in the held lines
+                held.append(unit_joint)
+                held.append_text(drawn)
+            else:
+                held = part_text(unit_joint, drawn)  # a new Text: the cached unit stays as is
         return held, joint if held else joint or first, tail
 
     def _group(self, held: Text) -> None:
