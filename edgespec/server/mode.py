@@ -55,11 +55,12 @@ class BatchMode:
     WINDOW turns of each (after SETTLE turns; a window that trails the other mode's rate by
     MARGIN ends after EARLY turns): the likelier one first, then the other, then the better one,
     the other measured again every RETRY_EVERY windows. The rates are kept per number of running
-    requests: a batch of a size seen before starts in the mode that was faster at that size (in
-    the one not measured yet, if one is). A size not seen yet starts plain where plain won at a
-    smaller size (a drafted row costs more, the more requests share each forward), drafting where
-    drafting won at a larger one, and else as `prefer_plain` says (the server's guess for its
-    backend)."""
+    requests: a batch of a size seen before starts in the mode that was faster at that size.
+    Where a size has not had both measured, the sizes that have decide: plain where plain won at
+    a smaller size (a drafted row costs more, the more requests share each forward), drafting
+    where drafting won at a larger one; that mode is then kept without measuring the other until
+    RETRY_EVERY windows have passed. Otherwise the size measures the mode it has not measured, or
+    starts as `prefer_plain` says (the server's guess for its backend)."""
 
     def __init__(self, prefer_plain: bool = False) -> None:
         self.prefer_plain = prefer_plain
@@ -69,25 +70,35 @@ class BatchMode:
 
     def _reset(self) -> None:
         self.rates: dict[bool, float] = self._by_size.setdefault(self._running, {})
+        # Whether the mode was inferred from other sizes' verdicts: the other one is then left
+        # unmeasured until RETRY_EVERY windows have passed.
+        self._inferred = False
         if self._running < 2:
             self.plain = False  # a request alone: left to its own policy
-        elif len(self.rates) == 1:  # seen before, one mode measured: the other now
-            self.plain = not next(iter(self.rates))
-        elif not self.rates:
-            self.plain = self._first()
-        else:
+        elif len(self.rates) == 2:
             self.plain = self.rates[True] > self.rates[False]
+        else:
+            inferred = self._infer()
+            measured = next(iter(self.rates), None)  # the one mode measured at this size
+            if inferred is not None and measured in (None, inferred):
+                self.plain, self._inferred = inferred, True
+            elif measured is not None:  # seen before, one mode measured: the other now
+                self.plain = not measured
+            else:
+                self.plain = self.prefer_plain
         self._tokens, self._seconds, self._turns = 0, 0.0, -SETTLE
         self._windows = 0  # windows since the last change of mode
 
-    def _first(self) -> bool:
-        """Whether a size not measured yet starts plain."""
+    def _infer(self) -> bool | None:
+        """The likelier mode at this size from the sizes where both were measured: plain where
+        plain won at a smaller size (a drafted row costs more, the more requests share each
+        forward), drafting where drafting won at a larger one; None where neither holds."""
         won = {n: r[True] > r[False] for n, r in self._by_size.items() if len(r) == 2}
         if any(plain for n, plain in won.items() if n <= self._running):
             return True
         if any(not plain for n, plain in won.items() if n >= self._running):
             return False
-        return self.prefer_plain
+        return None
 
     def gate(self, policy: Any) -> Any:
         """`policy` under this mode (an AdaptiveK), or as it is."""
@@ -115,6 +126,8 @@ class BatchMode:
         self.rates[self.plain] = rate
         self._tokens, self._seconds, self._turns = 0, 0.0, 0
         self._windows += 1
-        unmeasured = other not in self.rates or self._windows >= RETRY_EVERY
-        if unmeasured or self.rates[other] > self.rates[self.plain]:
+        unmeasured = other not in self.rates and not self._inferred
+        ahead = self.rates.get(other, 0.0) > rate
+        if unmeasured or ahead or self._windows >= RETRY_EVERY:
             self.plain, self._windows, self._turns = other, 0, -SETTLE
+            self._inferred = False

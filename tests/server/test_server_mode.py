@@ -131,3 +131,25 @@ def test_a_window_that_trails_the_other_mode_ends_early():
     assert not mode.plain and False not in mode.rates
     mode.observe(2, close, 1.0)
     assert mode.plain and mode.rates[False] == close
+
+
+def test_a_size_inferred_from_a_smaller_one_keeps_its_mode_until_a_retry():
+    """Plain won with two: four starts plain and does not measure drafting (it would cost the
+    batch) until RETRY_EVERY windows have passed, also when four comes back later."""
+    mode = BatchMode(prefer_plain=True)
+    window(mode, 60)
+    window(mode, 40)  # plain 60, drafting 40 with two
+    assert mode.plain and mode.rates == {True: 60, False: 40}
+    mode.observe(4, 1, 1.0)
+    for _ in range(SETTLE - 1 + (RETRY_EVERY - 1) * WINDOW):
+        mode.observe(4, 80, 1.0)
+    assert mode.plain and mode.rates == {True: 80}  # fifteen windows: drafting never measured
+    mode.observe(2, 1, 1.0)
+    mode.observe(4, 1, 1.0)
+    assert mode.plain  # four again: still plain, not the unmeasured mode
+    for _ in range(SETTLE - 1 + RETRY_EVERY * WINDOW):
+        mode.observe(4, 80, 1.0)
+    assert not mode.plain  # the retry: drafting measured now
+    for _ in range(SETTLE + EARLY):
+        mode.observe(4, 50, 1.0)
+    assert mode.plain and mode.rates == {True: 80, False: 50}  # trailed: ended early, plain
