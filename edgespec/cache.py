@@ -132,6 +132,8 @@ class KVState:
         self.softmax = softmax
         self.name = name
         self.new_cache = new_cache
+        # Set while a server's bank holds this cache's keys and values (edgespec/bank.py).
+        self.bank: Any = None
         self.cache = rewindable(new_cache(model))
         self.layers = Rewinder(self.cache)
         self.tokens: list[int] = []
@@ -140,6 +142,20 @@ class KVState:
         # Set by a server running several requests at once (edgespec/server/packing.py): takes
         # this state's forwards and returns their logits, packed with other requests' rows.
         self.packer: Callable[[KVState, mx.array, bool], mx.array] | None = None
+
+    @property
+    def cache(self) -> list[Any]:
+        """The cache's layers (mlx-lm's), with their keys and values: a bank holding them gives
+        them back first."""
+        if self.bank is not None:
+            self.bank.flush()
+        return self._cache
+
+    @cache.setter
+    def cache(self, layers: list[Any]) -> None:
+        if self.bank is not None:
+            self.bank.flush()
+        self._cache = layers
 
     @property
     def offset(self) -> int:

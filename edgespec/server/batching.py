@@ -150,7 +150,8 @@ class Batch:
             return
         assert self.packer is not None  # only a packer parks
         try:
-            results = self.packer.run([park for _, park in parked])
+            targets = all(park.state is run.slot.target for run, park in parked)
+            results = self.packer.run([park for _, park in parked], bank=targets)
         except Exception as exc:  # noqa: BLE001 - raised where each request asked for it
             for run, _ in parked:
                 run.task.error = exc

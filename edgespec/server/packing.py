@@ -4,10 +4,13 @@ model per step of the batch instead of one forward per request.
 Each running request's generation runs in a `Task`, a greenlet of the MLX thread (greenlets are
 coroutines that switch inside one OS thread, so MLX only ever sees that thread). The loop code is
 unchanged: when it asks its target state for a forward (KVState.forward: a verify, a plain step,
-a prefill chunk) or its draft state for a draft step, the state's packer (`Packer.__call__`) parks the request and switches back to
-the batch (edgespec/server/batching.py); once every running request has finished its round or
-parked a forward, `Packer.run` runs the parked forwards together and each request resumes with
-its own logits, as if its own forward had returned them.
+a prefill chunk) or its draft state for a draft step, the state's packer (`Packer.__call__`)
+parks the request and switches back to the batch (edgespec/server/batching.py); once every
+running request has finished its round or parked a forward, `Packer.run` runs the parked
+forwards together and each request resumes with its own logits, as if its own forward had
+returned them. Where the same requests' targets step one token each, forward after forward (a
+batch stepping plainly), those steps run in a bank instead (edgespec/bank.py): the requests'
+keys and values in one shared array, one attention for all of them.
 
     packer = Packer(kernels)
     slot.target.packer = packer          # this request's forwards go through it (its draft's too)
@@ -18,9 +21,10 @@ its own logits, as if its own forward had returned them.
 Exact: every request runs its own rounds on its own caches with its own random stream; only its
 target forwards share the weights' reads with the others' (edgespec/packed.py says why each row
 and each cache comes out as in a forward of its own); its drafts are the ones it drafts alone
-(up to the BLAS's rounding of a draft row, which changes what is proposed, never what is kept). A lone parked forward runs as its own
-(`KVState.forward_alone`), so a request alone runs exactly as without batching. A model the packed
-forward does not support (`packed.packable`) runs one forward per request.
+(up to the BLAS's rounding of a draft row, which changes what is proposed, never what is
+kept). A lone parked forward runs as its own (`KVState.forward_alone`), so a request alone runs
+exactly as without batching. A model the packed forward does not support (`packed.packable`)
+runs one forward per request.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import greenlet
 import mlx.core as mx
 
+from edgespec.bank import Bank
 from edgespec.cache import KVState
 from edgespec.packed import packable, packed_forward
 from edgespec.trees.forward import PLAIN, Kernels
@@ -93,6 +98,8 @@ class Packer:
         # Forwards run "packed" and "alone", and of the packed ones a draft's "head-only" steps.
         self.counts: Counter[str] = Counter()
         self._packable: dict[int, bool] = {}
+        self._banks: dict[int, Bank] = {}  # a model's bank of one-token steps
+        self._last: tuple[int, ...] = ()  # the requests of the last one-token target forward
 
     def __call__(self, state: KVState, inputs: mx.array, head_only: bool = False) -> mx.array:
         current = greenlet.getcurrent()
@@ -101,9 +108,10 @@ class Packer:
         logits: mx.array = current.parent.switch(Park(state, inputs, head_only))
         return logits
 
-    def run(self, parked: list[Park]) -> list[mx.array]:
+    def run(self, parked: list[Park], bank: bool = False) -> list[mx.array]:
         """The parked forwards' logits (lazy), in order: the ones packed_forward supports in one
-        forward per model, the others (and a lone one) each on its own."""
+        forward per model, the others (and a lone one) each on its own. `bank`: the forwards are
+        the requests' targets, whose one-token steps may run in a bank (`_banked`)."""
         out: dict[int, mx.array] = {}
         groups: dict[int, list[int]] = {}
         for i, park in enumerate(parked):
@@ -121,11 +129,41 @@ class Packer:
             self.counts["head-only"] += len(members) if parked[members[0]].head_only else 0
             for i in members:
                 parked[i].state.layers.before_forward(int(parked[i].inputs.shape[0]))
-            model = parked[members[0]].state.model
-            parts = [(parked[i].state.cache, parked[i].inputs) for i in members]
-            for i, logits in zip(members, packed_forward(model, parts, self.kernels), strict=True):
-                out[i] = logits
+            parks = [parked[i] for i in members]
+            logits = self._banked(parks) if bank else None
+            if logits is None:
+                model, parts = parks[0].state.model, [(p.state.cache, p.inputs) for p in parks]
+                logits = packed_forward(model, parts, self.kernels)
+            out.update(zip(members, logits, strict=True))
         return [out[i] for i in range(len(parked))]
+
+    def _banked(self, parks: list[Park]) -> list[mx.array] | None:
+        """One-token steps of the same requests as the forward before: run in the model's bank
+        (edgespec/bank.py), which takes their caches on the second such forward in a row (so a
+        turn of one-token steps between verifies does not move them). None: not such steps."""
+        states = [p.state for p in parks]
+        model = states[0].model
+        if (
+            any(p.inputs.shape[0] != 1 or p.head_only for p in parks)
+            or min(s.offset for s in states) < 1
+        ):
+            self._last = ()
+            return None
+        key = tuple(id(s) for s in states)
+        bank = self._banks.setdefault(id(model), Bank(model, self.kernels))
+        if not bank.holds(states) and key != self._last:
+            self._last = key
+            return None
+        try:
+            if not bank.holds(states):
+                bank.take(states)
+                self.counts["banked"] += 1
+            logits = bank.forward(states, [p.inputs for p in parks])
+        except Exception:
+            bank.drop()  # their requests fail with the error; their caches start over
+            raise
+        self.counts["bank steps"] += 1
+        return logits
 
     def _can_pack(self, park: Park) -> bool:
         """A target's full forward, or a reduced-head draft's head-only one (the head the

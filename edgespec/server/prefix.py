@@ -54,7 +54,7 @@ class Slot:
 
     def nbytes(self) -> int:
         """Allocated bytes of both caches (and a feature draft's features)."""
-        total = cache_bytes(self.target.cache)
+        total = cache_size(self.target)[1]
         draft = self.draft
         if draft is not None and hasattr(draft, "kv"):  # a feature draft (EagleState)
             total += cache_bytes(draft.kv.cache)
@@ -74,6 +74,14 @@ def cache_bytes(cache: list[Any]) -> int:
         else:
             total += int(getattr(layer, "nbytes", 0) or 0)
     return total
+
+
+def cache_size(state: KVState) -> tuple[int, int]:
+    """(positions allocated, bytes) of a target's cache, or of its row where a bank holds it
+    (edgespec/bank.py; reading `state.cache` would give the cache back)."""
+    if state.bank is not None:
+        return state.bank.row_size()
+    return positions(state.cache), cache_bytes(state.cache)
 
 
 def positions(cache: list[Any]) -> int:
@@ -165,7 +173,7 @@ class ConversationPool:
     def bytes_per_token(self) -> float:
         """Allocated cache bytes per held position, measured on the largest set so far (0.0
         before any set has grown): what one more token of a request costs."""
-        sizes = [(positions(s.target.cache), s.nbytes()) for s in self.slots]
+        sizes = [(cache_size(s.target)[0], s.nbytes()) for s in self.slots]
         held, nbytes = max(sizes, key=lambda pair: pair[0])
         return nbytes / held if held else 0.0
 

@@ -1,0 +1,90 @@
+"""A bank (edgespec/bank.py): several sequences' one-token steps over one shared KV buffer give
+the logits and leave the caches their own forwards give, bit for bit, across a rewind and past
+the bank's first capacity; reading a banked cache gives it back; a served batch of plain
+requests runs its steps there."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from edgespec.bank import STEP, Bank
+from edgespec.runtime import Engine
+from edgespec.server.worker import Done, Failed
+from tests.helpers.worker import run
+from tests.server.test_server_packing import answer_together, config, worker
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair):
+    return Engine.load(*(str(p) for p in tiny_pair))
+
+
+def prefilled(engine, lengths):
+    """(banked states, their twins that run their own forwards), each pair holding one prompt."""
+    pairs = []
+    for n in lengths:
+        prompt = [3 + (i * 7 + n) % 50 for i in range(n)]
+        a, b = engine.new_states()[0], engine.new_states()[0]
+        for s in (a, b):
+            s.prefill(prompt)
+        pairs.append((a, b))
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+def keys_of(state):
+    return [layer.keys[:, :, : layer.offset] for layer in state.cache]
+
+
+def test_bank_steps_equal_each_sequence_alone_bit_for_bit(engine):
+    banked, alone = prefilled(engine, [5, 40, STEP - 3])
+    bank = Bank(banked[0].model, engine.kernels)
+    bank.take(banked)
+    assert all(s.bank is bank for s in banked)
+    assert all(layer.keys is None for layer in banked[0]._cache)  # held once, by the bank
+    for step in range(8):  # the longest row passes the first capacity (STEP)
+        ids = [mx.array([4 + (step * 5 + b) % 40], dtype=mx.int32) for b in range(3)]
+        got = bank.forward(banked, ids)
+        want = [s.forward_alone(i) for s, i in zip(alone, ids, strict=True)]
+        for g, w in zip(got, want, strict=True):
+            assert mx.array_equal(g, w).item()
+        if step == 3:  # a rejected draft: both go back two positions
+            for s in (banked[1], alone[1]):
+                s.layers.go_back(s.offset - 2)
+    assert [s.offset for s in banked] == [s.offset for s in alone]
+    for a, b in zip(banked, alone, strict=True):  # reading the cache gives it back
+        for ka, kb in zip(keys_of(a), keys_of(b), strict=True):
+            assert mx.array_equal(ka, kb).item()
+    assert all(s.bank is None for s in banked) and not bank.states
+    ids = mx.array([7, 8, 9], dtype=mx.int32)  # and the caches go on as their own
+    for a, b in zip(banked, alone, strict=True):
+        assert mx.array_equal(a.forward_alone(ids), b.forward_alone(ids)).item()
+
+
+def test_a_served_batch_of_plain_requests_steps_in_the_bank(tiny_pair):
+    w = worker(tiny_pair)
+    try:
+        outs = answer_together(w, [config("none"), config("none"), config("none")])
+        assert all(isinstance(out.events[-1], Done) for out in outs)
+        counts = w._batch.packer.counts
+        assert counts["banked"] >= 1 and counts["bank steps"] > 10
+    finally:
+        w.shutdown()
+
+
+def test_a_failing_bank_step_fails_its_requests_and_the_server_goes_on(tiny_pair, monkeypatch):
+    def broken(*_args, **_kw):
+        raise RuntimeError("the device went away")
+
+    monkeypatch.setattr(Bank, "forward", broken)
+    w = worker(tiny_pair)
+    try:
+        outs = answer_together(w, [config("none"), config("none")])
+        for out in outs:
+            end = out.events[-1]
+            assert isinstance(end, Failed) and "the device went away" in end.message
+        assert all(s.target.bank is None and not s.target.tokens for s in w._batch.pool.slots)
+        monkeypatch.undo()
+        assert isinstance(run(w, [3, 4, 5, 6], config("none")).wait(), Done)
+    finally:
+        w.shutdown()
