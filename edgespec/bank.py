@@ -43,6 +43,14 @@ def _room(positions: int) -> int:
     return max(1, -(-positions // STEP)) * STEP
 
 
+def fits(lengths: Sequence[int]) -> bool:
+    """Whether rows of these lengths share a bank without padding the shorter ones by more than
+    STEP positions each beyond what their own caches allocate: a long conversation beside short
+    ones would make every row as long as it, and the memory several times theirs."""
+    rows = len(lengths) * _room(max(lengths) + 1)
+    return rows <= sum(_room(n + 1) for n in lengths) + len(lengths) * STEP
+
+
 class Bank:
     """The keys and values of some sequences of one model, as rows of shared arrays."""
 

@@ -37,7 +37,7 @@ from typing import Any
 import greenlet
 import mlx.core as mx
 
-from edgespec.bank import Bank
+from edgespec.bank import Bank, fits
 from edgespec.cache import KVState
 from edgespec.packed import packable, packed_forward
 from edgespec.trees.forward import PLAIN, Kernels
@@ -140,13 +140,13 @@ class Packer:
     def _banked(self, parks: list[Park]) -> list[mx.array] | None:
         """One-token steps of the same requests as the forward before: run in the model's bank
         (edgespec/bank.py), which takes their caches on the second such forward in a row (so a
-        turn of one-token steps between verifies does not move them). None: not such steps."""
+        turn of one-token steps between verifies does not move them). None: not such steps, or
+        rows too unequal to share one bank (`bank.fits`)."""
         states = [p.state for p in parks]
         model = states[0].model
-        if (
-            any(p.inputs.shape[0] != 1 or p.head_only for p in parks)
-            or min(s.offset for s in states) < 1
-        ):
+        lengths = [s.offset for s in states]
+        one_token = all(p.inputs.shape[0] == 1 and not p.head_only for p in parks)
+        if not one_token or min(lengths) < 1 or not fits(lengths):
             self._last = ()
             return None
         key = tuple(id(s) for s in states)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from edgespec.bank import STEP, Bank
+from edgespec.bank import STEP, Bank, fits
 from edgespec.runtime import Engine
 from edgespec.server.worker import Done, Failed
 from tests.helpers.worker import run
@@ -88,3 +88,9 @@ def test_a_failing_bank_step_fails_its_requests_and_the_server_goes_on(tiny_pair
         assert isinstance(run(w, [3, 4, 5, 6], config("none")).wait(), Done)
     finally:
         w.shutdown()
+
+
+def test_rows_share_a_bank_only_when_padding_them_stays_small():
+    assert fits([40, 55, 70, 85])  # one STEP each, as their own caches
+    assert fits([40, STEP + 10])  # the short row padded by one STEP
+    assert not fits([40, 40, 40, 4 * STEP])  # three short rows padded to a long one's length
