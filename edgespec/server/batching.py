@@ -166,10 +166,13 @@ class Batch:
 
 
 def _install(slot: Slot, packer: Packer | None) -> None:
-    """Route the set's forwards through `packer` (None: each its own forward again)."""
+    """Route the set's forwards through `packer` (None: each its own forward again, and the
+    set's caches out of any bank, so that a set back in the pool holds its own)."""
     for state in (slot.target, slot.draft):
         if isinstance(state, KVState):  # a fake engine's sets (tests) have no forwards
             state.packer = packer
+            if packer is None and state.bank is not None:
+                state.bank.flush()
 
 
 def advance(rounds: Rounds) -> WorkerEvent | None:

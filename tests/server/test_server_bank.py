@@ -10,6 +10,8 @@ import pytest
 
 from edgespec.bank import STEP, Bank, fits
 from edgespec.runtime import Engine
+from edgespec.server.batching import _install
+from edgespec.server.prefix import Slot
 from edgespec.server.worker import Done, Failed
 from tests.helpers.worker import run
 from tests.server.test_server_packing import answer_together, config, worker
@@ -70,6 +72,16 @@ def test_a_served_batch_of_plain_requests_steps_in_the_bank(tiny_pair):
         assert counts["banked"] >= 1 and counts["bank steps"] > 10
     finally:
         w.shutdown()
+
+
+def test_a_set_leaving_the_batch_takes_its_cache_out_of_the_bank(engine):
+    banked, alone = prefilled(engine, [5, 9])
+    bank = Bank(banked[0].model, engine.kernels)
+    bank.take(banked)
+    _install(Slot(banked[0], None), None)  # its request ended: the set goes back to the pool
+    assert banked[0].bank is None and banked[0]._cache[0].keys is not None
+    for a, b in zip(keys_of(banked[0]), keys_of(alone[0]), strict=True):
+        assert mx.array_equal(a, b).item()
 
 
 def test_a_failing_bank_step_fails_its_requests_and_the_server_goes_on(tiny_pair, monkeypatch):
