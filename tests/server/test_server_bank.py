@@ -13,8 +13,7 @@ from edgespec.runtime import Engine
 from edgespec.server.batching import _install
 from edgespec.server.prefix import Slot
 from edgespec.server.worker import Done, Failed
-from tests.helpers.worker import run
-from tests.server.test_server_packing import answer_together, config, worker
+from tests.helpers.worker import answer_together, greedy, run, tiny_worker
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +63,9 @@ def test_bank_steps_equal_each_sequence_alone_bit_for_bit(engine):
 
 
 def test_a_served_batch_of_plain_requests_steps_in_the_bank(tiny_pair):
-    w = worker(tiny_pair)
+    w = tiny_worker(tiny_pair)
     try:
-        outs = answer_together(w, [config("none"), config("none"), config("none")])
+        outs = answer_together(w, [greedy("none"), greedy("none"), greedy("none")])
         assert all(isinstance(out.events[-1], Done) for out in outs)
         counts = w._batch.packer.counts
         assert counts["banked"] >= 1 and counts["bank steps"] > 10
@@ -89,15 +88,15 @@ def test_a_failing_bank_step_fails_its_requests_and_the_server_goes_on(tiny_pair
         raise RuntimeError("the device went away")
 
     monkeypatch.setattr(Bank, "forward", broken)
-    w = worker(tiny_pair)
+    w = tiny_worker(tiny_pair)
     try:
-        outs = answer_together(w, [config("none"), config("none")])
+        outs = answer_together(w, [greedy("none"), greedy("none")])
         for out in outs:
             end = out.events[-1]
             assert isinstance(end, Failed) and "the device went away" in end.message
         assert all(s.target.bank is None and not s.target.tokens for s in w._batch.pool.slots)
         monkeypatch.undo()
-        assert isinstance(run(w, [3, 4, 5, 6], config("none")).wait(), Done)
+        assert isinstance(run(w, [3, 4, 5, 6], greedy("none")).wait(), Done)
     finally:
         w.shutdown()
 

@@ -5,39 +5,15 @@ solo text is test_server_batch.py's.)"""
 
 from __future__ import annotations
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.runtime import Engine
 from edgespec.server import packing
-from edgespec.server.worker import Done, Failed, Job, Worker
-from tests.helpers.worker import Collect, run
-
-PROMPTS = ["why is the river light", "the cat and the dog", "tell me about the moon", "go on"]
-
-
-def config(method: str = "draft", k: int = 3) -> GenerationConfig:
-    return GenerationConfig(SamplingConfig(temperature=0.0), SpecConfig(k=k, method=method), 24)
-
-
-def worker(pair, max_batch: int = 4) -> Worker:
-    target, draft = (str(p) for p in pair)
-    return Worker(lambda: Engine.load(target, draft), max_batch=max_batch, budget_bytes=1 << 30)
-
-
-def answer_together(w: Worker, cfgs: list[GenerationConfig]) -> list[Collect]:
-    """Submit one job per config before the worker starts (so they run side by side)."""
-    outs = [Collect() for _ in cfgs]
-    for text, cfg, out in zip(PROMPTS, cfgs, outs, strict=False):
-        w.submit(Job(list(range(3, 12)) + [len(text)], cfg, (), out))
-    w.start()
-    for out in outs:
-        out.wait()
-    return outs
+from edgespec.server.worker import Done, Failed
+from tests.helpers.worker import answer_together, greedy, run, tiny_worker
 
 
 def test_a_batch_runs_its_target_and_draft_forwards_packed(tiny_pair):
-    w = worker(tiny_pair)
+    w = tiny_worker(tiny_pair)
     try:
-        outs = answer_together(w, [config("draft"), config("hybrid"), config("none"), config()])
+        outs = answer_together(w, [greedy("draft"), greedy("hybrid"), greedy("none"), greedy()])
         assert all(isinstance(out.events[-1], Done) for out in outs)
         packer = w._batch.packer
         assert packer is not None
@@ -49,10 +25,10 @@ def test_a_batch_runs_its_target_and_draft_forwards_packed(tiny_pair):
 
 
 def test_a_lone_request_runs_its_own_forwards(tiny_pair):
-    w = worker(tiny_pair)
+    w = tiny_worker(tiny_pair)
     w.start()
     try:
-        assert isinstance(run(w, [3, 4, 5, 6], config()).wait(), Done)
+        assert isinstance(run(w, [3, 4, 5, 6], greedy()).wait(), Done)
         packer = w._batch.packer
         assert packer is not None and packer.counts["packed"] == 0 and packer.counts["alone"] > 0
     finally:
@@ -60,10 +36,10 @@ def test_a_lone_request_runs_its_own_forwards(tiny_pair):
 
 
 def test_one_place_means_no_packer(tiny_pair):
-    w = worker(tiny_pair, max_batch=1)
+    w = tiny_worker(tiny_pair, max_batch=1)
     w.start()
     try:
-        assert isinstance(run(w, [3, 4, 5, 6], config()).wait(), Done)
+        assert isinstance(run(w, [3, 4, 5, 6], greedy()).wait(), Done)
         assert w._batch.packer is None
     finally:
         w.shutdown()
@@ -74,15 +50,15 @@ def test_a_failing_packed_forward_fails_its_requests_and_the_server_goes_on(tiny
         raise RuntimeError("the device went away\nsecond line")
 
     monkeypatch.setattr(packing, "packed_forward", broken)
-    w = worker(tiny_pair)
+    w = tiny_worker(tiny_pair)
     try:
-        outs = answer_together(w, [config(), config()])
+        outs = answer_together(w, [greedy(), greedy()])
         for out in outs:
             end = out.events[-1]
             assert isinstance(end, Failed) and end.status == 500
             assert "the device went away" in end.message and "\n" not in end.message
         monkeypatch.undo()
-        assert isinstance(run(w, [3, 4, 5, 6], config()).wait(), Done)
+        assert isinstance(run(w, [3, 4, 5, 6], greedy()).wait(), Done)
     finally:
         w.shutdown()
 
@@ -98,9 +74,9 @@ def test_requests_drafting_different_k_still_verify_together(tiny_pair, monkeypa
         return packed_forward(model, parts, kernels)
 
     monkeypatch.setattr(packing, "packed_forward", recording)
-    w = worker(tiny_pair)
+    w = tiny_worker(tiny_pair)
     try:
-        outs = answer_together(w, [config(k=1), config(k=4)])
+        outs = answer_together(w, [greedy(k=1), greedy(k=4)])
         assert all(isinstance(out.events[-1], Done) for out in outs)
     finally:
         w.shutdown()
