@@ -4,7 +4,7 @@ served batch, with one attention for all of them.
 A packed forward (edgespec/packed.py) runs every sequence's attention on its own cache: per
 layer and sequence, slices of the new rows, the cache update and an attention of its own. With
 a handful of one-token steps that graph work costs more than the rows' products on a 2-core CPU
-(measured: four one-row parts 52 ms a forward, the same four rows in one sequence 45 ms). A bank
+(docs/measurements/2026-11-27-serve-bank.md). A bank
 holds the sequences' keys and values as rows of one [B, G, capacity, D] array per layer, each row
 from position 0 with the unused tail masked, so a step appends one key per row and runs one
 masked attention over all rows.
@@ -76,6 +76,9 @@ class Bank:
         """Move the states' keys and values into the bank (emptying it first)."""
         self.flush()
         caches = [state.cache for state in states]  # each flushed from any other bank
+        self.states = list(states)  # from here on theirs (`drop` starts them over on a failure)
+        for state in states:
+            state.bank = self
         lengths = [int(cache[0].offset) for cache in caches]
         room = _room(max(lengths) + 1)
         for i in range(len(caches[0])):
@@ -84,9 +87,6 @@ class Bank:
             for cache in caches:
                 cache[i].keys = cache[i].values = None  # the bank holds them now
         mx.eval(self.keys, self.values)
-        self.states = list(states)
-        for state in states:
-            state.bank = self
 
     def flush(self) -> None:
         """Every row back into its state's own cache layers; the bank is empty after."""

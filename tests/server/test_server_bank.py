@@ -105,3 +105,17 @@ def test_rows_share_a_bank_only_when_padding_them_stays_small():
     assert fits([40, 55, 70, 85])  # one STEP each, as their own caches
     assert fits([40, STEP + 10])  # the short row padded by one STEP
     assert not fits([40, 40, 40, 4 * STEP])  # three short rows padded to a long one's length
+
+
+def test_a_take_that_fails_half_way_starts_its_states_over(engine, monkeypatch):
+    banked, _ = prefilled(engine, [5, 9])
+    bank = Bank(banked[0].model, engine.kernels)
+
+    def broken(parts, lengths, room):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr("edgespec.bank._rows", broken)
+    with pytest.raises(MemoryError):
+        bank.take(banked)
+    bank.drop()  # what the packer does on any failure
+    assert all(s.bank is None and s.offset == 0 and not s.tokens for s in banked)
