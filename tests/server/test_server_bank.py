@@ -12,8 +12,8 @@ from edgespec.bank import STEP, Bank, fits
 from edgespec.runtime import Engine
 from edgespec.server.batching import _install
 from edgespec.server.prefix import Slot
-from edgespec.server.worker import Done, Failed
-from tests.helpers.worker import answer_together, greedy, run, tiny_worker
+from edgespec.server.worker import Done
+from tests.helpers.worker import answer_together, greedy, tiny_worker
 
 
 @pytest.fixture(scope="module")
@@ -81,24 +81,6 @@ def test_a_set_leaving_the_batch_takes_its_cache_out_of_the_bank(engine):
     assert banked[0].bank is None and banked[0]._cache[0].keys is not None
     for a, b in zip(keys_of(banked[0]), keys_of(alone[0]), strict=True):
         assert mx.array_equal(a, b).item()
-
-
-def test_a_failing_bank_step_fails_its_requests_and_the_server_goes_on(tiny_pair, monkeypatch):
-    def broken(*_args, **_kw):
-        raise RuntimeError("the device went away")
-
-    monkeypatch.setattr(Bank, "forward", broken)
-    w = tiny_worker(tiny_pair)
-    try:
-        outs = answer_together(w, [greedy("none"), greedy("none")])
-        for out in outs:
-            end = out.events[-1]
-            assert isinstance(end, Failed) and "the device went away" in end.message
-        assert all(s.target.bank is None and not s.target.tokens for s in w._batch.pool.slots)
-        monkeypatch.undo()
-        assert isinstance(run(w, [3, 4, 5, 6], greedy("none")).wait(), Done)
-    finally:
-        w.shutdown()
 
 
 def test_rows_share_a_bank_only_when_padding_them_stays_small():

@@ -5,6 +5,9 @@ solo text is test_server_batch.py's.)"""
 
 from __future__ import annotations
 
+import pytest
+
+from edgespec.bank import Bank
 from edgespec.server import packing
 from edgespec.server.worker import Done, Failed
 from tests.helpers.worker import answer_together, greedy, run, tiny_worker
@@ -45,20 +48,30 @@ def test_one_place_means_no_packer(tiny_pair):
         w.shutdown()
 
 
-def test_a_failing_packed_forward_fails_its_requests_and_the_server_goes_on(tiny_pair, monkeypatch):
+@pytest.mark.parametrize("where", ["packed", "bank"])
+def test_a_failing_forward_fails_its_requests_and_the_server_goes_on(tiny_pair, monkeypatch, where):
+    """A packed forward (drafting requests) or a bank step (plain ones, edgespec/bank.py) that
+    raises: the requests in it fail with a one-line 500, no cache stays in a bank, and the next
+    request is answered."""
+
     def broken(*_args, **_kw):
         raise RuntimeError("the device went away\nsecond line")
 
-    monkeypatch.setattr(packing, "packed_forward", broken)
+    if where == "packed":
+        monkeypatch.setattr(packing, "packed_forward", broken)
+    else:
+        monkeypatch.setattr(Bank, "forward", broken)
+    method = "draft" if where == "packed" else "none"
     w = tiny_worker(tiny_pair)
     try:
-        outs = answer_together(w, [greedy(), greedy()])
+        outs = answer_together(w, [greedy(method), greedy(method)])
         for out in outs:
             end = out.events[-1]
             assert isinstance(end, Failed) and end.status == 500
             assert "the device went away" in end.message and "\n" not in end.message
+        assert all(s.target.bank is None for s in w._batch.pool.slots)
         monkeypatch.undo()
-        assert isinstance(run(w, [3, 4, 5, 6], greedy()).wait(), Done)
+        assert isinstance(run(w, [3, 4, 5, 6], greedy(method)).wait(), Done)
     finally:
         w.shutdown()
 
