@@ -116,6 +116,7 @@ class Batch:
         in one packed forward."""
         ended = []
         t0, tokens0, running = time.perf_counter(), self._tokens(), len(self.running)
+        self.mode.begin(running)
         resume: list[Running] = list(self.running)
         held: list[tuple[Running, Park]] = []
         while resume or held:

@@ -12,7 +12,8 @@ machines, or with a draft that is accepted more often, drafting wins. Only measu
 
     mode = BatchMode()
     engine.policy_gate = mode.gate       # each new generation's adaptive K goes through it
-    mode.observe(running=4, tokens=11, seconds=0.09)   # after every turn
+    mode.begin(running=4)                # before every turn
+    mode.observe(running=4, tokens=11, seconds=0.09)   # after it
 
 A request with a fixed K (adaptive off) keeps it: the gate wraps AdaptiveK policies only. A
 batch of one is left to its policy. Exact either way: the gate only chooses K.
@@ -104,11 +105,16 @@ class BatchMode:
         """`policy` under this mode (an AdaptiveK), or as it is."""
         return Gated(policy, self) if isinstance(policy, AdaptiveK) else policy
 
-    def observe(self, running: int, tokens: int, seconds: float) -> None:
-        """One turn: `running` requests committed `tokens` in `seconds`."""
+    def begin(self, running: int) -> None:
+        """A turn of `running` requests starts: the mode of that size, before its rounds decide
+        their K (a request joining a plain batch steps plainly from its first round)."""
         if running != self._running:
             self._running = running
             self._reset()
+
+    def observe(self, running: int, tokens: int, seconds: float) -> None:
+        """One turn: `running` requests committed `tokens` in `seconds`."""
+        self.begin(running)
         if running < 2:
             return
         if self._turns < 0:  # settling

@@ -1,11 +1,14 @@
 """The batch's drafting mode (edgespec/server/mode.py): measured, the better kept, measured again,
-started over when the batch changes; only adaptive policies are gated."""
+started over when the batch changes (before the turn's rounds decide); only adaptive policies are
+gated."""
 
 from __future__ import annotations
 
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK
 from edgespec.drafting.base import PLAIN_ONLY
 from edgespec.events import Round
+from edgespec.server.batching import Batch
 from edgespec.server.mode import (
     EARLY,
     MARGIN,
@@ -15,6 +18,7 @@ from edgespec.server.mode import (
     BatchMode,
     Gated,
 )
+from tests.helpers.worker import answer_together, tiny_worker
 
 
 def window(mode: BatchMode, tokens_per_s: float, running: int = 2) -> None:
@@ -153,3 +157,32 @@ def test_a_size_inferred_from_a_smaller_one_keeps_its_mode_until_a_retry():
     for _ in range(SETTLE + EARLY):
         mode.observe(4, 50, 1.0)
     assert mode.plain and mode.rates == {True: 80, False: 50}  # trailed: ended early, plain
+
+
+def test_requests_joining_a_batch_decide_under_its_new_size(tiny_pair, monkeypatch):
+    """The batch sets its mode's size before a turn's rounds decide their K: requests that join
+    a batch step as that size's mode says from their first round (not as the smaller batch's
+    mode, e.g. drafting when one ran alone)."""
+    seen: list[tuple[int, int]] = []  # (the turn's running requests, the mode's size) per decide
+    turn, decide = Batch.turn, Gated.decide
+    running = [0]
+
+    def turning(batch):
+        running[0] = len(batch.running)
+        return turn(batch)
+
+    def deciding(gated):
+        seen.append((running[0], gated.mode._running))
+        return decide(gated)
+
+    monkeypatch.setattr(Batch, "turn", turning)
+    monkeypatch.setattr(Gated, "decide", deciding)
+    spec = SpecConfig(k=3, method="hybrid", adaptive=True)
+    cfg = GenerationConfig(SamplingConfig(temperature=0.0), spec, 24)
+    w = tiny_worker(tiny_pair)
+    try:
+        answer_together(w, [cfg, cfg, cfg])
+    finally:
+        w.shutdown()
+    assert any(n == 3 for n, _ in seen)  # they did run together
+    assert all(n == size for n, size in seen)
