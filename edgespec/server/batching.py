@@ -136,7 +136,7 @@ class Batch:
             drafts = [pair for pair in held if pair[1].state is not pair[0].slot.target]
             targets = [pair for pair in held if pair[1].state is pair[0].slot.target]
             now, held = (drafts, targets) if drafts else (targets, [])
-            self._forward(now)
+            self._forward(now, targets=not drafts)
             resume = [run for run, _ in now]
         tokens = self._tokens() + sum(job.tokens for job, _ in ended) - tokens0
         self.mode.observe(running, tokens, time.perf_counter() - t0)
@@ -145,13 +145,13 @@ class Batch:
     def _tokens(self) -> int:
         return sum(run.job.tokens for run in self.running)
 
-    def _forward(self, parked: list[tuple[Running, Park]]) -> None:
-        """Run the parked forwards; each request resumes with its logits, or with the error."""
+    def _forward(self, parked: list[tuple[Running, Park]], targets: bool) -> None:
+        """Run the parked forwards (`targets`: the requests' target forwards, which may run in
+        the packer's bank); each request resumes with its logits, or with the error."""
         if not parked:
             return
         assert self.packer is not None  # only a packer parks
         try:
-            targets = all(park.state is run.slot.target for run, park in parked)
             results = self.packer.run([park for _, park in parked], bank=targets)
         except Exception as exc:  # noqa: BLE001 - raised where each request asked for it
             for run, _ in parked:

@@ -150,7 +150,9 @@ class Packer:
             self._last = ()
             return None
         key = tuple(id(s) for s in states)
-        bank = self._banks.setdefault(id(model), Bank(model, self.kernels))
+        bank = self._banks.get(id(model))
+        if bank is None:
+            bank = self._banks[id(model)] = Bank(model, self.kernels)
         if not bank.holds(states) and key != self._last:
             self._last = key
             return None
