@@ -216,21 +216,32 @@ class KVState:
             self.reset()
         self.tokens = list(context[: self.offset])
 
-    def prefill(self, prompt: list[int]) -> int:
+    def keep_common(self, prompt: list[int]) -> None:
+        """Go back to the longest prefix shared with `prompt` (at most prompt[:-1]), feeding
+        nothing: the cache then holds a prefix of the prompt, as the loop's drafters expect."""
+        self.rewind(self.tokens, min(common_prefix(self.tokens, prompt), len(prompt) - 1))
+
+    def prefill(self, prompt: list[int], merge: bool = False) -> int:
         """Make the cache hold prompt[:-1], reusing the longest common prefix with what it holds.
 
         The last prompt token is left out: it is the input of the first decoding forward (so a
-        fully cached prompt still gets its last logits recomputed). Returns the number of prompt
-        tokens that will be run (the fed tail plus that last token).
+        fully cached prompt still gets its last logits recomputed). `merge`: leave the whole last
+        chunk (up to PREFILL_CHUNK tokens with the last one) to that forward instead, so that a
+        short prompt's first token comes from one forward (attention caches only: recurrent
+        layers keep their restore point at prompt[:-1]). Returns the number of prompt tokens
+        that will be run (the fed tail plus what is left to the first forward).
         """
         keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         self.rewind(self.tokens, keep)
         first = self.offset  # keep, or an earlier restore point
-        for start in range(first, len(prompt) - 1, PREFILL_CHUNK):
-            chunk = prompt[start : min(start + PREFILL_CHUNK, len(prompt) - 1)]
+        end = len(prompt) - 1
+        if merge and self.trims:
+            end = first + (len(prompt) - first - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+        for start in range(first, end, PREFILL_CHUNK):
+            chunk = prompt[start : min(start + PREFILL_CHUNK, end)]
             self.forward(mx.array(chunk, dtype=mx.int32))
             mx.eval([c.state for c in self.cache])
-        self.tokens = list(prompt[:-1])
+        self.tokens = list(prompt[:end])
         self.layers.mark_anchor()
         return len(prompt) - first
 

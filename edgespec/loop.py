@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import mlx.core as mx
 
@@ -53,6 +53,7 @@ class Rounds(Protocol[Planned]):
     drafter can do (`caps`)."""
 
     caps: Capabilities
+    plain: Any  # the plan that drafts nothing (a lookup may still propose: it costs no forward)
 
     def size(self, plan: Planned) -> int:
         """Tokens the plan drafts (0: a plain step)."""
@@ -71,6 +72,8 @@ class Rounds(Protocol[Planned]):
 
 class Chains:
     """Chain rounds: K tokens from `drafter` (K from the policy), verified in one forward."""
+
+    plain = 0
 
     def __init__(self, target: KVState, drafter: Drafter, cfg: SamplingConfig):
         self.target, self.drafter, self.cfg = target, drafter, cfg
@@ -95,13 +98,14 @@ class Chains:
 
     def finish(self, run: Progress, plan: int, prop: Proposal, t0: float, key: mx.array) -> Step:
         features = self.caps.features is not None
+        timed = len(run.context) - self.target.offset == 1  # not a verify that fed the prompt
         out, feats, t_draft, t_verify = run_round(
             self.target, run.context, prop, t0, self.cfg, key, features
         )
         d, k = prop.size, max(0, min(plan, run.room()))
         n, nxt = out[d], out[d + 1]
         method, match = (prop.method, prop.match) if d else (self.drafter.method, 0)
-        rnd = Round(run.index, d, n, max(k, d), t_draft, t_verify, method, True, match)
+        rnd = Round(run.index, d, n, max(k, d), t_draft, t_verify, method, timed, match)
         step = run.commit(self.drafter, out[:n] + [nxt], rnd, feats)
         self.target.rewind(run.context, len(run.context) - 1)
         return step
@@ -116,30 +120,42 @@ def speculate(
     policy: Policy[Plan] | Callable[[Round | None], Plan],
     limits: Limits,
     cancel: threading.Event | None = None,
+    prepare: Callable[[list[int]], object] | None = None,
 ) -> Iterator[Step]:
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill).
     `rounds` drafts and finishes each round (Chains, trees.loop.Trees) over `drafter`; `policy`
     plans each round (K, or a tree shape): a rounds.Policy, or a callable `policy(last) -> plan`.
+    `prepare(context)`: brings the drafter's state up to the context (a token draft's prefill);
+    with it, the first round drafts nothing (`rounds.plain`: a lookup that matches still
+    proposes) and also feeds the prompt's tail, and `prepare` runs before the first round that
+    drafts: the first token costs one target forward, and the draft reads the prompt after it.
 
     Example: speculate(target, Chains(target, drafter, cfg), drafter, prompt, cfg,
     lambda _last: 4, limits) drafts K = 4 tokens a round."""
     run = Progress(list(prompt), make_key(cfg.seed), limits)
     plans: Plans[Plan] = Plans(policy)
+    caps, first = rounds.caps, prepare is not None
     try:
         while run.index < limits.max_tokens and not run.stopped:
             if is_set(cancel):
                 yield cancelled()
                 return
-            plan = plans.next(run)
+            plan = rounds.plain if first else plans.next(run)
+            if prepare is not None and rounds.size(plan) > 0:
+                prepare(run.context)
+                prepare = None
             round_key = run.key
             run.key, draft_key, verify_key = round_keys(run.key)
             t0 = time.perf_counter()
             prop = rounds.draft(run, plan, draft_key)
             if prop is None:  # plain steps, pipelined, the first with this round's keys
                 run.key = round_key
-                caps = rounds.caps
-                yield from plain_run(target, drafter, run, cfg, plans, rounds.size, caps, cancel)
+                pipelined, first = not first, False  # the first token is read back at once
+                yield from plain_run(
+                    target, drafter, run, cfg, plans, rounds.size, caps, cancel, pipelined
+                )
                 continue
+            first = False
             step = rounds.finish(run, plan, prop, t0, verify_key)
             yield step
             if step.stop:
@@ -156,8 +172,10 @@ def decode_plain(
     limits: Limits,
     cancel: threading.Event | None = None,
 ) -> Iterator[Step]:
-    """Plain target decoding through the same caches, pipelined like mlx-lm: the next token's
-    forward is queued (async_eval) before the current token is read back."""
+    """Plain target decoding through the same caches, pipelined like mlx-lm: from the second
+    token on, the next token's forward is queued (async_eval) before the current token is read
+    back. The first is read back at once: in a packed batch (edgespec/server/packing.py) a
+    queued forward waits for the others' turn, and the first token with it."""
     context, key = list(prompt), make_key(cfg.seed)
 
     def step(inputs: mx.array) -> mx.array:
@@ -175,8 +193,9 @@ def decode_plain(
             if is_set(cancel):
                 yield cancelled()
                 return
+            room = emitted < limits.max_tokens and len(context) + 2 <= limits.context_window
             upcoming = None
-            if emitted < limits.max_tokens and len(context) + 2 <= limits.context_window:
+            if room and emitted > 1:  # the first token is read back before any other forward
                 upcoming = step(tok.reshape(1))
                 mx.async_eval(upcoming)
             value = int(tok.item())  # type: ignore[arg-type]
@@ -184,9 +203,12 @@ def decode_plain(
                 [value], ["target"], emitted - 1, limits, context
             )
             context += committed
-            yield Step(toks, kinds, None, stop or (None if upcoming is not None else "length"))
-            if stop or upcoming is None:
+            yield Step(toks, kinds, None, stop or (None if room else "length"))
+            if stop or not room:
                 return
+            if upcoming is None:
+                upcoming = step(tok.reshape(1))
+                mx.async_eval(upcoming)
             tok = upcoming
     finally:
         target.rewind(context, min(target.offset, len(context) - 1))

@@ -303,6 +303,7 @@ def plain_run(
     size: Callable[[Plan], int],
     caps: Capabilities,
     cancel: threading.Event | None,
+    pipelined: bool = True,
 ) -> Generator[Step, None, None]:
     """Consecutive plain steps, pipelined like decode_plain: before a step's token is read back,
     the policy picks the next round's plan (`size`: its drafted tokens, 0 for a plain step) and,
@@ -319,7 +320,9 @@ def plain_run(
     only on committed tokens, and the ratio test does not care how good it is.
 
     Yields Steps; leaves a plan already chosen for the next round in plans.ahead. Sets
-    run.stopped when it yielded the generation's final Step."""
+    run.stopped when it yielded the generation's final Step. Not `pipelined`: one step, read
+    back before any other forward is queued (a generation's first token: in a packed batch a
+    queued forward waits for the others' turn)."""
     wants = caps.features is not None
     queued = _queue(
         target,
@@ -332,7 +335,7 @@ def plain_run(
     t_prev, first = time.perf_counter(), True
     while True:
         decided, upcoming = None, None
-        if not queued.prop.size and run.can_queue():
+        if pipelined and not queued.prop.size and run.can_queue():
             decided = plans.decide(run)
             ahead = _ahead(caps, drafter.method, run, size(decided))
             if ahead is not None and not is_set(cancel):

@@ -51,13 +51,15 @@ class Strategy:
     draft_prefill: bool = False
 
     def prefill(self, prompt: list[int]) -> int:
-        """Bring the caches up to the prompt (reusing their common prefix); prompt tokens run."""
+        """Bring the caches up to the prompt (reusing their common prefix); prompt tokens run.
+        Without a feature draft, the prompt's last chunk is left to the target's first forward,
+        and a token draft's own prefill waits for the first round that drafts (`steps`): the
+        first token comes from one target forward."""
         if self.feature_prefill and isinstance(self.draft, EagleState):
             return feature_prefill(self.target, self.draft, prompt, PREFILL_CHUNK)
-        prefilled = self.target.prefill(prompt)
-        if self.draft_prefill and isinstance(self.draft, KVState):
-            self.draft.prefill(prompt)
-        return prefilled
+        if isinstance(self.draft, KVState):  # a prefix of the prompt, whatever it held before
+            self.draft.keep_common(prompt)
+        return self.target.prefill(prompt, merge=True)
 
     def steps(
         self,
@@ -69,8 +71,18 @@ class Strategy:
         """The generation's Steps (after `prefill`)."""
         if self.rounds is None or self.drafter is None:
             return decode_plain(self.target, prompt, sampling, limits, cancel)
+        draft = self.draft if self.draft_prefill and isinstance(self.draft, KVState) else None
+        prepare = draft.prefill if draft is not None else None
         return speculate(
-            self.target, self.rounds, self.drafter, prompt, sampling, self.policy, limits, cancel
+            self.target,
+            self.rounds,
+            self.drafter,
+            prompt,
+            sampling,
+            self.policy,
+            limits,
+            cancel,
+            prepare,
         )
 
 

@@ -166,6 +166,7 @@ class Trees:
         self.target, self.drafter, self.cfg, self.policy = target, drafter, cfg, policy
         self.verify = partial(verify_tree_round, kernels=kernels)
         self.caps = Capabilities.of(drafter)
+        self.plain: Shape = FixedShape(())
 
     def size(self, plan: Shape) -> int:
         return plan.size
