@@ -101,12 +101,23 @@ def level(name: str, client: Any, model: str, questions: Sequence[str], n: int, 
         return Level(name, tuple(f.result() for f in futures))
 
 
+WARM_UP = "Say hello."  # the untimed first request's question, none of the levels'
+
+
 def sweep(
     name: str, client: Any, model: str, questions: Sequence[str], ns: Sequence[int], max_tokens: int
 ) -> list[Level]:
-    """One untimed request (warm-up), then each level in turn."""
-    stream(client, model, questions[0], max_tokens, time.perf_counter())
-    return [level(name, client, model, questions, n, max_tokens) for n in ns]
+    """One untimed request (warm-up), then each level in turn. Each level starts where the
+    previous one's questions ended (1, 2, 4, 8 clients: 15 questions), so that no request asks
+    what the server has answered, and cached, before: every TTFT includes its prompt's prefill
+    (beyond a shared chat template), at N = 1 as at N = 8."""
+    stream(client, model, WARM_UP, max_tokens, time.perf_counter())
+    levels, start = [], 0
+    for n in ns:
+        turn = [questions[(start + i) % len(questions)] for i in range(len(questions))]
+        levels.append(level(name, client, model, turn, n, max_tokens))
+        start += n
+    return levels
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgespec.bench.concurrency import Level, Stream, level, report
+from edgespec.bench.concurrency import WARM_UP, Level, Stream, level, report, sweep
 
 
 class FakeClient:
@@ -56,3 +56,16 @@ def test_the_report_puts_the_servers_side_by_side(capsys):
     out = capsys.readouterr().out
     assert "N=1: tok/s vs one: two 0.50x" in out and "N=2: tok/s vs one: two 0.25x" in out
     assert "answers identical, one vs two: 1 of 3" in out
+
+
+def test_a_sweep_never_asks_a_question_twice_so_every_prompt_is_prefilled():
+    client = FakeClient(words=1, delay=0.0)
+    asked: list[str] = []
+    create = client.create
+    client.chat.completions.create = lambda messages, **kw: (
+        asked.append(messages[0]["content"]) or create(messages, **kw)
+    )
+    levels = sweep("fake", client, "m", [f"q{i}" for i in range(15)], [1, 2, 4, 8], 4)
+    assert asked[0] == WARM_UP and sorted(asked[1:]) == sorted(f"q{i}" for i in range(15))
+    assert [lv.n for lv in levels] == [1, 2, 4, 8]
+    assert [s.text for s in levels[1].streams] == ["q10 ", "q20 "]
