@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import mlx.core as mx
 
@@ -53,7 +53,6 @@ class Rounds(Protocol[Planned]):
     drafter can do (`caps`)."""
 
     caps: Capabilities
-    plain: Any  # the plan that drafts nothing (a lookup may still propose: it costs no forward)
 
     def size(self, plan: Planned) -> int:
         """Tokens the plan drafts (0: a plain step)."""
@@ -72,8 +71,6 @@ class Rounds(Protocol[Planned]):
 
 class Chains:
     """Chain rounds: K tokens from `drafter` (K from the policy), verified in one forward."""
-
-    plain = 0
 
     def __init__(self, target: KVState, drafter: Drafter, cfg: SamplingConfig):
         self.target, self.drafter, self.cfg = target, drafter, cfg
@@ -125,22 +122,25 @@ def speculate(
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill).
     `rounds` drafts and finishes each round (Chains, trees.loop.Trees) over `drafter`; `policy`
     plans each round (K, or a tree shape): a rounds.Policy, or a callable `policy(last) -> plan`.
-    `prepare(context)`: brings the drafter's state up to the context (a token draft's prefill);
-    with it, the first round drafts nothing (`rounds.plain`: a lookup that matches still
-    proposes) and also feeds the prompt's tail, and `prepare` runs before the first round that
-    drafts: the first token costs one target forward, and the draft reads the prompt after it.
+    The target may lag behind by the prompt's last chunk (Strategy.prefill): the first round's
+    forward feeds it and gives the first token. In a packed batch (the target has a packer,
+    edgespec/server/packing.py) a first round that drafts nothing reads its token back before
+    queueing another forward: a queued forward waits for the others' turn, and the first token
+    would wait with it. `prepare(context)`, if given, brings the drafter's state up to the
+    context before the first round that drafts (a token draft's prefill, left until then in a
+    packed batch, which may decode plainly for a while).
 
     Example: speculate(target, Chains(target, drafter, cfg), drafter, prompt, cfg,
     lambda _last: 4, limits) drafts K = 4 tokens a round."""
     run = Progress(list(prompt), make_key(cfg.seed), limits)
     plans: Plans[Plan] = Plans(policy)
-    caps, first = rounds.caps, prepare is not None
+    caps, first = rounds.caps, target.packer is not None
     try:
         while run.index < limits.max_tokens and not run.stopped:
             if is_set(cancel):
                 yield cancelled()
                 return
-            plan = rounds.plain if first else plans.next(run)
+            plan = plans.next(run)
             if prepare is not None and rounds.size(plan) > 0:
                 prepare(run.context)
                 prepare = None
@@ -150,7 +150,7 @@ def speculate(
             prop = rounds.draft(run, plan, draft_key)
             if prop is None:  # plain steps, pipelined, the first with this round's keys
                 run.key = round_key
-                pipelined, first = not first, False  # the first token is read back at once
+                pipelined, first = not first, False  # packed: the first token read at once
                 yield from plain_run(
                     target, drafter, run, cfg, plans, rounds.size, caps, cancel, pipelined
                 )
@@ -172,10 +172,10 @@ def decode_plain(
     limits: Limits,
     cancel: threading.Event | None = None,
 ) -> Iterator[Step]:
-    """Plain target decoding through the same caches, pipelined like mlx-lm: from the second
-    token on, the next token's forward is queued (async_eval) before the current token is read
-    back. The first is read back at once: in a packed batch (edgespec/server/packing.py) a
-    queued forward waits for the others' turn, and the first token with it."""
+    """Plain target decoding through the same caches, pipelined like mlx-lm: the next token's
+    forward is queued (async_eval) before the current token is read back; in a packed batch
+    (the target has a packer, edgespec/server/packing.py) from the second token on, since a
+    queued forward waits for the others' turn and the first token would wait with it."""
     context, key = list(prompt), make_key(cfg.seed)
 
     def step(inputs: mx.array) -> mx.array:
@@ -195,7 +195,7 @@ def decode_plain(
                 return
             room = emitted < limits.max_tokens and len(context) + 2 <= limits.context_window
             upcoming = None
-            if room and emitted > 1:  # the first token is read back before any other forward
+            if room and (emitted > 1 or target.packer is None):
                 upcoming = step(tok.reshape(1))
                 mx.async_eval(upcoming)
             value = int(tok.item())  # type: ignore[arg-type]

@@ -255,10 +255,12 @@ class Engine:
         budget = dataclasses.replace(config, max_tokens=sum(cycle.ks) + len(cycle.ks))
         events: list[Event] = []
         for _ in range(calib.WARM_TRIES if policy else 1):  # an answer may stop early (EOS)
+            # The caches are kept between tries: a try's first round then reads one prompt token,
+            # not the whole prompt, and is timed like the others (loop.Chains.finish).
             events += self.generate(prompt, budget, k_policy=policy)
-            self.reset()
             if cycle.done:
                 break
+        self.reset()
         self.calibration = saved.add(*calib.round_costs(e for e in events if isinstance(e, Round)))
         self.calibration.save(path)
         return self.calibration

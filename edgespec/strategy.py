@@ -52,14 +52,17 @@ class Strategy:
 
     def prefill(self, prompt: list[int]) -> int:
         """Bring the caches up to the prompt (reusing their common prefix); prompt tokens run.
-        Without a feature draft, the prompt's last chunk is left to the target's first forward,
-        and a token draft's own prefill waits for the first round that drafts (`steps`): the
-        first token comes from one target forward."""
+        Without a feature draft, the prompt's last chunk is left to the target's first forward
+        (the first round's verify, or plain step), which gives the first token."""
         if self.feature_prefill and isinstance(self.draft, EagleState):
             return feature_prefill(self.target, self.draft, prompt, PREFILL_CHUNK)
-        if isinstance(self.draft, KVState):  # a prefix of the prompt, whatever it held before
-            self.draft.keep_common(prompt)
-        return self.target.prefill(prompt, merge=True)
+        prefilled = self.target.prefill(prompt, merge=True)
+        if self.draft_prefill and isinstance(self.draft, KVState):
+            if self.target.packer is None:
+                self.draft.prefill(prompt)
+            else:  # in a packed batch the draft reads the prompt when it first drafts (steps)
+                self.draft.keep_common(prompt)
+        return prefilled
 
     def steps(
         self,
@@ -72,7 +75,7 @@ class Strategy:
         if self.rounds is None or self.drafter is None:
             return decode_plain(self.target, prompt, sampling, limits, cancel)
         draft = self.draft if self.draft_prefill and isinstance(self.draft, KVState) else None
-        prepare = draft.prefill if draft is not None else None
+        prepare = draft.prefill if draft is not None and self.target.packer is not None else None
         return speculate(
             self.target,
             self.rounds,

@@ -166,7 +166,6 @@ class Trees:
         self.target, self.drafter, self.cfg, self.policy = target, drafter, cfg, policy
         self.verify = partial(verify_tree_round, kernels=kernels)
         self.caps = Capabilities.of(drafter)
-        self.plain: Shape = FixedShape(())
 
     def size(self, plan: Shape) -> int:
         return plan.size
@@ -182,6 +181,7 @@ class Trees:
         """Verify, keep the accepted path, commit one tree round."""
         target, drafter = self.target, self.drafter
         prop, features = cast(TreeProposal, prop), self.caps.features is not None
+        timed = len(run.context) - target.offset == 1  # not a verify that fed the prompt
         host, feats, t_draft, t_verify = run_round(
             target, run.context, prop, t0, self.cfg, key, features, self.verify
         )
@@ -202,7 +202,7 @@ class Trees:
             t_draft,
             t_verify,
             prop.method,
-            True,
+            timed,
             prop.match,
             nodes=tree.size,
             branch=branch_of(tree, path),

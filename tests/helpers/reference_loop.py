@@ -5,8 +5,7 @@ No KV caches: every distribution comes from a full forward over the token list s
 Randomness: the reference follows the engine's documented key schedule (`round_keys`: per round a
 drafting key giving K uniforms and a verify key giving K + 1 uniforms; plain decoding splits
 (next, sample) per token) and turns those MLX-drawn uniforms into numpy floats, so both
-implementations consume identical uniforms and must emit identical tokens. A speculative
-generation's first round drafts nothing (`first_token`): its token comes from the target alone.
+implementations consume identical uniforms and must emit identical tokens.
 """
 
 from __future__ import annotations
@@ -88,22 +87,11 @@ def _take(new: Iterable[int], out: list[int], eos: set[int], max_tokens: int) ->
     return False
 
 
-def first_token(target, ctx: list[int], cfg: SamplingConfig, key: mx.array):
-    """A generation's first round, which drafts nothing: (the next key, the target's token)."""
-    key, _draft_key, verify_key = round_keys(key)
-    p = warp_np(full_logits(target, ctx)[-1], cfg)
-    u = None if cfg.greedy else float(uniforms(verify_key, 1)[0])
-    return key, int(np.argmax(p)) if u is None else sample_np(p, u)
-
-
 def reference_speculative(
     target, draft, prompt: list[int], cfg: SamplingConfig, k: int, max_tokens: int, eos=()
 ) -> list[int]:
     """The generated token ids (EOS excluded) of speculative decoding with a fixed K."""
-    key, first = first_token(target, list(prompt), cfg, make_key(cfg.seed))
-    ctx, out = [*prompt, first], []
-    if _take([first], out, set(eos), max_tokens):
-        return out
+    key, ctx, out = make_key(cfg.seed), list(prompt), []
     while True:
         key, draft_key, verify_key = round_keys(key)
         ud = None if cfg.greedy else np.array(uniforms(draft_key, k))

@@ -21,20 +21,12 @@ SAMPLED = GenerationConfig(SamplingConfig(temperature=1.0, seed=11), SpecConfig(
 MESSAGES = [{"role": "user", "content": "why is the river light"}]
 
 
-def _assert_consistent(
-    engine: Engine, committed: list[int], bonus: bool, plain: bool = False
-) -> None:
-    """Both caches hold a prefix of the committed tokens and their token lists match offsets;
-    after a drafting round the draft's ends one or two (`bonus`) tokens short, after a plain
-    step (`plain`: a generation's first) it may lag further."""
+def _assert_consistent(engine: Engine, committed: list[int], bonus: bool) -> None:
+    """Both caches hold a prefix of the committed tokens and their token lists match offsets."""
     t_tokens, d_tokens = engine.cached_tokens()
     assert engine._target.offset == len(t_tokens) == len(committed) - 1
     assert t_tokens == committed[:-1]
-    assert engine._draft.offset == len(d_tokens)
-    if plain:
-        assert len(d_tokens) < len(committed)
-    else:
-        assert len(d_tokens) == len(committed) - (2 if bonus else 1)
+    assert engine._draft.offset == len(d_tokens) == len(committed) - (2 if bonus else 1)
     assert d_tokens == committed[: len(d_tokens)]
 
 
@@ -43,15 +35,13 @@ def _assert_consistent(
 def test_cache_offsets_equal_committed_length_after_every_round(request, models, config):
     engine = Engine(*request.getfixturevalue(models))
     committed = engine.encode_chat(MESSAGES)
-    rounds, fresh = 0, 0
+    rounds = 0
     for event in engine.generate(committed, config):
         if isinstance(event, Token):
-            committed, fresh = committed + [event.id], fresh + 1
+            committed = committed + [event.id]
         elif isinstance(event, Round):
             rounds += 1
-            bonus = fresh == event.k + 1  # all accepted, and the bonus not cut by max_tokens
-            _assert_consistent(engine, committed, bonus, plain=event.drafted == 0)
-            fresh = 0
+            _assert_consistent(engine, committed, bonus=event.accepted == event.k)
     assert rounds > 0
 
 
@@ -120,8 +110,7 @@ def test_event_stream_contract(engine):
     assert fin.stats.rounds == len(rounds) and fin.stats.drafted == sum(r.drafted for r in rounds)
     assert sum(fin.stats.accepted_hist) == len(rounds)
     assert fin.stats.ttft > 0 and fin.stats.tokens_per_s > 0
-    assert tokens[0].kind == "target"  # the first token is a plain step (loop.speculate)
-    assert all(t.kind in ("accepted", "corrected", "bonus") for t in tokens[1:])
+    assert all(t.kind in ("accepted", "corrected", "bonus") for t in tokens)
     assert engine.name == "target + draft" and engine.has_draft
 
 

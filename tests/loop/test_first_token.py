@@ -1,5 +1,6 @@
-"""The first token comes from one target forward: the prompt's last chunk is fed in the first
-round (a plain step, or a lookup's round), and the draft reads the prompt only afterwards."""
+"""The first token comes from the first round's own forward: the prompt's last chunk is fed in
+it rather than in a prefill forward of its own, and a first round that drafts nothing is read
+back before another forward is queued."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from edgespec.events import Round, Token
 from edgespec.runtime import Engine
 
 PROMPT = "the river runs under the old bridge"
+GREEDY = SamplingConfig(temperature=0)
 
 
-def _watch(engine: Engine, monkeypatch) -> dict[str, list[int]]:
-    """Input lengths of every target and draft forward, by state."""
-    calls: dict[str, list[int]] = {"target": [], "draft": []}
+def _watch(engine: Engine, monkeypatch) -> list[tuple[str, int]]:
+    """(state, input length) of every target and draft forward, in order."""
+    calls: list[tuple[str, int]] = []
     for name, state in (("target", engine._target), ("draft", engine._draft)):
         forward = state.forward
 
         def counted(inputs, head_only=False, _forward=forward, _name=name):
-            calls[_name].append(int(inputs.shape[0]))
+            calls.append((_name, int(inputs.shape[0])))
             return _forward(inputs, head_only)
 
         monkeypatch.setattr(state, "forward", counted)
@@ -29,64 +31,116 @@ def _watch(engine: Engine, monkeypatch) -> dict[str, list[int]]:
 
 def _until_first_token(engine: Engine, ids: list[int], spec: SpecConfig) -> list:
     events = []
-    for event in engine.generate(ids, GenerationConfig(SamplingConfig(temperature=0), spec, 24)):
+    for event in engine.generate(ids, GenerationConfig(GREEDY, spec, 24)):
         events.append(event)
         if isinstance(event, Token):
             break
     return events
 
 
-@pytest.mark.parametrize("method", ["draft", "hybrid"])
-def test_first_token_costs_one_target_forward_and_no_draft_forward(
-    tiny_models, monkeypatch, method
+@pytest.mark.parametrize("k", [0, 3])
+def test_the_first_rounds_forward_reads_the_prompt_and_gives_the_first_token(
+    tiny_models, monkeypatch, k
 ):
+    """K = 3: the draft's prefill and steps, then one target forward of the prompt's tail plus
+    the drafts. K = 0 (plain decoding): one target forward of the prompt."""
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(PROMPT)
     calls = _watch(engine, monkeypatch)
-    _until_first_token(engine, ids, SpecConfig(k=3, method=method))
-    assert calls == {"target": [len(ids)], "draft": []}
+    spec = SpecConfig(k=k, method="draft", adaptive=False) if k else SpecConfig(method="none")
+    _until_first_token(engine, ids, spec)
+    targets = [n for who, n in calls if who == "target"]
+    assert targets[0] == len(ids) + k  # (K = 0: the next step's forward queued behind it)
+    assert targets[1:] == ([] if k else [1])
+    assert [n for who, n in calls if who == "draft"][:1] == ([len(ids) - 1] if k else [])
 
 
-def test_the_draft_catches_up_before_it_drafts_and_output_stays_exact(tiny_models):
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_first_plain_round_in_a_packed_batch_is_read_back_before_the_next_forward(
+    tiny_models, monkeypatch, packed
+):
+    """K = 0 rounds: alone, the second step's forward is queued before the first token is read
+    back (pipelined, like mlx-lm); with a packer (a server's batch) the first token is out after
+    one forward, since a queued forward would wait for the others' turn."""
     engine = Engine(*tiny_models)
+    if packed:  # the packer of a batch of one: each forward as its own
+        engine._target.packer = lambda state, inputs, head_only: state.forward_alone(
+            inputs, head_only
+        )
     ids = engine.encode_raw(PROMPT)
-    greedy = SamplingConfig(temperature=0)
-    plain = [
-        e.id
-        for e in engine.generate(ids, GenerationConfig(greedy, SpecConfig(method="none"), 24))
+    calls = _watch(engine, monkeypatch)
+    config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft"), 6)
+    seen = [
+        len([c for c in calls if c[0] == "target"])
+        for e in engine.generate(ids, config, k_policy=lambda _last: 0)
         if isinstance(e, Token)
     ]
-    events = list(
-        engine.generate(ids, GenerationConfig(greedy, SpecConfig(k=3, method="draft"), 24))
-    )
-    assert [e.id for e in events if isinstance(e, Token)] == plain
-    rounds = [e for e in events if isinstance(e, Round)]
-    assert rounds[0].drafted == 0 and all(r.drafted == 3 for r in rounds[1:-1])
+    assert seen[:2] == ([1, 3] if packed else [2, 3])
 
 
 def test_a_long_prompt_is_still_prefilled_in_chunks(tiny_models, monkeypatch):
-    """Only the last chunk joins the first round; the ones before run as before."""
+    """Only the last chunk joins the first round; the ones before run apart, as before."""
     monkeypatch.setattr(cache, "PREFILL_CHUNK", 8)
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(" ".join([PROMPT] * 3))
     assert len(ids) > 16
     calls = _watch(engine, monkeypatch)
-    _until_first_token(engine, ids, SpecConfig(k=3, method="draft"))
+    _until_first_token(engine, ids, SpecConfig(method="none"))
     chunks = (len(ids) - 1) // 8
-    assert calls["target"] == [8] * chunks + [len(ids) - 8 * chunks] and not calls["draft"]
+    assert [n for _, n in calls][: chunks + 1] == [8] * chunks + [len(ids) - 8 * chunks]
 
 
-def test_a_repeated_prompt_lets_a_lookup_propose_in_the_first_round(tiny_models, monkeypatch):
-    """Hybrid drafting: a lookup costs no forward, so the first round verifies its tokens with
-    the prompt's tail, still in one target forward."""
+@pytest.mark.parametrize("method", ["draft", "hybrid"])
+def test_output_with_the_merged_prompt_equals_plain_decoding(tiny_models, method):
     engine = Engine(*tiny_models)
-    ids = engine.encode_raw(" ".join([PROMPT] * 3))
+    ids = engine.encode_raw(" ".join([PROMPT] * 2))
+
+    def ids_of(spec: SpecConfig) -> list[int]:
+        events = engine.generate(ids, GenerationConfig(GREEDY, spec, 32))
+        return [e.id for e in events if isinstance(e, Token)]
+
+    plain = ids_of(SpecConfig(method="none"))
+    assert ids_of(SpecConfig(k=3, method=method)) == plain
+    # A fresh engine: its first verify also reads the prompt, so adaptive K does not time it.
+    fresh = Engine(*tiny_models)
+    config = GenerationConfig(GREEDY, SpecConfig(k=3, method=method), 8)
+    rounds = [e for e in fresh.generate(ids, config) if isinstance(e, Round)]
+    assert not rounds[0].timed and all(r.timed for r in rounds[1:] if r.drafted)
+
+
+def _pack_alone(engine: Engine) -> None:
+    """The packer of a batch of one (each forward as its own), on both states."""
+    for state in (engine._target, engine._draft):
+        state.packer = lambda st, inputs, head_only: st.forward_alone(inputs, head_only)
+
+
+def test_in_a_packed_batch_the_draft_reads_the_prompt_when_it_first_drafts(
+    tiny_models, monkeypatch
+):
+    """A batch may decode plainly for a while (the server's BatchMode): its requests' drafts
+    read the prompt only before their first drafting round, and a warm draft cache that holds
+    another conversation is cut back to what it shares with the prompt (not trusted as is)."""
+    engine = Engine(*tiny_models)
+    other = engine.encode_raw("a different conversation about the sea")
+    list(engine.generate(other, GenerationConfig(GREEDY, SpecConfig(k=3, method="draft"), 12)))
+    _pack_alone(engine)
+    ids = engine.encode_raw(PROMPT)
+    plain = [
+        e.id
+        for e in Engine(*tiny_models).generate(ids, GenerationConfig(GREEDY, SpecConfig(), 24))
+        if isinstance(e, Token)
+    ]
     calls = _watch(engine, monkeypatch)
-    events = list(
-        engine.generate(
-            ids, GenerationConfig(SamplingConfig(0), SpecConfig(k=3, method="hybrid"), 8)
-        )
-    )
-    first = next(e for e in events if isinstance(e, Round))
-    assert first.method == "ngram" and first.drafted > 0 and not first.timed
-    assert calls["target"][0] == len(ids) + first.drafted
+    script = iter([0, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3])
+    out, drafts_at_first_drafting = [], None
+    config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft"), 24)
+    for event in engine.generate(ids, config, k_policy=lambda _last: next(script, 3)):
+        if isinstance(event, Token):
+            out.append(event.id)
+        elif isinstance(event, Round) and event.drafted and drafts_at_first_drafting is None:
+            drafts_at_first_drafting = [n for who, n in calls if who == "draft"]
+    assert out == plain
+    first_draft = [n for who, n in calls if who == "draft"][0]
+    # plain steps first, no draft forward; then the draft reads the prompt and what followed
+    assert calls[0] == ("target", len(ids)) and first_draft > 2
+    assert drafts_at_first_drafting and drafts_at_first_drafting[0] == first_draft

@@ -9,8 +9,6 @@ the first two sampled tokens follow the target at T > 0, which fails with a plan
 
 from __future__ import annotations
 
-from collections import Counter
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -98,7 +96,7 @@ def test_chain_shaped_tree_emits_the_chain_loops_tokens(tiny_models, sampling):
     assert list(widths_shape([1, 1, 1])) == list(chain_shape(3))
 
 
-N_SEEDS = 500  # the second token is tested on the runs whose first is the most frequent
+N_SEEDS = 250
 
 
 def _p_value(engine: Engine, samples: list[int], context: list[int], sampling) -> float:
@@ -117,11 +115,9 @@ def _p_value(engine: Engine, samples: list[int], context: list[int], sampling) -
     "tree,bug", [("4,2", None), ("dynamic:6", None), ("4,2", "against-p"), ("chain", None)]
 )
 def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, bug):
-    """T = 2 over many seeds. A generation's first token is a plain step (the target's own
-    sample); the first tree round follows it. So, given the most frequent first token, the second
-    emitted token must follow p(. | prompt, first) and, given the most frequent second, the third
-    p(. | prompt, first, second) (EOS included: a round may end on it). With a planted bug
-    (siblings tried against p instead of the residual) the same check must fail.
+    """T = 2 over many seeds: the first emitted token follows p(. | prompt) and the second, given
+    the most frequent first, p(. | prompt, first) (EOS included: a round may end on it). With a
+    planted bug (siblings tried against p instead of the residual) the same check must fail.
     "chain": a chain-shaped tree, drafted by the chain drafter and verified by the chain path."""
     from edgespec.trees import loop as treeloop
     from edgespec.trees.acceptance import verify_tree
@@ -131,25 +127,24 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, b
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(PROMPT)
     (eos,) = engine.tokenizer.eos_token_ids
-    runs, branches = [], 0
+    firsts, seconds, branches = [], {}, 0
     for seed in range(N_SEEDS):
         sampling = SamplingConfig(temperature=2.0, seed=seed)
-        events = _gen(engine, ids, SpecConfig(k=2, method="draft", tree=tree), 3, sampling)
-        runs.append(_ids(events) + [eos, eos, eos])  # EOS ends the answer without a Token event
+        events = _gen(engine, ids, SpecConfig(k=2, method="draft", tree=tree), 2, sampling)
+        toks = _ids(events) + [eos, eos]  # EOS ends the answer without a Token event
+        firsts.append(toks[0])
+        seconds.setdefault(toks[0], []).append(toks[1])
         branches += sum(e.branch > 0 for e in events if isinstance(e, Round))
     if tree != "chain":  # second-ranked candidates were accepted: the residual path is exercised
         assert branches > 20
     sampling = SamplingConfig(temperature=2.0)
-    first = Counter(r[0] for r in runs).most_common(1)[0][0]
-    seconds = [r[1] for r in runs if r[0] == first]
-    second = Counter(seconds).most_common(1)[0][0]
-    thirds = [r[2] for r in runs if r[:2] == [first, second]]
-    p_second = _p_value(engine, seconds, ids + [first], sampling)
-    p_third = _p_value(engine, thirds, ids + [first, second], sampling)
+    top = max(seconds, key=lambda t: len(seconds[t]))
+    p_first = _p_value(engine, firsts, ids, sampling)
+    p_second = _p_value(engine, seconds[top], ids + [top], sampling)
     if bug:
-        assert p_second < 1e-6
+        assert p_first < 1e-6
     else:
-        assert min(p_second, p_third) > 1e-3
+        assert min(p_first, p_second) > 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -212,9 +207,7 @@ def test_cli_generate_json_reports_tree_rounds(tiny_pair):
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     rounds = [r for r in records if r["type"] == "round"]
-    first, rest = rounds[0], rounds[1:]  # the first token is a plain step (loop.speculate)
-    assert first["drafted"] == 0 and first["k"] == 0
-    assert rest and all(r["nodes"] == 6 and r["k"] == 3 and r["method"] == "tree" for r in rest)
+    assert rounds and all(r["nodes"] == 6 and r["k"] == 3 and r["method"] == "tree" for r in rounds)
     assert all("branch" in r for r in rounds)
     bad = run_edgespec(*args, "--tree", "3,x", "--max-tokens", "4")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
@@ -225,10 +218,7 @@ def test_hybrid_tree_adds_lookup_branches_at_a_temperature(tiny_models):
     """An n-gram match adds a branch of deterministic candidates after the draft's sampled
     siblings (exact: tests/unit/test_tree_acceptance.py); the caches stay consistent."""
     engine = Engine(*tiny_models)
-    base = engine.encode_raw(PROMPT)
-    # The prompt, the target's own continuation, the prompt again: after the first token (a
-    # plain step) the context repeats itself, so the lookup matches.
-    ids = base + _ids(_gen(engine, base, SpecConfig(method="none"), 16)) + base
+    ids = engine.encode_raw(" ".join([PROMPT] * 4))
     sampling = SamplingConfig(temperature=0.3, seed=2)
     events = _gen(engine, ids, SpecConfig(k=2, method="hybrid", tree="2,1"), 40, sampling)
     rounds = [e for e in events if isinstance(e, Round)]
