@@ -18,6 +18,11 @@ from edgespec.rewind import REFEED, Rewinder, rewindable
 from edgespec.sampling import Softmax
 
 PREFILL_CHUNK = 512
+# A prompt tail up to this long is fed in the first round's forward rather than prefilled apart
+# (KVState.prefill, merge=True). That forward computes the target's head on every row, so a
+# much longer tail costs more in head rows than the separate forward saves (measured:
+# docs/measurements/2026-11-27-first-token.md).
+MERGE_MAX = 32
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
 
 
@@ -225,18 +230,18 @@ class KVState:
         """Make the cache hold prompt[:-1], reusing the longest common prefix with what it holds.
 
         The last prompt token is left out: it is the input of the first decoding forward (so a
-        fully cached prompt still gets its last logits recomputed). `merge`: leave the whole last
-        chunk (up to PREFILL_CHUNK tokens with the last one) to that forward instead, so that a
-        short prompt's first token comes from one forward (attention caches only: recurrent
-        layers keep their restore point at prompt[:-1]). Returns the number of prompt tokens
-        that will be run (the fed tail plus what is left to the first forward).
+        fully cached prompt still gets its last logits recomputed). `merge`: where at most
+        MERGE_MAX prompt tokens are not cached, leave them all to that forward instead, so that
+        the first token comes from one forward (attention caches only: recurrent layers keep
+        their restore point at prompt[:-1]). Returns the number of prompt tokens that will be
+        run (the fed tail plus what is left to the first forward).
         """
         keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
         self.rewind(self.tokens, keep)
         first = self.offset  # keep, or an earlier restore point
         end = len(prompt) - 1
-        if merge and self.trims:
-            end = first + (len(prompt) - first - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+        if merge and self.trims and len(prompt) - first <= MERGE_MAX:
+            end = first
         for start in range(first, end, PREFILL_CHUNK):
             chunk = prompt[start : min(start + PREFILL_CHUNK, end)]
             self.forward(mx.array(chunk, dtype=mx.int32))

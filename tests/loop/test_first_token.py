@@ -78,33 +78,36 @@ def test_a_first_plain_round_in_a_packed_batch_is_read_back_before_the_next_forw
     assert seen[:2] == ([1, 3] if packed else [2, 3])
 
 
-def test_a_long_prompt_is_still_prefilled_in_chunks(tiny_models, monkeypatch):
-    """Only the last chunk joins the first round; the ones before run apart, as before."""
-    monkeypatch.setattr(cache, "PREFILL_CHUNK", 8)
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_longer_tail_is_prefilled_apart(tiny_models, monkeypatch, k):
+    """Past MERGE_MAX uncached tokens the prompt is prefilled as before (all but its last
+    token): the first forward computes the target's head on every row it feeds."""
+    monkeypatch.setattr(cache, "MERGE_MAX", 8)
     engine = Engine(*tiny_models)
-    ids = engine.encode_raw(" ".join([PROMPT] * 3))
-    assert len(ids) > 16
+    ids = engine.encode_raw(PROMPT)
+    assert len(ids) > 8
     calls = _watch(engine, monkeypatch)
-    _until_first_token(engine, ids, SpecConfig(method="none"))
-    chunks = (len(ids) - 1) // 8
-    assert [n for _, n in calls][: chunks + 1] == [8] * chunks + [len(ids) - 8 * chunks]
+    spec = SpecConfig(k=k, method="draft", adaptive=False) if k else SpecConfig(method="none")
+    _until_first_token(engine, ids, spec)
+    assert [n for who, n in calls if who == "target"][:2] == [len(ids) - 1, 1 + k]
 
 
 @pytest.mark.parametrize("method", ["draft", "hybrid"])
 def test_output_with_the_merged_prompt_equals_plain_decoding(tiny_models, method):
     engine = Engine(*tiny_models)
-    ids = engine.encode_raw(" ".join([PROMPT] * 2))
 
-    def ids_of(spec: SpecConfig) -> list[int]:
-        events = engine.generate(ids, GenerationConfig(GREEDY, spec, 32))
+    def ids_of(ids: list[int], spec: SpecConfig) -> list[int]:
+        events = Engine(*tiny_models).generate(ids, GenerationConfig(GREEDY, spec, 32))
         return [e.id for e in events if isinstance(e, Token)]
 
-    plain = ids_of(SpecConfig(method="none"))
-    assert ids_of(SpecConfig(k=3, method=method)) == plain
+    for text in (PROMPT, " ".join([PROMPT] * 2)):  # merged, and past MERGE_MAX
+        ids = engine.encode_raw(text)
+        assert ids_of(ids, SpecConfig(k=3, method=method)) == ids_of(ids, SpecConfig(method="none"))
     # A fresh engine: its first verify also reads the prompt, so adaptive K does not time it.
     fresh = Engine(*tiny_models)
     config = GenerationConfig(GREEDY, SpecConfig(k=3, method=method), 8)
-    rounds = [e for e in fresh.generate(ids, config) if isinstance(e, Round)]
+    short = engine.encode_raw(PROMPT)  # within MERGE_MAX: merged
+    rounds = [e for e in fresh.generate(short, config) if isinstance(e, Round)]
     assert not rounds[0].timed and all(r.timed for r in rounds[1:] if r.drafted)
 
 
