@@ -52,8 +52,8 @@ class Strategy:
 
     def prefill(self, prompt: list[int]) -> int:
         """Bring the caches up to the prompt (reusing their common prefix); prompt tokens run.
-        Without a feature draft, the prompt's last chunk is left to the target's first forward
-        (the first round's verify, or plain step), which gives the first token."""
+        Without a feature draft, a short uncached tail (cache.MERGE_MAX) is left to the target's
+        first forward (the first round's verify, or plain step), which gives the first token."""
         if self.feature_prefill and isinstance(self.draft, EagleState):
             return feature_prefill(self.target, self.draft, prompt, PREFILL_CHUNK)
         prefilled = self.target.prefill(prompt, merge=True)
