@@ -124,9 +124,9 @@ def speculate(
     plans each round (K, or a tree shape): a rounds.Policy, or a callable `policy(last) -> plan`.
     The target may lag behind by a short prompt tail (Strategy.prefill, cache.MERGE_MAX): the
     first round's forward feeds it and gives the first token. In a packed batch (the target has
-    a packer, edgespec/server/packing.py) a first round that drafts nothing reads its token back before
-    queueing another forward: a queued forward waits for the others' turn, and the first token
-    would wait with it. `prepare(context)`, if given, brings the drafter's state up to the
+    a packer, edgespec/server/packing.py) a first round that drafts nothing reads its token back
+    before queueing another forward: a queued forward waits for the others' turn, and the first
+    token would wait with it. `prepare(context)`, if given, brings the drafter's state up to the
     context before the first round that drafts (a token draft's prefill, left until then in a
     packed batch, which may decode plainly for a while).
 
