@@ -236,9 +236,8 @@ class KVState:
         their restore point at prompt[:-1]). Returns the number of prompt tokens that will be
         run (the fed tail plus what is left to the first forward).
         """
-        keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
-        self.rewind(self.tokens, keep)
-        first = self.offset  # keep, or an earlier restore point
+        self.keep_common(prompt)
+        first = self.offset  # the common prefix, or an earlier restore point
         end = len(prompt) - 1
         if merge and self.trims and len(prompt) - first <= MERGE_MAX:
             end = first

@@ -36,6 +36,7 @@ from edgespec.rounds import (
     Progress,
     Step,
     cancelled,
+    fed_one,
     is_set,
     plain_run,
     run_round,
@@ -95,7 +96,7 @@ class Chains:
 
     def finish(self, run: Progress, plan: int, prop: Proposal, t0: float, key: mx.array) -> Step:
         features = self.caps.features is not None
-        timed = len(run.context) - self.target.offset == 1  # not a verify that fed the prompt
+        timed = fed_one(self.target, run.context)
         out, feats, t_draft, t_verify = run_round(
             self.target, run.context, prop, t0, self.cfg, key, features
         )

@@ -235,6 +235,12 @@ def verify_round(
 Verify = Callable[..., tuple[mx.array, mx.array | None]]
 
 
+def fed_one(target: KVState, context: list[int]) -> bool:
+    """Whether a round's verify feeds only the newest committed token besides its drafts (not a
+    prompt tail as well, Strategy.prefill): only then is its time a verify's cost (Round.timed)."""
+    return len(context) - target.offset == 1
+
+
 def run_round(
     target: KVState,
     context: list[int],

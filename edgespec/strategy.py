@@ -57,12 +57,19 @@ class Strategy:
         if self.feature_prefill and isinstance(self.draft, EagleState):
             return feature_prefill(self.target, self.draft, prompt, PREFILL_CHUNK)
         prefilled = self.target.prefill(prompt, merge=True)
-        if self.draft_prefill and isinstance(self.draft, KVState):
-            if self.target.packer is None:
-                self.draft.prefill(prompt)
-            else:  # in a packed batch the draft reads the prompt when it first drafts (steps)
-                self.draft.keep_common(prompt)
+        if (later := self._draft_later()) is not None:
+            later.keep_common(prompt)  # it reads the prompt when it first drafts (`steps`)
+        elif self.draft_prefill and isinstance(self.draft, KVState):
+            self.draft.prefill(prompt)
         return prefilled
+
+    def _draft_later(self) -> KVState | None:
+        """The token draft whose prompt reading waits for its first drafting round: in a packed
+        batch (the target has a packer), which may decode plainly for a while; else None."""
+        draft = self.draft
+        if self.draft_prefill and isinstance(draft, KVState) and self.target.packer is not None:
+            return draft
+        return None
 
     def steps(
         self,
@@ -74,8 +81,8 @@ class Strategy:
         """The generation's Steps (after `prefill`)."""
         if self.rounds is None or self.drafter is None:
             return decode_plain(self.target, prompt, sampling, limits, cancel)
-        draft = self.draft if self.draft_prefill and isinstance(self.draft, KVState) else None
-        prepare = draft.prefill if draft is not None and self.target.packer is not None else None
+        later = self._draft_later()
+        prepare = later.prefill if later is not None else None
         return speculate(
             self.target,
             self.rounds,

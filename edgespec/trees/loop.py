@@ -24,7 +24,7 @@ from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Proposal
 from edgespec.events import Round
-from edgespec.rounds import Progress, Step, run_round
+from edgespec.rounds import Progress, Step, fed_one, run_round
 from edgespec.sampling import uniforms, warp
 from edgespec.trees.acceptance import verify_tree, verify_tree_greedy
 from edgespec.trees.forward import (
@@ -181,7 +181,7 @@ class Trees:
         """Verify, keep the accepted path, commit one tree round."""
         target, drafter = self.target, self.drafter
         prop, features = cast(TreeProposal, prop), self.caps.features is not None
-        timed = len(run.context) - target.offset == 1  # not a verify that fed the prompt
+        timed = fed_one(target, run.context)
         host, feats, t_draft, t_verify = run_round(
             target, run.context, prop, t0, self.cfg, key, features, self.verify
         )
