@@ -6,6 +6,7 @@ with `to_json` without special cases.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -101,3 +102,13 @@ def to_json(event: Event) -> dict:
         stats["accepted_hist"] = list(stats["accepted_hist"])
         d.update(stats)
     return d
+
+
+# Characters JSON leaves raw but `str.splitlines` and other Unicode-aware readers break lines at.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def json_line(event: Event) -> str:
+    """One JSON-lines record for `event`: UTF-8 text kept readable, but no character in it that
+    any line reader takes for a line break (a token's text may hold U+0085, U+2028 or U+2029)."""
+    return json.dumps(to_json(event), ensure_ascii=False).translate(_LINE_BREAKS)

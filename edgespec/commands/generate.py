@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -16,7 +15,7 @@ from edgespec.commands.common import (
     fixed_k_for_group,
     generation_from_args,
 )
-from edgespec.events import Finished, Stats, Token, to_json
+from edgespec.events import Finished, Stats, Token, json_line
 
 HELP = (
     "Answer PROMPT with speculative decoding (the draft proposes, the target verifies; the output "
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         for event in engine.generate(ids, config):
-            print(json.dumps(to_json(event), ensure_ascii=False), flush=True)
+            print(json_line(event), flush=True)
         return 0
     shown = 0
     for event in engine.generate(ids, config):
