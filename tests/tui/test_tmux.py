@@ -114,6 +114,20 @@ def _wait(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def _steady(capture, needle: str):  # noqa: ANN001, ANN202
+    """A `_wait` predicate: the capture once it holds `needle` and two captures 0.25 s apart agree
+    (a capture taken mid-repaint shows a half-drawn pane)."""
+    last = [None]
+
+    def check() -> str | None:
+        now = capture()
+        steady = needle in now and now == last[0]
+        last[0] = now
+        return now if steady else None
+
+    return check
+
+
 def test_chat_in_a_real_terminal(tmp_path: Path, tmux: Tmux) -> None:
     from tests.helpers.tiny import make_tiny_pair
 
@@ -200,17 +214,25 @@ def test_markdown_answer_shows_no_fences_in_a_real_terminal(tmp_path: Path, tmux
         screen = lambda: tmux("capture-pane", "-t", "md", "-p")  # noqa: E731
         _wait(lambda: "Ask something" in screen(), 60, "the app to start")
         tmux("send-keys", "-t", "md", "Fibonacci?", "Enter")
-        _wait(lambda: "• see the docs" in screen(), 60, "the answer to finish")
-        rows = [line[:CONVERSATION_COLS] for line in screen().splitlines()]
+        done = "• see the docs"
+        shown_screen = _wait(_steady(screen, done), 60, "the answer to finish drawing")
+        rows = [line[:CONVERSATION_COLS] for line in shown_screen.splitlines()]
         shown = "\n".join(rows)
         print(f"\nconversation on screen:\n{shown}")
         for raw in ("```", "**", "<think>", "</think>", "## ", "](https"):
             assert raw not in shown, raw
         assert "▶ Thought" in shown and "python" in shown
         assert "def fib(n: int) -> int:" in shown and "1. each value is computed once" in shown
-        escaped = tmux("capture-pane", "-t", "md", "-e", "-p").splitlines()
-        fgs = {style.get("fg") for line in escaped for _, style in _styles(line)}
-        for kind, rgb in provenance_colours().items():
-            assert rgb in fgs, f"no {kind} token ({rgb}) on screen"
+        colours = provenance_colours()
+
+        def missing() -> list[str]:
+            escaped = tmux("capture-pane", "-t", "md", "-e", "-p").splitlines()
+            fgs = {style.get("fg") for line in escaped for _, style in _styles(line)}
+            return [f"{kind} {rgb}" for kind, rgb in colours.items() if rgb not in fgs]
+
+        try:  # a capture taken mid-repaint may miss a colour; a steady screen has all three
+            _wait(lambda: not missing(), 10, "the three provenance colours")
+        except AssertionError:
+            raise AssertionError(f"no token on screen coloured {missing()}") from None
     finally:
         tmux.kill()
