@@ -48,7 +48,7 @@ def load_prompts(
     if not path.is_file():
         raise PromptError(f"prompt file not found: {path}")
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

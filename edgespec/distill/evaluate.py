@@ -95,7 +95,7 @@ def load_prompts(path: Path, n: int, per_category: int | None = None) -> list[Qu
     """First turns of the first n questions; with `per_category`, of the first that many
     questions of each category instead (file order)."""
     questions = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -53,6 +53,15 @@ def test_bad_prompt_files(tmp_path: Path) -> None:
         load_prompts(bad)
 
 
+def test_a_prompt_may_hold_raw_unicode_line_separators(tmp_path: Path) -> None:
+    """JSON lines end at "\n" only: U+2028 and U+0085 are valid raw inside a JSON string."""
+    path = tmp_path / "raw.jsonl"
+    turn = "one\u2028two\x85three"
+    rows = [{"question_id": i, "category": "qa", "turns": [turn]} for i in (1, 2)]
+    path.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows), "utf-8")
+    assert [p.text for p in load_prompts(path)] == [turn, turn]
+
+
 def test_first_difference() -> None:
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1

@@ -38,7 +38,7 @@ def prompt_set(variable: str) -> Path:
 
 def first_turns(path: Path, category: str | None = None) -> list[str]:
     """The first turn of every question in an MT-bench / Spec-Bench style file, in file order."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
     return [r["turns"][0] for r in rows if category is None or r.get("category") == category]
 
 
@@ -57,6 +57,6 @@ def given_turns() -> list[str]:
     """Every turn of every public set given (both variables), [] when none is."""
     turns = []
     for path in filter(None, (given(MT_BENCH), given(SPEC_BENCH))):
-        rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+        rows = (json.loads(line) for line in path.read_text().split("\n") if line.strip())
         turns += [str(t) for r in rows for t in r.get("turns", [])]
     return turns
