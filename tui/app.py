@@ -98,6 +98,7 @@ class ChatApp(SettingActions):
         self._meter: TurnMeter | None = None
         self._dirty = False  # the streaming answer changed since the last save
         self._panel_stale = False  # the live panel lags the streamed batches
+        self._panel_at = 0.0  # time.monotonic() of its last redraw
         self.plain_tps: float | None = None
         self.spec_tps: float | None = None
         self._last_view: StatsView | None = None
@@ -204,7 +205,11 @@ class ChatApp(SettingActions):
             self._meter.add(message.tokens, message.rounds, time.monotonic())
         if follow:
             view.scroll_end(animate=False)
-        self._dirty = self._panel_stale = True  # the panel follows at the next PANEL_EVERY tick
+        self._dirty = True
+        if time.monotonic() - self._panel_at >= PANEL_EVERY:
+            self._show_stats()  # in the answer's frame: one paint for both
+        else:
+            self._panel_stale = True  # a later batch or the timer redraws it
         self.engine_thread.drawn(time.thread_time())
 
     def on_turn_finished(self, message: TurnFinished) -> None:
@@ -253,8 +258,9 @@ class ChatApp(SettingActions):
         if self._dirty:
             self._save()
 
-    def _refresh_panel(self) -> None:  # timer: the live panel, if batches came since
-        if self._panel_stale and self._meter is not None:
+    def _refresh_panel(self) -> None:  # timer: the live panel, when no batch came to redraw it
+        stale = self._panel_stale and self._meter is not None
+        if stale and time.monotonic() - self._panel_at >= PANEL_EVERY:
             self._show_stats()
 
     def _show_stats(self, final: tuple | None = None) -> None:
@@ -278,7 +284,7 @@ class ChatApp(SettingActions):
             )
             view = dataclasses.replace(keep, spec_on=view.spec_on, plain_tps=view.plain_tps)
             view.spec_tps = self.spec_tps
-        self._last_view, self._panel_stale = view, False
+        self._last_view, self._panel_stale, self._panel_at = view, False, time.monotonic()
         self.query_one(StatsPanel).show(view)
 
     # ----------------------------------------------------------------- actions

@@ -18,6 +18,23 @@ class _Drawing(NamedTuple):
     strips: list[Strip]
 
 
+def shown(text: Text, lines: int) -> bool:
+    """Whether a part is on screen: while it has text, or holds lines for text to come."""
+    return bool(text) or lines > 1
+
+
+def held_height(height: int, lines: int) -> int:
+    """`height` lines rounded up to a multiple of `lines`; a part that holds lines (`lines` > 1)
+    keeps them before its first line comes.
+
+    >>> held_height(0, 1), held_height(0, 4), held_height(5, 4), held_height(8, 4)
+    (0, 4, 8, 8)
+    """
+    if lines > 1:
+        height = max(height, 1)
+    return height + -height % lines
+
+
 class AnswerPart(Widget):
     """One piece of an answer on screen (a finished Markdown unit, the open one, the reasoning):
     a `Text` drawn line by line. A new text repaints only the lines that differ from the ones
@@ -28,7 +45,7 @@ class AnswerPart(Widget):
     def __init__(self, text: Text | None = None) -> None:
         super().__init__()
         self.text = text or Text()  # the text shown (the lines held after it are not in it)
-        self.display = bool(self.text)
+        self.display = shown(self.text, 1)
         self._held = 1  # the height is held at a multiple of this many lines
         self._drawn: _Drawing | None = None  # the lines of `text`
         self._next: _Drawing | None = None  # the lines of the last text measured
@@ -55,23 +72,25 @@ class AnswerPart(Widget):
         width = self.content_size.width
         if not width:
             return None
-        height = len(self._strips(text, width)) if text else 0
-        return height + (-height % lines if text else 0)
+        return held_height(len(self._strips(text, width)) if text else 0, lines)
 
     def needs_layout(self, text: Text, lines: int = 1) -> bool:
         """Whether showing `text` (with `lines`) changes this part's height."""
         height = self._height(text, lines)
-        return height is None or bool(text) != self.display or height != self.content_size.height
+        if height is None or shown(text, lines) != self.display:
+            return True
+        return height != self.content_size.height
 
     def show(self, text: Text, lines: int = 1) -> None:
-        """Draw `text` (hidden while empty); nothing happens when it is the text shown, and
-        only the lines that changed repaint while the height stays (no layout of the screen).
-        With `lines` > 1 the height is rounded up to a multiple of `lines` with blank lines at
-        the end, so that a growing text needs a layout only every `lines` lines."""
+        """Draw `text`; nothing happens when it is the text shown, and only the lines that
+        changed repaint while the height stays (no layout of the screen). With `lines` > 1 the
+        height is rounded up to a multiple of `lines` with blank lines at the end, so that a
+        growing text needs a layout only every `lines` lines; an empty text then holds `lines`
+        blank lines, so its first line repaints too. Empty, with `lines` 1, the part is hidden."""
         if lines == self._held and text == self.text:
             return
         if self.needs_layout(text, lines):
-            self.text, self._held, self.display = text, lines, bool(text)
+            self.text, self._held, self.display = text, lines, shown(text, lines)
             self.refresh(layout=True)
             return
         width = self.content_size.width
@@ -86,8 +105,7 @@ class AnswerPart(Widget):
         return self.text
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        height = len(self._strips(self.text, width)) if self.text else 0
-        return height + -height % self._held
+        return held_height(len(self._strips(self.text, width)) if self.text else 0, self._held)
 
     def render_line(self, y: int) -> Strip:
         lines = self._lines()

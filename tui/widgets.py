@@ -293,15 +293,29 @@ class StatsPanel(Vertical):
         yield Static("Legend", classes="panel-title")
         yield Legend()
 
+    _rows: tuple[tuple[int, bool], int] | None = None  # ((K, speculation on), histogram lines)
+
     def show(self, view: StatsView) -> None:
         """Redraw all numbers from `view` (a repaint only, where the lines stay as many)."""
         self.query_one("#sparkline", Sparkline).data = [float(n) for n in view.per_round[-64:]]
         hist = histogram(view.hist)
         if not any(view.hist) and not view.spec_on:
             hist = Text("speculation off: plain decoding", "dim")
+        hist = self._held(hist, (view.k, view.spec_on))
         for name, text in (("#table", stats_table(view)), ("#histogram", hist)):
             static = self.query_one(name, Static)
             static.update(text, layout=not same_height(static, text))
+
+    def _held(self, hist: Text, settings: tuple[int, bool]) -> Text:
+        """`hist` padded with blank lines to the most lines it took under these settings (K + 1
+        at first, with speculation on): a new turn's empty histogram and the first rounds'
+        repaint it instead of laying out the screen twice a turn."""
+        lines = hist.plain.count("\n") + 1
+        if self._rows is None or self._rows[0] != settings:
+            self._rows = (settings, settings[0] + 1 if settings[1] else 1)
+        most = max(self._rows[1], lines)
+        self._rows = (settings, most)
+        return Text.assemble(hist, "\n" * (most - lines))
 
 
 class SteadyFooter(Footer):

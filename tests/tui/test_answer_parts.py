@@ -128,15 +128,43 @@ def test_the_stats_panel_repaints_without_a_layout_while_its_lines_stay(
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.ready)
             panel = app.query_one(StatsPanel)
-            view = StatsView(k=4, temperature=0.0, spec_on=True, hist=[1, 2])
+            view = StatsView(k=1, temperature=0.0, spec_on=True, hist=[1, 2])
             panel.show(view)
             await pilot.pause()
             calls = spy_refresh(monkeypatch, Static)
-            panel.show(StatsView(k=4, temperature=0.0, spec_on=True, hist=[1, 3], rounds=9))
+            panel.show(StatsView(k=1, temperature=0.0, spec_on=True, hist=[1, 3], rounds=9))
             assert calls and not any(layout for _, layout in calls)
             calls.clear()
-            panel.show(StatsView(k=4, temperature=0.0, spec_on=True, hist=[1, 3, 1]))
+            panel.show(StatsView(k=1, temperature=0.0, spec_on=True, hist=[1, 3, 1]))
             assert [s.id for s, layout in calls if layout] == ["histogram"]  # one more line
+
+    run(scenario)
+
+
+def test_the_histogram_keeps_its_rows_from_turn_to_turn_until_the_settings_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K + 1 rows from the start; a new turn's empty histogram keeps the rows the last one took
+    (no layout at its start, none at its first rounds); new settings start again from K + 1."""
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            panel, hist = app.query_one(StatsPanel), app.query_one("#histogram", Static)
+            panel.show(StatsView(k=2, temperature=0.0, spec_on=True))
+            await pilot.pause()
+            assert hist.size.height == 3  # "no drafted rounds yet" and two held lines
+            panel.show(StatsView(k=2, temperature=0.0, spec_on=True, hist=[1, 0, 2, 4]))
+            await pilot.pause()
+            assert hist.size.height == 4  # a round took a long n-gram match: one line more
+            calls = spy_refresh(monkeypatch, Static)
+            for turn in ([], [2], [2, 1, 0, 1]):  # the next turn: its start and first rounds
+                panel.show(StatsView(k=2, temperature=0.0, spec_on=True, hist=turn))
+            assert not any(s.id == "histogram" and layout for s, layout in calls)
+            panel.show(StatsView(k=1, temperature=0.0, spec_on=True))  # K changed
+            await pilot.pause()
+            assert hist.size.height == 2
 
     run(scenario)
 
@@ -172,17 +200,54 @@ def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
     run(scenario)
 
 
-def test_the_live_panel_is_redrawn_on_a_timer_not_per_batch(
+def test_a_streaming_answer_holds_its_lines_from_the_start_so_its_first_tokens_repaint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The mount lays the held lines out with the question: the first batch needs no layout."""
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            view = await streaming_view(app, pilot)
+            await pilot.pause()
+            tail = list(view.query(AnswerPart))[-1]
+            assert tail.display and tail.size.height == view.hold() and not view.text().plain
+            calls = spy_refresh(monkeypatch, AnswerPart)
+            view.append(tokens("First", " words"))
+            assert calls and not any(layout for _, layout in calls)
+            await pilot.pause()
+            assert tail.size.height == view.hold() and view.text().plain == "First words"
+            finished = AnswerView()  # an answer that does not stream takes no room while empty
+            await app.query_one("#conversation").mount(finished)
+            await pilot.pause()
+            assert not any(part.display for part in finished.query(AnswerPart))
+
+    run(scenario)
+
+
+def test_the_live_panel_is_redrawn_in_a_batch_at_most_every_panel_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While batches come, the panel is redrawn in the frame of a batch (one paint for both), at
+    most every PANEL_EVERY; the timer only catches up when the batches stop."""
     app, _ = make_app(tmp_path, FakeScript(answer_tokens=200, round_delay=0.02, hold_after=40))
     batches: list[int] = []
-    shows: list[bool] = []
+    shows: list[tuple[bool, bool]] = []  # (live, in a batch)
+    in_batch = [False]
     real_batch, real_show = ChatApp.on_stream_batch, StatsPanel.show
+
+    def on_batch(self, message):  # noqa: ANN001, ANN202
+        batches.append(1)
+        in_batch[0] = True
+        try:
+            real_batch(self, message)
+        finally:
+            in_batch[0] = False
+
+    monkeypatch.setattr(ChatApp, "on_stream_batch", on_batch)
     monkeypatch.setattr(
-        ChatApp, "on_stream_batch", lambda s, m: [batches.append(1), real_batch(s, m)]
+        StatsPanel, "show", lambda s, v: [shows.append((v.live, in_batch[0])), real_show(s, v)]
     )
-    monkeypatch.setattr(StatsPanel, "show", lambda s, v: [shows.append(v.live), real_show(s, v)])
 
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -191,14 +256,16 @@ def test_the_live_panel_is_redrawn_on_a_timer_not_per_batch(
             await wait_for(
                 pilot, lambda: app._meter is not None and len(app._meter.per_round) == 40
             )
-            assert 0 < shows.count(True) < len(batches)  # fewer live redraws than batches
+            live = [batch for is_live, batch in shows if is_live]
+            assert 0 < len(live) < len(batches)  # fewer live redraws than batches
+            assert any(live)  # drawn in a batch's frame
             shows.clear(), batches.clear()
             await pilot.pause(2 * PANEL_EVERY)  # held mid-answer: the panel catches up
             assert "Rounds       40" in str(app.query_one("#table", Static).render())
-            assert batches == [] and shows.count(True) <= 1  # drawn once after the last batch
+            assert batches == [] and len(shows) <= 1  # by the timer, at most once
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.waiting is None)
-            assert shows[-1] is False  # the final stats, drawn at once
+            assert shows[-1][0] is False  # the final stats, drawn at once
 
     run(scenario)
 
