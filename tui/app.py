@@ -269,6 +269,7 @@ class ChatApp(SettingActions):
             temperature=self.config.sampling.temperature,
             spec_on=self.config.spec.enabled,
             adaptive=self.config.spec.adaptive,
+            k_max=self.config.spec.k_max,
             plain_tps=self.plain_tps,
             spec_tps=self.spec_tps,
         )

@@ -98,8 +98,8 @@ class TurnMeter:
             self.branches = (self.branches[0] + (r.nodes > 0), self.branches[1] + (r.branch > 0))
             self.drafted += r.drafted
             self.accepted += r.accepted
-            if len(self.hist) <= r.accepted:
-                self.hist.extend([0] * (r.accepted + 1 - len(self.hist)))
+            rows = max(r.k, r.accepted) + 1  # a row per length the round's K allows, as at the end
+            self.hist.extend([0] * (rows - len(self.hist)))
             self.hist[r.accepted] += 1
 
     @property
@@ -125,6 +125,7 @@ class StatsView:
     temperature: float
     spec_on: bool
     adaptive: bool = False
+    k_max: int = 8  # adaptive K's largest K
     k_now: int | None = None  # adaptive K: the latest round's choice
     acceptance: float | None = None
     tau: float | None = None
@@ -293,7 +294,7 @@ class StatsPanel(Vertical):
         yield Static("Legend", classes="panel-title")
         yield Legend()
 
-    _rows: tuple[tuple[int, bool], int] | None = None  # ((K, speculation on), histogram lines)
+    _rows: tuple[tuple[int, bool], int] | None = None  # ((K's rows, spec on), histogram lines)
 
     def show(self, view: StatsView) -> None:
         """Redraw all numbers from `view` (a repaint only, where the lines stay as many)."""
@@ -301,18 +302,18 @@ class StatsPanel(Vertical):
         hist = histogram(view.hist)
         if not any(view.hist) and not view.spec_on:
             hist = Text("speculation off: plain decoding", "dim")
-        hist = self._held(hist, (view.k, view.spec_on))
+        hist = self._held(hist, ((view.k_max if view.adaptive else view.k) + 1, view.spec_on))
         for name, text in (("#table", stats_table(view)), ("#histogram", hist)):
             static = self.query_one(name, Static)
             static.update(text, layout=not same_height(static, text))
 
     def _held(self, hist: Text, settings: tuple[int, bool]) -> Text:
-        """`hist` padded with blank lines to the most lines it took under these settings (K + 1
-        at first, with speculation on): a new turn's empty histogram and the first rounds'
-        repaint it instead of laying out the screen twice a turn."""
+        """`hist` padded with blank lines to the most lines it took under these settings (the
+        rows K allows at first, with speculation on): a new turn's empty histogram and its first
+        rounds repaint it instead of laying out the screen twice a turn."""
         lines = hist.plain.count("\n") + 1
         if self._rows is None or self._rows[0] != settings:
-            self._rows = (settings, settings[0] + 1 if settings[1] else 1)
+            self._rows = (settings, settings[0] if settings[1] else 1)
         most = max(self._rows[1], lines)
         self._rows = (settings, most)
         return Text.assemble(hist, "\n" * (most - lines))

@@ -144,8 +144,9 @@ def test_the_stats_panel_repaints_without_a_layout_while_its_lines_stay(
 def test_the_histogram_keeps_its_rows_from_turn_to_turn_until_the_settings_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """K + 1 rows from the start; a new turn's empty histogram keeps the rows the last one took
-    (no layout at its start, none at its first rounds); new settings start again from K + 1."""
+    """K + 1 rows from the start (adaptive K: its largest K + 1); a new turn's empty histogram
+    keeps the rows the last one took (no layout at its start, none at its first rounds); new
+    settings start again from there."""
     app, _ = make_app(tmp_path)
 
     async def scenario() -> None:
@@ -165,6 +166,9 @@ def test_the_histogram_keeps_its_rows_from_turn_to_turn_until_the_settings_chang
             panel.show(StatsView(k=1, temperature=0.0, spec_on=True))  # K changed
             await pilot.pause()
             assert hist.size.height == 2
+            panel.show(StatsView(k=1, temperature=0.0, spec_on=True, adaptive=True, k_max=5))
+            await pilot.pause()
+            assert hist.size.height == 6  # adaptive K: a row per length up to its largest K
 
     run(scenario)
 
