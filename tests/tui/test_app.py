@@ -195,10 +195,10 @@ def test_the_meter_keeps_the_latest_rounds_k_plain_steps_included() -> None:
 def test_the_live_histogram_has_the_rows_of_the_final_one() -> None:
     """A row per length each round's K allows, as `accepted_histogram` gives at the end: the
     panel's histogram does not change shape when the final stats come."""
-    from edgespec.metrics import accepted_histogram
     from edgespec.tui.widgets import TurnMeter
 
     from edgespec.events import Round
+    from edgespec.metrics import accepted_histogram
 
     rounds = [Round(0, 3, 1, 3, 0.01, 0.02, "draft"), Round(1, 5, 2, 5, 0.01, 0.02, "draft")]
     meter = TurnMeter(started=0.0)
