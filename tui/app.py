@@ -258,9 +258,11 @@ class ChatApp(SettingActions):
         if self._dirty:
             self._save()
 
-    def _refresh_panel(self) -> None:  # timer: the live panel, when no batch came to redraw it
+    def _refresh_panel(self) -> None:
+        """Timer: the live panel, when batches stopped before they redrew it. While they come,
+        one comes within PANEL_EVERY + a frame of the last redraw and redraws it in its frame."""
         stale = self._panel_stale and self._meter is not None
-        if stale and time.monotonic() - self._panel_at >= PANEL_EVERY:
+        if stale and time.monotonic() - self._panel_at >= 2 * PANEL_EVERY:
             self._show_stats()
 
     def _show_stats(self, final: tuple | None = None) -> None:
