@@ -93,7 +93,7 @@ class TurnMeter:
         for r in rounds:
             if r.method != "none":
                 self.k_now = r.k
-            if r.method == "none" or r.drafted == 0:
+            if r.method == "none":
                 continue
             self.branches = (self.branches[0] + (r.nodes > 0), self.branches[1] + (r.branch > 0))
             self.drafted += r.drafted

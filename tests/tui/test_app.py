@@ -193,19 +193,22 @@ def test_the_meter_keeps_the_latest_rounds_k_plain_steps_included() -> None:
 
 
 def test_the_live_histogram_has_the_rows_of_the_final_one() -> None:
-    """A row per length each round's K allows, as `accepted_histogram` gives at the end: the
-    panel's histogram does not change shape when the final stats come."""
+    """A row per length each round's K allows, and a plain step (K = 0) counted as a round that
+    accepted none, as `accepted_histogram` gives at the end: the panel's histogram does not
+    change when the final stats come."""
     from edgespec.tui.widgets import TurnMeter
 
     from edgespec.events import Round
     from edgespec.metrics import accepted_histogram
 
     rounds = [Round(0, 3, 1, 3, 0.01, 0.02, "draft"), Round(1, 5, 2, 5, 0.01, 0.02, "draft")]
+    rounds.append(Round(2, 0, 0, 0, 0.0, 0.02, "draft"))  # adaptive K chose a plain step
     meter = TurnMeter(started=0.0)
     meter.add([], rounds[:1], 1.0)
     assert meter.hist == [0, 1, 0, 0]
     meter.add([], rounds[1:], 1.1)
-    assert meter.hist == list(accepted_histogram(rounds)) == [0, 1, 1, 0, 0, 0]
+    assert meter.hist == list(accepted_histogram(rounds)) == [1, 1, 1, 0, 0, 0]
+    assert (meter.drafted, meter.accepted) == (8, 3)
 
 
 def test_adaptive_k_shows_the_latest_choice_and_the_keys_fix_or_free_k(tmp_path: Path) -> None:
