@@ -173,26 +173,28 @@ def test_the_histogram_keeps_its_rows_from_turn_to_turn_until_the_settings_chang
     run(scenario)
 
 
-def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
+def test_a_streaming_answer_holds_lines_from_the_start_and_lays_out_once_per_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The mount lays the held lines out with the question, so the first tokens repaint; then a
+    layout comes once per hold, and none is held once the answer ends."""
     app, _ = make_app(tmp_path)
 
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             view = await streaming_view(app, pilot)
-            view.append(tokens("```", "\n", "line"))
-            await pilot.pause()  # laid out: the part knows its width from now on
-            view.append(tokens(" 0"))
             await pilot.pause()
             tail, hold = list(view.query(AnswerPart))[-1], view.hold()
             conversation = app.query_one("#conversation").scrollable_content_region.height
             assert hold == max(HOLD, conversation // 2) > HOLD  # half the view at 120x40
-            assert tail.size.height == hold  # one code line, the rest held blank
+            assert tail.display and tail.size.height == hold and not view.text().plain
             calls = spy_refresh(monkeypatch, AnswerPart)
+            view.append(tokens("```", "\n", "line", " 0"))  # the first tokens
+            await pilot.pause()
+            assert tail.size.height == hold  # one code line, the rest held blank
             for i in range(1, hold):  # each token starts a code line: all within the hold
                 view.append(tokens("\n", f"line {i}"))
-            assert [layout for _, layout in calls] == [False] * (hold - 1)
+            assert [layout for _, layout in calls] == [False] * hold
             view.append(tokens("\n", f"line {hold}"))  # one more line than held
             assert calls[-1][1]
             await pilot.pause()
@@ -200,27 +202,6 @@ def test_a_streaming_answer_holds_lines_and_lays_out_once_per_hold(
             view.set_note("")  # the answer ends: no line held
             await pilot.pause()
             assert tail.size.height == hold + 1 and not view.text().plain.endswith("\n")
-
-    run(scenario)
-
-
-def test_a_streaming_answer_holds_its_lines_from_the_start_so_its_first_tokens_repaint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The mount lays the held lines out with the question: the first batch needs no layout."""
-    app, _ = make_app(tmp_path)
-
-    async def scenario() -> None:
-        async with app.run_test(size=(120, 40)) as pilot:
-            view = await streaming_view(app, pilot)
-            await pilot.pause()
-            tail = list(view.query(AnswerPart))[-1]
-            assert tail.display and tail.size.height == view.hold() and not view.text().plain
-            calls = spy_refresh(monkeypatch, AnswerPart)
-            view.append(tokens("First", " words"))
-            assert calls and not any(layout for _, layout in calls)
-            await pilot.pause()
-            assert tail.size.height == view.hold() and view.text().plain == "First words"
             finished = AnswerView()  # an answer that does not stream takes no room while empty
             await app.query_one("#conversation").mount(finished)
             await pilot.pause()
