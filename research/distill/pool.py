@@ -87,7 +87,7 @@ def benchmark_turns(prompts_dir: Path | None) -> list[str]:
         return []
     turns = []
     for f in sorted(Path(prompts_dir).glob("*.jsonl")):
-        for line in f.read_text().splitlines():
+        for line in f.read_text(encoding="utf-8").split("\n"):  # a turn may hold a raw U+2028
             if line.strip():
                 turns += [str(t) for t in json.loads(line).get("turns", [])]
     return turns
@@ -218,7 +218,8 @@ def write_pool(pool: Pool, path: Path) -> str:
 def read_pool(path: Path) -> tuple[Pool, str]:
     """(pool, sha256 of the file)."""
     data = Path(path).read_bytes()
-    lines = gzip.decompress(data).decode().splitlines()
+    # JSON lines end at "\n" only: a prompt's text may hold a raw U+2028 or U+0085.
+    lines = [line for line in gzip.decompress(data).decode().split("\n") if line]
     head = json.loads(lines[0])
     prompts = []
     for line in lines[1:]:

@@ -25,6 +25,9 @@ from research.distill.passages import (
 )
 from research.distill.pool import (
     SLOTS,
+    Pool,
+    PoolPrompt,
+    benchmark_turns,
     build_pool,
     decontaminate,
     read_pool,
@@ -148,6 +151,19 @@ def test_pool_is_deterministic_and_its_file_round_trips(passages, pool, tmp_path
     assert write_pool(again, tmp_path / "b.jsonl.gz") == sha
     back, sha_back = read_pool(tmp_path / "a.jsonl.gz")
     assert sha_back == sha and back.prompts == pool.prompts and back.seed == 0
+
+
+def test_a_pool_and_a_question_file_may_hold_raw_unicode_line_separators(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """JSON lines end at "\n" only: U+2028 and U+0085 are valid raw inside a JSON string."""
+    text = "one\u2028two\x85three"
+    pool = Pool(
+        seed=1, eval_fraction=0.5, prompts=[PoolPrompt(0, "qa", text), PoolPrompt(1, "qa", "x")]
+    )
+    write_pool(pool, tmp_path / "pool.jsonl.gz")
+    assert [p.user for p in read_pool(tmp_path / "pool.jsonl.gz")[0].prompts] == [text, "x"]
+    row = {"question_id": 1, "turns": [text]}
+    (tmp_path / "q.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n", "utf-8")
+    assert benchmark_turns(tmp_path) == [text]
 
 
 def test_prompts_record_where_their_text_came_from(pool) -> None:  # type: ignore[no-untyped-def]
