@@ -1,13 +1,15 @@
 """One piece of an answer on screen, drawn line by line: a new text repaints only the lines that
-changed, and lays out the screen only when the piece's height changes."""
+changed, and lays out the screen only when the piece's height changes. Drawing keeps each line of
+the text (up to a newline) with its strips, so a new text draws only the lines it changed."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from rich.text import Text
+from rich.text import Span, Text
 from textual.geometry import Region, Size
 from textual.strip import Strip
+from textual.style import Style as VisualStyle
 from textual.visual import Visual, visualize
 from textual.widget import Widget
 
@@ -16,6 +18,40 @@ class _Drawing(NamedTuple):
     text: Text
     look: tuple[object, ...]  # (width, visual style, selection)
     strips: list[Strip]
+
+
+_LineKey = tuple[int, str, object, tuple[Span, ...]]  # (line number, text, style, spans)
+
+
+class LineStrips:
+    """A text's strips at one width and style, drawn line by line (a line ends at a newline):
+    a line already drawn at the same place is not drawn again. Textual wraps and styles each
+    line of a text on its own, knowing only its number (its strips' offsets, for selections),
+    so these are the strips Textual draws for the whole text. A streaming answer changes its
+    last line or two per batch; the lines before it keep their strips."""
+
+    def __init__(self) -> None:
+        self._look: tuple[int, VisualStyle] | None = None
+        self._lines: dict[_LineKey, list[Strip]] = {}
+
+    def draw(self, widget: Widget, text: Text, width: int, style: VisualStyle) -> list[Strip]:
+        """`text`'s strips for `widget`, as
+        `Visual.to_strips(widget, visualize(widget, text), width, None, style)` draws them."""
+        if (width, style) != self._look:
+            self._look, self._lines = (width, style), {}
+        kept: dict[_LineKey, list[Strip]] = {}
+        strips: list[Strip] = []
+        for y, line in enumerate(text.split("\n", allow_blank=True)):
+            key = (y, line.plain, line.style, tuple(line.spans))
+            drawn = self._lines.get(key)
+            if drawn is None:  # y blank lines before it: Textual's line number for offsets
+                placed = Text("\n" * y) + line if y else line
+                visual = visualize(widget, placed)  # type: ignore[arg-type]
+                drawn = Visual.to_strips(widget, visual, width, None, style)[y:]
+            kept[key] = drawn
+            strips += drawn
+        self._lines = kept
+        return strips
 
 
 def shown(text: Text, lines: int) -> bool:
@@ -35,20 +71,22 @@ def held_height(height: int, lines: int) -> int:
     return height + -height % lines
 
 
-class AnswerPart(Widget):
-    """One piece of an answer on screen (a finished Markdown unit, the open one, the reasoning):
-    a `Text` drawn line by line. A new text repaints only the lines that differ from the ones
-    shown, and lays out the screen only when its height changes."""
+class TextLines(Widget):
+    """A `Text` drawn line by line, for text that changes often (a streaming answer's parts, the
+    live stats): a new text repaints only the lines that differ from the ones shown, and lays
+    out the screen only when its height changes. Textual's `Static` draws its whole content
+    again and lays out the screen at every update."""
 
-    DEFAULT_CSS = "AnswerPart { height: auto; }"
+    DEFAULT_CSS = "TextLines { height: auto; }"
 
-    def __init__(self, text: Text | None = None) -> None:
-        super().__init__()
+    def __init__(self, text: Text | None = None, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.text = text or Text()  # the text shown (the lines held after it are not in it)
         self.display = shown(self.text, 1)
         self._held = 1  # the height is held at a multiple of this many lines
         self._drawn: _Drawing | None = None  # the lines of `text`
         self._next: _Drawing | None = None  # the lines of the last text measured
+        self._by_line = LineStrips()
 
     def _strips(self, text: Text, width: int) -> list[Strip]:
         """`text` drawn at `width` (as Textual draws a widget's content)."""
@@ -56,8 +94,11 @@ class AnswerPart(Widget):
         for known in (self._drawn, self._next):
             if known is not None and known.text is text and known.look == look:
                 return known.strips
-        visual = visualize(self, text)  # type: ignore[arg-type]
-        strips = Visual.to_strips(self, visual, width, None, self.visual_style)
+        if self.text_selection is None:  # (a selection restyles some lines in place)
+            strips = self._by_line.draw(self, text, width, self.visual_style)
+        else:
+            visual = visualize(self, text)  # type: ignore[arg-type]
+            strips = Visual.to_strips(self, visual, width, None, self.visual_style)
         self._next = _Drawing(text, look, strips)
         return strips
 
@@ -112,3 +153,7 @@ class AnswerPart(Widget):
         if y < len(lines):
             return lines[y]
         return Strip.blank(self.content_size.width, self.visual_style.rich_style)
+
+
+class AnswerPart(TextLines):
+    """One piece of an answer on screen: a finished Markdown unit, the open one, the reasoning."""
