@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs
+from edgespec.tui.part import TextLines
 from edgespec.tui.think import ThinkCounter
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.visual import visualize
-from textual.widget import Widget
 from textual.widgets import Footer, Sparkline, Static
 
 from edgespec.events import Round, Stats, Token
@@ -251,22 +250,6 @@ def histogram(hist: Sequence[int], width: int = 16) -> Text:
     return Text("\n".join(lines))
 
 
-def content_height(widget: Widget, text: Text) -> int | None:
-    """The lines `text` takes in `widget` at its present width (None before it was laid out)."""
-    width = widget.content_size.width
-    if not width:
-        return None
-    styles = widget.styles  # what Widget.get_content_height passes too
-    return visualize(widget, text).get_height(styles, width)  # type: ignore[arg-type]
-
-
-def same_height(widget: Widget, text: Text) -> bool:
-    """Whether `text` takes as many lines in `widget` as its content has now: then a repaint is
-    enough (a layout of the screen costs far more, and most tokens do not start a line)."""
-    height = content_height(widget, text)
-    return widget.display and height is not None and height == widget.content_size.height
-
-
 class StatsPanel(Vertical):
     """Live numbers, a sparkline of tokens per round and a histogram of accepted lengths."""
 
@@ -286,26 +269,26 @@ class StatsPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("Speculation stats", classes="panel-title")
-        yield Static(id="table")
+        yield TextLines(id="table")
         yield Static("Tokens per round", classes="panel-title")
         yield Sparkline([], id="sparkline")
         yield Static("Accepted drafts per round", classes="panel-title")
-        yield Static(id="histogram")
+        yield TextLines(id="histogram")
         yield Static("Legend", classes="panel-title")
         yield Legend()
 
     _rows: tuple[tuple[int, bool], int] | None = None  # ((K's rows, spec on), histogram lines)
 
     def show(self, view: StatsView) -> None:
-        """Redraw all numbers from `view` (a repaint only, where the lines stay as many)."""
+        """Redraw all numbers from `view`: only the lines that changed repaint, and the screen is
+        laid out only where the lines are not as many as before."""
         self.query_one("#sparkline", Sparkline).data = [float(n) for n in view.per_round[-64:]]
         hist = histogram(view.hist)
         if not any(view.hist) and not view.spec_on:
             hist = Text("speculation off: plain decoding", "dim")
         hist = self._held(hist, ((view.k_max if view.adaptive else view.k) + 1, view.spec_on))
-        for name, text in (("#table", stats_table(view)), ("#histogram", hist)):
-            static = self.query_one(name, Static)
-            static.update(text, layout=not same_height(static, text))
+        self.query_one("#table", TextLines).show(stats_table(view))
+        self.query_one("#histogram", TextLines).show(hist)
 
     def _held(self, hist: Text, settings: tuple[int, bool]) -> Text:
         """`hist` padded with blank lines to the most lines it took under these settings (the

@@ -11,14 +11,15 @@ import pytest
 from edgespec.tui.answer import GROUP, HOLD, AnswerView
 from edgespec.tui.app import PANEL_EVERY, ChatApp
 from edgespec.tui.fake import FakeScript
-from edgespec.tui.part import AnswerPart
+from edgespec.tui.part import AnswerPart, TextLines
 from edgespec.tui.widgets import StatsPanel, StatsView, SteadyFooter
+from rich.text import Text
 from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.selection import Selection
 from textual.visual import Visual, visualize
 from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Input
 from textual.widgets._footer import FooterKey
 
 from edgespec.events import Token
@@ -44,16 +45,16 @@ def spy_refresh(monkeypatch: pytest.MonkeyPatch, cls: type[Widget]) -> list[tupl
     return calls
 
 
-def spy_regions(monkeypatch: pytest.MonkeyPatch) -> list[Region]:
-    """Record the regions of every AnswerPart refresh that names some."""
+def spy_regions(monkeypatch: pytest.MonkeyPatch, cls: type[Widget] = AnswerPart) -> list[Region]:
+    """Record the regions of every `cls` refresh that names some."""
     regions: list[Region] = []
-    real = AnswerPart.refresh
+    real = cls.refresh
 
     def refresh(self, *given, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         regions.extend(given)
         return real(self, *given, **kwargs)
 
-    monkeypatch.setattr(AnswerPart, "refresh", refresh)
+    monkeypatch.setattr(cls, "refresh", refresh)
     return regions
 
 
@@ -97,6 +98,53 @@ def test_finished_units_are_drawn_once_and_only_the_open_part_redraws(
     run(scenario)
 
 
+def test_text_lines_draw_as_textual_does_and_only_the_lines_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TextLines draws a text line by line into exactly the strips Textual draws for the whole
+    text (wrapping, styles, blank lines, wide characters, the offsets selections use), and a new
+    text draws only its lines that differ at their place."""
+    app, _ = make_app(tmp_path)
+    texts = [
+        Text.assemble(
+            ("bold", "bold"), " plain ", ("x" * 150, "green"), "\n\n", ("中文字" * 40, "red")
+        ),
+        Text("one\ntwo\n\nfour\n", "italic"),  # the same lines, but italic: all drawn again
+        Text("one\ntwo\n\nfour\n"),
+        Text.assemble("one\n", ("two changed", "blue"), "\n\nfour\n"),
+        Text(""),
+    ]
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            part = TextLines(Text("shown"))
+            await app.query_one("#conversation").mount(part)
+            await pilot.pause()
+            look = (part.content_size.width, part.visual_style)
+            assert look[0] > 60
+            for text in texts:
+                whole = Visual.to_strips(part, visualize(part, text), look[0], None, look[1])
+                assert part._by_line.draw(part, text, *look) == whole
+                for mine, theirs in zip(part._by_line.draw(part, text, *look), whole, strict=True):
+                    assert list(mine) == list(theirs)  # styles and offsets too
+            drawn: list[str] = []
+            real = Visual.to_strips
+
+            def to_strips(widget, visual, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+                drawn.append(str(visual).strip("\n"))
+                return real(widget, visual, *args, **kwargs)
+
+            monkeypatch.setattr(Visual, "to_strips", to_strips)
+            part._by_line.draw(part, texts[2], *look)
+            assert drawn == ["one", "two", "", "four", ""]  # after the italic lines: all of them
+            drawn.clear()
+            part._by_line.draw(part, texts[3], *look)
+            assert drawn == ["two changed"]
+
+    run(scenario)
+
+
 def test_a_batch_that_adds_no_line_repaints_without_a_layout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -131,9 +179,14 @@ def test_the_stats_panel_repaints_without_a_layout_while_its_lines_stay(
             view = StatsView(k=1, temperature=0.0, spec_on=True, hist=[1, 2])
             panel.show(view)
             await pilot.pause()
-            calls = spy_refresh(monkeypatch, Static)
+            calls = spy_refresh(monkeypatch, TextLines)
+            regions = spy_regions(monkeypatch, TextLines)
             panel.show(StatsView(k=1, temperature=0.0, spec_on=True, hist=[1, 3], rounds=9))
             assert calls and not any(layout for _, layout in calls)
+            table = str(app.query_one("#table", TextLines).render()).splitlines()
+            rounds = next(y for y, line in enumerate(table) if line.startswith("Rounds"))
+            # the one table line that changed, then both bars (the longest sets the scale)
+            assert [(r.y, r.height) for r in regions] == [(rounds, 1), (0, 2)]
             calls.clear()
             panel.show(StatsView(k=1, temperature=0.0, spec_on=True, hist=[1, 3, 1]))
             assert [s.id for s, layout in calls if layout] == ["histogram"]  # one more line
@@ -152,14 +205,14 @@ def test_the_histogram_keeps_its_rows_from_turn_to_turn_until_the_settings_chang
     async def scenario() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.ready)
-            panel, hist = app.query_one(StatsPanel), app.query_one("#histogram", Static)
+            panel, hist = app.query_one(StatsPanel), app.query_one("#histogram", TextLines)
             panel.show(StatsView(k=2, temperature=0.0, spec_on=True))
             await pilot.pause()
             assert hist.size.height == 3  # "no drafted rounds yet" and two held lines
             panel.show(StatsView(k=2, temperature=0.0, spec_on=True, hist=[1, 0, 2, 4]))
             await pilot.pause()
             assert hist.size.height == 4  # a round took a long n-gram match: one line more
-            calls = spy_refresh(monkeypatch, Static)
+            calls = spy_refresh(monkeypatch, TextLines)
             for turn in ([], [2], [2, 1, 0, 1]):  # the next turn: its start and first rounds
                 panel.show(StatsView(k=2, temperature=0.0, spec_on=True, hist=turn))
             assert not any(s.id == "histogram" and layout for s, layout in calls)
@@ -216,7 +269,8 @@ def test_the_live_panel_is_redrawn_in_a_batch_at_most_every_panel_period(
     """While batches come, the panel is redrawn in the frame of a batch (one paint for both), at
     most every PANEL_EVERY; the timer only catches up when the batches stop (within 2 periods
     of the last redraw, and a tick)."""
-    app, _ = make_app(tmp_path, FakeScript(answer_tokens=200, round_delay=0.02, hold_after=40))
+    held = round(3 * PANEL_EVERY / 0.05)  # rounds streamed before the hold: 3 periods
+    app, _ = make_app(tmp_path, FakeScript(answer_tokens=200, round_delay=0.05, hold_after=held))
     batches: list[int] = []
     shows: list[tuple[bool, bool]] = []  # (live, in a batch)
     in_batch = [False]
@@ -240,14 +294,15 @@ def test_the_live_panel_is_redrawn_in_a_batch_at_most_every_panel_period(
             await wait_for(pilot, lambda: app.ready)
             await pilot.press(*"hi", "enter")
             await wait_for(
-                pilot, lambda: app._meter is not None and len(app._meter.per_round) == 40
+                pilot, lambda: app._meter is not None and len(app._meter.per_round) == held
             )
             live = [batch for is_live, batch in shows if is_live]
             assert 0 < len(live) < len(batches)  # fewer live redraws than batches
             assert any(live)  # drawn in a batch's frame
             shows.clear(), batches.clear()
-            table = app.query_one("#table", Static)
-            await wait_for(pilot, lambda: "Rounds       40" in str(table.render()), 4 * PANEL_EVERY)
+            table = app.query_one("#table", TextLines)
+            rounds = f"Rounds       {held}"
+            await wait_for(pilot, lambda: rounds in str(table.render()), 4 * PANEL_EVERY)
             await pilot.pause(2 * PANEL_EVERY)  # held mid-answer: the panel caught up, once
             assert batches == [] and len(shows) <= 1  # by the timer, at most once
             await pilot.press("escape")

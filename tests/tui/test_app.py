@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from edgespec.tui.fake import FakeEngine, FakeScript
+from edgespec.tui.part import TextLines
 from edgespec.tui.screens import LoadingScreen, PastChatsScreen
 from edgespec.tui.widgets import AnswerView, StatsPanel, UserMessage
 from textual.widgets import Input, OptionList, Static
@@ -26,7 +27,7 @@ def expected_answer(prompt: str, spec: bool = True, k: int = 4) -> tuple[str, li
 
 
 def table_text(app) -> str:
-    return str(app.query_one(StatsPanel).query_one("#table", Static).render())
+    return str(app.query_one(StatsPanel).query_one("#table", TextLines).render())
 
 
 def test_prompt_streams_a_coloured_answer_and_saves_it(tmp_path: Path) -> None:

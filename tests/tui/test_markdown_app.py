@@ -7,9 +7,9 @@ from pathlib import Path
 
 from edgespec.tui.answer import AnswerView
 from edgespec.tui.fake import MARKDOWN, FakeScript
+from edgespec.tui.part import TextLines
 from edgespec.tui.widgets import StatsPanel
 from rich.style import Style
-from textual.widgets import Static
 
 from tests.helpers.tui import ask, make_app, run, wait_for
 
@@ -37,7 +37,7 @@ def test_keys_fold_reasoning_switch_colours_and_copy_code(tmp_path: Path) -> Non
             text = shown(view)
             assert text.startswith("▶ Thought") and "small example" not in text  # folded
             assert "```" not in text and "def fib(n: int) -> int:" in text
-            table = str(app.query_one(StatsPanel).query_one("#table", Static).render())
+            table = str(app.query_one(StatsPanel).query_one("#table", TextLines).render())
             assert f"Reasoning    {think} tokens" in table
             assert f"Answer       {len(pieces) - think} tokens" in table
             await pilot.press("f9")
@@ -72,7 +72,7 @@ def test_reasoning_is_shown_while_it_streams(tmp_path: Path) -> None:
             assert app.waiting is not None and app._answer is not None
             text = shown(app._answer)
             assert text.startswith("▼ Thinking…") and "<think>" not in text
-            table = lambda: str(app.query_one(StatsPanel).query_one("#table", Static).render())  # noqa: E731
+            table = lambda: str(app.query_one(StatsPanel).query_one("#table", TextLines).render())  # noqa: E731
             await wait_for(pilot, lambda: "Reasoning" in table())  # the live panel's next tick
             assert "Answer       0 tokens" in table()
             await pilot.press("escape")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from edgespec.tui.app import ChatApp
 from edgespec.tui.fake import FakeScript
+from edgespec.tui.part import TextLines
 from edgespec.tui.store import ChatStore
 from edgespec.tui.widgets import StatsPanel, StatsView, TurnMeter, stats_table
-from textual.widgets import Static
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Round
@@ -39,7 +39,7 @@ def test_the_stats_panel_shows_branch_wins_after_a_tree_answer(tmp_path: Path):
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.ready)
             await ask(pilot, app, "hello")
-            table = str(app.query_one(StatsPanel).query_one("#table", Static).render())
+            table = str(app.query_one(StatsPanel).query_one("#table", TextLines).render())
             rounds = int(table.split("Rounds")[1].split()[0])
             assert f"Other branch {rounds // 3 + (rounds % 3 > 1)} of {rounds} rounds" in table
 
