@@ -31,6 +31,7 @@ _MD = MarkdownIt("commonmark", {"html": False}).enable("strikethrough")
 # Markdown element -> style key of `Look.marks`.
 _INLINE = {"strong_open": "strong", "em_open": "emphasis", "s_open": "strike", "link_open": "link"}
 _CLOSE = {"strong_close", "em_close", "s_close", "link_close"}
+BOX_STEP = 16  # a code box's width is a multiple of this many cells (`_code`)
 
 
 @dataclass(frozen=True)
@@ -145,11 +146,14 @@ def _inline(tok: MdToken, walk: _Walk, out: _Out, look: Look, base: Style) -> No
 
 def _code(tok: MdToken, walk: _Walk, out: _Out, look: Look) -> None:
     """A code box: the language label, then the code lines on the code background, padded to
-    the longest line so the box is a rectangle. The fences are not drawn."""
+    the longest line rounded up to BOX_STEP cells, so the box is a rectangle that a streaming
+    line widens seldom (each widening restyles every line of the box: a redraw of all of them).
+    The fences are not drawn."""
     box = look.mark("code_block")
     lang = tok.info.split()[0] if tok.info.strip() else ""
     lines = tok.content.rstrip("\n").split("\n")
     width = max(len(lang), *(len(line) for line in lines)) + 2
+    width += -width % BOX_STEP
     if lang:
         walk.prefix(out, look)
         out.put(" ", box, aligned=False)

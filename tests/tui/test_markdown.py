@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from edgespec.tui.answer_actions import last_code_block
 from edgespec.tui.fake import MARKDOWN, FakeScript
-from edgespec.tui.markdown import BlockCache, Look, blocks
+from edgespec.tui.markdown import BOX_STEP, BlockCache, Look, blocks
 from edgespec.tui.think import ThinkCounter, split_think
 from rich.console import Console
 from rich.style import Style
@@ -191,3 +191,18 @@ def test_last_code_block_skips_reasoning_and_answers_without_code() -> None:
         "from functools import cache\n\n@cache\ndef fib(n: int) -> int:\n"
         "    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
     )
+
+
+def test_a_code_box_widens_in_steps_so_a_growing_line_leaves_the_others_as_drawn() -> None:
+    """The box is as wide as its longest line rounded up to BOX_STEP cells: while a streaming
+    line grows within a step, every other line of the box stays as it was drawn."""
+    head = "```python\ndef f(x):\n    return "
+    drawn = [render(head + "x" * n + "\n```\n", {}) for n in range(1, BOX_STEP)]
+    widths = [{len(line) for line in t.plain.split("\n")} for t in drawn]
+    assert all(len(w) == 1 and min(w) % BOX_STEP == 0 for w in widths)  # rectangles, in steps
+    same = [t for t, w in zip(drawn, widths, strict=True) if w == widths[0]]
+    assert len(same) > 1
+    for t in same:  # the label and first line: the same text and styles as in the first box
+        for a, b in zip(t.split("\n")[:2], drawn[0].split("\n")[:2], strict=True):
+            assert (a.plain, a.spans) == (b.plain, b.spans)
+    assert len({min(w) for w in widths}) > 1  # a line past the step widens the box
