@@ -47,7 +47,7 @@ from edgespec.config import GenerationConfig
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
 # Seconds between redraws of a streaming answer (at least: FrameBudget keeps them near 2% of the
 # CPU) and of the live stats panel: a redraw is a Textual frame on the UI thread, beside the engine.
-FRAME, PANEL_EVERY = 0.1, 0.5
+FRAME, PANEL_EVERY = 0.1, 1.0
 
 
 class ChatApp(SettingActions):
