@@ -4,6 +4,7 @@ the text (up to a newline) with its strips, so a new text draws only the lines i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from rich.text import Span, Text
@@ -39,19 +40,51 @@ class LineStrips:
         `Visual.to_strips(widget, visualize(widget, text), width, None, style)` draws them."""
         if (width, style) != self._look:
             self._look, self._lines = (width, style), {}
-        kept: dict[_LineKey, list[Strip]] = {}
-        strips: list[Strip] = []
-        for y, line in enumerate(text.split("\n", allow_blank=True)):
-            key = (y, line.plain, line.style, tuple(line.spans))
-            drawn = self._lines.get(key)
-            if drawn is None:  # y blank lines before it: Textual's line number for offsets
-                placed = Text("\n" * y) + line if y else line
-                visual = visualize(widget, placed)  # type: ignore[arg-type]
-                drawn = Visual.to_strips(widget, visual, width, None, style)[y:]
-            kept[key] = drawn
-            strips += drawn
-        self._lines = kept
-        return strips
+        lines = list(text.split("\n", allow_blank=True))
+        keys = [(y, line.plain, line.style, tuple(line.spans)) for y, line in enumerate(lines)]
+        missed = [y for y, key in enumerate(keys) if key not in self._lines]
+        if missed:
+            drawn = _draw_lines(widget, lines, missed, width, style)
+            if drawn is None:  # its lines could not be told apart: drawn whole, kept not
+                self._lines = {}
+                return Visual.to_strips(widget, visualize(widget, text), width, None, style)
+            self._lines.update(zip([keys[y] for y in missed], drawn, strict=True))
+        self._lines = {key: self._lines[key] for key in keys}
+        return [strip for key in keys for strip in self._lines[key]]
+
+
+def _draw_lines(
+    widget: Widget, lines: Sequence[Text], missed: list[int], width: int, style: VisualStyle
+) -> list[list[Strip]] | None:
+    """The strips of `lines[y]` for each y in `missed`, from one drawing (Textual's cost per
+    drawing is as large as a short line's): up to the last missed line, the others drawn as
+    blank lines, so that each line keeps its number. Each strip carries its line's number in
+    its offsets (an empty line's too); None where one does not, or they are out of order."""
+    last = missed[-1]
+    miss = set(missed)
+    placed = Text("\n").join([lines[y] if y in miss else Text() for y in range(last + 1)])
+    strips = Visual.to_strips(widget, visualize(widget, placed), width, None, style)
+    by_line: list[list[Strip]] = [[] for _ in range(last + 1)]
+    at = 0
+    for strip in strips:
+        y = _line_of(strip)
+        if y is None or not at <= y <= last:
+            return None
+        by_line[y].append(strip)
+        at = y
+    if not all(by_line):
+        return None
+    return [by_line[y] for y in missed]
+
+
+def _line_of(strip: Strip) -> int | None:
+    """The text line a strip draws, from its segments' offsets (None: no segment says)."""
+    for segment in strip:
+        if segment.style is not None and segment.style._meta is not None:
+            offset = segment.style.meta.get("offset")
+            if offset is not None:
+                return int(offset[1])
+    return None
 
 
 def shown(text: Text, lines: int) -> bool:

@@ -113,6 +113,9 @@ def test_text_lines_draw_as_textual_does_and_only_the_lines_that_changed(
         Text("one\ntwo\n\nfour\n"),
         Text.assemble("one\n", ("two changed", "blue"), "\n\nfour\n"),
         Text(""),
+        # a wrapped piece of blanks only (drawn with no text), then lines of blanks
+        Text.assemble("a" + " " * 300 + "b\n", ("   \n", "on blue"), "x" * 90, "\n \n"),
+        Text.assemble("a" + " " * 300 + "c\n", ("   \n", "on blue"), "x" * 91, "\n \n"),
     ]
 
     async def scenario() -> None:
@@ -137,10 +140,15 @@ def test_text_lines_draw_as_textual_does_and_only_the_lines_that_changed(
 
             monkeypatch.setattr(Visual, "to_strips", to_strips)
             part._by_line.draw(part, texts[2], *look)
-            assert drawn == ["one", "two", "", "four", ""]  # after the italic lines: all of them
+            assert drawn == ["one\ntwo\n\nfour"]  # after the italic lines: all, in one drawing
             drawn.clear()
             part._by_line.draw(part, texts[3], *look)
             assert drawn == ["two changed"]
+            part._by_line.draw(part, texts[6], *look)
+            drawn.clear()
+            mine = part._by_line.draw(part, texts[5], *look)  # lines 0 and 2 wrap and differ
+            assert len(drawn) == 1 and drawn[0].count("\n") == 2  # one drawing, line 1 blank
+            assert mine == real(part, visualize(part, texts[5]), look[0], None, look[1])
 
     run(scenario)
 
