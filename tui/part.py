@@ -1,6 +1,7 @@
-"""One piece of an answer on screen, drawn line by line: a new text repaints only the lines that
-changed, and lays out the screen only when the piece's height changes. Drawing keeps each line of
-the text (up to a newline) with its strips, so a new text draws only the lines it changed."""
+"""Text that changes often (an answer's pieces, the live stats), drawn line by line: a new text
+repaints only the lines that changed, and lays out the screen only when its height changes.
+Drawing keeps each line of the text (up to a newline) with its strips, so a new text draws only
+the lines it changed."""
 
 from __future__ import annotations
 
@@ -80,10 +81,9 @@ def _draw_lines(
 def _line_of(strip: Strip) -> int | None:
     """The text line a strip draws, from its segments' offsets (None: no segment says)."""
     for segment in strip:
-        if segment.style is not None and segment.style._meta is not None:
-            offset = segment.style.meta.get("offset")
-            if offset is not None:
-                return int(offset[1])
+        offset = segment.style.meta.get("offset") if segment.style is not None else None
+        if offset is not None:
+            return int(offset[1])
     return None
 
 
