@@ -25,6 +25,12 @@ class _Drawing(NamedTuple):
 _LineKey = tuple[int, str, object, tuple[Span, ...]]  # (line number, text, style, spans)
 
 
+def whole_strips(widget: Widget, text: Text, width: int, style: VisualStyle) -> list[Strip]:
+    """`text` drawn whole for `widget`, as Textual draws a widget's content."""
+    visual = visualize(widget, text)  # type: ignore[arg-type]
+    return Visual.to_strips(widget, visual, width, None, style)
+
+
 class LineStrips:
     """A text's strips at one width and style, drawn line by line (a line ends at a newline):
     a line already drawn at the same place is not drawn again. Textual wraps and styles each
@@ -37,8 +43,7 @@ class LineStrips:
         self._lines: dict[_LineKey, list[Strip]] = {}
 
     def draw(self, widget: Widget, text: Text, width: int, style: VisualStyle) -> list[Strip]:
-        """`text`'s strips for `widget`, as
-        `Visual.to_strips(widget, visualize(widget, text), width, None, style)` draws them."""
+        """`text`'s strips for `widget`, as `whole_strips` draws them."""
         if (width, style) != self._look:
             self._look, self._lines = (width, style), {}
         lines = list(text.split("\n", allow_blank=True))
@@ -48,7 +53,7 @@ class LineStrips:
             drawn = _draw_lines(widget, lines, missed, width, style)
             if drawn is None:  # its lines could not be told apart: drawn whole, kept not
                 self._lines = {}
-                return Visual.to_strips(widget, visualize(widget, text), width, None, style)
+                return whole_strips(widget, text, width, style)
             self._lines.update(zip([keys[y] for y in missed], drawn, strict=True))
         self._lines = {key: self._lines[key] for key in keys}
         return [strip for key in keys for strip in self._lines[key]]
@@ -64,7 +69,7 @@ def _draw_lines(
     last = missed[-1]
     miss = set(missed)
     placed = Text("\n").join([lines[y] if y in miss else Text() for y in range(last + 1)])
-    strips = Visual.to_strips(widget, visualize(widget, placed), width, None, style)
+    strips = whole_strips(widget, placed, width, style)
     by_line: list[list[Strip]] = [[] for _ in range(last + 1)]
     at = 0
     for strip in strips:
@@ -130,8 +135,7 @@ class TextLines(Widget):
         if self.text_selection is None:  # (a selection restyles some lines in place)
             strips = self._by_line.draw(self, text, width, self.visual_style)
         else:
-            visual = visualize(self, text)  # type: ignore[arg-type]
-            strips = Visual.to_strips(self, visual, width, None, self.visual_style)
+            strips = whole_strips(self, text, width, self.visual_style)
         self._next = _Drawing(text, look, strips)
         return strips
 
