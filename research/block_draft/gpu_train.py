@@ -43,51 +43,13 @@ import torch.nn.functional as F
 
 from research.block_draft import torch_block as tb
 from research.block_draft.features import CHUNK_SEQS, read_sequences
+from research.block_draft.torch_kd import Kd, soft_rows
 from research.block_draft.train import Anchors, head_ids, to_head
-from research.block_draft.twin_ckpt import MlxAdamW, join, load_run, save_run, ship
+from research.block_draft.twin_ckpt import MlxAdamW, join, load_run, load_target, save_run, ship
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def load_target(path: str, device: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(hyper-parameters as gpu_common names them, float32 weights in HF llama names)."""
-    p = Path(path)
-    if p.is_file():
-        from research.recipes.gpu_common import load_gguf_state
-
-        hp, state = load_gguf_state(path)
-    else:
-        from safetensors.numpy import load_file
-
-        c = json.loads((p / "config.json").read_text())
-        hp = {"layers": c["num_hidden_layers"], "hidden": c["hidden_size"]}
-        hp |= {"ffn": c["intermediate_size"], "heads": c["num_attention_heads"]}
-        hp |= {"kv_heads": c["num_key_value_heads"], "rope_theta": float(c["rope_theta"])}
-        hp |= {"eps": c["rms_norm_eps"], "vocab": c["vocab_size"]}
-        hp |= {"context": c["max_position_embeddings"]}
-        flat = {k: v for f in sorted(p.glob("model*.safetensors")) for k, v in load_file(f).items()}
-        state = dense(flat, int(c.get("quantization", {}).get("group_size", 64)))
-    return hp, {k: torch.from_numpy(np.asarray(v, np.float32)).to(device) for k, v in state.items()}
-
-
-def dense(flat: dict[str, np.ndarray], group: int) -> dict[str, np.ndarray]:
-    """An mlx-lm folder's weights as float32, MLX affine-quantized ones dequantized exactly
-    (research/recipes/mlx_affine.py: NAME.weight packed, NAME.scales, NAME.biases; the bits of
-    each from its shapes, as a converted GGUF mixes 4-bit layers with an 8-bit embedding)."""
-    from research.recipes import mlx_affine
-
-    out = {}
-    for k, v in flat.items():
-        stem = k.removesuffix(".weight")
-        if k.endswith((".scales", ".biases")):
-            continue
-        if v.dtype == np.uint32 and f"{stem}.scales" in flat:
-            s, b = (flat[f"{stem}.{x}"].astype(np.float32) for x in ("scales", "biases"))
-            v = mlx_affine.dequantize(v, s, b, v.shape[1] * 32 // (s.shape[1] * group))
-        out[k] = v.astype(np.float32)
-    return out
 
 
 def draft_config(hp: dict, a) -> dict:
@@ -175,10 +137,11 @@ def draw(src: Anchors, head: np.ndarray, pick: int | None = None):
     return src.index[pick], anchors, toks, to_head(labels, head)
 
 
-def collate(items, feats: Features, device) -> tuple[torch.Tensor, ...]:
+def collate(items, feats: Features, device, width: int = 0) -> tuple[torch.Tensor, ...]:
     """Sequences of one step as padded tensors: raw [b, S, F] float32 (S: the largest anchor; a
     block reads only the positions before its anchor), anchors [b, n], toks [b, n, B], labels
-    [b, n, B - 1] (padding rows: anchor 0, token 0, labels -1; no other block sees them)."""
+    [b, n, B - 1] (padding rows: anchor 0, token 0, labels -1; no other block sees them); with
+    `width` (--kd), also the target's last-layer rows of each block (torch_kd.soft_rows)."""
     raws = feats.get([it[0] for it in items])
     S = max(int(it[1].max()) for it in items)
     n, B = max(len(it[1]) for it in items), items[0][2].shape[1]
@@ -190,31 +153,42 @@ def collate(items, feats: Features, device) -> tuple[torch.Tensor, ...]:
         s = min(S, raws[r].shape[0])
         raw[r, :s] = raws[r][:s].float()
         anchors[r, : len(a)], toks[r, : len(a)], labels[r, : len(a)] = a, t, lab
-    return raw, *(torch.from_numpy(x).to(device) for x in (anchors, toks, labels))
+    soft = (soft_rows(raws, items, B, width, device),) if width else ()
+    return raw, *(torch.from_numpy(x).to(device) for x in (anchors, toks, labels)), *soft
 
 
 @dataclass(frozen=True)
 class Draft:
     """What one training step needs: the draft's config and weights (trained in place), the
-    target's embedding, its rows for the training head, the loss weight of each block position."""
+    target's embedding, its rows for the training head, the loss weight of each block position,
+    and with --kd the target's final norm (soft labels)."""
 
     cfg: dict
     w: dict[str, torch.Tensor]
     embed: torch.Tensor
     train_head: torch.Tensor
     weights: torch.Tensor
+    kd: Kd | None = None
+
+    @property
+    def soft_width(self) -> int:
+        """Columns of soft-label rows a batch carries: the target's width with --kd, else 0."""
+        return self.cfg["hidden_size"] if self.kd else 0
+
+    def loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kd.loss(self, batch) if self.kd else loss_fn(self, batch)
 
 
-def make_draft(cfg: dict, w: dict, embed: torch.Tensor, head: np.ndarray, gamma: float) -> Draft:
+def make_draft(cfg: dict, w: dict, embed, head: np.ndarray, gamma: float, kd=None) -> Draft:
     """train.py's head rows and loss weights exp(-(j - 1) / gamma) for block positions j >= 1."""
     rows = embed[torch.from_numpy(head.astype(np.int64)).to(embed.device)]
     ws = [math.exp(-j / gamma) for j in range(cfg["block_size"] - 1)]
-    return Draft(cfg, w, embed, rows, torch.tensor(ws, device=embed.device))
+    return Draft(cfg, w, embed, rows, torch.tensor(ws, device=embed.device), kd)
 
 
 def loss_fn(d: Draft, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """train.py's loss_fn over a collated batch: (weighted mean cross-entropy, logits)."""
-    raw, anchors, toks, labels = batch
+    raw, anchors, toks, labels = batch[:4]
     logits = tb.block_hidden(d.w, d.cfg, d.embed, raw, anchors, toks)[:, :, 1:] @ d.train_head.T
     ce = F.cross_entropy(logits.flatten(0, -2), labels.clamp(min=0).flatten(), reduction="none")
     wt = d.weights * (labels >= 0)
@@ -291,7 +265,8 @@ def fit(a, d: Draft, opt: MlxAdamW, step: int, chunks, head, feats, eval_batch, 
     while time.time() < t_end and (not a.steps or step < first + a.steps):
         if step % a.reload_every == 0 and step:  # train.py re-seeds here when it reloads chunks
             data = Anchors(chunks, B, a.per_seq, d.cfg["mask_token_id"], a.seed + step)
-        loss, _ = loss_fn(d, collate([draw(data, head) for _ in range(a.seqs)], feats, a.device))
+        items = [draw(data, head) for _ in range(a.seqs)]
+        loss, _ = d.loss(collate(items, feats, a.device, d.soft_width))
         grads = torch.autograd.grad(loss, list(d.w.values()))
         lr = lr_at(step, a.lr, a.total_steps, (time.time() - t0) / max(t_end - t0, 1e-9))
         if rewarm:  # Adam's moments start at zero on trained weights: warm up again
@@ -301,6 +276,7 @@ def fit(a, d: Draft, opt: MlxAdamW, step: int, chunks, head, feats, eval_batch, 
         step += 1
         if step % a.eval_every == 0 or time.time() >= t_end or step == first + a.steps:
             ev, mean = evaluate(d, eval_batch), float(torch.stack(losses).mean())
+            ev |= d.kd.agreement(d, eval_batch) if d.kd else {}
             seen = step * a.seqs * a.per_seq * (B - 1)
             record(out, d, ev, step, time.time() - t0, seen, mean)
             rate, kept = (step - first) / (time.time() - t0), feats.kept / 2**30
@@ -325,7 +301,10 @@ def train(a) -> int:
     begin_files(out, cfg, head)
     for v in w.values():
         v.requires_grad_(True)
-    d = make_draft(cfg, w, target["model.embed_tokens.weight"], head, a.gamma)
+    kd = Kd(target["model.norm.weight"], hp["eps"]) if a.kd else None
+    if kd and cfg["target_layer_ids"][-1] != hp["layers"] - 1:
+        raise SystemExit("--kd needs the target's last layer as the draft's last --layers")
+    d = make_draft(cfg, w, target["model.embed_tokens.weight"], head, a.gamma, kd)
     layers = cfg["target_layer_ids"]
     held_src = Anchors(held, cfg["block_size"], a.per_seq, cfg["mask_token_id"], 1234)
     eval_items = [draw(held_src, head, i) for i in range(min(24, len(held_src.index)))]
@@ -335,7 +314,7 @@ def train(a) -> int:
     feats = Features(target, hp, layers, chunks, a.feature_tokens, a.cache_gb * 2**30)
     n_train = sum(len(c["prompt_lens"]) for c in chunks)
     log(f"{n_train} training sequences, {len(eval_items)} held out")
-    eval_batch = collate(eval_items, eval_feats, a.device)
+    eval_batch = collate(eval_items, eval_feats, a.device, d.soft_width)
     step = fit(a, d, opt, step, chunks, head, feats, eval_batch, t_start + a.deadline - a.reserve)
     if a.ship:
         log(f"shipped {len(ship(out, Path(a.ship)))} files to {a.ship}")
@@ -378,6 +357,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--feature-tokens", type=int, default=32768, help="target batch, in tokens")
     t.add_argument("--cache-gb", type=float, default=40, help="device memory for features")
+    t.add_argument("--kd", action="store_true", help="soft labels from the target (torch_kd.py)")
     j = sub.add_parser("join", help="a shipped folder -> a run folder export.py reads")
     j.add_argument("--ship", required=True)
     j.add_argument("--out", required=True)

@@ -1,5 +1,6 @@
 """gpu_train.py's optimiser and files: MLX's AdamW in PyTorch, train.py's checkpoint layout
-written and read without MLX, and the shipped form a device call can bring back.
+written and read without MLX, the shipped form a device call can bring back, and the target
+read from its GGUF or mlx-lm folder.
 
 A run folder (train.py's --out): config.json, head_ids.npy, curve.csv, ckpt/model.safetensors
 (float32, edgespec.drafting.block's names), ckpt/opt.safetensors (MLX's optimiser state:
@@ -99,8 +100,6 @@ def draft_folder(path: Path, device) -> tuple[dict, np.ndarray, dict, None, int]
     curve.csv) as load_run's tuple: MLX-quantized weights dequantized to float32 (exactly, by
     research/recipes/mlx_affine.py), the step the curve ends at. So a later run trains on from
     the draft the repository ships, when the float32 run folder is gone."""
-    from research.block_draft.gpu_train import dense
-
     full = json.loads((path / "config.json").read_text())
     cfg = {k: full[k] for k in TRAIN_FIELDS}
     flat = load_file(str(path / "model.safetensors"))
@@ -159,3 +158,40 @@ def join(shipped: Path, run: Path) -> None:
     opt = MlxAdamW(w)
     opt.step = int(state["step"])
     save_run(run, w, opt, int(state["step"]))
+
+
+def load_target(path: str, device: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(hyper-parameters as gpu_common names them, float32 weights in HF llama names)."""
+    p = Path(path)
+    if p.is_file():
+        from research.recipes.gpu_common import load_gguf_state
+
+        hp, state = load_gguf_state(path)
+    else:
+        c = json.loads((p / "config.json").read_text())
+        hp = {"layers": c["num_hidden_layers"], "hidden": c["hidden_size"]}
+        hp |= {"ffn": c["intermediate_size"], "heads": c["num_attention_heads"]}
+        hp |= {"kv_heads": c["num_key_value_heads"], "rope_theta": float(c["rope_theta"])}
+        hp |= {"eps": c["rms_norm_eps"], "vocab": c["vocab_size"]}
+        hp |= {"context": c["max_position_embeddings"]}
+        flat = {k: v for f in sorted(p.glob("model*.safetensors")) for k, v in load_file(f).items()}
+        state = dense(flat, int(c.get("quantization", {}).get("group_size", 64)))
+    return hp, {k: torch.from_numpy(np.asarray(v, np.float32)).to(device) for k, v in state.items()}
+
+
+def dense(flat: dict[str, np.ndarray], group: int) -> dict[str, np.ndarray]:
+    """An mlx-lm folder's weights as float32, MLX affine-quantized ones dequantized exactly
+    (research/recipes/mlx_affine.py: NAME.weight packed, NAME.scales, NAME.biases; the bits of
+    each from its shapes, as a converted GGUF mixes 4-bit layers with an 8-bit embedding)."""
+    from research.recipes import mlx_affine
+
+    out = {}
+    for k, v in flat.items():
+        stem = k.removesuffix(".weight")
+        if k.endswith((".scales", ".biases")):
+            continue
+        if v.dtype == np.uint32 and f"{stem}.scales" in flat:
+            s, b = (flat[f"{stem}.{x}"].astype(np.float32) for x in ("scales", "biases"))
+            v = mlx_affine.dequantize(v, s, b, v.shape[1] * 32 // (s.shape[1] * group))
+        out[k] = v.astype(np.float32)
+    return out

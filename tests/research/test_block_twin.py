@@ -176,6 +176,71 @@ def test_loss_logits_and_a_step_match_train_py(pair, tmp_path):
     )
 
 
+def test_soft_labels_match_kd_py(pair, tmp_path):
+    """--kd: the twin's soft-label loss, logits, gradients and agreement with the target's
+    argmax are kd.py's (train.py --kd) on the same draws, to 1e-4."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from research.block_draft import kd, torch_kd
+
+    _, target, hp, tw = pair
+    model, cfg = mlx_draft(target, hp)
+    chunks = chunks_with_features(target, write_data(tmp_path / "data"))
+    head = mlx_train.head_ids(chunks, 200, hp["vocab"])
+    object.__setattr__(model, "train_head", target.model.embed_tokens.weight[mx.array(head)])
+    src = kd.KdAnchors(chunks, BLOCK, 40, 16, 3, hp["hidden"])
+    picks = (0, 5, 9)
+    seqs = [src.sequence(p) for p in picks]
+    seqs = [(r, a, t, mlx_train.to_head(lab, head), soft) for r, a, t, lab, soft in seqs]
+    assert any(s[1].max() + BLOCK - 2 >= len(s[0]) for s in seqs)  # rows past the answer's end
+    gamma = mx.array([math.exp(-j / 4.0) for j in range(BLOCK - 1)])
+    norm = target.model.norm
+    loss, logits = kd.kd_loss_fn(model, [mlx_train.as_mx(s) for s in seqs], gamma, norm)
+    theirs_ev = kd.target_agreement(model, seqs, norm)
+
+    w = {k: torch.from_numpy(np.array(v)) for k, v in tree_flatten(model.parameters())}
+    feats = gpu_train.Features(tw, hp, LAYERS, chunks, 4096, 0)
+    ch = chunks[0]
+    for p in picks:
+        feats.store[src.index[p]] = torch.from_numpy(
+            ch["feats"][ch["starts"][p] : ch["starts"][p + 1]]
+        )
+    items = [(src.index[p], *seq[1:4]) for p, seq in zip(picks, seqs, strict=True)]
+    batch = gpu_train.collate(items, feats, "cpu", hp["hidden"])
+    assert len(batch) == 5 and batch[4].shape[-1] == hp["hidden"]
+    rule = torch_kd.Kd(tw["model.norm.weight"], hp["eps"])
+    d = gpu_train.make_draft(cfg, w, tw["model.embed_tokens.weight"], head, 4.0, rule)
+    ours, our_logits = d.loss(batch)
+    hard, _ = gpu_train.loss_fn(d, batch)
+    assert abs(float(ours) - float(loss)) < 1e-4 and abs(float(hard) - float(ours)) > 1e-2
+    for r, lg in enumerate(logits):
+        np.testing.assert_allclose(
+            our_logits[r, : lg.shape[0]].detach().numpy(), np.array(lg), atol=1e-4
+        )
+    assert d.kd.agreement(d, batch) == pytest.approx(theirs_ev, abs=1e-6)
+
+    class Echo(torch_kd.Kd):  # a target ranking as the draft does but in every fourth row
+        def target_logits(self, d_, soft):
+            lg = our_logits.detach().clone().flatten(0, -2)
+            lg[::4] = lg[::4].roll(1, -1)
+            return lg.view_as(our_logits)
+
+    echo = gpu_train.make_draft(cfg, w, d.embed, head, 4.0, Echo(rule.norm, rule.eps))
+    ev = echo.kd.agreement(echo, batch)
+    assert 0.4 < ev["top1"] < 0.9 and 1.0 < ev["tau_target"] < 1 + (BLOCK - 1) * 0.9
+
+    grad = nn.value_and_grad(model, lambda m, s: kd.kd_loss_fn(m, s, gamma, norm)[0])
+    _, g = grad(model, [mlx_train.as_mx(s) for s in seqs])
+    g = dict(tree_flatten(g))
+    for v in w.values():
+        v.requires_grad_(True)
+    ours_g = dict(zip(w, torch.autograd.grad(d.loss(batch)[0], list(w.values())), strict=True))
+    for k in w:
+        ref = torch.from_numpy(np.array(g[k]))
+        assert (ours_g[k] - ref).abs().max() <= 1e-4 * ref.abs().max() + 1e-7, k
+
+
 def test_draws_are_train_pys(tmp_path):
     """gpu_train.draw takes train.py's random stream: same seed, same anchors and labels."""
     chunk = gpu_train.as_chunk(features.read_sequences([write_data(tmp_path / "d")], 640))
@@ -275,6 +340,27 @@ def test_smoke_run_resumes_ships_and_exports(pair, tmp_path, monkeypatch):
     for k, v in tree_flatten(model.parameters()):
         if k != "head_ids":
             np.testing.assert_array_equal(np.array(v), shipped[k].numpy())
+
+
+def test_kd_run_trains_on_soft_labels_and_logs_the_targets_agreement(pair, tmp_path, capsys):
+    """gpu_train --kd end to end: the loss falls over a few steps on the same sequences, the log
+    gives agreement with the target's argmax, and a draft not reading the target's last layer
+    is refused in one line."""
+    folder = pair[0]
+    data = write_data(tmp_path / "data", n=80)
+    args = ["train", "--target", str(folder), "--data", str(data), "--device", "cpu", "--kd"]
+    args += ["--out", str(tmp_path / "run"), "--init-layers", "0,3", "--block", "4"]
+    args += ["--per-seq", "6", "--seqs", "3", "--eval-every", "3", "--feature-tokens", "512"]
+    args += ["--lr", "3e-3", "--reload-every", "1000", "--total-steps", "100000"]
+    assert gpu_train.main([*args, "--layers", "0,1,3", "--steps", "9"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("'tau_target'") == 3 and "'top3'" in out
+    losses = [
+        float(r.split(",")[3]) for r in (tmp_path / "run" / "curve.csv").read_text().split()[1:]
+    ]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    with pytest.raises(SystemExit, match="last layer"):
+        gpu_train.main([*args[:-16], "--out", str(tmp_path / "other"), "--layers", "0,1,2"])
 
 
 def test_train_py_goes_on_from_the_twins_runs(pair, tmp_path, capsys):
