@@ -13,7 +13,8 @@ the training head, the loss weights, the schedule and the curve are theirs:
   so the held-out set and train.py's anchor draws are the same for the same data and seed;
 - model and loss: torch_block.block_hidden (train.py's block_forward for many sequences at once),
   scored by the target's tied embedding restricted to the --head most frequent answer tokens,
-  cross-entropy weighted exp(-(j - 1) / gamma); optimiser: MLX's AdamW (no bias correction);
+  cross-entropy weighted exp(-(j - 1) / gamma), against the answer's token or, with --kd, the
+  target's distribution (torch_kd.py, kd.py's twin); optimiser: MLX's AdamW (no bias correction);
 - output: --out in train.py's layout (config.json, head_ids.npy, curve.csv, ckpt/model.safetensors,
   ckpt/opt.safetensors, ckpt/state.json), so export.py exports it and train.py resumes it; it
   resumes from its own --out, or from another run folder with --resume. --ship DIR also writes the
