@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from research.block_draft import export, features, gpu_train, twin_ckpt  # noqa: E402
+from research.block_draft import export, features, gpu_train, heldout, twin_ckpt  # noqa: E402
 from research.block_draft import torch_block as tb  # noqa: E402
 from research.block_draft import train as mlx_train  # noqa: E402
 
@@ -359,6 +359,13 @@ def test_kd_run_trains_on_soft_labels_and_logs_the_targets_agreement(pair, tmp_p
         float(r.split(",")[3]) for r in (tmp_path / "run" / "curve.csv").read_text().split()[1:]
     ]
     assert len(losses) == 3 and losses[-1] < losses[0]
+    # heldout.py evaluates the saved draft as the run did at its last step, plus the target's
+    assert heldout.main([str(tmp_path / "run"), "--target", str(folder), "--data", str(data)]) == 0
+    got = json.loads(capsys.readouterr().out.splitlines()[-1])
+    last = [float(x) for x in (tmp_path / "run" / "curve.csv").read_text().split()[-1].split(",")]
+    assert got["step"] == 9 and got["tau_independent"] == pytest.approx(last[4], abs=1e-3)
+    assert [got[f"acc{j}"] for j in (1, 2, 3)] == pytest.approx(last[5:8], abs=1e-3)
+    assert 1.0 <= got["tau_target"] <= BLOCK and "top3" in got
     with pytest.raises(SystemExit, match="last layer"):
         gpu_train.main([*args[:-16], "--out", str(tmp_path / "other"), "--layers", "0,1,2"])
 
