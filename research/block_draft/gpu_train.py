@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from research.block_draft import torch_block as tb
 from research.block_draft.features import CHUNK_SEQS, read_sequences
 from research.block_draft.torch_kd import Kd, soft_rows
-from research.block_draft.train import Anchors, head_ids, to_head
+from research.block_draft.train import Anchors, agreement, head_ids, to_head
 from research.block_draft.twin_ckpt import MlxAdamW, join, load_run, load_target, save_run, ship
 
 
@@ -176,6 +176,12 @@ class Draft:
         """Columns of soft-label rows a batch carries: the target's width with --kd, else 0."""
         return self.cfg["hidden_size"] if self.kd else 0
 
+    def logits(self, batch) -> torch.Tensor:
+        """[b, n, B - 1, head]: each block row's logits over the training head."""
+        raw, anchors, toks = batch[:3]
+        h = tb.block_hidden(self.w, self.cfg, self.embed, raw, anchors, toks)
+        return h[:, :, 1:] @ self.train_head.T
+
     def loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kd.loss(self, batch) if self.kd else loss_fn(self, batch)
 
@@ -189,8 +195,7 @@ def make_draft(cfg: dict, w: dict, embed, head: np.ndarray, gamma: float, kd=Non
 
 def loss_fn(d: Draft, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """train.py's loss_fn over a collated batch: (weighted mean cross-entropy, logits)."""
-    raw, anchors, toks, labels = batch[:4]
-    logits = tb.block_hidden(d.w, d.cfg, d.embed, raw, anchors, toks)[:, :, 1:] @ d.train_head.T
+    logits, labels = d.logits(batch), batch[3]
     ce = F.cross_entropy(logits.flatten(0, -2), labels.clamp(min=0).flatten(), reduction="none")
     wt = d.weights * (labels >= 0)
     return (ce.view_as(wt) * wt).sum() / wt.sum().clamp(min=1.0), logits
@@ -208,14 +213,25 @@ def lr_at(step: int, lr: float, total: int, frac: float) -> float:
 
 @torch.no_grad()
 def evaluate(d: Draft, batch) -> dict[str, float]:
-    """train.py's evaluate: teacher-forced agreement per block position and tau."""
-    _, logits = loss_fn(d, batch)
-    pred, labels = logits.argmax(-1), batch[3]
+    """train.py's evaluate: teacher-forced agreement per block position and tau; with --kd also
+    the agreement with the target's argmax (kd.target_agreement), from the same logits."""
+    logits, labels = d.logits(batch), batch[3]
     ok = labels >= 0
-    hits = ((pred == labels) & ok).sum((0, 1)).cpu().numpy()
-    acc = hits / np.maximum(ok.sum((0, 1)).cpu().numpy(), 1)
-    tau = 1 + sum(float(np.prod(acc[: k + 1])) for k in range(len(acc)))
-    return {"tau_independent": tau, **{f"acc{j + 1}": float(x) for j, x in enumerate(acc)}}
+    hits = ((logits.argmax(-1) == labels) & ok).sum((0, 1)).cpu().numpy()
+    acc, tau = agreement(hits, ok.sum((0, 1)).cpu().numpy())
+    ev = {"tau_independent": tau, **{f"acc{j + 1}": float(x) for j, x in enumerate(acc)}}
+    return ev | (d.kd.agreement(d, batch, logits) if d.kd else {})
+
+
+def held_batch(d: Draft, head, target, hp, held, device, per_seq=48, feature_tokens=32768):
+    """The evaluation batch: the first 24 held-out sequences, anchors seeded 1234 as train.py
+    draws them, features computed and not kept."""
+    src = Anchors(held, d.cfg["block_size"], per_seq, d.cfg["mask_token_id"], 1234)
+    items = [draw(src, head, i) for i in range(min(24, len(src.index)))]
+    if not items:
+        raise SystemExit("no held-out sequence has an answer of 2 tokens or more (--held-every)")
+    feats = Features(target, hp, d.cfg["target_layer_ids"], held, feature_tokens, 0)
+    return collate(items, feats, device, d.soft_width)
 
 
 def start(a, hp, target, train_chunks, out: Path):
@@ -277,7 +293,6 @@ def fit(a, d: Draft, opt: MlxAdamW, step: int, chunks, head, feats, eval_batch, 
         step += 1
         if step % a.eval_every == 0 or time.time() >= t_end or step == first + a.steps:
             ev, mean = evaluate(d, eval_batch), float(torch.stack(losses).mean())
-            ev |= d.kd.agreement(d, eval_batch) if d.kd else {}
             seen = step * a.seqs * a.per_seq * (B - 1)
             record(out, d, ev, step, time.time() - t0, seen, mean)
             rate, kept = (step - first) / (time.time() - t0), feats.kept / 2**30
@@ -302,20 +317,13 @@ def train(a) -> int:
     begin_files(out, cfg, head)
     for v in w.values():
         v.requires_grad_(True)
-    kd = Kd(target["model.norm.weight"], hp["eps"]) if a.kd else None
-    if kd and cfg["target_layer_ids"][-1] != hp["layers"] - 1:
-        raise SystemExit("--kd needs the target's last layer as the draft's last --layers")
+    kd = Kd.of(target, hp, cfg) if a.kd else None
     d = make_draft(cfg, w, target["model.embed_tokens.weight"], head, a.gamma, kd)
+    eval_batch = held_batch(d, head, target, hp, held, a.device, a.per_seq, a.feature_tokens)
     layers = cfg["target_layer_ids"]
-    held_src = Anchors(held, cfg["block_size"], a.per_seq, cfg["mask_token_id"], 1234)
-    eval_items = [draw(held_src, head, i) for i in range(min(24, len(held_src.index)))]
-    if not eval_items:
-        raise SystemExit("no held-out sequence has an answer of 2 tokens or more (--held-every)")
-    eval_feats = Features(target, hp, layers, held, a.feature_tokens, 0)
     feats = Features(target, hp, layers, chunks, a.feature_tokens, a.cache_gb * 2**30)
     n_train = sum(len(c["prompt_lens"]) for c in chunks)
-    log(f"{n_train} training sequences, {len(eval_items)} held out")
-    eval_batch = collate(eval_items, eval_feats, a.device, d.soft_width)
+    log(f"{n_train} training sequences, {eval_batch[1].shape[0]} held out")
     step = fit(a, d, opt, step, chunks, head, feats, eval_batch, t_start + a.deadline - a.reserve)
     if a.ship:
         log(f"shipped {len(ship(out, Path(a.ship)))} files to {a.ship}")

@@ -20,20 +20,14 @@ from pathlib import Path
 
 from research.block_draft import gpu_train as g
 from research.block_draft.torch_kd import Kd
-from research.block_draft.train import Anchors
 from research.block_draft.twin_ckpt import load_run, load_target
 
 
-def evaluate(target, hp, held, folder: Path, device: str, n: int = 24) -> dict:
-    """The draft in `folder` on the first `n` held-out sequences: both agreements and tau."""
+def evaluate(target, hp, held, folder: Path, device: str) -> dict:
+    """The draft in `folder` on gpu_train's evaluation batch: both agreements and tau."""
     cfg, head, w, _, step = load_run(folder, device)
-    kd = Kd(target["model.norm.weight"], hp["eps"])
-    d = g.make_draft(cfg, w, target["model.embed_tokens.weight"], head, 4.0, kd)
-    src = Anchors(held, cfg["block_size"], 48, cfg["mask_token_id"], 1234)
-    items = [g.draw(src, head, i) for i in range(min(n, len(src.index)))]
-    feats = g.Features(target, hp, cfg["target_layer_ids"], held, 32768, 0)
-    batch = g.collate(items, feats, device, cfg["hidden_size"])
-    ev = g.evaluate(d, batch) | kd.agreement(d, batch)
+    d = g.make_draft(cfg, w, target["model.embed_tokens.weight"], head, 4.0, Kd.of(target, hp, cfg))
+    ev = g.evaluate(d, g.held_batch(d, head, target, hp, held, device))
     return {"draft": str(folder), "step": step, **{k: round(v, 4) for k, v in ev.items()}}
 
 

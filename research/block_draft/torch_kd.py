@@ -43,26 +43,31 @@ class Kd:
     norm: torch.Tensor
     eps: float
 
+    @classmethod
+    def of(cls, target: dict, hp: dict, cfg: dict) -> Kd:
+        """The rule for a draft (`cfg`) of `target`: its last --layers must be the target's last
+        layer, whose outputs the soft labels are made of (else a one-line SystemExit)."""
+        if cfg["target_layer_ids"][-1] != hp["layers"] - 1:
+            raise SystemExit("--kd needs the target's last layer as the draft's last --layers")
+        return cls(target["model.norm.weight"], hp["eps"])
+
     def target_logits(self, d, soft: torch.Tensor) -> torch.Tensor:
         return tb.rms_norm(soft, self.norm, self.eps) @ d.train_head.T
 
     def loss(self, d, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """kd_loss_fn: weighted cross-entropy of each block row against the target's
         distribution (rows whose label is -1 skipped); also the draft's logits."""
-        raw, anchors, toks, labels, soft = batch
-        logits = tb.block_hidden(d.w, d.cfg, d.embed, raw, anchors, toks)[:, :, 1:]
-        logits = logits @ d.train_head.T
+        logits, labels, soft = d.logits(batch), batch[3], batch[4]
         p = torch.softmax(self.target_logits(d, soft), -1)
         ce = -(p * torch.log_softmax(logits, -1)).sum(-1)
         wt = d.weights * (labels >= 0)
         return (ce * wt).sum() / wt.sum().clamp(min=1.0), logits
 
     @torch.no_grad()
-    def agreement(self, d, batch) -> dict[str, float]:
-        """kd.target_agreement: each block row's argmax against the target's (over the
-        training head), per block position, and tau from them."""
+    def agreement(self, d, batch, logits: torch.Tensor) -> dict[str, float]:
+        """kd.target_agreement: each block row's argmax (of the draft's `logits` for `batch`)
+        against the target's, over the training head, per block position, and tau from them."""
         labels, soft = batch[3], batch[4]
-        logits = tb.block_hidden(d.w, d.cfg, d.embed, *batch[:3])[:, :, 1:] @ d.train_head.T
         want = self.target_logits(d, soft).argmax(-1)
         ok = labels >= 0
         hits = ((logits.argmax(-1) == want) & ok).sum((0, 1)).cpu().numpy()

@@ -70,6 +70,17 @@ def chunks_with_features(target, data: Path):
     return [chunk]
 
 
+def stored_features(tw, hp, chunks, src, picks) -> gpu_train.Features:
+    """The twin's feature store holding the MLX features of `src`'s sequences `picks` (so both
+    sides read the same float16 rows)."""
+    feats = gpu_train.Features(tw, hp, LAYERS, chunks, 4096, 0)
+    ch = chunks[0]
+    for p in picks:
+        lo, hi = ch["starts"][p], ch["starts"][p + 1]
+        feats.store[src.index[p]] = torch.from_numpy(ch["feats"][lo:hi])
+    return feats
+
+
 def test_target_layer_outputs_match_mlx(pair, tmp_path):
     _, target, hp, w = pair
     batch = np.random.default_rng(1).integers(0, hp["vocab"], (3, 29)).astype(np.int32)
@@ -126,11 +137,7 @@ def test_loss_logits_and_a_step_match_train_py(pair, tmp_path):
     loss, logits = mlx_train.loss_fn(model, [mlx_train.as_mx(s) for s in seqs], gamma)
 
     w = {k: torch.from_numpy(np.array(v)) for k, v in tree_flatten(model.parameters())}
-    feats = gpu_train.Features(tw, hp, LAYERS, chunks, 4096, 0)
-    ch = chunks[0]
-    for p in (0, 5, 9):
-        lo, hi = ch["starts"][p], ch["starts"][p + 1]
-        feats.store[src.index[p]] = torch.from_numpy(ch["feats"][lo:hi])
+    feats = stored_features(tw, hp, chunks, src, (0, 5, 9))
     items = [(src.index[p], a, t, lab) for p, (_, a, t, lab) in zip((0, 5, 9), seqs, strict=True)]
     batch = gpu_train.collate(items, feats, "cpu")
     d = gpu_train.make_draft(cfg, w, tw["model.embed_tokens.weight"], head, 4.0)
@@ -200,12 +207,7 @@ def test_soft_labels_match_kd_py(pair, tmp_path):
     theirs_ev = kd.target_agreement(model, seqs, norm)
 
     w = {k: torch.from_numpy(np.array(v)) for k, v in tree_flatten(model.parameters())}
-    feats = gpu_train.Features(tw, hp, LAYERS, chunks, 4096, 0)
-    ch = chunks[0]
-    for p in picks:
-        feats.store[src.index[p]] = torch.from_numpy(
-            ch["feats"][ch["starts"][p] : ch["starts"][p + 1]]
-        )
+    feats = stored_features(tw, hp, chunks, src, picks)
     items = [(src.index[p], *seq[1:4]) for p, seq in zip(picks, seqs, strict=True)]
     batch = gpu_train.collate(items, feats, "cpu", hp["hidden"])
     assert len(batch) == 5 and batch[4].shape[-1] == hp["hidden"]
@@ -218,7 +220,7 @@ def test_soft_labels_match_kd_py(pair, tmp_path):
         np.testing.assert_allclose(
             our_logits[r, : lg.shape[0]].detach().numpy(), np.array(lg), atol=1e-4
         )
-    assert d.kd.agreement(d, batch) == pytest.approx(theirs_ev, abs=1e-6)
+    assert d.kd.agreement(d, batch, our_logits) == pytest.approx(theirs_ev, abs=1e-6)
 
     class Echo(torch_kd.Kd):  # a target ranking as the draft does but in every fourth row
         def target_logits(self, d_, soft):
@@ -227,7 +229,7 @@ def test_soft_labels_match_kd_py(pair, tmp_path):
             return lg.view_as(our_logits)
 
     echo = gpu_train.make_draft(cfg, w, d.embed, head, 4.0, Echo(rule.norm, rule.eps))
-    ev = echo.kd.agreement(echo, batch)
+    ev = echo.kd.agreement(echo, batch, our_logits)
     assert 0.4 < ev["top1"] < 0.9 and 1.0 < ev["tau_target"] < 1 + (BLOCK - 1) * 0.9
 
     grad = nn.value_and_grad(model, lambda m, s: kd.kd_loss_fn(m, s, gamma, norm)[0])
@@ -348,10 +350,11 @@ def test_kd_run_trains_on_soft_labels_and_logs_the_targets_agreement(pair, tmp_p
     is refused in one line."""
     folder = pair[0]
     data = write_data(tmp_path / "data", n=80)
-    args = ["train", "--target", str(folder), "--data", str(data), "--device", "cpu", "--kd"]
-    args += ["--out", str(tmp_path / "run"), "--init-layers", "0,3", "--block", "4"]
-    args += ["--per-seq", "6", "--seqs", "3", "--eval-every", "3", "--feature-tokens", "512"]
-    args += ["--lr", "3e-3", "--reload-every", "1000", "--total-steps", "100000"]
+    base = ["train", "--target", str(folder), "--data", str(data), "--device", "cpu", "--kd"]
+    base += ["--init-layers", "0,3", "--block", "4"]
+    args = [*base, "--out", str(tmp_path / "run"), "--per-seq", "6", "--seqs", "3"]
+    args += ["--eval-every", "3", "--feature-tokens", "512", "--lr", "3e-3"]
+    args += ["--reload-every", "1000", "--total-steps", "100000"]
     assert gpu_train.main([*args, "--layers", "0,1,3", "--steps", "9"]) == 0
     out = capsys.readouterr().out
     assert out.count("'tau_target'") == 3 and "'top3'" in out
@@ -367,7 +370,7 @@ def test_kd_run_trains_on_soft_labels_and_logs_the_targets_agreement(pair, tmp_p
     assert [got[f"acc{j}"] for j in (1, 2, 3)] == pytest.approx(last[5:8], abs=1e-3)
     assert 1.0 <= got["tau_target"] <= BLOCK and "top3" in got
     with pytest.raises(SystemExit, match="last layer"):
-        gpu_train.main([*args[:-16], "--out", str(tmp_path / "other"), "--layers", "0,1,2"])
+        gpu_train.main([*base, "--out", str(tmp_path / "other"), "--layers", "0,1,2"])
 
 
 def test_train_py_goes_on_from_the_twins_runs(pair, tmp_path, capsys):
