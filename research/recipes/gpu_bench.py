@@ -37,6 +37,8 @@ EXTRA = ("mdit-py-plugins", "linkify-it-py", "uc-micro-py", "platformdirs")
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 27, 28, 31, 34, 35, 39)]
 PLATFORMS += ["manylinux2014_x86_64", "linux_x86_64"]
 ARCHIVE = "bench.tar"
+LEFT_BEHIND = (".git", "build", "*.egg-info", ".gpucarry", ".whl", "bench-out", "runs", ".venv")
+LEFT_BEHIND += ("__pycache__", ".*_cache", "research", "tests", "docs")
 WEIGHTS_SUM = "model.safetensors.sha256"  # in the target's folder, where its weights stayed behind
 
 
@@ -96,11 +98,12 @@ def cmd_pack(a: argparse.Namespace) -> int:
         stage = Path(tmp) / "stage"
         wheels = stage / "wheels"
         wheels.mkdir(parents=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-            + [str(root), "-w", str(wheels)],
-            check=True,
-        )
+        # From a copy: a build/ folder left in the tree would put stale modules in the wheel.
+        src = Path(tmp) / "src"
+        shutil.copytree(root, src, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
+        pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(wheels)]
+        if subprocess.run([*pip, "--no-build-isolation"]).returncode != 0:  # setuptools < 77
+            subprocess.run(pip, check=True)
         download(wheels_wanted(a.cuda), wheels, a.python, a.find_links)
         folder = stage / "home" / "models" / target.name
         skip = ("model.safetensors",) if a.skip_weights else ()
