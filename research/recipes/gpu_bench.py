@@ -91,9 +91,9 @@ def cmd_pack(a: argparse.Namespace) -> int:
     if not (target / "config.json").is_file():
         sys.exit(f"gpu_bench: no target at {target} (run `edgespec pull {a.target_name}`)")
     out = Path(a.out)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{ARCHIVE}.*"):  # an earlier pack's pieces, and only those
+        old.unlink()
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp) / "stage"
         wheels = stage / "wheels"
@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("pack", help="here: the archive's pieces and the calls to make")
-    k.add_argument("--out", required=True, help="a folder for the pieces (emptied first)")
+    k.add_argument(
+        "--out", required=True, help="a folder for the pieces (an earlier pack's are replaced)"
+    )
     k.add_argument("--target", help="the target's folder (default: the pulled target-name)")
     k.add_argument("--target-name", default="smollm2-135m-instruct")
     k.add_argument("--piece-mb", type=float, default=52.0)

@@ -34,8 +34,9 @@ def fake_wheel(folder: Path, spec: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """pack's pieces (weights left out) from fake wheels and a small target folder."""
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
+    """pack's pieces (weights left out) from fake wheels and a small target folder: the pieces'
+    folder, the weights left out, pack's arguments."""
     root = tmp_path_factory.mktemp("pack")
     links = root / "links"
     links.mkdir()
@@ -52,11 +53,11 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     args += ["--cuda", "", "--find-links", str(links), "--skip-weights"]
     args += ["--python", f"{sys.version_info.major}.{sys.version_info.minor}"]
     assert gpu_bench.main(args) == 0
-    return out, target / "model.safetensors"
+    return out, target / "model.safetensors", args
 
 
 def test_run_joins_installs_and_benches_from_the_pieces(packed, tmp_path, capfd):
-    pieces, weights = packed
+    pieces, weights, pack_args = packed
     assert len(list(pieces.glob("bench.tar.[0-9]*"))) >= 3  # EdgeSpec's wheel alone is 40 MB
     work = tmp_path / "gb"
     args = ["run", "--pieces", str(pieces), "--work", str(work), "--weights", str(weights)]
@@ -70,8 +71,26 @@ def test_run_joins_installs_and_benches_from_the_pieces(packed, tmp_path, capfd)
     assert placed.resolve() == weights.resolve()
 
 
+def test_pack_again_replaces_its_pieces_and_nothing_else(packed, tmp_path):
+    pieces, weights, pack_args = packed
+    again = tmp_path / "again"
+    again.mkdir()
+    for p in pieces.iterdir():
+        (again / p.name).write_bytes(p.read_bytes())
+    (again / "notes.txt").write_text("mine")
+    args = list(pack_args)
+    args[args.index("--out") + 1], args[args.index("--piece-mb") + 1] = str(again), "100"
+    assert gpu_bench.main(args) == 0
+    assert sorted(p.name for p in again.iterdir()) == [
+        "bench.tar.000",
+        "bench.tar.sha256",
+        "notes.txt",
+    ]
+    assert (gpu_bench.join(again, tmp_path / "w", str(weights)) / "wheels").is_dir()
+
+
 def test_a_missing_piece_is_refused(packed, tmp_path):
-    pieces, weights = packed
+    pieces, weights, pack_args = packed
     partial = tmp_path / "partial"
     partial.mkdir()
     for p in sorted(pieces.iterdir())[1:]:  # all but the first piece
@@ -81,7 +100,7 @@ def test_a_missing_piece_is_refused(packed, tmp_path):
 
 
 def test_weights_left_out_must_be_given_and_be_the_same(packed, tmp_path):
-    pieces, weights = packed
+    pieces, weights, pack_args = packed
     with pytest.raises(SystemExit, match="give --weights"):
         gpu_bench.join(pieces, tmp_path / "a", None)
     other = tmp_path / "other.safetensors"
