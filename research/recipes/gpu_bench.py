@@ -37,12 +37,16 @@ EXTRA = ("mdit-py-plugins", "linkify-it-py", "uc-micro-py", "platformdirs")
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 27, 28, 31, 34, 35, 39)]
 PLATFORMS += ["manylinux2014_x86_64", "linux_x86_64"]
 ARCHIVE = "bench.tar"
-LEFT_BEHIND = (".git", "build", "*.egg-info", ".gpucarry", ".whl", "bench-out", "runs", ".venv")
-LEFT_BEHIND += ("__pycache__", ".*_cache", "research", "tests", "docs")
+# What the wheel's copy of the tree leaves behind: tests/project/test_wheel.py's list (build
+# outputs, caches, work folders such as .dev/ and .gpucarry/), and the folders no wheel holds.
+LEFT_BEHIND = (".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".venv", ".dev")
+LEFT_BEHIND += ("bench-out", "runs", ".whl", ".gpucarry", ".gl", ".benchmarks")
+LEFT_BEHIND += ("research", "tests", "docs")
 WEIGHTS_SUM = "model.safetensors.sha256"  # in the target's folder, where its weights stayed behind
 
 
 def sha256(path: Path) -> str:
+    """edgespec.files.sha256_file's twin: `run` has the standard library only (no EdgeSpec yet)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -85,9 +89,10 @@ def _pinned(name: str) -> str:
 
 
 def cmd_pack(a: argparse.Namespace) -> int:
+    from edgespec.loading.paths import model_dir  # here only: `run` has no EdgeSpec to import
+
     root = Path(__file__).resolve().parents[2]
-    home = Path(os.environ.get("EDGESPEC_HOME", Path.home() / ".cache" / "edgespec"))
-    target = Path(a.target) if a.target else home / "models" / a.target_name
+    target = Path(a.target) if a.target else model_dir(a.target_name)
     if not (target / "config.json").is_file():
         sys.exit(f"gpu_bench: no target at {target} (run `edgespec pull {a.target_name}`)")
     out = Path(a.out)
