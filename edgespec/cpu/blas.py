@@ -34,7 +34,7 @@ import site
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
 CANDIDATES = (
@@ -48,6 +48,24 @@ MODES = ("auto", "mkl", "mkl-fast", "openblas", "system")
 EXACT_CBWR = "AUTO,STRICT"
 _MARK = "EDGESPEC_BLAS_REEXEC"
 ACTIVE = "EDGESPEC_BLAS_ACTIVE"  # set in the re-executed process: which BLAS it runs on
+THREAD_VARIABLES = ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def share_cores(processes: int, environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """When `processes` processes compute side by side on this machine (ranks of one launch, test
+    workers), set each BLAS thread count left unset in `environ` to cores // processes (at least
+    1), so that together they start no more compute threads than there are cores: MKL's OpenMP
+    threads spin while they wait, and over-subscribed they slow each other down. A count the user
+    set stays. Returns the share set, or None for one process (nothing set).
+
+        share_cores(3, env) on 2 cores -> "1"; share_cores(1, env) -> None
+    """
+    if processes <= 1:
+        return None
+    share = str(max(1, (os.cpu_count() or 1) // processes))
+    for name in THREAD_VARIABLES:
+        environ.setdefault(name, share)
+    return share
 
 
 def openblas_path() -> str | None:

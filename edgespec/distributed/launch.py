@@ -16,10 +16,10 @@ import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from edgespec.cpu.blas import share_cores
 from edgespec.errors import GroupError
 
 HOSTFILE, RANK = "MLX_HOSTFILE", "MLX_RANK"
-THREAD_VARIABLES = ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def launched_backend(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -63,13 +63,7 @@ def local_ranks(environ: Mapping[str, str] = os.environ) -> int:
 def share_threads(environ: MutableMapping[str, str] = os.environ) -> str | None:
     """When several ranks share this machine, set each BLAS thread count that is unset to
     cores // local ranks (at least 1). Returns the share set, or None."""
-    ranks = local_ranks(environ)
-    if ranks <= 1:
-        return None
-    share = str(max(1, (os.cpu_count() or 1) // ranks))
-    for name in THREAD_VARIABLES:
-        environ.setdefault(name, share)
-    return share
+    return share_cores(local_ranks(environ), environ)
 
 
 RING_GAVE_UP = b"Too many send/recv errors"

@@ -192,3 +192,42 @@ def test_cpu_model_reads_the_first_processor_block(monkeypatch, tmp_path):
     assert blas.cpu_model() == ""
     monkeypatch.setattr(blas, "Path", lambda p: tmp_path / "missing")
     assert blas.cpu_model() == ""
+
+
+def test_processes_side_by_side_share_the_cores_unless_the_user_set_a_count(monkeypatch):
+    monkeypatch.setattr(blas.os, "cpu_count", lambda: 8)
+    env = {"OMP_NUM_THREADS": "3"}
+    assert blas.share_cores(1, env) is None and env == {"OMP_NUM_THREADS": "3"}
+    assert blas.share_cores(3, env) == "2"
+    assert env == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+    assert blas.share_cores(16, {}) == "1"  # at least one thread each
+
+
+def test_xdist_worker_counts_are_read_from_every_spelling(monkeypatch):
+    from edgespec.cpu.pytest_blas import xdist_workers
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert [xdist_workers(a) for a in (["-n", "4"], ["-n4"], ["--numprocesses=4"])] == [4, 4, 4]
+    assert xdist_workers(["--numprocesses", "auto"]) == xdist_workers(["-nlogical"]) == 6
+    assert xdist_workers(["-ra", "-m", "not slow", "tests/loop"]) == 0
+    assert xdist_workers(["-n", "0"]) == 0 and xdist_workers(["-n"]) == 0
+
+
+def test_xdist_workers_inherit_their_share_of_the_cores(tmp_path):
+    """The plugin, as pytest loads it, under `-n 2`: each worker sees cores // 2 BLAS threads."""
+    pytest.importorskip("xdist")
+    (tmp_path / "test_env.py").write_text(
+        "import os\n\ndef test_env():\n"
+        f"    open({str(tmp_path / 'seen')!r} + os.environ['PYTEST_XDIST_WORKER'], 'w')"
+        ".write(os.environ.get('MKL_NUM_THREADS', '-'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in blas.THREAD_VARIABLES}
+    env.pop("PYTEST_ADDOPTS", None)
+    argv = ["-p", "edgespec.cpu.pytest_blas", "-p", "no:cacheprovider", "-q", "-n", "2"]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", *argv, str(tmp_path / "test_env.py")],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = {p.read_text() for p in tmp_path.glob("seen*")}
+    assert seen == {str(max(1, (os.cpu_count() or 1) // 2))}

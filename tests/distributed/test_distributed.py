@@ -37,6 +37,10 @@ from tests.helpers.distributed import (
 )
 from tests.helpers.tiny import make_tiny_pair
 
+# Each test starts a group of ranks: under pytest-xdist (`-n`), one such test at a time
+# (`--dist loadgroup` keeps a group on one worker), so that ranks never wait on each other's cores.
+pytestmark = pytest.mark.xdist_group("distributed")
+
 GREEDY = ["--temp", "0", "--json", "--raw", "--max-tokens", "16"]
 
 

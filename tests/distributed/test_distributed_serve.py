@@ -38,6 +38,10 @@ from tests.helpers.ministral import tiny_ministral as ministral_fixture
 httpx = pytest.importorskip("httpx")
 ministral = ministral_fixture  # tests/helpers/ministral.py's tiny ministral3, under a second name
 
+# Each test starts a group of ranks: under pytest-xdist (`-n`), one such test at a time
+# (`--dist loadgroup` keeps a group on one worker), so that ranks never wait on each other's cores.
+pytestmark = pytest.mark.xdist_group("distributed")
+
 MAX = 16
 LOST = (
     "edgespec serve: error: rank 0 lost its group ([ring] connection to a peer was lost): "

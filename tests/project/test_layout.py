@@ -61,3 +61,12 @@ def test_no_function_over_the_line_limit():
                 if n > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = n
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run ends with the README's "everything, as CI runs it" command, word for word."""
+    readme = [ln for ln in (ROOT / "README.md").read_text().splitlines() if "as CI runs it" in ln]
+    assert len(readme) == 1
+    command = readme[0].split("#", 1)[0].strip()
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.startswith("python")]
+    assert ci[-1] == command
