@@ -16,8 +16,8 @@ from edgespec.cpu.blas import reexec_with_blas, share_cores
 
 
 def xdist_workers(argv: list[str]) -> int:
-    """How many pytest-xdist workers `argv` asks for: `-n N`, `-nN`, `--numprocesses[=]N`; `auto`
-    and `logical` count this machine's cores (as xdist does without psutil); 0 without any.
+    """How many pytest-xdist workers `argv` asks for: `-n N`, `-nN`, `--numprocesses[=]N`; for
+    `auto` and `logical`, as xdist counts them (`_cores`); 0 without any.
 
     >>> xdist_workers(["-m", "slow", "-n", "3"]), xdist_workers(["-n0"]), xdist_workers(["-q"])
     (3, 0, 0)
@@ -31,8 +31,22 @@ def xdist_workers(argv: list[str]) -> int:
         elif arg.startswith("-n") and not arg.startswith("--"):
             count = arg[2:]
     if count in ("auto", "logical"):
-        return os.cpu_count() or 1
+        return _cores(logical=count == "logical")
     return int(count) if count.isdigit() else 0
+
+
+def _cores(logical: bool) -> int:
+    """xdist's count for `-n auto` / `-n logical`: PYTEST_XDIST_AUTO_NUM_WORKERS when set, else
+    psutil's physical (`auto`) or logical core count when psutil is installed, else the CPUs."""
+    forced = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    if forced.isdigit():
+        return int(forced)
+    try:
+        import psutil  # type: ignore[import-untyped]
+
+        return psutil.cpu_count(logical=logical) or os.cpu_count() or 1
+    except ImportError:
+        return os.cpu_count() or 1
 
 
 argv = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + sys.argv[1:]

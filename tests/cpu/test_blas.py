@@ -206,9 +206,13 @@ def test_processes_side_by_side_share_the_cores_unless_the_user_set_a_count(monk
 def test_xdist_worker_counts_are_read_from_every_spelling(monkeypatch):
     from edgespec.cpu.pytest_blas import xdist_workers
 
+    monkeypatch.setitem(sys.modules, "psutil", None)  # counted as xdist does without psutil
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 6)
     assert [xdist_workers(a) for a in (["-n", "4"], ["-n4"], ["--numprocesses=4"])] == [4, 4, 4]
     assert xdist_workers(["--numprocesses", "auto"]) == xdist_workers(["-nlogical"]) == 6
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert xdist_workers(["-n", "auto"]) == 3 and xdist_workers(["-n", "5"]) == 5
     assert xdist_workers(["-ra", "-m", "not slow", "tests/loop"]) == 0
     assert xdist_workers(["-n", "0"]) == 0 and xdist_workers(["-n"]) == 0
 
