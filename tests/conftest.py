@@ -26,6 +26,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 pytest_plugins = ["tests.helpers.hub", "tests.helpers.ministral"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook, same name)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's `--dist loadgroup` (the README's test command), a module whose tests
+    name no group of their own runs on one worker, so that its module-scoped fixtures (a real
+    model loaded, tiny models built) are made once rather than once on each worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return make_tiny_pair(tmp_path_factory.mktemp("tiny_pair"), seed=0, draft="subset")
