@@ -34,7 +34,11 @@ TOKENS = 120
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("mtp-cmd"), [PROMPT], TOKENS, steps=100)
+    # Trained on the chat-templated prompt the server sends: trained on the raw prompt, the head
+    # met text it had never seen and got 0-5 of 345-360 drafts accepted, which left the check
+    # below to floating-point luck.
+    folder = tmp_path_factory.mktemp("mtp-cmd")
+    return make_checkpoint(folder, [PROMPT], TOKENS, steps=100, chat=True)
 
 
 def test_serve_method_mtp_answers_greedy_as_no_spec(checkpoint):

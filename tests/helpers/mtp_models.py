@@ -255,10 +255,17 @@ def train_mtp(model: nn.Module, mtp: MtpModel, seqs: list[list[int]], steps: int
 
 
 def make_checkpoint(
-    root: Path, prompts: list[str], length: int = 300, steps: int = 150, family: str = "qwen3_5"
+    root: Path,
+    prompts: list[str],
+    length: int = 300,
+    steps: int = 150,
+    family: str = "qwen3_5",
+    chat: bool = False,
 ) -> Path:
     """Write `root/checkpoint` (original layout, MTP kept) of the tiny `family` model whose MTP
-    layer learnt the target's greedy answers (`length` tokens) to `prompts`, raw text."""
+    layer learnt the target's greedy answers (`length` tokens) to `prompts`: raw text, or with
+    `chat` each prompt as a user turn through the chat template (as the server and the chat
+    send it), so that the head has seen the very answers those commands decode."""
     from mlx_lm.utils import load_tokenizer
 
     tok_dir = root / "tokenizer"
@@ -272,7 +279,13 @@ def make_checkpoint(
     mtp = build_head(config)
     seed_weights(mtp, 1)
     mtp.attach(model)
-    answers = [greedy_answer(model, tokenizer.encode(p), length) for p in prompts]
+    turns = [[{"role": "user", "content": p}] for p in prompts]
+    encoded = (
+        [list(tokenizer.apply_chat_template(t, add_generation_prompt=True)) for t in turns]
+        if chat
+        else [tokenizer.encode(p) for p in prompts]
+    )
+    answers = [greedy_answer(model, ids, length) for ids in encoded]
     train_mtp(model, mtp, answers, steps)
     path = root / "checkpoint"
     path.mkdir(parents=True)
