@@ -61,7 +61,7 @@ def load_model(
     quantize_bits: int | None = None,
     on_progress: ProgressFn | None = None,
     dequantize: bool | None = None,
-    tokenizer_fallback: Path | None = None,
+    tokenizer_fallback: Path | LoadedModel | None = None,
     catalog: Catalog | None = None,
     embedding: nn.Module | None = None,
     target: nn.Module | None = None,
@@ -74,7 +74,8 @@ def load_model(
     embedding and output head).
     quantize_bits: quantize an unquantized model to this many bits (GPU only; ignored when the
     model is dequantized for the CPU). dequantize: None = on the CPU backend only.
-    tokenizer_fallback: folder whose tokenizer to use if `spec` ships none (e.g. a draft).
+    tokenizer_fallback: if `spec` ships no tokenizer, the folder whose tokenizer to load, or the
+    loaded model whose tokenizer to share (a draft shares its target's).
     dtype: the float parameters' dtype after loading (a `DTYPES` name). None or "auto": float32 on
     the CPU backend (dequantized), as stored on a GPU backend.
     """
@@ -161,7 +162,7 @@ def _load_draft(
         spec,
         quantize_bits=draft_bits or None,
         on_progress=on_progress,
-        tokenizer_fallback=t.path,
+        tokenizer_fallback=t,
         catalog=cat,
         embedding=input_embedding(t.model),
         target=t.model,

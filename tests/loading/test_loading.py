@@ -4,6 +4,7 @@ error naming the path, the CPU/GPU weight policy, the tokenizer and cache checks
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -290,6 +291,19 @@ def test_load_pair_edgespec_draft_borrows_target_tokenizer(pair_dir, tmp_path):
     logits = d.model(mx.array([[3, 4, 5]]))
     assert logits.shape[-1] == target_cfg["vocab_size"]
     assert mx.isinf(logits[0, 0, 16:]).all().item()  # off-head tokens get q = 0
+    assert d.tokenizer is t.tokenizer  # shared, not loaded twice
+
+
+def test_a_draft_shares_the_tokenizer_only_when_its_files_are_the_targets(pair_dir, tmp_path):
+    t, d = loading.load_pair(str(pair_dir[0]), str(pair_dir[1]))  # the same files, copied
+    assert d is not None and d.tokenizer is t.tokenizer
+    draft = tmp_path / "draft"
+    shutil.copytree(pair_dir[1], draft)
+    config = json.loads((draft / "tokenizer_config.json").read_text())
+    (draft / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    t, d = loading.load_pair(str(pair_dir[0]), str(draft))  # one byte apart: its own, checked
+    assert d is not None and d.tokenizer is not t.tokenizer
+    assert d.tokenizer.model_max_length == 77
 
 
 def test_load_pair_rejects_mismatched_tokenizers(pair_dir, tmp_path):
