@@ -15,6 +15,7 @@ from edgespec.commands.common import (
     fixed_k_for_group,
     generation_from_args,
 )
+from edgespec.errors import PromptError
 from edgespec.events import Finished, Stats, Token, json_line
 
 HELP = (
@@ -58,10 +59,12 @@ def _progress(stage: str, fraction: float | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # our errors say it in one line
+    config = generation_from_args(args)  # validate before importing or loading anything
+    if not args.prompt.strip():  # Engine.encode_* would say the same after loading the models
+        raise PromptError("the prompt is empty")
     from edgespec.distributed.group import init_group
     from edgespec.runtime import Engine
 
-    config = generation_from_args(args)  # validate before loading anything
     group = init_group()  # None unless mlx.launch started this process
     primary = group is None or group.is_primary  # rank 0 alone prints; the others follow
     config, note = fixed_k_for_group(config, group)

@@ -125,6 +125,13 @@ def test_bad_input_is_one_line_exit_2(tiny_pair, case):
     _assert_one_line_error(edgespec(*args, *extra), needle)
 
 
+@pytest.mark.parametrize("case", ["k-zero", "top-p-zero", "empty-prompt", "blank-raw-prompt"])
+def test_bad_settings_and_empty_prompts_are_refused_before_any_model_loads(case):
+    """Checked before the models (or mlx-lm) load: a missing target is never reached."""
+    args, needle = BAD[case]
+    _assert_one_line_error(edgespec(*args, "--target", "/nonexistent/model"), needle)
+
+
 @pytest.mark.parametrize("case", ["truncated", "garbage", "mismatch"])
 def test_bad_models_are_one_line_exit_2(tiny_pair, broken, case):
     if case == "mismatch":
