@@ -15,7 +15,8 @@ from mlx_lm import stream_generate
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
 
-from edgespec.bench.records import PLAIN, rounds_from_flags
+from edgespec.bench.plan import PEER_METHODS, SPEC_METHODS, TOKEN_METHODS
+from edgespec.bench.records import rounds_from_flags
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Finished, Round, Token
 from edgespec.metrics import RoundTotals, fold_rounds
@@ -151,9 +152,6 @@ def peer_draft(engine: Any) -> Any | None:
 # the block and token drafts then run side by side in one bench. Bench state, like peer drafts.
 _TOKEN_ENGINES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-# The methods that run a draft model token by token (the token engine's, when one is set).
-TOKEN_METHODS = ("spec", "hybrid", "adaptive", "adaptive-hybrid", "tree", "adaptive-tree")
-
 
 def set_token_engine(engine: Any, token_engine: Any) -> None:
     """Run TOKEN_METHODS on `token_engine` (same target, a token draft) instead of `engine`."""
@@ -219,71 +217,6 @@ class Method:
     run: Callable[[Any, list[int], Point], Measured]
 
 
-# The `tree` method's shape (SpecConfig.tree): EAGLE-2 style dynamic trees, K deep
-# (docs/drafting.md, Trees).
-BENCH_TREE = "dynamic"
-
-
-# EdgeSpec's methods: name -> (description, needs a draft, takes a K list, SpecConfig fields).
-# A method that takes a K list gets SpecConfig(k=K, ...) per K; adaptive ones take no K list (K is
-# chosen per round, starting from SpecConfig's default and capped by its k_max).
-SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
-    PLAIN: ("target alone through EdgeSpec's loop", False, False, {"method": "none"}),
-    "spec": ("EdgeSpec, draft model", True, True, {"method": "draft"}),
-    "ngram": ("EdgeSpec, n-gram prompt lookup (no draft)", False, True, {"method": "ngram"}),
-    "hybrid": (
-        "EdgeSpec, n-gram when it matches, else the draft",
-        True,
-        True,
-        {"method": "hybrid"},
-    ),
-    "adaptive": (
-        "EdgeSpec, draft model, K chosen per round",
-        True,
-        False,
-        {"method": "draft", "adaptive": True},
-    ),
-    "adaptive-ngram": (
-        "EdgeSpec, n-gram lookup, K chosen per round",
-        False,
-        False,
-        {"method": "ngram", "adaptive": True},
-    ),
-    "adaptive-hybrid": (
-        "EdgeSpec, hybrid drafting, K chosen per round",
-        True,
-        False,
-        {"method": "hybrid", "adaptive": True},
-    ),
-    "tree": (
-        f"EdgeSpec, draft trees {BENCH_TREE} K deep",
-        True,
-        True,
-        {"method": "draft", "tree": BENCH_TREE},
-    ),
-    "adaptive-tree": (
-        "EdgeSpec, chain or tree chosen per round",
-        True,
-        False,
-        {"method": "draft", "tree": "auto"},
-    ),
-    "block": ("EdgeSpec, block draft (one draft forward a round)", True, True, {"method": "block"}),
-    "adaptive-block": (
-        "EdgeSpec, block draft, K chosen per round",
-        True,
-        False,
-        {"method": "block", "adaptive": True},
-    ),
-    "block-tree": (
-        f"EdgeSpec, trees from a block draft, {BENCH_TREE} K deep",
-        True,
-        True,
-        {"method": "block-tree"},
-    ),
-    "mtp": ("EdgeSpec, the target's own MTP head (--draft mtp)", True, True, {"method": "mtp"}),
-}
-
-
 def _spec_runner(
     fields: dict[str, Any], uses_k: bool
 ) -> Callable[[Any, list[int], Point], Measured]:
@@ -293,23 +226,16 @@ def _spec_runner(
 
 
 def _registry() -> dict[str, Method]:
-    """The methods `--methods` can name. A new EdgeSpec method is one row of SPEC_METHODS (the
-    Engine builds its drafter and K policy from the SpecConfig); mlx-lm's are the peers."""
+    """The methods `--methods` can name (edgespec.bench.plan's tables), each with its runner: an
+    EdgeSpec method is one row of SPEC_METHODS (the Engine builds its drafter and K policy from
+    the SpecConfig); mlx-lm's are the peers."""
     methods = [
         Method(name, text, draft, uses_k, _spec_runner(fields, uses_k))
         for name, (text, draft, uses_k, fields) in SPEC_METHODS.items()
     ]
-    methods.append(
-        Method("mlx-lm", "mlx_lm.stream_generate with the draft", True, True, _mlx_lm_runner(True))
-    )
-    methods.append(
-        Method(
-            "mlx-lm-plain", "mlx_lm.stream_generate, no draft", False, False, _mlx_lm_runner(False)
-        )
-    )
+    for name, (text, draft, uses_k) in PEER_METHODS.items():
+        methods.append(Method(name, text, draft, uses_k, _mlx_lm_runner(draft)))
     return {m.name: m for m in methods}
 
 
 METHODS: dict[str, Method] = _registry()
-# adaptive-hybrid: what `edgespec chat` and `generate` run by default.
-DEFAULT_METHODS = (PLAIN, "spec", "mlx-lm", "adaptive-hybrid")

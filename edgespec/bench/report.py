@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgespec.bench.methods import TOKEN_METHODS
+from edgespec.bench.plan import TOKEN_METHODS
 from edgespec.bench.records import PLAIN, Summary, VariantSummary
 from edgespec.bench.runner import BenchResult
 from edgespec.metrics import predicted_speedup, verify_cost_line

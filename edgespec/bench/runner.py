@@ -20,18 +20,11 @@ from typing import Any
 import mlx.core as mx
 
 from edgespec.bench.greedy import MismatchNote
-from edgespec.bench.methods import (
-    DEFAULT_METHODS,
-    METHODS,
-    Point,
-    engine_for,
-    mlx_lm_draft,
-    peer_draft,
-)
+from edgespec.bench.methods import METHODS, Point, engine_for, mlx_lm_draft, peer_draft
+from edgespec.bench.plan import BenchPlan
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord
 from edgespec.cache import KVState
-from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu import blas
 from edgespec.cpu.backend import Switches
 from edgespec.cpu.switch import on_cpu
@@ -40,40 +33,6 @@ from edgespec.drafting.draft_model import reduced_head
 from edgespec.drafting.eagle import EagleModel
 from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class BenchPlan:
-    """What to measure. Each (method, K, temp) variant runs on every prompt in every repeat."""
-
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    ks: tuple[int, ...] = (4,)
-    temps: tuple[float, ...] = (0.0,)
-    max_tokens: int = 128
-    repeats: int = 1
-    seed: int = 0
-    warmup_tokens: int = 16
-
-    def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ConfigError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
-        for k in self.ks:  # the same checks and messages as generate's
-            SpecConfig(k=k)
-        for t in self.temps:
-            SamplingConfig(temperature=t, seed=self.seed)
-        if self.seed >= 2**63:  # each run's seed is this one plus an offset (iter_bench)
-            raise ConfigError(f"bench's seed must be in [0, 2**63), got {self.seed}")
-        if self.max_tokens < 1 or self.repeats < 1:
-            raise ConfigError("max-tokens and repeats must be >= 1")
-
-    def variants(self) -> list[tuple[str, int]]:
-        """(method, K) pairs run at each temperature; K=0 for methods that take no K."""
-        return [(m, k) for m in self.methods for k in (self.ks if METHODS[m].uses_k else (0,))]
-
-    def total_runs(self, n_prompts: int) -> int:
-        return self.repeats * n_prompts * len(self.temps) * len(self.variants())
-
 
 FEATURES = (EagleModel, BlockModel)  # drafts that read the target's features: not for mlx-lm
 

@@ -10,25 +10,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from edgespec.bench.greedy import compare_greedy
-from edgespec.bench.methods import DEFAULT_METHODS, METHODS
-from edgespec.bench.prompts import encode_prompts, load_prompts
-from edgespec.bench.records import RunRecord, aggregate
-from edgespec.bench.report import format_table, write_report
-from edgespec.bench.runner import (
-    BenchPlan,
-    BenchResult,
-    check_methods,
-    environment,
-    iter_bench,
-    pair_info,
-    refused_methods,
-    warm_up,
-)
+from edgespec.bench.plan import DEFAULT_METHODS, USES_K, BenchPlan
+from edgespec.bench.prompts import load_prompts
 from edgespec.commands.common import add_model_args, add_shard_args
 from edgespec.errors import ConfigError, PromptError
+
+if TYPE_CHECKING:
+    from edgespec.bench.records import RunRecord
 
 HELP = (
     "Measure decode throughput of plain decoding, EdgeSpec's speculative decoding and mlx-lm's, "
@@ -66,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods",
         type=_list_of(str),
         default=DEFAULT_METHODS,
-        help=f"from {', '.join(METHODS)} (default {','.join(DEFAULT_METHODS)})",
+        help=f"from {', '.join(USES_K)} (default {','.join(DEFAULT_METHODS)})",
     )
     g.add_argument(
         "--peer-draft",
@@ -104,6 +94,8 @@ def _plan(args: argparse.Namespace) -> BenchPlan:
 def _measure(engine: Any, prompts: list, encoded: dict, plan: BenchPlan, quiet: bool) -> tuple:
     """Run the bench under a progress bar; Ctrl-C ends it early. Returns (records, complete)."""
     from tqdm import tqdm
+
+    from edgespec.bench.runner import iter_bench
 
     records: list[RunRecord] = []
     total = plan.total_runs(len(encoded))
@@ -143,7 +135,6 @@ def _group_plan(args: argparse.Namespace, group: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgespec.bench.methods import one_stream
     from edgespec.distributed.group import init_group
 
     group = init_group()  # None unless mlx.launch started this process
@@ -156,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.cold:
             return _run_cold(args, prompts, out)
+        from edgespec.bench.methods import one_stream  # mlx-lm: after the settings are checked
+
         with one_stream():  # EdgeSpec's runs and mlx-lm's on one thread (methods.one_stream)
             return _run(args, plan, prompts, out, group)
     except BaseException:
@@ -194,7 +187,7 @@ def _run_cold(args: argparse.Namespace, prompts: list, out: Path) -> int:
 def _token_side(engine: Any, plan: BenchPlan) -> bool:
     """Whether the token-draft methods of `plan` should run on the pair's token draft: the
     engine's own draft is a block draft (which drafts as a block whatever the method)."""
-    from edgespec.bench.methods import TOKEN_METHODS
+    from edgespec.bench.plan import TOKEN_METHODS
     from edgespec.drafting.block import BlockModel
 
     draft = engine.draft if engine.has_draft else None
@@ -203,7 +196,19 @@ def _token_side(engine: Any, plan: BenchPlan) -> bool:
 
 
 def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, group: Any) -> int:
+    from edgespec.bench.greedy import compare_greedy
     from edgespec.bench.methods import set_peer_draft, set_token_engine
+    from edgespec.bench.prompts import encode_prompts
+    from edgespec.bench.records import aggregate
+    from edgespec.bench.report import format_table, write_report
+    from edgespec.bench.runner import (
+        BenchResult,
+        check_methods,
+        environment,
+        pair_info,
+        refused_methods,
+        warm_up,
+    )
     from edgespec.distributed.probe import probe
     from edgespec.loading.load import load_token_draft, peer_draft_spec
     from edgespec.runtime import Engine

@@ -11,8 +11,9 @@ import json
 import pytest
 
 from edgespec.bench.greedy import compare_greedy
+from edgespec.bench.plan import BenchPlan
 from edgespec.bench.prompts import encode_prompts, load_prompts
-from edgespec.bench.runner import BenchPlan, iter_bench, refused_methods
+from edgespec.bench.runner import iter_bench, refused_methods
 from tests.helpers.arch_models import Families
 from tests.helpers.cli import run_edgespec
 from tests.helpers.tiny_arch import FAMILIES

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from edgespec.bench.greedy import MismatchNote, first_difference
+from edgespec.bench.plan import BenchPlan
 from edgespec.bench.prompts import DEFAULT_PROMPTS, MT_BENCH, load_prompts
 from edgespec.bench.records import RunRecord, aggregate
 from edgespec.bench.report import format_markdown, format_table, write_report
-from edgespec.bench.runner import BenchPlan, BenchResult
+from edgespec.bench.runner import BenchResult
 from edgespec.errors import ConfigError, PromptError
 from tests.helpers.bench import _bench, check_schema
+from tests.helpers.cli import mlx_lm_stopper, run_edgespec
 from tests.helpers.prompt_sets import SPEC_BENCH, prompt_set
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -168,7 +170,7 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
         yield done
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(command, "iter_bench", interrupted)
+    monkeypatch.setattr("edgespec.bench.runner.iter_bench", interrupted)
     records, complete = command._measure(None, [], {"1": [1]}, BenchPlan(), quiet=True)
     assert (records, complete) == ([done], False)
 
@@ -304,6 +306,25 @@ def test_cli_unknown_method_is_one_line_error(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("edgespec bench: error: unknown methods ['turbo']")
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--methods", "plain,turbo"], "unknown methods ['turbo']"),
+        (["-k", "0"], "K (draft tokens per round) must be in 1..64"),
+        (["--temp", "-1"], "temperature must be"),
+        (["--limit", "0"], "--limit must be >= 1"),
+    ],
+)
+def test_cli_bad_settings_are_refused_before_mlx_lm_is_imported(tmp_path: Path, args, needle):
+    out = tmp_path / "out"
+    proc = run_edgespec("bench", *args, "--out", str(out), path_first=mlx_lm_stopper(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgespec bench: error: "), proc.stderr
+    assert needle in lines[0]
+    assert not out.exists()
 
 
 def test_cli_unwritable_out_fails_before_loading_and_a_failed_run_leaves_no_folder(

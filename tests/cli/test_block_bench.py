@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.bench.plan import BenchPlan
 from edgespec.bench.records import aggregate
 from edgespec.bench.report import write_report
-from edgespec.bench.runner import BenchPlan, check_methods
+from edgespec.bench.runner import check_methods
 from edgespec.bench.tree import variants
 from edgespec.errors import ConfigError
 from edgespec.events import Round

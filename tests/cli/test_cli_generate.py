@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import run_edgespec
+from tests.helpers.cli import mlx_lm_stopper, run_edgespec
 from tests.helpers.tiny import make_tiny_pair
 
 
@@ -126,10 +126,10 @@ def test_bad_input_is_one_line_exit_2(tiny_pair, case):
 
 
 @pytest.mark.parametrize("case", ["k-zero", "top-p-zero", "empty-prompt", "blank-raw-prompt"])
-def test_bad_settings_and_empty_prompts_are_refused_before_any_model_loads(case):
-    """Checked before the models (or mlx-lm) load: a missing target is never reached."""
+def test_bad_settings_and_empty_prompts_are_refused_before_mlx_lm_is_imported(case, tmp_path):
     args, needle = BAD[case]
-    _assert_one_line_error(edgespec(*args, "--target", "/nonexistent/model"), needle)
+    r = run_edgespec("generate", *args, path_first=mlx_lm_stopper(tmp_path))
+    _assert_one_line_error(r, needle)
 
 
 @pytest.mark.parametrize("case", ["truncated", "garbage", "mismatch"])

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from edgespec.bench.plan import BenchPlan
 from edgespec.bench.prompts import load_prompts
 from edgespec.bench.records import RunRecord, Summary
-from edgespec.bench.runner import BenchPlan, BenchResult
+from edgespec.bench.runner import BenchResult
 
 
 def check_schema(doc: dict) -> None:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from edgespec import loop
-from edgespec.bench.runner import BenchPlan, check_methods
+from edgespec.bench.plan import BenchPlan
+from edgespec.bench.runner import check_methods
 from edgespec.bench.unbiased import verify_pair
 from edgespec.cache import target_features
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
