@@ -1,6 +1,6 @@
-"""The methods `edgespec bench --methods` can name, and how one run of each is timed: every method
-from outside its token generator (see `_Timer`), after `engine.reset()` so no method starts with a
-warm prefix cache."""
+"""The runner of each method `edgespec bench --methods` can name (the names and settings are in
+edgespec/bench/plan.py), and how one run of each is timed: every method from outside its token
+generator (see `_Timer`), after `engine.reset()` so no method starts with a warm prefix cache."""
 
 from __future__ import annotations
 
