@@ -20,11 +20,11 @@ from edgespec.runtime import Engine
 PROMPT = "the cat and the dog"
 
 
-def samples(engine: Engine, count: int, k: int = 2, tokens: int = 2) -> list[list[int]]:
-    """`count` generations of `tokens` tokens, seeds 0..count-1; the prompt's cache is reused."""
+def samples(engine: Engine, seeds: range, k: int = 2, tokens: int = 2) -> list[list[int]]:
+    """Generations of `tokens` tokens, one per seed; the prompt's cache is reused."""
     ids = engine.encode_raw(PROMPT)
     out = []
-    for seed in range(count):
+    for seed in seeds:
         config = GenerationConfig(
             SamplingConfig(temperature=1.0, seed=seed),
             SpecConfig(k=k, method="draft"),
@@ -37,7 +37,7 @@ def samples(engine: Engine, count: int, k: int = 2, tokens: int = 2) -> list[lis
 def main(target: str, draft: str, out: str, count: str) -> int:
     group = init_group()
     engine = Engine.load(target, draft, draft_bits=0, group=group)
-    ids = samples(engine, int(count))
+    ids = samples(engine, range(int(count)))
     if group is None or group.is_primary:
         Path(out).write_text(json.dumps({"ids": ids, "size": group.size if group else 1}))
     return 0

@@ -24,6 +24,7 @@ from edgespec.runtime import Engine
 from edgespec.sampling import sample, uniforms, warp
 from tests.helpers import PROMPT, chi2_pvalue, gen, plain_ids, rounds_of, target_probs, token_ids
 from tests.helpers.block_models import tiny_qwen3, write_dflash
+from tests.helpers.stats import assert_follows
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +114,13 @@ class Oracle(BlockDrafter):
         return Proposal(tokens, q[:k])
 
 
-def _samples(engine: Engine, temp: float, drafter_for=None, spec=None):
-    """First tokens, and second tokens by first token, over N_SEEDS two-token generations."""
+def _samples(engine: Engine, temp: float, drafter_for=None, spec=None, seeds=range(N_SEEDS)):
+    """First tokens, and second tokens by first token, over two-token generations, one per
+    seed."""
     spec = spec or SpecConfig(method="block", k=2)
     ids = engine.encode_raw(PROMPT)
     firsts, seconds, accepted = [], {}, 0
-    for seed in range(N_SEEDS):
+    for seed in seeds:
         sampling = SamplingConfig(temperature=temp, seed=seed)
         drafter = drafter_for(sampling) if drafter_for else None
         config = GenerationConfig(sampling, spec, max_tokens=2)
@@ -139,17 +141,29 @@ def _check(engine, ids, firsts, seconds, temp) -> tuple[float, float]:
     return p1, chi2_pvalue(seconds[top], p, min_samples=60)
 
 
+def _follows(engine: Engine, temp: float, drafter_for=None, spec=None) -> int:
+    """_check's first and second tokens, judged by the two-stage rule (tests/helpers/stats.py);
+    returns how many drafts stage one accepted."""
+    accepted = []
+
+    def p_value(seeds: range) -> float:
+        ids, firsts, seconds, n = _samples(engine, temp, drafter_for, spec, seeds)
+        accepted.append(n)
+        return min(_check(engine, ids, firsts, seconds, temp))
+
+    assert_follows(p_value, range(N_SEEDS), f"T = {temp}")
+    return accepted[0]
+
+
 @pytest.mark.parametrize("temp", [0.7, 1.0])
 def test_sampled_tokens_follow_the_target(engine, temp):
-    ids, firsts, seconds, _ = _samples(engine, temp)
-    assert min(_check(engine, ids, firsts, seconds, temp)) > 1e-3
+    _follows(engine, temp)
 
 
 @pytest.mark.parametrize("temp", [0.7, 1.0])
 def test_accepted_block_tokens_follow_the_target(engine, temp):
-    ids, firsts, seconds, accepted = _samples(engine, temp, lambda s: Oracle(engine, s))
+    accepted = _follows(engine, temp, lambda s: Oracle(engine, s))
     assert accepted > N_SEEDS  # most first drafts and many second ones were accepted
-    assert min(_check(engine, ids, firsts, seconds, temp)) > 1e-3
 
 
 @pytest.mark.parametrize("bug, temp", [("argmax", 1.0), ("shifted", 0.7)])
@@ -160,9 +174,7 @@ def test_planted_bugs_are_caught(engine, bug, temp):
 
 @pytest.mark.parametrize("tree, temp", [("3,2", 1.0), ("dynamic", 0.7)])
 def test_block_tree_samples_follow_the_target(engine, tree, temp):
-    spec = SpecConfig(method="block-tree", k=2, tree=tree)
-    ids, firsts, seconds, _ = _samples(engine, temp, spec=spec)
-    assert min(_check(engine, ids, firsts, seconds, temp)) > 1e-3
+    _follows(engine, temp, spec=SpecConfig(method="block-tree", k=2, tree=tree))
 
 
 def test_draws_follow_each_row():
@@ -308,12 +320,22 @@ def test_whole_sampled_answers_follow_the_target(engine, method):
     answers are uniform, with the random draft and with the target's rows as the block (most
     drafts accepted); argmax tokens reported as sampled are caught."""
     spec = SpecConfig(method="block-tree" if method == "block-tree" else "block", k=3)
-    if method.startswith("oracle"):
-        bug = "argmax" if method.endswith("argmax") else None
-        p_value, accepted = _pit_p_value(engine, spec, lambda s: Oracle(engine, s, bug))
-        assert (p_value < 1e-3) if bug else (p_value > 1e-3 and accepted > 120)
-    else:
-        assert _pit_p_value(engine, spec)[0] > 1e-3
+
+    def drafter_for(sampling: SamplingConfig) -> Oracle:
+        return Oracle(engine, sampling, "argmax" if method == "oracle-argmax" else None)
+
+    if method == "oracle-argmax":
+        assert _pit_p_value(engine, spec, drafter_for)[0] < 1e-3
+        return
+    accepted = []
+
+    def p_value(seeds: range) -> float:
+        value, n = _pit_p_value(engine, spec, drafter_for if method == "oracle" else None, seeds)
+        accepted.append(n)
+        return value
+
+    assert_follows(p_value, range(12), method)
+    assert method != "oracle" or accepted[0] > 120
 
 
 def _chain_and_tree_equal_plain(engine, prompts=(PROMPT, "the river and the moon")) -> None:
@@ -364,8 +386,7 @@ def test_a_reduced_head_scores_its_tokens_alone_and_stays_exact(tmp_path):
         _chain_and_tree_equal_plain(engine, (prompt,))
         rows = engine._draft.block_logits(engine._draft.context, 3)
         assert set(np.argmax(np.array(rows), -1).tolist()) <= set(ids.tolist())
-    p_ids, firsts, seconds, _ = _samples(engine, 1.0)
-    assert min(_check(engine, p_ids, firsts, seconds, 1.0)) > 1e-3
+    _follows(engine, 1.0)
 
 
 def test_head_rows_of_a_quantized_head_are_its_dequantized_rows():
