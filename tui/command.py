@@ -11,6 +11,7 @@ from edgespec.commands.common import (
     draft_from_args,
     generation_from_args,
 )
+from edgespec.loading.specs import check_pair
 
 HELP = (
     "Chat in the terminal app and watch speculative decoding: every token is coloured by where "
@@ -43,14 +44,16 @@ def describe(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Open the app; returns 0, or 2 when the models could not be loaded."""
+    """Open the app; returns 0, or 2 when the models could not be loaded (an unknown model name
+    is refused before the app opens)."""
+    config = generation_from_args(args)  # invalid settings raise ConfigError before the UI starts
+    draft = draft_from_args(args, config.spec)  # --method mtp: the target's own MTP head
+    if not args.fake:
+        check_pair(args.target, draft, args.pair)
     from edgespec.tui.app import ChatApp
     from edgespec.tui.engine_thread import ProgressFn
 
     from edgespec.worker import ServedEngine
-
-    config = generation_from_args(args)  # invalid settings raise ConfigError before the UI starts
-    draft = draft_from_args(args, config.spec)  # --method mtp: the target's own MTP head
 
     def load(on_progress: ProgressFn) -> ServedEngine:
         if args.fake:

@@ -16,6 +16,7 @@ from edgespec.bench.plan import DEFAULT_METHODS, USES_K, BenchPlan
 from edgespec.bench.prompts import load_prompts
 from edgespec.commands.common import add_model_args, add_shard_args
 from edgespec.errors import ConfigError, PromptError
+from edgespec.loading.specs import check_pair
 
 if TYPE_CHECKING:
     from edgespec.bench.records import RunRecord
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.cold:
             return _run_cold(args, prompts, out)
+        check_pair(args.target, args.draft, args.pair)  # an unknown model: before the imports
         from edgespec.bench.methods import one_stream  # mlx-lm: after the settings are checked
 
         with one_stream():  # EdgeSpec's runs and mlx-lm's on one thread (methods.one_stream)

@@ -17,6 +17,7 @@ from edgespec.commands.common import (
 )
 from edgespec.errors import PromptError
 from edgespec.events import Finished, Stats, Token, json_line
+from edgespec.loading.specs import check_pair
 
 HELP = (
     "Answer PROMPT with speculative decoding (the draft proposes, the target verifies; the output "
@@ -62,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     config = generation_from_args(args)  # validate before importing or loading anything
     if not args.prompt.strip():  # Engine.encode_* would say the same after loading the models
         raise PromptError("the prompt is empty")
+    draft = draft_from_args(args, config.spec)
+    with_draft = config.spec.uses_draft
+    check_pair(args.target, draft, args.pair, with_draft=with_draft)  # an unknown name: no import
     from edgespec.distributed.group import init_group
     from edgespec.runtime import Engine
 
@@ -72,12 +76,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"edgespec generate: note: {note}", file=sys.stderr)
     engine = Engine.load(
         args.target,
-        draft_from_args(args, config.spec),
+        draft,
         args.pair,
         draft_bits=args.draft_bits,
         dtype=args.dtype,
         on_progress=_progress if primary else None,
-        with_draft=config.spec.uses_draft,
+        with_draft=with_draft,
         group=group,
         shard=args.shard,
     )

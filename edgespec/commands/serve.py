@@ -23,6 +23,7 @@ from edgespec.commands.common import (
 )
 from edgespec.config import GenerationConfig
 from edgespec.errors import ConfigError, EdgeSpecError
+from edgespec.loading.specs import check_pair
 
 HELP = (
     "Serve the model pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
@@ -274,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
     random_seed = args.seed is None
     args.seed = 0 if random_seed else args.seed
     config = generation_from_args(args)  # validate before loading anything
+    check_pair(args.target, draft_from_args(args, config.spec), args.pair)  # before the imports
     group = init_group()  # under mlx.launch: rank 0 serves, the others follow it
     if group is not None and not group.is_primary:
         return _follow(args, group, draft_from_args(args, config.spec))

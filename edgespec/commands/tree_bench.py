@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edgespec.commands.common import add_model_args, add_sampling_args, sampling_from_args
 from edgespec.config import parse_tree_spec
-from edgespec.drafting.block import BlockModel
+from edgespec.loading.specs import check_pair
 
 HELP = (
     "Measure tau (tokens per round) and tokens/s of the chain loop against draft trees at the same "
@@ -57,15 +57,18 @@ def _table(summaries, chain_tau: float | None, plain_tps: float | None) -> list[
 
 def run(args: argparse.Namespace) -> int:
     from edgespec.bench.prompts import encode_prompts, load_prompts
-    from edgespec.bench.tree import iter_runs, summarise, variants
     from edgespec.config import SpecConfig
-    from edgespec.runtime import Engine
 
     trees = [parse_tree_spec(t) for t in args.trees]
     SpecConfig(k=args.depth)  # the usual checks and message
     sampling = sampling_from_args(args)
     categories = args.categories.split(",") if args.categories else None
     prompts = load_prompts(args.prompts, categories, args.limit)
+    check_pair(args.target, args.draft, args.pair)  # an unknown model: before the imports
+    from edgespec.bench.tree import iter_runs, summarise, variants
+    from edgespec.drafting.block import BlockModel
+    from edgespec.runtime import Engine
+
     engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits or None)
     encoded, skipped = encode_prompts(engine, prompts, args.max_tokens)
     block = engine.draft is not None and isinstance(engine.draft.model, BlockModel)

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from edgespec.commands.common import add_model_args, add_sampling_args, sampling_from_args
 from edgespec.config import SpecConfig
 from edgespec.errors import ConfigError
+from edgespec.loading.specs import check_pair
 
 HELP = (
     "Run N rounds of the real acceptance step at one fixed context and compare the first emitted "
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     SpecConfig(k=args.k)  # K's checks and message, as everywhere
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    check_pair(args.target, args.draft, args.pair)  # an unknown model: before the imports
     from edgespec.bench.unbiased import verify_pair
     from edgespec.runtime import Engine
 

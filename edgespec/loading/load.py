@@ -17,7 +17,7 @@ from edgespec.distributed.group import Group
 from edgespec.drafting.block import is_block, load_block
 from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draft
 from edgespec.drafting.eagle import EagleModel, is_eagle, load_eagle
-from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError, one_line
+from edgespec.errors import ConfigError, ModelLoadError, one_line
 from edgespec.loading.catalog import Catalog, load_catalog
 from edgespec.loading.checks import check_standalone, check_tokenizers, check_trimmable
 from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer, read_config
@@ -25,6 +25,7 @@ from edgespec.loading.mtp import load_mtp_draft
 from edgespec.loading.progress import ProgressFn, report
 from edgespec.loading.resolve import resolve_model
 from edgespec.loading.shard import load_sharded
+from edgespec.loading.specs import check_draft_available, pair_specs
 from edgespec.loading.weights import (
     DTYPES,
     cast_floats,
@@ -32,6 +33,8 @@ from edgespec.loading.weights import (
     is_quantized,
     quantize_model,
 )
+
+_pair_specs = pair_specs  # its name here before it moved to loading/specs.py (tests/loading use it)
 
 
 def _load_weights(
@@ -97,37 +100,13 @@ def load_model(
     return LoadedModel(model, tokenizer, spec, path, context_window(config), config)
 
 
-def _pair_specs(
-    target: str | None, draft: str | None, pair: str | None, cat: Catalog
-) -> tuple[str, str | None, str | None]:
-    """(target spec, draft spec or None, pair name or None): explicit models override the pair.
-
-    A pair name given as the target (`--target smollm2-135m`) means that pair."""
-    if pair is None and target in cat.pairs and target not in cat.models:
-        pair, target = target, None
-    base = cat.pair(pair) if (pair is not None or target is None) else None
-    target_spec = target or base.target  # type: ignore[union-attr]
-    draft_spec = draft or (base.draft if base is not None else None)
-    return target_spec, draft_spec, base.name if base is not None else None
-
-
-def _check_draft_available(spec: str, pair_name: str | None, cat: Catalog) -> None:
-    if spec in cat.models and not cat.model(spec).available:
-        where = cat.model(spec).local
-        of = f" of pair {pair_name!r}" if pair_name else ""
-        raise ModelNotFoundError(
-            f"the draft {spec!r}{of} is not available yet ({where} does not exist); "
-            "run with --no-spec (or --method ngram), or pass --draft"
-        )
-
-
 def peer_draft_spec(
     target: str | None, draft: str | None, pair: str | None, catalog: Catalog | None = None
 ) -> str | None:
     """The token draft a peer should use for the pair these arguments name: the pair's
     `token_draft` when its own draft is used (no --draft given), else None."""
     cat = catalog or load_catalog()
-    _, _, pair_name = _pair_specs(target, draft, pair, cat)
+    _, _, pair_name = pair_specs(target, draft, pair, cat)
     if draft is not None or pair_name is None:
         return None
     return cat.pair(pair_name).token_draft
@@ -140,7 +119,7 @@ def load_token_draft(
     feature draft), checked like any draft: same tokenizer, trimmable cache, not a feature draft."""
 
     cat = load_catalog()
-    _check_draft_available(spec, None, cat)
+    check_draft_available(spec, None, cat)
     d = _load_draft(spec, target, cat, draft_bits, dtype)
     if isinstance(d.model, EagleModel):
         raise ConfigError(f"{spec} is a feature draft; a peer needs a token draft")
@@ -196,9 +175,9 @@ def load_pair(
     it, `shard` "tensor" or "pipeline" parallel (loading/shard.py); the draft stays whole on
     every rank."""
     cat = catalog or load_catalog()
-    target_spec, draft_spec, pair_name = _pair_specs(target, draft, pair, cat)
+    target_spec, draft_spec, pair_name = pair_specs(target, draft, pair, cat)
     if with_draft and draft_spec is not None:
-        _check_draft_available(draft_spec, pair_name, cat)
+        check_draft_available(draft_spec, pair_name, cat)
     if group is not None and group.size > 1:
         t = load_sharded(
             target_spec, group, shard, on_progress=on_progress, catalog=cat, dtype=dtype

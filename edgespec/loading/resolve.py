@@ -1,6 +1,7 @@
 """Resolve a model spec to a local folder. A spec is, in this order: a local folder, a local *.gguf
 file (converted once into the cache, keyed by its hash), a catalogue model name (pulled if
 needed), or a Hugging Face repo id (hub cache via snapshot_download; HF_HUB_OFFLINE respected).
+Which of these a spec is, and the refusals that need no download or conversion: loading/specs.py.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundEr
 from edgespec.errors import DownloadError, ModelLoadError, ModelNotFoundError, one_line
 from edgespec.files import sha256_file
 from edgespec.loading import paths
-from edgespec.loading.catalog import Catalog, is_repo_id, load_catalog
+from edgespec.loading.catalog import Catalog, load_catalog
 from edgespec.loading.gguf import convert_gguf
 from edgespec.loading.progress import ProgressFn, report
 from edgespec.loading.pull import pull
+from edgespec.loading.specs import spec_kind
 
 _HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
 
@@ -25,24 +27,16 @@ _HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tik
 def resolve_model(
     spec: str, *, on_progress: ProgressFn | None = None, catalog: Catalog | None = None
 ) -> Path:
-    """Turn a spec into a local model folder (downloading / converting once if needed)."""
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} has no config.json (not a model folder)")
-        return path
-    if path.is_file():
-        if path.suffix.lower() == ".gguf":
-            return _resolve_gguf(path, on_progress)
-        raise ModelLoadError(f"{path} is a file but not a .gguf model (pass a model folder)")
-    cat = catalog or load_catalog()
-    if spec in cat.models:
-        return _resolve_catalogue(spec, cat, on_progress)
-    if is_repo_id(spec):
-        return _resolve_hf(spec, on_progress)
-    raise ModelNotFoundError(
-        f"model {spec!r} not found: not a folder, .gguf file, catalogue name or Hugging Face repo id"
-    )
+    """Turn a spec into a local model folder (downloading / converting once if needed); what it
+    names, or that it names nothing, is decided by `spec_kind` first (loading/specs.py)."""
+    kind = spec_kind(spec, catalog)
+    if kind == "folder":
+        return Path(spec).expanduser()
+    if kind == "gguf":
+        return _resolve_gguf(Path(spec).expanduser(), on_progress)
+    if kind == "catalogue":
+        return _resolve_catalogue(spec, catalog or load_catalog(), on_progress)
+    return _resolve_hf(spec, on_progress)
 
 
 def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
@@ -59,13 +53,9 @@ def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
 
 
 def _resolve_catalogue(name: str, cat: Catalog, on_progress: ProgressFn | None) -> Path:
-
+    """An in-repo folder as it is (`spec_kind` checked it exists), else pulled into the cache."""
     entry = cat.model(name)
     if entry.local is not None:
-        if not entry.available:
-            raise ModelNotFoundError(
-                f"catalogue model {name!r} is not available yet ({entry.local} has no config.json)"
-            )
         return entry.local
     return pull(name, on_progress=on_progress, catalog=cat)
 
