@@ -34,8 +34,6 @@ from edgespec.loading.weights import (
     quantize_model,
 )
 
-_pair_specs = pair_specs  # its name here before it moved to loading/specs.py (tests/loading use it)
-
 
 def _load_weights(
     path: Path, config: dict, embedding: nn.Module | None = None, target: nn.Module | None = None

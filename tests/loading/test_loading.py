@@ -314,14 +314,14 @@ def test_load_pair_rejects_mismatched_tokenizers(pair_dir, tmp_path):
 
 def test_pair_name_given_as_target_means_that_pair():
     from edgespec.loading.catalog import load_catalog
-    from edgespec.loading.load import _pair_specs
+    from edgespec.loading.specs import pair_specs
 
     cat = load_catalog()
-    assert _pair_specs("smollm2-135m", None, None, cat) == (
+    assert pair_specs("smollm2-135m", None, None, cat) == (
         "smollm2-135m-instruct",
         "smollm2-135m-draft",
         "smollm2-135m",
     )
     # a model name stays a model; an explicit draft still overrides the pair's
-    assert _pair_specs("smollm2-135m-instruct", None, None, cat)[1] is None
-    assert _pair_specs("smollm2-135m", "/some/draft", None, cat)[1] == "/some/draft"
+    assert pair_specs("smollm2-135m-instruct", None, None, cat)[1] is None
+    assert pair_specs("smollm2-135m", "/some/draft", None, cat)[1] == "/some/draft"
