@@ -19,13 +19,14 @@ from edgespec.tui.messages import (
     EngineReady,
     EngineWarm,
     LoadProgress,
+    SaveFailed,
     StreamBatch,
     TurnFailed,
     TurnFinished,
 )
 from edgespec.tui.screens import LoadingScreen, PastChatsScreen
 from edgespec.tui.setting_actions import SettingActions
-from edgespec.tui.store import ChatMessage, ChatStore, Conversation, stats_to_json
+from edgespec.tui.store import ChatMessage, ChatStore, Conversation, Saver, stats_to_json
 from edgespec.tui.transcript import finish_answer, message_widgets
 from edgespec.tui.widgets import (
     AnswerView,
@@ -85,6 +86,7 @@ class ChatApp(SettingActions):
     ) -> None:
         super().__init__()
         self.config, self.store, self.what = config, store or ChatStore(), what
+        self.saver = Saver(lambda error: self.post_message(SaveFailed(error)))
         self.engine_thread = EngineThread(loader, self.post_message, flush_interval, config)
         self.engine_name, self.has_draft, self.ready = "", True, False
         self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
@@ -120,6 +122,7 @@ class ChatApp(SettingActions):
 
     def on_unmount(self) -> None:
         self.engine_thread.shutdown()
+        self.saver.close()  # what the last save handed over reaches the disk
 
     @property
     def waiting(self) -> int | None:
@@ -248,10 +251,15 @@ class ChatApp(SettingActions):
         self._show_stats()
 
     def _save(self) -> None:
+        """Hand the chat to the saver's thread (ChatStore.save's file, without the wait)."""
         if self.conv.messages:
             self.conv.model = self.conv.model or self.engine_name
-            self.store.save(self.conv)
+            self.saver.put(*self.store.prepare(self.conv))
         self._dirty = False
+
+    def on_save_failed(self, message: SaveFailed) -> None:
+        """The chat stays on screen and in memory; the next save tries again."""
+        self.notify(message.error, title="Chat not saved", severity="error", timeout=15)
 
     def _autosave(self) -> None:
         """Timer: save the answer in progress, so a crash loses at most SAVE_EVERY seconds of it."""
@@ -327,6 +335,7 @@ class ChatApp(SettingActions):
 
     def action_open_chats(self) -> None:
         """List saved chats; choosing one reopens it."""
+        self.saver.flush()  # the list shows this chat as last saved
         self.push_screen(PastChatsScreen(self.store.list()), self._reopen)
 
     def _reopen(self, chat_id: str | None) -> None:

@@ -67,3 +67,10 @@ class TurnFailed(Message):
 
     turn: int
     error: str
+
+
+@dataclass
+class SaveFailed(Message):
+    """The chat could not be written (posted from the saver's thread); `error` is one line."""
+
+    error: str

@@ -4,6 +4,10 @@ Folder: ``$EDGESPEC_DATA_DIR`` if set, else ``~/.local/share/edgespec/chats``. E
 temp file beside the destination, fsyncs it and `os.replace`s it into place, so a crash or kill -9
 leaves either the previous complete file or the new complete file, never a torn one.
 
+The chat saves an answer in progress every second: `Conversation.dumps` serializes again only the
+messages that changed since the last save (each keeps its JSON text), and a `Saver` thread does the
+writing, so neither a long chat nor a slow disk costs the UI thread.
+
 File schema (version 1)::
 
     {"version": 1, "id": "20250101-120000-1a2b3c", "title": "first prompt...", "model": "...",
@@ -22,7 +26,9 @@ import json
 import os
 import secrets
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +54,10 @@ class ChatMessage:
     content: str
     runs: list[tuple[str, str]] = field(default_factory=list)
     reason: str | None = None  # stop / length / cancelled / partial (still streaming when saved)
-    stats: dict[str, Any] | None = None
+    stats: dict[str, Any] | None = None  # replaced, never edited in place (json_text's key)
+    _json: tuple[tuple[Any, ...], str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -59,6 +68,14 @@ class ChatMessage:
         if self.stats is not None:
             d["stats"] = self.stats
         return d
+
+    def json_text(self) -> str:
+        """`to_json` as JSON text, kept while the message is unchanged: a save of a long chat
+        serializes again only the answer in progress."""
+        key = (self.role, self.content, self.reason, tuple(self.runs), self.stats)
+        if self._json is None or self._json[0] != key:
+            self._json = key, json.dumps(self.to_json(), ensure_ascii=False)
+        return self._json[1]
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ChatMessage:
@@ -102,7 +119,7 @@ class Conversation:
             {"role": m.role, "content": m.content} for m in self.messages if m.reason != "partial"
         ]
 
-    def to_json(self) -> dict[str, Any]:
+    def _head(self) -> dict[str, Any]:
         return {
             "version": VERSION,
             "id": self.id,
@@ -110,8 +127,16 @@ class Conversation:
             "model": self.model,
             "created": self.created,
             "updated": self.updated,
-            "messages": [m.to_json() for m in self.messages],
         }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self._head(), "messages": [m.to_json() for m in self.messages]}
+
+    def dumps(self) -> str:
+        """The file's text: `to_json` as JSON, one message a line, each from `json_text`."""
+        head = json.dumps(self._head(), ensure_ascii=False)[:-1]
+        body = ",\n ".join(m.json_text() for m in self.messages)
+        return f'{head}, "messages": [\n {body}\n]}}\n'
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Conversation:
@@ -159,11 +184,15 @@ class ChatStore:
     def path(self, chat_id: str) -> Path:
         return self.root / f"{chat_id}.json"
 
+    def prepare(self, conv: Conversation) -> tuple[Path, str]:
+        """Stamp `updated`; the conversation's file and the text to write there (a `Saver`'s)."""
+        conv.updated = time.time()
+        return self.path(conv.id), conv.dumps()
+
     def save(self, conv: Conversation) -> Path:
         """Stamp `updated` and write the conversation atomically; returns its path."""
-        conv.updated = time.time()
-        path = self.path(conv.id)
-        atomic_write_text(path, json.dumps(conv.to_json(), ensure_ascii=False, indent=1))
+        path, text = self.prepare(conv)
+        atomic_write_text(path, text)
         return path
 
     def load(self, chat_id: str) -> Conversation:
@@ -189,6 +218,65 @@ class ChatStore:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return sorted(out, key=lambda s: s.updated, reverse=True)
+
+
+class Saver:
+    """Writes files on a thread of its own, so that the UI thread hands over a save's text and
+    goes on (an fsync can take 100 ms). The latest text handed over for a path wins; `flush`
+    waits until everything handed over is written. A write that fails calls `on_error` with one
+    line, on the writer thread, once until a write succeeds again. A failed text is dropped:
+    every save carries the whole conversation."""
+
+    def __init__(self, on_error: Callable[[str], None]) -> None:
+        self._on_error = on_error
+        self._pending: dict[Path, str] = {}
+        self._cond = threading.Condition()
+        self._busy = self._closed = self._failing = False
+        self._thread: threading.Thread | None = None  # started by the first put
+
+    def put(self, path: Path, text: str) -> None:
+        with self._cond:
+            self._pending.pop(path, None)  # re-queued last: saves land in the order made
+            self._pending[path] = text
+            self._cond.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="edgespec-saver")
+                self._thread.daemon = True
+                self._thread.start()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every text handed over is written (or failed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not (self._pending or self._busy), timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is pending, then stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if not self._pending:
+                    return
+                path = next(iter(self._pending))
+                text, self._busy = self._pending.pop(path), True
+            error = None
+            try:
+                atomic_write_text(path, text)
+            except Exception as exc:  # a writer that died would leave the chat unsaved, silently
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                error = f"cannot save the chat to {path}: {reason}"
+            if error is not None and not self._failing:
+                self._on_error(error)  # before flush() returns: a flush sees it reported
+            self._failing = error is not None
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
 
 def stats_to_json(stats: object) -> dict[str, Any]:

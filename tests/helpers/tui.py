@@ -53,11 +53,12 @@ async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float
 
 
 async def ask(pilot: Pilot, app: ChatApp, prompt: str) -> None:
-    """Type a prompt, press Enter and wait until the answer finished."""
+    """Type a prompt, press Enter and wait until the answer finished and its save is written."""
     await wait_for(pilot, lambda: app.ready)
     turn = app._turn
     await pilot.press(*prompt, "enter")
     await wait_for(pilot, lambda: app._turn == turn + 1 and app.waiting is None)
+    assert app.saver.flush(timeout=10)
 
 
 def run(scenario: Callable[[], object]) -> None:

@@ -105,6 +105,8 @@ def test_answer_in_progress_is_saved_periodically(tmp_path: Path) -> None:
             path = tmp_path / "chats" / f"{app.conv.id}.json"
 
             def partial_saved() -> bool:
+                if not path.exists():  # the saver's thread writes it
+                    return False
                 msgs = json.loads(path.read_text())["messages"]
                 return len(msgs) == 2 and msgs[1]["reason"] == "partial" and msgs[1]["content"]
 
@@ -112,6 +114,25 @@ def test_answer_in_progress_is_saved_periodically(tmp_path: Path) -> None:
             assert app.waiting is not None  # still generating: this was a mid-answer save
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.waiting is None)
+
+    run(scenario)
+
+
+def test_a_chat_folder_that_cannot_be_written_is_one_notice_not_a_crash(tmp_path: Path) -> None:
+    """The chats folder is a path under a file: the answers still stream and stay on screen and
+    in the conversation (sent as history), and the app says once that the chat is not saved."""
+    app, loader = make_app(tmp_path)
+    (tmp_path / "chats").write_text("a file where the folder should be")
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "first")
+            await ask(pilot, app, "second")
+            assert [m.role for m in app.conv.messages] == ["user", "assistant"] * 2
+            assert loader.engine.calls[-1][0][0] == {"role": "user", "content": "first"}
+            notes = [n.message for n in app._notifications if "cannot save" in n.message]
+            assert len(notes) == 1 and "\n" not in notes[0], notes
+            assert str(tmp_path / "chats") in notes[0]
 
     run(scenario)
 
