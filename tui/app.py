@@ -57,7 +57,9 @@ class ChatApp(SettingActions):
     TITLE = "EdgeSpec chat"
     CSS = """
     #main { height: 1fr; }
-    #conversation { width: 1fr; padding: 0 1; }
+    /* The scrollbar's room is kept while there is none: when it comes or goes, no line of the
+       chat wraps anew, and Textual lays the screen out once where it did two or three times. */
+    #conversation { width: 1fr; padding: 0 1; scrollbar-gutter: stable; }
     #prompt { dock: bottom; margin: 0 1; }
     """
     BINDINGS = [
