@@ -275,10 +275,11 @@ def run(args: argparse.Namespace) -> int:
     random_seed = args.seed is None
     args.seed = 0 if random_seed else args.seed
     config = generation_from_args(args)  # validate before loading anything
-    check_pair(args.target, draft_from_args(args, config.spec), args.pair)  # before the imports
+    draft = draft_from_args(args, config.spec)
+    check_pair(args.target, draft, args.pair)  # an unknown model: before the imports
     group = init_group()  # under mlx.launch: rank 0 serves, the others follow it
     if group is not None and not group.is_primary:
-        return _follow(args, group, draft_from_args(args, config.spec))
+        return _follow(args, group, draft)
     config, note = fixed_k_for_group(config, group)
     if note:
         print(f"edgespec serve: note: {note}", file=sys.stderr)
