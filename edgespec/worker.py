@@ -21,6 +21,7 @@ Engine reads it), so other threads only put work in the inbox and set cancel eve
 
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -136,3 +137,16 @@ class EngineWorker(Generic[T]):
         self.engine = engine
         self._ready.set()
         self._serve(engine)
+
+
+def freeze_heap() -> None:
+    """Collect garbage once, then exempt every object alive now from later collections.
+
+    Call it once a long-lived process (the chat, the server) has loaded its engine. By then it
+    holds hundreds of thousands of Python objects that live as long as it does (the tokenizer's
+    tables, the models' modules, the app's widgets). CPython's full collection walks them all while
+    it holds the GIL, so the engine and the UI both stop for it, at a moment nobody chose. Frozen,
+    they are skipped; objects made later are collected as before. The collection first keeps
+    garbage that is already unreachable from being frozen for good."""
+    gc.collect()
+    gc.freeze()

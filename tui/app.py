@@ -8,6 +8,7 @@ messages of a turn the app no longer waits for are dropped.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from collections.abc import Iterable
 
@@ -49,6 +50,9 @@ SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
 # Seconds between redraws of a streaming answer (at least: FrameBudget keeps them near 2% of the
 # CPU) and of the live stats panel: a redraw is a Textual frame on the UI thread, beside the engine.
 FRAME, PANEL_EVERY = 0.1, 1.0
+# Seconds after an answer ends before the garbage collector runs (collect_when_idle): between
+# turns, while the user reads, rather than at a moment CPython picks in the middle of an answer.
+IDLE_COLLECT = 2.0
 
 
 class ChatApp(SettingActions):
@@ -85,8 +89,10 @@ class ChatApp(SettingActions):
         store: ChatStore | None = None,
         what: str = "models",
         flush_interval: float = FRAME,
+        collect_when_idle: bool = False,
     ) -> None:
         super().__init__()
+        self.collect_when_idle = collect_when_idle  # gc.collect() between turns (the CLI's app)
         self.config, self.store, self.what = config, store or ChatStore(), what
         self.saver = Saver(lambda error: self.post_message(SaveFailed(error)))
         self.engine_thread = EngineThread(loader, self.post_message, flush_interval, config)
@@ -236,6 +242,14 @@ class ChatApp(SettingActions):
         self.waiting, self._meter = None, None
         self._save()
         self._show_stats(final=(fin, per_round, k_now, branches, think))
+        if self.collect_when_idle:
+            self.set_timer(IDLE_COLLECT, self._collect)
+
+    def _collect(self) -> None:
+        """Timer: collect garbage now that an answer has ended, unless the next one is under way
+        (its end schedules another)."""
+        if not self.generating:
+            gc.collect()
 
     def on_turn_failed(self, message: TurnFailed) -> None:
         if message.turn != self.waiting:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from edgespec.commands.common import (
     add_model_args,
@@ -12,6 +13,11 @@ from edgespec.commands.common import (
     generation_from_args,
 )
 from edgespec.loading.specs import check_pair
+
+if TYPE_CHECKING:
+    from edgespec.tui.engine_thread import Loader, ProgressFn
+
+    from edgespec.worker import ServedEngine
 
 HELP = (
     "Chat in the terminal app and watch speculative decoding: every token is coloured by where "
@@ -51,28 +57,40 @@ def run(args: argparse.Namespace) -> int:
     if not args.fake:
         check_pair(args.target, draft, args.pair)
     from edgespec.tui.app import ChatApp
-    from edgespec.tui.engine_thread import ProgressFn
 
-    from edgespec.worker import ServedEngine
-
-    def load(on_progress: ProgressFn) -> ServedEngine:
-        if args.fake:
-            from edgespec.tui.fake import MARKDOWN, FakeEngine, FakeScript
-
-            text = MARKDOWN if args.fake == "markdown" else None
-            script = FakeScript(round_delay=0.05, load_delay=0.2, text=text)
-            return FakeEngine.load(script, on_progress)
-        from edgespec.runtime import Engine  # imported on the engine thread: it owns MLX
-
-        return Engine.load(  # type: ignore[no-any-return]
-            target=args.target,
-            draft=draft,
-            pair=args.pair,
-            draft_bits=args.draft_bits,
-            dtype=args.dtype,
-            on_progress=on_progress,
-        )
-
-    app = ChatApp(load, config, what="fake engine" if args.fake else describe(args))
+    what = "fake engine" if args.fake else describe(args)
+    app = ChatApp(loader(args, draft), config, what=what, collect_when_idle=True)
     app.run()
     return 2 if app.load_error else 0
+
+
+def loader(args: argparse.Namespace, draft: str | None) -> Loader:
+    """The app's loader for these arguments. Once loaded, what the process holds is frozen out of
+    the garbage collector's full passes (`freeze_heap`), and the app collects when idle."""
+    from edgespec.worker import freeze_heap
+
+    def load(on_progress: ProgressFn) -> ServedEngine:
+        engine = _load(args, draft, on_progress)
+        freeze_heap()  # on the engine thread, before the app says it is ready
+        return engine
+
+    return load
+
+
+def _load(args: argparse.Namespace, draft: str | None, on_progress: ProgressFn) -> ServedEngine:
+    if args.fake:
+        from edgespec.tui.fake import MARKDOWN, FakeEngine, FakeScript
+
+        text = MARKDOWN if args.fake == "markdown" else None
+        script = FakeScript(round_delay=0.05, load_delay=0.2, text=text)
+        return FakeEngine.load(script, on_progress)
+    from edgespec.runtime import Engine  # imported on the engine thread: it owns MLX
+
+    return Engine.load(  # type: ignore[no-any-return]
+        target=args.target,
+        draft=draft,
+        pair=args.pair,
+        draft_bits=args.draft_bits,
+        dtype=args.dtype,
+        on_progress=on_progress,
+    )

@@ -235,16 +235,18 @@ def _start_worker(
     Under a group, rank 0's worker and engine send each request to the other ranks."""
     from edgespec.server.group import GroupEngine, GroupWorker
     from edgespec.server.worker import Worker
+    from edgespec.worker import freeze_heap
 
     draft = draft_from_args(args, config.spec)  # --method mtp: the target's own MTP head
 
     def load() -> Any:
         engine = _load(args, group, draft)
         if group is not None:
-            return GroupEngine(engine, group)
-        if getattr(args, "warmup", True):  # before start() returns, so before /health answers
+            engine = GroupEngine(engine, group)
+        elif getattr(args, "warmup", True):  # before start() returns, so before /health answers
             _progress("warming up (compiling, calibrating adaptive K)", None)
             engine.warm_up(config)
+        freeze_heap()  # what is loaded now lives as long as the server: out of full collections
         return engine
 
     budget = args.cache_mb << 20

@@ -11,6 +11,7 @@ trees with --method mtp are refused in one line that says why: the tree forward
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def test_chat_method_mtp_loads_the_head(checkpoint, monkeypatch):
     class NoUi:
         load_error = None
 
-        def __init__(self, load, config, what):
+        def __init__(self, load, config, what, collect_when_idle):
             self.load, self.config = load, config
 
         def run(self) -> None:
@@ -96,7 +97,10 @@ def test_chat_method_mtp_loads_the_head(checkpoint, monkeypatch):
     monkeypatch.setattr(tui_app, "ChatApp", NoUi)
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
-    assert command.run(parser.parse_args(["--target", str(checkpoint), "--method", "mtp"])) == 0
+    try:
+        assert command.run(parser.parse_args(["--target", str(checkpoint), "--method", "mtp"])) == 0
+    finally:
+        gc.unfreeze()  # the loader froze the test process's objects (freeze_heap)
     engine, config = loaded[0]
     assert isinstance(engine.draft.model, MtpModel) and config.spec.method == "mtp"
     ids = engine.encode_raw(PROMPT)

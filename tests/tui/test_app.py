@@ -155,6 +155,53 @@ def test_new_chat_clears_view_and_resets_engine(tmp_path: Path) -> None:
     run(scenario)
 
 
+@pytest.mark.parametrize("idle", [True, False])
+def test_garbage_is_collected_between_answers_not_during_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, idle: bool
+) -> None:
+    """The command line's app (`collect_when_idle`) runs the garbage collector IDLE_COLLECT
+    seconds after an answer ends, and not when the next answer is already streaming by then;
+    an app made without it never does."""
+    from edgespec.tui import app as tui_app
+
+    app, loader = make_app(tmp_path, FakeScript(round_delay=0.05))
+    app.collect_when_idle = idle
+    calls: list[bool] = []  # app.generating at each collection
+    monkeypatch.setattr(tui_app, "IDLE_COLLECT", 0.2)
+    monkeypatch.setattr(tui_app.gc, "collect", lambda *args: calls.append(app.generating))
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "first")
+            app.query_one("#prompt", Input).value = "second"  # sent at once, not typed:
+            await pilot.press("enter")  # the first's collection comes while it streams
+            await wait_for(pilot, lambda: app._turn == 2 and not app.generating)
+            await pilot.pause(0.5)
+
+    run(scenario)
+    assert calls == ([False] if idle else [])
+
+
+def test_the_chat_commands_loader_freezes_what_it_loaded() -> None:
+    """`edgespec chat`'s loader (run on the engine thread) loads the engine, then freezes what
+    the process holds out of the garbage collector's full passes."""
+    import argparse
+    import gc
+
+    from edgespec.tui import command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    gc.unfreeze()
+    try:
+        engine = command.loader(parser.parse_args(["--fake"]), None)(lambda text, fraction: None)
+        assert isinstance(engine, FakeEngine)
+        assert gc.get_freeze_count() > 0
+        assert not any(o is engine for o in gc.get_objects())  # frozen: in no generation
+    finally:
+        gc.unfreeze()  # the test process's objects go back to the collector
+
+
 def test_toggle_speculation_measures_speedup(tmp_path: Path) -> None:
     app, loader = make_app(tmp_path)
 
