@@ -177,11 +177,16 @@ class AnswerView(Widget):
         yield self._tail
 
     def on_mount(self) -> None:
-        self.watch(self.app, "theme", self._on_theme, init=False)
+        self.app.theme_changed_signal.subscribe(self, self._on_theme)
         self._live = True
         self._sync()
 
-    def _on_theme(self) -> None:
+    def on_unmount(self) -> None:
+        # Textual forgets a subscriber (or a watcher) only when its signal next fires: until the
+        # theme changed, every answer ever shown, and every line it drew, would stay in memory.
+        self.app.theme_changed_signal.unsubscribe(self)
+
+    def _on_theme(self, theme: object = None) -> None:
         self.call_after_refresh(self._restyle)  # then the component styles have its colours
 
     def _restyle(self) -> None:

@@ -202,6 +202,29 @@ def test_the_chat_commands_loader_freezes_what_it_loaded() -> None:
         gc.unfreeze()  # the test process's objects go back to the collector
 
 
+def test_a_new_chat_frees_the_answers_of_the_old_one(tmp_path: Path) -> None:
+    """After ^n the old chat's answers, and the lines they drew, are freed: nothing (such as a
+    theme watcher left on the app) keeps them alive."""
+    import gc
+    import weakref
+
+    app, loader = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "first")
+            (old,) = [weakref.ref(a) for a in app.query(AnswerView) if type(a) is AnswerView]
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: loader.engine.resets == 1)
+            await ask(pilot, app, "second")
+            gc.collect()
+            assert old() is None
+            new = [a for a in app.query(AnswerView) if type(a) is AnswerView]
+            assert len(new) == 1 and new[0].plain  # the new chat's answer is the one left
+
+    run(scenario)
+
+
 def test_toggle_speculation_measures_speedup(tmp_path: Path) -> None:
     app, loader = make_app(tmp_path)
 
