@@ -8,13 +8,15 @@ committed token out of both caches: it is the input of the next forward, which c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from edgespec.config import MIN_DRAFT_WINDOW
 from edgespec.errors import CacheNotTrimmableError
-from edgespec.rewind import REFEED, Rewinder, rewindable
+from edgespec.rewind import DEPTH, REFEED, Rewinder, WindowKVCache, rewindable
 from edgespec.sampling import Softmax
 
 PREFILL_CHUNK = 512
@@ -23,6 +25,10 @@ PREFILL_CHUNK = 512
 # much longer tail costs more in head rows than the separate forward saves (measured:
 # docs/measurements/2026-11-27-first-token.md).
 MERGE_MAX = 32
+# A bounded draft's catch-up reads the last READ_WINDOWS windows of what it has not read (and its
+# sinks), skipping the rest (Bound, KVState.catch_up). At least window - 1 + DEPTH positions, so
+# that the draft's rewinds after it are trims.
+READ_WINDOWS = 2
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
 
 
@@ -42,6 +48,51 @@ def vocab_size(model: Any) -> int:
     if hasattr(args, "vocab_size"):
         return int(args.vocab_size)
     return int(args.text_config["vocab_size"])
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A draft's attention bound: past `after` tokens of context, each of its positions attends
+    to the first `sinks` positions and the last `window` ones, not to the whole context, so a draft
+    step costs the same at 32K tokens as at `after`. Only drafts are bounded: the target verifies
+    every token over the whole context, so output is unchanged whatever the draft reads
+    (docs/drafting.md). Shorter contexts keep the draft's own full cache (and every path that
+    needs one: a server's copied prefixes, draft trees).
+
+    A bounded draft also reads only the sinks and the last READ_WINDOWS windows of a long prompt,
+    skipping the rest (KVState.catch_up): a query past them would never attend to them. The
+    first window's queries then see less than they would have (their own windows start in the
+    skipped part), which costs a little acceptance at the start of an answer, never exactness;
+    two windows keep that to positions the draft has long stopped looking at."""
+
+    window: int
+    sinks: int = 4
+    after: int = 0  # context length past which the bound is on (0: READ_WINDOWS windows)
+
+    def __post_init__(self) -> None:
+        if self.window < MIN_DRAFT_WINDOW or not 0 <= self.sinks < self.window or self.after < 0:
+            raise ValueError(
+                f"a draft window needs >= {MIN_DRAFT_WINDOW} positions and 0 <= sinks < window, "
+                f"got window {self.window}, sinks {self.sinks}"
+            )
+
+    @property
+    def start(self) -> int:
+        """The context length past which the bound is on."""
+        return self.after or READ_WINDOWS * self.window
+
+    def windowed(self, layers: list[Any]) -> list[Any] | None:
+        """`layers` with each full-attention layer (a KVCache) turned into a window cache of this
+        bound holding its sinks and the positions the window still needs, or None when there is
+        none to turn (the layers are windows already, or of other kinds)."""
+        if not any(type(layer) is KVCache for layer in layers):
+            return None
+        return [
+            WindowKVCache.of(layer, self.window, DEPTH, self.sinks)
+            if type(layer) is KVCache
+            else layer
+            for layer in layers
+        ]
 
 
 def check_trimmable(cache: list[Any], name: str) -> list[Any]:
@@ -143,6 +194,8 @@ class KVState:
         self.layers = Rewinder(self.cache)
         self.tokens: list[int] = []
         self.refeed = REFEED  # see `settle`
+        # A draft's attention bound for this request (set by the RoundFactory; None: none).
+        self.bound: Bound | None = None
         self.feature_layers: tuple[int, ...] = (TOP,)  # what forward_features returns
         # Set by a server running several requests at once (edgespec/server/packing.py): takes
         # this state's forwards and returns their logits, packed with other requests' rows.
@@ -237,8 +290,8 @@ class KVState:
         run (the fed tail plus what is left to the first forward).
         """
         self.keep_common(prompt)
-        first = self.offset  # the common prefix, or an earlier restore point
         end = len(prompt) - 1
+        first = self.catch_up(prompt[:end])  # the common prefix, or an earlier restore point
         if merge and self.trims and len(prompt) - first <= MERGE_MAX:
             end = first
         for start in range(first, end, PREFILL_CHUNK):
@@ -248,6 +301,36 @@ class KVState:
         self.tokens = list(prompt[:end])
         self.layers.mark_anchor()
         return len(prompt) - first
+
+    def catch_up(self, context: list[int]) -> int:
+        """Before reading context[offset:]: a `bound` draft past its start turns its full cache
+        into windows (Bound.windowed), and one far behind reads only its sinks and its last
+        READ_WINDOWS windows: the positions between are never attended to again
+        (WindowKVCache.skip). Returns the offset to feed from (unchanged without a bound)."""
+        bound = self.bound
+        if bound is None or len(context) <= bound.start:
+            return self.offset
+        if (layers := bound.windowed(self.cache)) is not None:
+            self.cache = layers
+            self.layers = Rewinder(self.cache)
+        window = self.layers.bound
+        reach = READ_WINDOWS * bound.window
+        if window is None or len(context) - self.offset <= reach + bound.sinks:
+            return self.offset
+        if self.offset < bound.sinks:  # the sinks are read first, once
+            self.forward(mx.array(context[self.offset : bound.sinks], dtype=mx.int32))
+            mx.eval([c.state for c in self.cache])
+        to = len(context) - reach
+        self.layers.skip(to)
+        self.tokens = list(context[:to])
+        return to
+
+    def unbind(self) -> None:
+        """No bound from now on; a cache turned into windows starts over (a draft tree needs a
+        full one)."""
+        self.bound = None
+        if any(getattr(layer, "bounded", False) for layer in self.layers.layers):
+            self.reset()
 
     def reset(self) -> None:
         """Forget everything (a fresh cache)."""

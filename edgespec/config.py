@@ -11,6 +11,13 @@ from edgespec.errors import ConfigError
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
 # round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
 MAX_K = 64
+# A token draft's attention bound (SpecConfig.draft_window, cache.Bound): the window, in
+# positions, and the first positions every draft position also sees (attention sinks). On this
+# project's measurements a window of 256 to 1024 kept the draft's acceptance at 2K tokens of
+# context (docs/measurements/2026-11-28-long-context-draft.md); 1024 leaves room to spare.
+DRAFT_WINDOW = 1024
+DRAFT_SINKS = 4
+MIN_DRAFT_WINDOW = 2 * (MAX_K + 2)  # twice what a rewind may drop (rewind.DEPTH)
 MAX_TREE_NODES = 64  # one verify forward of a draft tree: its nodes plus the pending token
 TREE_SPECS = "'chain', a width list such as '3,2,1,1', 'dynamic', 'dynamic:NODES' or 'auto'"
 SEED_LIMIT = 2**64  # MLX keys are two uint32 words: seeds are in [0, 2**64)
@@ -113,8 +120,18 @@ class SpecConfig:
     # Draft trees (docs/drafting.md, Trees): "" for chains (the default loop), else "chain", a
     # width list such as "3,2,1,1", "dynamic" or "auto" (the adaptive policy's choice per round).
     tree: str = ""
+    # A token draft's attention bound (cache.Bound): past 2 * draft_window tokens of context it
+    # attends to its first DRAFT_SINKS positions and its last draft_window ones, so a draft step
+    # costs the same at any length; 0 attends to the whole context. Drafts only: the target
+    # verifies every token over the whole context, so output is unchanged either way.
+    draft_window: int = DRAFT_WINDOW
 
     def __post_init__(self) -> None:
+        if self.draft_window and not MIN_DRAFT_WINDOW <= self.draft_window:
+            raise ConfigError(
+                f"draft-window must be 0 (the whole context) or >= {MIN_DRAFT_WINDOW}, got "
+                f"{self.draft_window}"
+            )
         if not 1 <= self.k <= MAX_K:
             raise ConfigError(f"K (draft tokens per round) must be in 1..{MAX_K}, got {self.k}")
         if self.method not in METHODS:

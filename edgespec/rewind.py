@@ -53,6 +53,10 @@ class WindowKVCache(_BaseCache):
     temporal order, at least `window - 1 + depth` of them once that many were seen, and masks that
     let position i see only i - window + 1..i (what mlx-lm's RotatingKVCache(window) computes).
 
+    `sinks` > 0: position i also sees the first `sinks` positions (attention sinks, as in
+    StreamingLLM): once the window has moved past them, they are kept in front of the window's
+    keys (`lead`). A draft's attention bound (cache.Bound) is such a cache on every layer.
+
     Compaction (dropping positions no query or rewind can need) happens in update_and_fetch, and
     make_mask, called before it, knows where the held keys will start (`_start_after`): every
     window layer of a model shares one offset history, so one mask fits them all.
@@ -60,12 +64,46 @@ class WindowKVCache(_BaseCache):
 
     step = 256
 
-    def __init__(self, window: int, depth: int = DEPTH):
-        self.window, self.depth = int(window), int(depth)
+    def __init__(self, window: int, depth: int = DEPTH, sinks: int = 0):
+        if not 0 <= sinks < window:
+            raise ValueError(f"need 0 <= sinks < window, got {sinks}, {window}")
+        self.window, self.depth, self.sinks = int(window), int(depth), int(sinks)
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.offset = 0  # positions seen
-        self.start = 0  # position of the first held key
+        self.start = 0  # position of the first held key after the sinks
+        self.bounded = False  # made by a draft's attention bound (WindowKVCache.of)
+
+    @classmethod
+    def of(cls, full: Any, window: int, depth: int = DEPTH, sinks: int = 0) -> WindowKVCache:
+        """A window cache (marked `bounded`: a draft's attention bound made it) holding what a
+        full KVCache `full` holds that its queries from now on may see: the sinks and the last
+        window - 1 + depth positions (all of them while that reaches back to the sinks). Marks
+        on `full` (the CPU backend's grouped path) carry over."""
+        out = cls(window, depth, sinks)
+        out.bounded = True
+        for name, value in vars(full).items():
+            if name.startswith("_edgespec"):
+                setattr(out, name, value)
+        n = int(full.offset)
+        out.offset = n
+        if n == 0 or full.keys is None:
+            return out
+        start = max(0, n - (window - 1 + depth))
+        out.start = 0 if start < sinks + cls.step else start
+        kept = []
+        for a in (full.keys, full.values):
+            if out.start:  # the sinks, then the positions the window still needs
+                a = mx.concatenate([a[..., :sinks, :], a[..., out.start : n, :]], axis=2)
+            kept.append(mx.contiguous(a[..., : out.size(), :]))
+        out.keys, out.values = kept
+        return out
+
+    @staticmethod
+    def _lead(sinks: int, start: int) -> int:
+        """Sink positions held in front of the window's keys: none while the held keys start at
+        position 0 (the sinks are then the first of them), else all of them."""
+        return sinks if start > 0 else 0
 
     def _start_after(self, n: int) -> int:
         """Where the held keys start once n more positions arrive. Compaction keeps the last
@@ -73,12 +111,13 @@ class WindowKVCache(_BaseCache):
         holds a `step` more than that (so it copies once per `step` positions)."""
         if self.offset + n - self.start <= self.window + self.depth + self.step:
             return self.start
-        return max(self.start, self.offset - self.window + 1 - max(0, self.depth - n))
+        start = max(self.start, self.offset - self.window + 1 - max(0, self.depth - n))
+        return 0 if start < self.sinks else start  # the sinks are never dropped
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         n = keys.shape[2]
         start = self._start_after(n)
-        at = self.offset - start  # where the new positions go
+        at = self._lead(self.sinks, start) + self.offset - start  # where the new positions go
         if self.keys is None or start != self.start or at + n > self.keys.shape[2]:
             self._reallocate(start, at + n, keys, values)
         assert self.keys is not None and self.values is not None
@@ -88,17 +127,23 @@ class WindowKVCache(_BaseCache):
         return self.keys[..., : at + n, :], self.values[..., : at + n, :]
 
     def _reallocate(self, start: int, need: int, keys: mx.array, values: mx.array) -> None:
-        """A buffer of room for `need` positions from `start`, holding the kept ones."""
-        b, heads, _, dk = keys.shape
+        """A buffer of room for `need` slots (the sinks in front, then positions from `start`),
+        holding the kept ones."""
         room = -(-need // self.step) * self.step
+        lead, old_lead = self._lead(self.sinks, start), self._lead(self.sinks, self.start)
         held = self.offset - start
         new = []
         for old, like in ((self.keys, keys), (self.values, values)):
-            fresh = mx.zeros((b, heads, room - held, like.shape[3]), like.dtype)
+            parts = []
+            if old is not None and lead:
+                parts.append(old[..., :lead, :])  # the sinks: first in either layout
             if old is not None and held:
-                kept = old[..., start - self.start : self.offset - self.start, :]
-                fresh = mx.concatenate([kept, fresh], axis=2)
-            new.append(fresh)
+                first = old_lead + start - self.start
+                parts.append(old[..., first : first + held, :])
+            kept = sum(int(p.shape[2]) for p in parts)
+            b, heads, _, _ = like.shape
+            parts.append(mx.zeros((b, heads, room - kept, like.shape[3]), like.dtype))
+            new.append(parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2))
         self.keys, self.values = new
         self.start = start
 
@@ -106,10 +151,32 @@ class WindowKVCache(_BaseCache):
         """The mask of n new queries over the keys update_and_fetch will return: None or "causal"
         while every held key lies inside every query's window, else a boolean array."""
         window = window_size or self.window
-        before = self.offset - self._start_after(n)  # held keys older than the new ones
-        if before + n <= window and not return_array:
+        start = self._start_after(n)
+        before = self.offset - start  # held keys older than the new ones (sinks apart)
+        if start == 0 and self.offset + n <= window and not return_array:
             return None if n == 1 else "causal"
-        return create_causal_mask(n, before, window_size=window)
+        if not self.sinks:
+            if before + n <= window and not return_array:
+                return None if n == 1 else "causal"
+            return create_causal_mask(n, before, window_size=window)
+        lead = self._lead(self.sinks, start)
+        queries = mx.arange(self.offset, self.offset + n)[:, None]
+        keys = mx.concatenate([mx.arange(lead), mx.arange(start, self.offset + n)])[None]
+        return (keys <= queries) & ((keys > queries - window) | (keys < self.sinks))
+
+    def skip(self, to: int) -> None:
+        """Jump to position `to` without the positions before it: a bounded draft's catch-up
+        (cache.KVState.skip_unread), whose later queries never attend to them. The sinks stay;
+        they must be held already (offset >= sinks)."""
+        if to <= self.offset:
+            return
+        if self.offset < self.sinks:
+            raise ValueError(f"skip: the {self.sinks} sink positions are not held yet")
+        keep = self.sinks
+        if self.keys is not None and self.values is not None:
+            self.keys = self.keys[..., :keep, :] if keep else None
+            self.values = self.values[..., :keep, :] if keep else None
+        self.offset = self.start = to
 
     def can_trim(self, n: int) -> bool:
         """Whether dropping the last n positions keeps every key the next queries can see."""
@@ -135,10 +202,10 @@ class WindowKVCache(_BaseCache):
         self.keys, self.values = v
 
     def size(self) -> int:
-        return self.offset - self.start
+        return self._lead(self.sinks, self.start) + self.offset - self.start
 
     def empty(self) -> bool:
-        return self.keys is None
+        return self.keys is None and self.offset == 0
 
     @property
     def nbytes(self) -> int:
@@ -241,6 +308,21 @@ class Rewinder:
             if len(self.points) > self.history + 1:
                 del self.points[1]  # the oldest stays: it is where the committed context ends
         self.fed += length
+
+    @property
+    def bound(self) -> WindowKVCache | None:
+        """The first layer's window where every layer is a window cache with sinks or not (a
+        bounded draft's cache, cache.Bound), else None: only then may the cache `skip`."""
+        if self.windows and len(self.windows) == len(self.layers):
+            return self.windows[0]
+        return None
+
+    def skip(self, to: int) -> None:
+        """Jump every (window) layer to position `to` without computing the positions between
+        (WindowKVCache.skip); forgets nothing else: such a cache has no restore points."""
+        for layer in self.windows:
+            layer.skip(to)
+        self.fed = to
 
     def mark_anchor(self) -> None:
         """Keep the current state as the prompt's restore point (after a prefill)."""

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.cache import PREFILL_CHUNK, KVState
+from edgespec.cache import PREFILL_CHUNK, Bound, KVState
 from edgespec.calibration import Calibration
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
 from edgespec.drafting.base import Drafter, FeatureInput
 from edgespec.drafting.block import BlockModel
@@ -126,6 +126,11 @@ class RoundFactory:
         target.check_speculation()
         if spec.method in ("draft", "hybrid") and isinstance(draft, KVState):
             draft.check_speculation()
+        if isinstance(draft, KVState):  # a tree's forward needs the draft's full cache
+            window = 0 if spec.tree else spec.draft_window
+            draft.bound = Bound(window, DRAFT_SINKS) if window else None
+            if draft.bound is None:
+                draft.unbind()
         if spec.tree:  # draft trees (edgespec/trees/loop.py)
             tree = build_tree_drafter(
                 spec, sampling, draft, self.vocab, self.name, self.kernels, self.pairs

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from edgespec.config import MTP_DRAFT, GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_SINKS, MTP_DRAFT, GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
 
 
@@ -126,6 +126,15 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         "-k deep), 'auto' (chain or tree chosen per round from measured costs) or 'chain' "
         "(default: chains, no tree)",
     )
+    g.add_argument(
+        "--draft-window",
+        type=int,
+        default=SpecConfig.draft_window,
+        metavar="N",
+        help="past 2N tokens of context a token draft attends to its first "
+        f"{DRAFT_SINKS} positions and its last N only, so its steps cost the same at any length "
+        f"(0: the whole context; default {SpecConfig.draft_window}; output is unchanged)",
+    )
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
 
 
@@ -148,6 +157,7 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         ngram_long=getattr(args, "ngram_long", SpecConfig.ngram_long),
         ngram_long_k=getattr(args, "ngram_long_k", SpecConfig.ngram_long_k),
         tree="" if method == "none" else getattr(args, "tree", ""),
+        draft_window=getattr(args, "draft_window", SpecConfig.draft_window),
     )
 
 

@@ -66,6 +66,7 @@ class ModelDrafter(Drafter):
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         state, pairs = self.state, self.pairs
+        state.catch_up(context)  # a bounded draft far behind reads only what it attends to
         if pairs and len(context) - state.offset == 1 and state.offset > 0:
             state.rewind(context, state.offset - 1)  # run the newest cached position again
         inputs = mx.array(context[state.offset :], dtype=mx.int32)

@@ -67,7 +67,9 @@ def make_tokenizer(path: Path, vocab_size: int = 384, seed: int = 0) -> int:
     return tok.get_vocab_size()
 
 
-def llama_config(vocab_size: int, layers: int, hidden: int = 64, context: int = 512) -> dict:
+def llama_config(
+    vocab_size: int, layers: int, hidden: int = 64, context: int = 512, rope_theta: float = 1e4
+) -> dict:
     return {
         "model_type": "llama",
         "hidden_size": hidden,
@@ -78,7 +80,7 @@ def llama_config(vocab_size: int, layers: int, hidden: int = 64, context: int = 
         "rms_norm_eps": 1e-5,
         "vocab_size": vocab_size,
         "max_position_embeddings": context,
-        "rope_theta": 10000.0,
+        "rope_theta": rope_theta,
         "tie_word_embeddings": True,
         "eos_token_id": SPECIALS.index("<|im_end|>"),
     }
@@ -133,30 +135,34 @@ def make_tiny_pair(
     target_layers: int = 4,
     draft: str = "subset",
     noise: float = 0.0,
+    context: int = 512,
 ) -> tuple[Path, Path]:
     """Write `root/target` and `root/draft`; return their paths.
 
     draft="subset": the target's embedding + its first layer (agrees often, not always);
     draft="self": an exact copy of the target (every draft token must be accepted);
     draft="random": independent weights (rarely agrees). `noise` perturbs the draft's weights.
+    `context`: the models' window; past the default 512 RoPE's base grows with it (as long-context
+    checkpoints scale theirs), so positions stay apart.
     """
     root = Path(root)
     tok_dir = root / "tokenizer"
     vocab = make_tokenizer(tok_dir, seed=seed)
-    tcfg = llama_config(vocab, target_layers)
+    theta = 1e4 * max(1.0, context / 512) ** 2
+    tcfg = llama_config(vocab, target_layers, context=context, rope_theta=theta)
     tw = random_llama_weights(tcfg, seed)
     target = write_model(root / "target", tcfg, tw, tok_dir)
     if draft == "self":
         dcfg, dw = tcfg, dict(tw)
     elif draft == "subset":
-        dcfg = llama_config(vocab, 1)
+        dcfg = llama_config(vocab, 1, context=context, rope_theta=theta)
         dw = {
             k: v
             for k, v in tw.items()
             if not k.startswith("model.layers.") or k.startswith("model.layers.0.")
         }
     elif draft == "random":
-        dcfg = llama_config(vocab, 1)
+        dcfg = llama_config(vocab, 1, context=context, rope_theta=theta)
         dw = random_llama_weights(dcfg, seed + 1000)
     else:
         raise ValueError(f"unknown draft kind {draft!r}")
