@@ -55,6 +55,9 @@ class Round:
     # candidate, ...) of the first accepted node that was not.
     nodes: int = 0
     branch: int = 0
+    # Committed tokens (the prompt included) when the round began: the context length its costs
+    # were measured at (AdaptiveK prices rounds with costs measured near the current length).
+    context: int = 0
     type: str = field(default="round", init=False)
 
 

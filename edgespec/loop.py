@@ -103,7 +103,18 @@ class Chains:
         d, k = prop.size, max(0, min(plan, run.room()))
         n, nxt = out[d], out[d + 1]
         method, match = (prop.method, prop.match) if d else (self.drafter.method, 0)
-        rnd = Round(run.index, d, n, max(k, d), t_draft, t_verify, method, timed, match)
+        rnd = Round(
+            run.index,
+            d,
+            n,
+            max(k, d),
+            t_draft,
+            t_verify,
+            method,
+            timed,
+            match,
+            context=len(run.context),
+        )
         step = run.commit(self.drafter, out[:n] + [nxt], rnd, feats)
         self.target.rewind(run.context, len(run.context) - 1)
         return step

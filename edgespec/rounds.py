@@ -355,7 +355,16 @@ def plain_run(
         timed = not prop.size and upcoming is not None and not upcoming.prop.size and not first
         method = prop.method if prop.size else drafter.method
         rnd = Round(
-            run.index, prop.size, n, prop.size, 0.0, now - t_prev, method, timed, prop.match
+            run.index,
+            prop.size,
+            n,
+            prop.size,
+            0.0,
+            now - t_prev,
+            method,
+            timed,
+            prop.match,
+            context=len(run.context),
         )
         t_prev, first = now, False
         step = run.commit(drafter, host[:n] + [value], rnd, queued.feats)

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edgespec.drafting.base import PLAIN_ONLY
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
 
@@ -55,6 +56,29 @@ PROBE_MAX = 64  # longest gap between probes
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
+# A verify timing prices rounds while the context is within this many tokens of the length it
+# was measured at, or an eighth of that length, whichever is more: a forward's attention grows
+# with the context (on a CPU a verify of 5 tokens cost 1.03 plain steps at 1K tokens and 1.36 at
+# 6K), so costs measured at another length mislead, in both directions.
+STALE_TOKENS = 256
+# While drafting, a plain step's cost v(1) is timed again once no timing of it is current: the
+# run of plain steps that times one (only a step with another queued behind it is timed,
+# rounds.plain_run) is this long. Without it v(1) was only extrapolated from the verifies at
+# long contexts, too dear, and a draft that no longer paid stayed on.
+PLAIN_PROBE = 3
+# Drafting rounds between two such timings at least (so a plain step that keeps missing its
+# timing, a run cut short by a stop, is not retried every round).
+PLAIN_PROBE_GAP = 16
+# ... and only where the choice is close: drafting's predicted rate under this many times the
+# predicted plain rate. An extrapolated v(1) was at most ~1.3x too dear (verifies of 2-5 tokens
+# on a CPU at 6K tokens), so a draft predicted to beat plain by more pays whatever v(1) is.
+PLAIN_MARGIN = 1.3
+
+
+def current(measured_at: int, context: int) -> bool:
+    """Whether a timing taken at context length `measured_at` prices rounds at `context`
+    (STALE_TOKENS). Example: 1000 at 1200 -> True; 1000 at 8000 -> False; 7500 at 8000 -> True."""
+    return abs(context - measured_at) <= max(STALE_TOKENS, context // 8)
 
 
 def best_k(
@@ -144,17 +168,25 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
 
 
 class RecentMedian:
-    """The median of the last COST_WINDOW timings (None before the first)."""
+    """The median of the last COST_WINDOW timings (None before the first), each with the context
+    length it was taken at (`at`: the median of those current at a length)."""
 
     def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=COST_WINDOW)
+        self.contexts: deque[int] = deque(maxlen=COST_WINDOW)
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, context: int = 0) -> None:
         self.samples.append(seconds)
+        self.contexts.append(context)
 
     @property
     def value(self) -> float | None:
         return statistics.median(self.samples) if self.samples else None
+
+    def at(self, context: int) -> float | None:
+        """The median of the timings current at `context` (`current`), None without one."""
+        kept = [s for s, c in zip(self.samples, self.contexts, strict=True) if current(c, context)]
+        return statistics.median(kept) if kept else None
 
 
 @dataclass
@@ -286,6 +318,9 @@ class AdaptiveK:
         self._on = True  # drafting is on by the policy's own choice (not a probe)
         self._probe_gap = PROBE_EVERY
         self._observed = False  # a round was observed: the first round's K is k_init
+        self.context = 0  # committed tokens after the newest observed round
+        self._plain_probe = 0  # plain steps still to run to time v(1) (PLAIN_PROBE)
+        self._since_plain_probe = PLAIN_PROBE_GAP  # drafting rounds since the last such run
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -303,8 +338,10 @@ class AdaptiveK:
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
         self._observed = True
+        self.context = max(self.context, r.context + r.accepted + 1)
         if r.drafted > 0:
             self._method = r.method
+            self._since_plain_probe += 1
         long = self.long_match > 0 and r.match >= self.long_match
         name = f"{r.method}-long" if long else r.method
         est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
@@ -322,12 +359,14 @@ class AdaptiveK:
             # lookups grew too long. Only their sum is known; leave both out.
             return
         length = r.drafted + 1  # the pending token + the drafts
-        self.verify_costs.setdefault(length, RecentMedian()).add(r.t_verify)
+        self.verify_costs.setdefault(length, RecentMedian()).add(r.t_verify, r.context)
 
     @property
     def verify_means(self) -> dict[int, float]:
-        """Verified tokens L -> the median of its recent verify seconds."""
-        return {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
+        """Verified tokens L -> the median of its recent verify seconds current at the context
+        length reached (`current`): timings taken at another length are left out."""
+        means = {L: m.at(self.context) for L, m in self.verify_costs.items()}
+        return {L: t for L, t in means.items() if t is not None}
 
     def _inputs(
         self, method: str | None
@@ -369,11 +408,43 @@ class AdaptiveK:
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
 
     def decide(self) -> int:
-        """The next round's K (recorded in `chosen`)."""
+        """The next round's K (recorded in `chosen`); PLAIN_ONLY (-1) for the plain steps that
+        time v(1) (`_time_plain`), told apart from a draft switched off (0)."""
+        if self._plain_probe > 0:
+            self._plain_probe -= 1
+            self.chosen.append(PLAIN_ONLY)
+            return PLAIN_ONLY
         method = self.model or self._method
         k = self.choose(method if self._observed else None)
+        if k > 0 and self._time_plain(method, k):
+            self._plain_probe = PLAIN_PROBE - 1
+            k = PLAIN_ONLY
         self.chosen.append(k)
         return k
+
+    def _time_plain(self, method: str | None, k: int) -> bool:
+        """Whether to run plain steps now to time v(1), with K = k chosen: past STALE_TOKENS of
+        context (shorter ones keep the calibrated prior slope), no timing of a plain step is
+        current at this length (`verify_means`, so v(1) is extrapolated from the verifies), the
+        choice is close (PLAIN_MARGIN), the draft's cost rests on OFF_AFTER timings, and
+        PLAIN_PROBE_GAP drafting rounds passed since the last try. Every cost the choice
+        compares is then measured at this length."""
+        if not self.allow_plain or self._since_plain_probe < PLAIN_PROBE_GAP:
+            return False
+        if self.context <= STALE_TOKENS:  # short contexts: the prior slope holds (calibrated)
+            return False
+        args = self._inputs(method)
+        if args is None or 1 in self.verify_means:
+            return False
+        est = self.estimates[method]  # type: ignore[index]
+        if est.timings < OFF_AFTER:
+            return False
+        alpha, cost, verify, _ = args
+        tokens = est.expected(k) if est.per_round else expected_tokens_per_round(alpha, k)
+        if tokens / (k * cost + verify(k + 1)) >= PLAIN_MARGIN / verify(1):
+            return False
+        self._since_plain_probe = 0
+        return True
 
     def __call__(self, last: Round | None) -> int:
         if last is not None:

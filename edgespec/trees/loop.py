@@ -206,6 +206,7 @@ class Trees:
             prop.match,
             nodes=tree.size,
             branch=branch_of(tree, path),
+            context=len(run.context),
         )
         step = run.commit(drafter, [tokens[i] for i in path] + [nxt], rnd, feats)
         target.rewind(run.context, len(run.context) - 1)
