@@ -9,10 +9,10 @@ What uvicorn (0.3x-0.5x, h11 protocol) does and does not do, read from its sourc
   into a 503, and the connections still hold file descriptors until the process runs out.
 So each connection here gets a deadline of `timeout_s` for a complete request head (from when it
 opened or its last response ended); at the cap, a new connection closes the connection that has
-been idle longest (no request in flight), else the one that has waited longest for the rest of
-its request body (a head, then nothing: the app can do nothing for it until its body comes), and
-is itself closed only when every open connection has a whole request in flight. A body's bytes
-count as activity, so a slow upload that moves is closed after the stalled ones.
+been least recently active among those idle (no request in flight) or waiting for the rest of
+a request body (a head, then nothing: the app can do nothing for it until its body comes), and
+is itself closed only when every open connection has a whole request in flight. A request head
+and a body's bytes count as activity, so a slow upload that moves goes after stalled ones.
 
     guard = ConnectionGuard(max_connections=256, timeout_s=10.0)
     uvicorn.Config(app, http=guarded_h11(guard))
@@ -31,8 +31,8 @@ from typing import Any
 EVENTS = {
     "timed_out": "closing connections that send no complete request within {timeout:g} s",
     "evicted": "{cap} connections open: closing the longest idle one for each new one",
-    "stalled": "{cap} connections open, none idle: closing the one that has waited longest "
-    "for its request body for each new one",
+    "stalled": "{cap} connections open: closing the one that has waited longest for its "
+    "request body for each new one",
     "refused": "{cap} connections open, all with a request in flight: closing new ones",
 }
 
@@ -60,16 +60,15 @@ class ConnectionGuard:
 
     def admit(self, conn: Any) -> bool:
         """Register a new connection; False when it must be closed (all others have a whole
-        request in flight). At the cap, the longest idle connection makes room, else the one
-        that has waited longest for its body."""
+        request in flight). At the cap, the least recently active of the connections without
+        a whole request (idle, or waiting for the rest of a body) makes room: under a flood
+        of stalled bodies a client that just connected is not the first to go."""
         if len(self.open) >= self.cap:
-            victim, kind = next((c for c in self.open if not c.busy()), None), "evicted"
-            if victim is None:
-                victim, kind = next((c for c in self.open if c.waiting()), None), "stalled"
+            victim = next((c for c in self.open if not c.busy() or c.waiting()), None)
             if victim is None:
                 self.note("refused")
                 return False
-            self.note(kind)
+            self.note("stalled" if victim.busy() else "evicted")
             self.forget(victim)
             victim.drop()
         self.open[conn] = None
@@ -118,6 +117,7 @@ def guarded_h11(guard: ConnectionGuard) -> type[asyncio.Protocol]:
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()  # the next request's head has the same deadline
+                guard.touch(self)  # a kept-alive client is not the first to make room
 
         def busy(self) -> bool:
             return self.cycle is not None and not self.cycle.response_complete

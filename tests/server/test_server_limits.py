@@ -142,9 +142,10 @@ def test_at_the_cap_the_longest_idle_connection_goes_and_only_a_busy_house_refus
     assert guard.admit(Conn()) and guard.figures()["open"] == 3
 
 
-def test_at_the_cap_without_idle_ones_the_longest_stalled_body_goes():
-    """Connections whose request head came and whose body does not are closed to make room
-    (the longest waiting first; body bytes count as activity); whole requests never are."""
+def test_at_the_cap_a_stalled_body_goes_before_a_newer_idle_connection():
+    """Connections whose request head came and whose body does not are closed to make room,
+    least recently active first (body bytes count as activity), before a client that
+    connected after them; whole requests never are."""
     said: list[str] = []
     guard = ConnectionGuard(max_connections=3, timeout_s=5, say=said.append)
     a, b, c = Conn(waiting=True), Conn(busy=True), Conn(waiting=True)
@@ -152,9 +153,8 @@ def test_at_the_cap_without_idle_ones_the_longest_stalled_body_goes():
     guard.touch(a)  # a sent some body: c has waited longest
     d = Conn()
     assert guard.admit(d) and c.dropped and not a.dropped and not b.dropped
-    d.is_busy = True
-    e = Conn()
-    assert guard.admit(e) and a.dropped and not b.dropped and not d.dropped
+    e = Conn()  # d, idle, connected after a's last bytes
+    assert guard.admit(e) and a.dropped and not d.dropped and not b.dropped
     assert guard.figures()["stalled"] == 2 and guard.figures()["refused"] == 0
     assert len(said) == 1 and "waited longest for its request body" in said[0]
 
