@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from edgespec.server.process import ServerProcess
-from tests.server.test_server_abuse import HI, in_thread, models, port, read_all
 
 httpx = pytest.importorskip("httpx")
 
 ROOT = Path(__file__).resolve().parents[2]
+HI = [{"role": "user", "content": "hi"}]
 CAP = 12  # --max-connections: a flood of stalled bodies fills it at once
 BODY_LIMIT = 65536
 HEAD = "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
@@ -35,6 +35,48 @@ def server(tiny_pair):
     srv = ServerProcess(*models(tiny_pair), *limits.split(), "--max-batch", "4")
     yield srv
     srv.kill()
+
+
+def models(pair) -> list[str]:
+    return ["--target", str(pair[0]), "--draft", str(pair[1]), "--max-tokens", "8"]
+
+
+def port(srv: ServerProcess) -> int:
+    return int(srv.url.rsplit(":", 1)[1])
+
+
+def in_thread(fn):
+    """Run fn in a thread; returns a callable giving its result (or raising its error)."""
+    out: list = []
+
+    def call() -> None:
+        try:
+            out.append(fn())
+        except Exception as exc:  # noqa: BLE001 - handed back to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+
+    def result():
+        thread.join(120)
+        assert out, "it did not end"
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    return result
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (at most 64 reads)."""
+    got = b""
+    for _ in range(64):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
 
 
 def health(srv: ServerProcess) -> dict:
