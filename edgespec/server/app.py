@@ -318,6 +318,8 @@ async def _collect(
 
 async def _next_event(channel: Channel, gone: asyncio.Future[None]) -> WorkerEvent | None:
     """The job's next event, or None once `gone` (the client left) is done first."""
+    if gone.done():
+        return None
     if not channel.queue.empty():
         return channel.queue.get_nowait()
     getting = asyncio.ensure_future(channel.queue.get())
