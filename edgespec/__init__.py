@@ -6,9 +6,33 @@ for event in engine.chat([{"role": "user", "content": "Hi"}], GenerationConfig()
     ...                                     # Token / Round / Finished records (edgespec.events)
 """
 
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.errors import EdgeSpecError
-from edgespec.events import Finished, Round, Stats, Token
+import os as _os
+import sys as _sys
+
+
+def _off_the_working_directory() -> None:
+    """Under `python -m edgespec ...` (not -P), take the working directory off the import path
+    before anything else is imported, as the `edgespec` command (whose path starts with its
+    own folder) and its safe-path re-exec (edgespec/cpu/blas.py) do: a json.py where the
+    server was started replaced the standard module. This package is already being imported,
+    so its own modules still load from a source checkout."""
+    argv = getattr(_sys, "orig_argv", [])
+    pairs = zip(argv, argv[1:], strict=False)
+    as_main = any(a == "-m" and b.split(".")[0] == __name__ for a, b in pairs)
+    if not as_main or getattr(_sys.flags, "safe_path", False) or not _sys.path:
+        return
+    try:
+        if _os.path.samefile(_sys.path[0] or _os.curdir, _os.curdir):
+            del _sys.path[0]
+    except OSError:  # the first entry is not a folder (a zip) or the cwd is gone: leave it
+        pass
+
+
+_off_the_working_directory()
+
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig  # noqa: E402
+from edgespec.errors import EdgeSpecError  # noqa: E402
+from edgespec.events import Finished, Round, Stats, Token  # noqa: E402
 
 __all__ = [
     "EdgeSpecError",

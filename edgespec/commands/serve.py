@@ -124,7 +124,8 @@ def add_limit_args(g: Any) -> None:
         type=int,
         default=d.max_connections,
         help=f"open connections (default {d.max_connections}; at the cap a new one closes the "
-        "longest idle one; lowered to fit the open-file limit)",
+        "longest idle one, or one stalled before its body ends; lowered to fit the open-file "
+        "limit)",
     )
 
 

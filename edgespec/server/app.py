@@ -16,7 +16,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -29,10 +29,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from edgespec.config import GenerationConfig
 from edgespec.errors import ContextLengthError, PromptError, check_context, one_line
 from edgespec.server import responses as R
 from edgespec.server.auth import ApiKeyMiddleware
-from edgespec.server.limits import Limits, TextBound, read_body, refuse_certain_overflow
+from edgespec.server.limits import (
+    INCOMPLETE_BODY,
+    Limits,
+    TextBound,
+    read_body,
+    refuse_certain_overflow,
+)
 from edgespec.server.protocol import (
     Defaults,
     ParsedRequest,
@@ -52,7 +59,9 @@ from edgespec.server.worker import (
     WorkerEvent,
 )
 
-DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+# A non-streaming request learns at once that its client left (uvicorn says so); a server that
+# answers "still here" at once is asked again after this long.
+DISCONNECT_POLL_S = 0.5
 # On shutdown a running job ends at its next round and its stream sends "the server is shutting
 # down"; a stream gets this long to do so before it is cut (under uvicorn's graceful timeout).
 SHUTDOWN_GRACE_S = 4.0
@@ -175,7 +184,10 @@ async def _complete(request: Request, kind: str) -> Response:
     parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
     ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
     channel = Channel(asyncio.get_running_loop())
-    job = Job(ids, parsed.config, parsed.stop, channel.emit)
+    engine = s.worker.engine
+    assert engine is not None  # create_app takes a started worker
+    config = clamp_max_tokens(parsed.config, len(ids), engine.context_window)
+    job = Job(ids, config, parsed.stop, channel.emit)
     s.worker.submit(job)
     rid, created = R.new_id(kind), R.now()
     if parsed.stream:
@@ -197,6 +209,18 @@ class JobStream(EventSourceResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.job.cancel.set()
+
+
+def clamp_max_tokens(config: GenerationConfig, prompt_tokens: int, window: int) -> GenerationConfig:
+    """`config` with max_tokens at most what the context window leaves after the prompt, as
+    OpenAI does (the answer then ends with finish_reason "length" when the window fills; the
+    engine stops there anyway, so the text is the same). The batch sizes a request's cache from
+    max_tokens: unclamped, max_tokens 1e12 made one request too large to run beside any other.
+
+    clamp_max_tokens(GenerationConfig(max_tokens=10**12), 100, 8192).max_tokens -> 8092
+    """
+    room = max(1, window - prompt_tokens)
+    return config if config.max_tokens <= room else replace(config, max_tokens=room)
 
 
 def _tokenize_locked(s: ServerState, parsed: ParsedRequest) -> list[int]:
@@ -270,16 +294,16 @@ async def _stream(
 async def _collect(
     request: Request, parsed: ParsedRequest, job: Job, channel: Channel, rid: str, created: int
 ) -> Response:
-    """Wait for the whole answer, checking that the client is still connected."""
+    """Wait for the whole answer; a client that closes its connection meanwhile cancels the job
+    at once (its events may keep coming without a pause, so waiting for a quiet moment to look
+    would let an abandoned job run to its end)."""
     texts: list[str] = []
+    gone = asyncio.ensure_future(_client_gone(request))
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(channel.queue.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    return Response(status_code=499)  # nobody will read it
-                continue
+            event = await _next_event(channel, gone)
+            if event is None:
+                return Response(status_code=499)  # nobody will read it
             if isinstance(event, Piece):
                 texts.extend(s.text for s in event.segments)
             elif isinstance(event, Failed):
@@ -288,7 +312,30 @@ async def _collect(
             else:
                 return JSONResponse(_final(parsed, "".join(texts), event, rid, created))
     finally:
+        gone.cancel()
         job.cancel.set()
+
+
+async def _next_event(channel: Channel, gone: asyncio.Future[None]) -> WorkerEvent | None:
+    """The job's next event, or None once `gone` (the client left) is done first."""
+    if gone.done():
+        return None
+    if not channel.queue.empty():
+        return channel.queue.get_nowait()
+    getting = asyncio.ensure_future(channel.queue.get())
+    await asyncio.wait((getting, gone), return_when=asyncio.FIRST_COMPLETED)
+    if getting.done():
+        return getting.result()
+    getting.cancel()
+    return None
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client has closed its connection. The body was read before, so the
+    server's next message is the disconnect (uvicorn waits for it without polling); any other
+    message is looked at again after a pause (a server that answers at once)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(DISCONNECT_POLL_S)
 
 
 def _final(parsed: ParsedRequest, text: str, done: Done, rid: str, created: int) -> dict[str, Any]:
@@ -303,7 +350,10 @@ def _error_type(status: int) -> str:
 async def _request_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestError)
     body = R.error_json(exc.message, exc.kind, exc.param, exc.code)
-    closing = {"Connection": "close"} if exc.status == 408 else None  # the body never came
+    # The body never came, was cut off, or is too large to read: the connection cannot carry
+    # another request (a 413's upload would otherwise be read and discarded until the timeout).
+    body_lost = exc.status in (408, 413) or exc.code == INCOMPLETE_BODY
+    closing = {"Connection": "close"} if body_lost else None
     return JSONResponse(body, status_code=exc.status, headers=closing)
 
 

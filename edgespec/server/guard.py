@@ -9,11 +9,14 @@ What uvicorn (0.3x-0.5x, h11 protocol) does and does not do, read from its sourc
   into a 503, and the connections still hold file descriptors until the process runs out.
 So each connection here gets a deadline of `timeout_s` for a complete request head (from when it
 opened or its last response ended); at the cap, a new connection closes the connection that has
-been idle longest (no request in flight), and is itself closed only when all are busy.
+been least recently active among those idle (no request in flight) or waiting for the rest of
+a request body (a head, then nothing: the app can do nothing for it until its body comes), and
+is itself closed only when every open connection has a whole request in flight. A request head
+and a body's bytes count as activity, so a slow upload that moves goes after stalled ones.
 
     guard = ConnectionGuard(max_connections=256, timeout_s=10.0)
     uvicorn.Config(app, http=guarded_h11(guard))
-    guard.figures()   # {"open": 3, "timed_out": 0, "evicted": 0, "refused": 0}
+    guard.figures()   # {"open": 3, "timed_out": 0, "evicted": 0, "stalled": 0, "refused": 0}
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 EVENTS = {
     "timed_out": "closing connections that send no complete request within {timeout:g} s",
     "evicted": "{cap} connections open: closing the longest idle one for each new one",
+    "stalled": "{cap} connections open: closing the one that has waited longest for its "
+    "request body for each new one",
     "refused": "{cap} connections open, all with a request in flight: closing new ones",
 }
 
@@ -54,20 +59,24 @@ class ConnectionGuard:
             self._say(f"edgespec serve: {line} (said once; GET /health counts them)")
 
     def admit(self, conn: Any) -> bool:
-        """Register a new connection; False when it must be closed (all others are busy)."""
+        """Register a new connection; False when it must be closed (all others have a whole
+        request in flight). At the cap, the least recently active of the connections without
+        a whole request (idle, or waiting for the rest of a body) makes room: under a flood
+        of stalled bodies a client that just connected is not the first to go."""
         if len(self.open) >= self.cap:
-            idle = next((c for c in self.open if not c.busy()), None)
-            if idle is None:
+            victim = next((c for c in self.open if not c.busy() or c.waiting()), None)
+            if victim is None:
                 self.note("refused")
                 return False
-            self.note("evicted")
-            self.forget(idle)
-            idle.drop()
+            self.note("stalled" if victim.busy() else "evicted")
+            self.forget(victim)
+            victim.drop()
         self.open[conn] = None
         return True
 
     def touch(self, conn: Any) -> None:
-        """`conn` started a request: it becomes the most recently active."""
+        """`conn` started a request or sent some of its body: it becomes the most recently
+        active."""
         if conn in self.open:
             del self.open[conn]
             self.open[conn] = None
@@ -78,6 +87,7 @@ class ConnectionGuard:
 
 def guarded_h11(guard: ConnectionGuard) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol class under `guard`'s rules (pass it as uvicorn.Config's http)."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11(H11Protocol):  # type: ignore[misc]
@@ -98,17 +108,23 @@ def guarded_h11(guard: ConnectionGuard) -> type[asyncio.Protocol]:
         def handle_events(self) -> None:
             idle = not self.busy()
             super().handle_events()
-            if idle and self.busy():  # a request head arrived: the app has it now
-                self._disarm()
+            if self.busy():  # a request head arrived (the app has it now), or body bytes
+                if idle:
+                    self._disarm()
                 guard.touch(self)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()  # the next request's head has the same deadline
+                guard.touch(self)  # a kept-alive client is not the first to make room
 
         def busy(self) -> bool:
             return self.cycle is not None and not self.cycle.response_complete
+
+        def waiting(self) -> bool:
+            """Busy with a request whose body has not all arrived."""
+            return self.busy() and self.conn.their_state is h11.SEND_BODY
 
         def drop(self) -> None:
             self._disarm()

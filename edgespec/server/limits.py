@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from edgespec.server.protocol import ParsedRequest, RequestError
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: JSON of a 128k-token prompt with room to spare
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 256
+INCOMPLETE_BODY = "incomplete_body"  # the error code of a body cut off by its client
 # Pre-tokenizers that drop part of the text (whitespace): no floor on the count for them.
 DROPPING = ("Whitespace", "WhitespaceSplit", "BertPreTokenizer", "CharDelimiterSplit")
 
@@ -44,7 +45,9 @@ class Limits:
 async def read_body(request: Request, limits: Limits) -> bytes:
     """The request body, or RequestError: 413 above `max_body_bytes` (from Content-Length when
     the client declares it, before reading a byte; else once that many arrived), 408 when it
-    is not all there within `request_timeout_s` of the request's head."""
+    is not all there within `request_timeout_s` of the request's head, 400 when the client
+    closed the connection before it was (nobody reads that answer: it only ends the request
+    quietly, where starlette's ClientDisconnect would be a 500 with a traceback)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise _too_large(limits.max_body_bytes)
@@ -62,6 +65,10 @@ async def read_body(request: Request, limits: Limits) -> bytes:
             f"the request body did not arrive within {limits.request_timeout_s:g} s",
             status=408,
             code="request_timeout",
+        ) from None
+    except ClientDisconnect:
+        raise RequestError(
+            "the connection closed before the request body arrived", code=INCOMPLETE_BODY
         ) from None
     return b"".join(chunks)
 

@@ -147,8 +147,19 @@ def chunk(
 def error_json(
     message: str, kind: str = "invalid_request_error", param: str | None = None, code: Any = None
 ) -> dict[str, Any]:
-    """{"error": {"message", "type", "param", "code"}}: what OpenAI returns with a 4xx / 5xx."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    """{"error": {"message", "type", "param", "code"}}: what OpenAI returns with a 4xx / 5xx.
+    The message and param may quote the request (a field's name): a lone surrogate there
+    ("\\ud800", valid in JSON, not in UTF-8) is spelled as its escape, so the error can be sent."""
+    param = None if param is None else encodable(param)
+    return {"error": {"message": encodable(message), "type": kind, "param": param, "code": code}}
+
+
+def encodable(text: str) -> str:
+    """`text` with whatever UTF-8 cannot encode (lone surrogates) as backslash escapes.
+
+    encodable("edgespec.\\ud800") -> "edgespec.\\\\ud800"
+    """
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def models_json(model_id: str, created: int, description: str) -> dict[str, Any]:

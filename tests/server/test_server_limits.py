@@ -109,11 +109,14 @@ def test_the_bearer_scheme_is_case_insensitive():
 class Conn:
     """A connection as the guard sees it: busy while a request is in flight; drop() closes it."""
 
-    def __init__(self, busy: bool = False):
-        self.is_busy, self.dropped = busy, False
+    def __init__(self, busy: bool = False, waiting: bool = False):
+        self.is_busy, self.is_waiting, self.dropped = busy or waiting, waiting, False
 
     def busy(self) -> bool:
         return self.is_busy
+
+    def waiting(self) -> bool:
+        return self.is_waiting
 
     def drop(self) -> None:
         self.dropped = True
@@ -132,10 +135,28 @@ def test_at_the_cap_the_longest_idle_connection_goes_and_only_a_busy_house_refus
     assert guard.admit(e) and a.dropped  # then a: b is busy
     b.is_busy = d.is_busy = e.is_busy = True
     assert not guard.admit(Conn()) and not guard.admit(Conn())
-    assert guard.figures() == {"open": 3, "timed_out": 0, "evicted": 2, "refused": 2}
+    figures = {"open": 3, "timed_out": 0, "evicted": 2, "stalled": 0, "refused": 2}
+    assert guard.figures() == figures
     assert len(said) == 2 and "closing the longest idle" in said[0] and "all with" in said[1]
     guard.forget(b)
     assert guard.admit(Conn()) and guard.figures()["open"] == 3
+
+
+def test_at_the_cap_a_stalled_body_goes_before_a_newer_idle_connection():
+    """Connections whose request head came and whose body does not are closed to make room,
+    least recently active first (body bytes count as activity), before a client that
+    connected after them; whole requests never are."""
+    said: list[str] = []
+    guard = ConnectionGuard(max_connections=3, timeout_s=5, say=said.append)
+    a, b, c = Conn(waiting=True), Conn(busy=True), Conn(waiting=True)
+    assert all(guard.admit(conn) for conn in (a, b, c))
+    guard.touch(a)  # a sent some body: c has waited longest
+    d = Conn()
+    assert guard.admit(d) and c.dropped and not a.dropped and not b.dropped
+    e = Conn()  # d, idle, connected after a's last bytes
+    assert guard.admit(e) and a.dropped and not d.dropped and not b.dropped
+    assert guard.figures()["stalled"] == 2 and guard.figures()["refused"] == 0
+    assert len(said) == 1 and "waited longest for its request body" in said[0]
 
 
 def test_repeated_log_lines_are_said_once_without_their_traceback():
