@@ -39,8 +39,10 @@ from edgespec.tui.widgets import (
 )
 from textual import on
 from textual.app import ComposeResult, SystemCommand
+from textual.await_remove import AwaitRemove
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual._styles_cache import StylesCache
 from textual.screen import Screen
 from textual.widgets import Header, Input
 
@@ -53,6 +55,18 @@ FRAME, PANEL_EVERY = 0.1, 1.0
 # Seconds after an answer ends before the garbage collector runs (collect_when_idle): between
 # turns, while the user reads, rather than at a moment CPython picks in the middle of an answer.
 IDLE_COLLECT = 2.0
+
+
+def release_style_caches() -> None:
+    """Let the widgets the chat removed go, with every line they drew.
+
+    Textual memoizes `StylesCache.get_inner_outer` with `functools.lru_cache` on the instance
+    method, so the memo's keys hold up to 1,024 `StylesCache` objects, one per widget that drew a
+    background, each with the `Strip`s (segments, styles) of its last frame: every old chat's
+    messages stayed in memory long after they were removed (Textual issue 6665). The memo holds
+    only two `Style`s per key; emptying it costs a handful of recomputed styles at the next frame.
+    """
+    StylesCache.get_inner_outer.cache_clear()
 
 
 class ChatApp(SettingActions):
@@ -240,6 +254,7 @@ class ChatApp(SettingActions):
         branches = (0, 0) if self._meter is None else self._meter.branches  # tree rounds
         think = None if self._meter is None else self._meter.think
         self.waiting, self._meter = None, None
+        release_style_caches()  # what this turn removed (footer keys, notices) goes too
         self._save()
         self._show_stats(final=(fin, per_round, k_now, branches, think))
         if self.collect_when_idle:
@@ -343,11 +358,16 @@ class ChatApp(SettingActions):
         self.engine_thread.reset()
         self.conv = conv
         view = self.query_one("#conversation", VerticalScroll)
-        view.remove_children()
+        self.call_next(self._release_when_removed, view.remove_children())
         view.mount(*message_widgets(conv, self.provenance, self.show_thinking))
         view.scroll_end(animate=False)
         self._last_view = None
         self._show_stats()
+
+    async def _release_when_removed(self, removal: AwaitRemove) -> None:
+        """Once the old chat's widgets are gone, let the lines they drew go too."""
+        await removal
+        release_style_caches()
 
     def action_open_chats(self) -> None:
         """List saved chats; choosing one reopens it."""

@@ -225,6 +225,39 @@ def test_a_new_chat_frees_the_answers_of_the_old_one(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_new_chats_do_not_keep_the_lines_old_chats_drew(tmp_path: Path) -> None:
+    """A long session stays flat: after each ^n and a full collection the number of live Textual
+    `Strip`s (each drawn line, with its segments and styles) does not grow with the number of
+    chats, and the old chat's widgets' style caches are freed (Textual's `get_inner_outer` memo
+    kept them, with their lines, for up to 1,024 widgets)."""
+    import gc
+    import weakref
+
+    from textual.strip import Strip
+
+    app, loader = make_app(tmp_path)
+    live: list[int] = []
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            for i in range(6):
+                await ask(pilot, app, f"question {i}")
+                if i == 1:
+                    (message,) = app.query(UserMessage)
+                    old = weakref.ref(message._styles_cache)
+                    del message
+                await pilot.press("ctrl+n")
+                await wait_for(pilot, lambda i=i: loader.engine.resets == i + 1)
+                await pilot.pause(0.05)
+                gc.collect()
+                live.append(sum(1 for o in gc.get_objects() if type(o) is Strip))
+            # Before the fix: +23 strips per chat at this size, however long the session.
+            assert live[-1] - live[1] < 2 * (len(live) - 2), live
+            assert old() is None
+
+    run(scenario)
+
+
 def test_toggle_speculation_measures_speedup(tmp_path: Path) -> None:
     app, loader = make_app(tmp_path)
 
