@@ -38,11 +38,11 @@ from edgespec.tui.widgets import (
     UserMessage,
 )
 from textual import on
+from textual._styles_cache import StylesCache
 from textual.app import ComposeResult, SystemCommand
 from textual.await_remove import AwaitRemove
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual._styles_cache import StylesCache
 from textual.screen import Screen
 from textual.widgets import Header, Input
 
