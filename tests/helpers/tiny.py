@@ -133,8 +133,10 @@ def make_tiny_pair(
     target_layers: int = 4,
     draft: str = "subset",
     noise: float = 0.0,
+    context: int = 512,
 ) -> tuple[Path, Path]:
-    """Write `root/target` and `root/draft`; return their paths.
+    """Write `root/target` and `root/draft`; return their paths. `context`: both models'
+    max_position_embeddings (the engine's context window).
 
     draft="subset": the target's embedding + its first layer (agrees often, not always);
     draft="self": an exact copy of the target (every draft token must be accepted);
@@ -143,20 +145,20 @@ def make_tiny_pair(
     root = Path(root)
     tok_dir = root / "tokenizer"
     vocab = make_tokenizer(tok_dir, seed=seed)
-    tcfg = llama_config(vocab, target_layers)
+    tcfg = llama_config(vocab, target_layers, context=context)
     tw = random_llama_weights(tcfg, seed)
     target = write_model(root / "target", tcfg, tw, tok_dir)
     if draft == "self":
         dcfg, dw = tcfg, dict(tw)
     elif draft == "subset":
-        dcfg = llama_config(vocab, 1)
+        dcfg = llama_config(vocab, 1, context=context)
         dw = {
             k: v
             for k, v in tw.items()
             if not k.startswith("model.layers.") or k.startswith("model.layers.0.")
         }
     elif draft == "random":
-        dcfg = llama_config(vocab, 1)
+        dcfg = llama_config(vocab, 1, context=context)
         dw = random_llama_weights(dcfg, seed + 1000)
     else:
         raise ValueError(f"unknown draft kind {draft!r}")

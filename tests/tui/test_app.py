@@ -258,6 +258,36 @@ def test_new_chats_do_not_keep_the_lines_old_chats_drew(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_a_long_prompt_shows_its_reading_and_esc_stops_it_cleanly(tmp_path: Path) -> None:
+    """While a long prompt is read the answer's place says how far ("reading prompt 512 /
+    ..."); Esc then stops the turn before its answer: the question leaves the conversation and
+    goes back to the prompt box, and the next question gets a fresh chat's answer."""
+    app, loader = make_app(tmp_path, FakeScript(prefill_delay=0.3))
+    pasted = "lorem ipsum " * 300  # 3,600 characters: 8 fake prefill chunks, 2.4 s to read
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            prompt = app.query_one("#prompt", Input)
+            prompt.value = pasted
+            await pilot.press("enter")
+            answer = app._answer
+            assert answer is not None
+            await wait_for(pilot, lambda: answer.note.startswith("reading prompt 512 / 3,6"))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+            assert loader.engine._cached and len(loader.engine._cached) < len(pasted)
+            assert app.conv.messages == []
+            await wait_for(pilot, lambda: not app.query(UserMessage))  # removed from view
+            assert prompt.value == pasted.strip()
+            prompt.value = ""
+            await ask(pilot, app, "short question")
+            assert app.conv.messages[-1].content == expected_answer("short question")[0]
+            assert [m.role for m in app.conv.messages] == ["user", "assistant"]
+
+    run(scenario)
+
+
 def test_toggle_speculation_measures_speedup(tmp_path: Path) -> None:
     app, loader = make_app(tmp_path)
 
