@@ -287,7 +287,8 @@ class ChatApp(SettingActions):
         if not prompt.value:
             prompt.value = question.content
         self.waiting, self._meter, self._answer, self._reply = None, None, None, None
-        self._save()
+        self.saver.put(*self.store.prepare(self.conv))  # the file too, even left empty
+        self._dirty = False
         self._show_stats()
         self.notify("Stopped while reading the prompt; the question is back in the prompt box.")
 

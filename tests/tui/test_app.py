@@ -280,6 +280,9 @@ def test_a_long_prompt_shows_its_reading_and_esc_stops_it_cleanly(tmp_path: Path
             assert app.conv.messages == []
             await wait_for(pilot, lambda: not app.query(UserMessage))  # removed from view
             assert prompt.value == pasted.strip()
+            assert app.saver.flush(timeout=10)
+            (saved,) = (tmp_path / "chats").glob("*.json")
+            assert json.loads(saved.read_text())["messages"] == []  # as on screen
             prompt.value = ""
             await ask(pilot, app, "short question")
             assert app.conv.messages[-1].content == expected_answer("short question")[0]
