@@ -7,6 +7,7 @@ committed token out of both caches: it is the input of the next forward, which c
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -279,7 +280,13 @@ class KVState:
         nothing: the cache then holds a prefix of the prompt, as the loop's drafters expect."""
         self.rewind(self.tokens, min(common_prefix(self.tokens, prompt), len(prompt) - 1))
 
-    def prefill(self, prompt: list[int], merge: bool = False) -> int:
+    def prefill(
+        self,
+        prompt: list[int],
+        merge: bool = False,
+        cancel: threading.Event | None = None,
+        on_chunk: Callable[[int, int], object] | None = None,
+    ) -> int:
         """Make the cache hold prompt[:-1], reusing the longest common prefix with what it holds.
 
         The last prompt token is left out: it is the input of the first decoding forward (so a
@@ -288,6 +295,10 @@ class KVState:
         the first token comes from one forward (attention caches only: recurrent layers keep
         their restore point at prompt[:-1]). Returns the number of prompt tokens that will be
         run (the fed tail plus what is left to the first forward).
+
+        After each chunk, `on_chunk(done, total)` (the tokens fed of those to feed); a `cancel`
+        set before a chunk stops there: the cache then holds the prompt's first chunks, a prefix
+        like any other, which the next request reuses or rewinds.
         """
         self.keep_common(prompt)
         end = len(prompt) - 1
@@ -295,9 +306,14 @@ class KVState:
         if merge and self.trims and len(prompt) - first <= MERGE_MAX:
             end = first
         for start in range(first, end, PREFILL_CHUNK):
-            chunk = prompt[start : min(start + PREFILL_CHUNK, end)]
-            self.forward(mx.array(chunk, dtype=mx.int32))
+            if cancel is not None and cancel.is_set():
+                end = start
+                break
+            stop = min(start + PREFILL_CHUNK, end)
+            self.forward(mx.array(prompt[start:stop], dtype=mx.int32))
             mx.eval([c.state for c in self.cache])
+            if on_chunk is not None:
+                on_chunk(stop - first, end - first)
         self.tokens = list(prompt[:end])
         self.layers.mark_anchor()
         return len(prompt) - first

@@ -93,6 +93,16 @@ class Finished:
 Event = Token | Round | Finished
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """The prompt being read: `done` of `total` uncached prompt tokens are in the target's cache
+    (after each prefill chunk). Not in the event stream: `Engine.generate(on_prefill=...)` hands
+    it to a callback, on the engine's thread, so a long prompt can show its progress."""
+
+    done: int
+    total: int
+
+
 def to_json(event: Event) -> dict:
     """Flatten an event to the JSON-lines schema of `edgespec generate --json`.
 

@@ -31,10 +31,10 @@ from edgespec.distributed.group import Agreement, Group, agreement_for, check_co
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.features import EagleState
 from edgespec.errors import PromptError, check_context
-from edgespec.events import Event, Finished, Round, Token
+from edgespec.events import Event, Finished, Prefill, Round, Token
 from edgespec.loading.load import load_pair
 from edgespec.metrics import generation_stats
-from edgespec.rounds import KPolicy, Limits, Policy, Step
+from edgespec.rounds import KPolicy, Limits, Policy, Step, cancelled
 from edgespec.strategy import RoundFactory, cached_ids, new_states
 from edgespec.trees.forward import Kernels
 
@@ -154,9 +154,10 @@ class Engine:
         messages: list[dict[str, str]],
         config: GenerationConfig,
         cancel: threading.Event | None = None,
+        on_prefill: Callable[[Prefill], object] | None = None,
     ) -> Iterator[Event]:
-        """generate(encode_chat(messages), config, cancel)."""
-        return self.generate(self.encode_chat(messages), config, cancel)
+        """generate(encode_chat(messages), config, cancel, on_prefill=on_prefill)."""
+        return self.generate(self.encode_chat(messages), config, cancel, on_prefill=on_prefill)
 
     def generate(
         self,
@@ -166,6 +167,7 @@ class Engine:
         *,
         drafter: Drafter | None = None,
         k_policy: KPolicy | Policy[Any] | None = None,
+        on_prefill: Callable[[Prefill], object] | None = None,
     ) -> Iterator[Event]:
         """Stream Token events as they are committed, one Round after each round's tokens
         (speculative methods only), then exactly one Finished.
@@ -174,14 +176,16 @@ class Engine:
         "ngram" and "hybrid" pick the drafter (edgespec.drafting.build). `drafter` replaces it;
         `k_policy` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive): a rounds.Policy (shown every round once: observe / decide) or a
-        callable `(newest round or None) -> K`; with a tree, a trees.loop.ShapePolicy. Errors
-        surface on the first next()."""
+        callable `(newest round or None) -> K`; with a tree, a trees.loop.ShapePolicy.
+        `on_prefill(Prefill(done, total))` is called after each chunk of the prompt's prefill,
+        on this thread; `cancel` set during the prefill stops it after the chunk under way, and
+        the generation finishes 'cancelled' with no token. Errors surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)
         if self.group is not None and k_policy is None:
             check_config(config, self.group)
-        return self._run(prompt, config, cancel, drafter, k_policy)
+        return self._run(prompt, config, cancel, drafter, k_policy, on_prefill)
 
-    def _run(self, prompt, config, cancel, drafter, k_policy) -> Iterator[Event]:
+    def _run(self, prompt, config, cancel, drafter, k_policy, on_prefill=None) -> Iterator[Event]:
         t_request = time.perf_counter()
         try:
             spec, sampling = config.spec, config.sampling
@@ -192,7 +196,10 @@ class Engine:
                 strategy = dataclasses.replace(strategy, policy=self.policy_gate(strategy.policy))
             limits = Limits(config.max_tokens, self._eos, self.context_window)
             steps = strategy.steps(prompt, sampling, limits, cancel)
-            prefilled = strategy.prefill(prompt)
+            on_chunk = None if on_prefill is None else lambda d, t: on_prefill(Prefill(d, t))
+            prefilled = strategy.prefill(prompt, cancel, on_chunk)
+            if cancel is not None and cancel.is_set():
+                steps = iter([cancelled()])  # stopped while reading: no forward over the rest
             yield from self._events(prompt, steps, t_request, prefilled)
         except GeneratorExit:
             raise  # the consumer stopped early; the loops' `finally` left the caches consistent

@@ -50,17 +50,24 @@ class Strategy:
     feature_prefill: bool = False
     draft_prefill: bool = False
 
-    def prefill(self, prompt: list[int]) -> int:
+    def prefill(
+        self,
+        prompt: list[int],
+        cancel: threading.Event | None = None,
+        on_chunk: Callable[[int, int], object] | None = None,
+    ) -> int:
         """Bring the caches up to the prompt (reusing their common prefix); prompt tokens run.
         Without a feature draft, a short uncached tail (cache.MERGE_MAX) is left to the target's
-        first forward (the first round's verify, or plain step), which gives the first token."""
+        first forward (the first round's verify, or plain step), which gives the first token.
+        `on_chunk` and `cancel`: KVState.prefill's, for the target's prefill (and `cancel` for a
+        token draft's); a cancelled prefill leaves each cache holding a prefix of the prompt."""
         if self.feature_prefill and isinstance(self.draft, EagleState):
             return feature_prefill(self.target, self.draft, prompt, PREFILL_CHUNK)
-        prefilled = self.target.prefill(prompt, merge=True)
+        prefilled = self.target.prefill(prompt, merge=True, cancel=cancel, on_chunk=on_chunk)
         if (later := self._draft_later()) is not None:
             later.keep_common(prompt)  # it reads the prompt when it first drafts (`steps`)
         elif self.draft_prefill and isinstance(self.draft, KVState):
-            self.draft.prefill(prompt)
+            self.draft.prefill(prompt, cancel=cancel)
         return prefilled
 
     def _draft_later(self) -> KVState | None:

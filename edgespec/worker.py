@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from edgespec.config import GenerationConfig
-from edgespec.events import Event
+from edgespec.events import Event, Prefill
 
 T = TypeVar("T")
 
@@ -47,6 +47,7 @@ class ServedEngine(Protocol):
         messages: list[dict[str, str]],
         config: GenerationConfig,
         cancel: threading.Event | None = None,
+        on_prefill: Callable[[Prefill], object] | None = None,
     ) -> Iterator[Event]: ...
 
     def generate(
@@ -60,6 +61,21 @@ class ServedEngine(Protocol):
     def new_states(self) -> tuple[Any, Any]: ...
 
     def swap_states(self, target: Any, draft: Any) -> tuple[Any, Any]: ...
+
+
+def reset_peak_memory() -> None:
+    """Start measuring MLX's peak memory anew (on every backend: CPU, Metal, CUDA)."""
+    import mlx.core as mx  # here, not at import: the fake engine's tests need no MLX
+
+    mx.reset_peak_memory()
+
+
+def peak_memory() -> int:
+    """The most memory MLX held at once since `reset_peak_memory` (bytes; 0 if it allocated
+    nothing since): the weights, the caches and the forwards' buffers."""
+    import mlx.core as mx
+
+    return int(mx.get_peak_memory())
 
 
 class EngineWorker(Generic[T]):

@@ -209,10 +209,18 @@ class AnswerView(Widget):
         theme = "ansi_dark" if self.app.current_theme.dark else "ansi_light"
         return Look(kinds, marks, provenance=self._provenance, code_theme=theme)
 
+    def show_reading(self, note: str) -> None:
+        """A dim line where the answer will start, e.g. 'reading prompt 2,048 / 8,000 tokens',
+        until its first tokens replace it (the answer keeps streaming)."""
+        self.note = note
+        self._sync()
+
     def append(self, tokens: Sequence[Token]) -> None:
         """Add streamed tokens at the end, each coloured by its kind."""
         if not tokens:
             return
+        if self.streaming:
+            self.note = ""  # show_reading's: the answer has started
         merge_runs(self._runs, tokens)
         pieces = [(tok.kind, clean_text(tok.text)) for tok in tokens]
         self._plain += "".join(text for _, text in pieces)

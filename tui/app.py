@@ -20,6 +20,7 @@ from edgespec.tui.messages import (
     EngineReady,
     EngineWarm,
     LoadProgress,
+    PrefillProgress,
     SaveFailed,
     StreamBatch,
     TurnFailed,
@@ -38,7 +39,9 @@ from edgespec.tui.widgets import (
     UserMessage,
 )
 from textual import on
+from textual._styles_cache import StylesCache
 from textual.app import ComposeResult, SystemCommand
+from textual.await_remove import AwaitRemove
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
@@ -53,6 +56,18 @@ FRAME, PANEL_EVERY = 0.1, 1.0
 # Seconds after an answer ends before the garbage collector runs (collect_when_idle): between
 # turns, while the user reads, rather than at a moment CPython picks in the middle of an answer.
 IDLE_COLLECT = 2.0
+
+
+def release_style_caches() -> None:
+    """Let the widgets the chat removed go, with every line they drew.
+
+    Textual memoizes `StylesCache.get_inner_outer` with `functools.lru_cache` on the instance
+    method, so the memo's keys hold up to 1,024 `StylesCache` objects, one per widget that drew a
+    background, each with the `Strip`s (segments, styles) of its last frame: every old chat's
+    messages stayed in memory long after they were removed (Textual issue 6665). The memo holds
+    only two `Style`s per key; emptying it costs a handful of recomputed styles at the next frame.
+    """
+    StylesCache.get_inner_outer.cache_clear()
 
 
 class ChatApp(SettingActions):
@@ -111,6 +126,7 @@ class ChatApp(SettingActions):
         self._panel_at = 0.0  # time.monotonic() of its last redraw
         self.plain_tps: float | None = None
         self.spec_tps: float | None = None
+        self.session_peak: int | None = None  # the largest answer's peak memory (bytes)
         self._last_view: StatsView | None = None
 
     def compose(self) -> ComposeResult:
@@ -204,6 +220,13 @@ class ChatApp(SettingActions):
         self.engine_thread.submit(self._turn, history, self.config)
         self._show_stats()
 
+    def on_prefill_progress(self, message: PrefillProgress) -> None:
+        """A long prompt is being read: say how far, where the answer will start."""
+        if message.turn != self.waiting or self._answer is None or self._answer.plain:
+            return
+        done, total = message.progress.done, message.progress.total
+        self._answer.show_reading(f"reading prompt {done:,} / {total:,} tokens")
+
     def on_stream_batch(self, message: StreamBatch) -> None:
         if message.turn != self.waiting or self._answer is None or self._reply is None:
             return
@@ -227,6 +250,11 @@ class ChatApp(SettingActions):
         if message.turn != self.waiting or self._answer is None or self._reply is None:
             return
         fin, answer, reply = message.finished, self._answer, self._reply
+        if message.peak_memory is not None:
+            self.session_peak = max(self.session_peak or 0, message.peak_memory)
+        if fin.reason == "cancelled" and not fin.text and not answer.plain:
+            self._withdraw()
+            return
         finish_answer(answer, fin)
         reply.runs, reply.content = answer.runs, fin.text
         reply.reason, reply.stats = fin.reason, stats_to_json(fin.stats)
@@ -240,10 +268,29 @@ class ChatApp(SettingActions):
         branches = (0, 0) if self._meter is None else self._meter.branches  # tree rounds
         think = None if self._meter is None else self._meter.think
         self.waiting, self._meter = None, None
+        release_style_caches()  # what this turn removed (footer keys, notices) goes too
         self._save()
-        self._show_stats(final=(fin, per_round, k_now, branches, think))
+        self._show_stats(final=(fin, per_round, k_now, branches, think, message.peak_memory))
         if self.collect_when_idle:
             self.set_timer(IDLE_COLLECT, self._collect)
+
+    def _withdraw(self) -> None:
+        """The question was stopped before its answer began (while its prompt was read): it
+        leaves the conversation, so the next question is asked as if it had never been sent,
+        and goes back to the prompt box to be edited or sent again."""
+        assert self._answer is not None and self._reply is not None
+        question = self.conv.messages[-2]
+        del self.conv.messages[-2:]
+        self.query(UserMessage).last().remove()
+        self._answer.remove()
+        prompt = self.query_one("#prompt", Input)
+        if not prompt.value:
+            prompt.value = question.content
+        self.waiting, self._meter, self._answer, self._reply = None, None, None, None
+        self.saver.put(*self.store.prepare(self.conv))  # the file too, even left empty
+        self._dirty = False
+        self._show_stats()
+        self.notify("Stopped while reading the prompt; the question is back in the prompt box.")
 
     def _collect(self) -> None:
         """Timer: collect garbage now that an answer has ended, unless the next one is under way
@@ -300,7 +347,7 @@ class ChatApp(SettingActions):
             spec_tps=self.spec_tps,
         )
         if final is not None:
-            fin, per_round, k_now, branches, think = final
+            fin, per_round, k_now, branches, think, view.peak_memory = final
             view.with_stats(fin.stats, per_round, k_now).branches = branches
             view.with_think(think)
         elif self._meter is not None:
@@ -311,6 +358,7 @@ class ChatApp(SettingActions):
             )
             view = dataclasses.replace(keep, spec_on=view.spec_on, plain_tps=view.plain_tps)
             view.spec_tps = self.spec_tps
+        view.session_peak = self.session_peak
         self._last_view, self._panel_stale, self._panel_at = view, False, time.monotonic()
         self.query_one(StatsPanel).show(view)
 
@@ -343,11 +391,16 @@ class ChatApp(SettingActions):
         self.engine_thread.reset()
         self.conv = conv
         view = self.query_one("#conversation", VerticalScroll)
-        view.remove_children()
+        self.call_next(self._release_when_removed, view.remove_children())
         view.mount(*message_widgets(conv, self.provenance, self.show_thinking))
         view.scroll_end(animate=False)
         self._last_view = None
         self._show_stats()
+
+    async def _release_when_removed(self, removal: AwaitRemove) -> None:
+        """Once the old chat's widgets are gone, let the lines they drew go too."""
+        await removal
+        release_style_caches()
 
     def action_open_chats(self) -> None:
         """List saved chats; choosing one reopens it."""

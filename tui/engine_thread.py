@@ -25,6 +25,7 @@ from edgespec.tui.messages import (
     EngineReady,
     EngineWarm,
     LoadProgress,
+    PrefillProgress,
     StreamBatch,
     TurnFailed,
     TurnFinished,
@@ -33,8 +34,8 @@ from textual.message import Message
 
 from edgespec.config import GenerationConfig
 from edgespec.errors import EdgeSpecError, one_line
-from edgespec.events import Finished, Round, Token
-from edgespec.worker import EngineWorker, ServedEngine
+from edgespec.events import Finished, Prefill, Round, Token
+from edgespec.worker import EngineWorker, ServedEngine, peak_memory, reset_peak_memory
 
 ProgressFn = Callable[[str, "float | None"], None]
 Post = Callable[[Message], object]
@@ -73,6 +74,15 @@ class _Failed:
     error: str
 
 
+@dataclass
+class _Done:
+    finished: Finished
+    peak_memory: int | None
+
+
+_Item = Token | Round | Finished | _Done | _Failed
+
+
 class Batcher:
     """Merges a turn's events into `StreamBatch` messages, one per `interval` at most.
 
@@ -83,7 +93,7 @@ class Batcher:
     def __init__(self, post: Post, interval: float = 0.04) -> None:
         self._post = post
         self.interval = interval  # seconds; the UI thread may change it (EngineThread.drawn)
-        self._q: queue.Queue[tuple[int, Token | Round | Finished | _Failed] | None] = queue.Queue()
+        self._q: queue.Queue[tuple[int, _Item] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="edgespec-batcher", daemon=True)
         self._turn = -1
         self._tokens: list[Token] = []
@@ -93,7 +103,7 @@ class Batcher:
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, turn: int, event: Token | Round | Finished | _Failed) -> None:
+    def put(self, turn: int, event: _Item) -> None:
         self._q.put((turn, event))
 
     def close(self) -> None:
@@ -130,6 +140,8 @@ class Batcher:
                 self._flush()
                 if isinstance(event, Finished):
                     self._post(TurnFinished(turn, event))
+                elif isinstance(event, _Done):
+                    self._post(TurnFinished(turn, event.finished, event.peak_memory))
                 else:
                     self._post(TurnFailed(turn, event.error))
             if (self._tokens or self._rounds) and time.monotonic() >= deadline:
@@ -249,8 +261,30 @@ class EngineThread:
             if isinstance(request, _Reset):
                 engine.reset()
                 continue
+            reading = _Reading(request.turn, self._post)
             try:
-                for event in engine.chat(request.messages, request.config, request.cancel):
-                    self._batcher.put(request.turn, event)
+                reset_peak_memory()  # the panel shows each answer's own peak
+                for event in engine.chat(
+                    request.messages, request.config, request.cancel, on_prefill=reading
+                ):
+                    if isinstance(event, Finished):  # 0: the turn allocated nothing (the fake)
+                        self._batcher.put(request.turn, _Done(event, peak_memory() or None))
+                    else:
+                        self._batcher.put(request.turn, event)
             except Exception as exc:  # noqa: BLE001
                 self._batcher.put(request.turn, _Failed(request.turn, error_line(exc)))
+
+
+class _Reading:
+    """Posts a turn's prefill progress (`Engine.chat`'s `on_prefill`), 20 a second at most, and
+    always the last chunk's: on a GPU a chunk of the prompt may take milliseconds."""
+
+    def __init__(self, turn: int, post: Post, every: float = 0.05) -> None:
+        self.turn, self._post, self._every, self._last = turn, post, every, 0.0
+
+    def __call__(self, progress: Prefill) -> None:
+        now = time.monotonic()
+        if progress.done < progress.total and now - self._last < self._every:
+            return
+        self._last = now
+        self._post(PrefillProgress(self.turn, progress))

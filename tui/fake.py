@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from edgespec.config import GenerationConfig
 from edgespec.errors import EdgeSpecError
-from edgespec.events import Finished, Round, Stats, Token
+from edgespec.events import Finished, Prefill, Round, Stats, Token
 
 WORDS = (
     "Speculative decoding lets a small draft model propose tokens and the target model verify "
@@ -56,6 +56,7 @@ Why it is fast:
 # Simulated costs (seconds): drafting one token, one verify forward, one plain decode step,
 # and prefill per prompt token. Chosen so speculation at K=4 looks ~1.9x faster than plain.
 T_DRAFT, T_VERIFY, T_PLAIN, T_PREFILL = 0.002, 0.030, 0.025, 0.0004
+PREFILL_CHUNK = 512  # prompt ids read per prefill step (edgespec.cache's)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class FakeScript:
     load_error: EdgeSpecError | None = None
     chat_error: EdgeSpecError | None = None
     text: str | None = None  # say this (in pieces) instead of the cycle of words
+    prefill_delay: float = 0.0  # real sleep per prefill chunk (PREFILL_CHUNK new prompt ids)
 
     def pieces(self) -> list[str] | None:
         """`text` cut into tokens: each run of blanks with the word after it.
@@ -144,13 +146,28 @@ class FakeEngine:
         held, self._cached = self._cached, target
         return held, draft
 
-    def _prefill(self, ids: list[int]) -> tuple[int, int]:
+    def _prefill(
+        self,
+        ids: list[int],
+        cancel: threading.Event | None = None,
+        on_prefill: Callable[[Prefill], object] | None = None,
+    ) -> tuple[int, int]:
+        """Like KVState.prefill: the new ids in chunks of PREFILL_CHUNK, `on_prefill` after each,
+        a set `cancel` stops before the next (the "cache" then holds what was read)."""
         common = 0
         for a, b in zip(ids, self._cached, strict=False):
             if a != b:
                 break
             common += 1
-        self._cached = ids
+        end = len(ids)
+        for start in range(common, len(ids), PREFILL_CHUNK):
+            if cancel is not None and cancel.is_set():
+                end = start
+                break
+            time.sleep(self.script.prefill_delay)
+            if on_prefill is not None:
+                on_prefill(Prefill(min(start + PREFILL_CHUNK, end) - common, end - common))
+        self._cached = ids[:end]
         return len(ids), len(ids) - common
 
     def chat(
@@ -158,12 +175,13 @@ class FakeEngine:
         messages: list[dict[str, str]],
         config: GenerationConfig,
         cancel: threading.Event | None = None,
+        on_prefill: Callable[[Prefill], object] | None = None,
     ) -> Iterator[Token | Round | Finished]:
         """Yield the scripted tokens and rounds, then one `Finished` with simulated stats."""
         self.calls.append((list(messages), config))
         ids = [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"]
         start = sum(len(m["content"]) for m in messages)  # vary the words between turns
-        yield from self._answer(ids, start, config, cancel)
+        yield from self._answer(ids, start, config, cancel, on_prefill)
 
     def generate(
         self,
@@ -175,12 +193,17 @@ class FakeEngine:
         yield from self._answer(list(prompt_ids), len(prompt_ids), config, cancel)
 
     def _answer(
-        self, ids: list[int], start: int, config: GenerationConfig, cancel: threading.Event | None
+        self,
+        ids: list[int],
+        start: int,
+        config: GenerationConfig,
+        cancel: threading.Event | None,
+        on_prefill: Callable[[Prefill], object] | None = None,
     ) -> Iterator[Token | Round | Finished]:
         self.threads.add(threading.get_ident())
         if self.script.chat_error is not None:
             raise self.script.chat_error
-        prompt_tokens, prefilled = self._prefill(ids)
+        prompt_tokens, prefilled = self._prefill(ids, cancel, on_prefill)
         spec = config.spec.enabled and self.has_draft
         k = config.spec.k
         pieces = self.script.pieces()

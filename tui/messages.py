@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from edgespec.events import Finished, Round, Token
+from edgespec.events import Finished, Prefill, Round, Token
 
 
 @dataclass
@@ -54,11 +54,21 @@ class StreamBatch(Message):
 
 
 @dataclass
+class PrefillProgress(Message):
+    """The turn's prompt is being read: `progress.done` of `progress.total` tokens so far."""
+
+    turn: int
+    progress: Prefill
+
+
+@dataclass
 class TurnFinished(Message):
-    """The turn ended (stop, length or cancelled); all its batches were posted before this."""
+    """The turn ended (stop, length or cancelled); all its batches were posted before this.
+    `peak_memory`: the most memory MLX held during the turn (bytes; None: not measured)."""
 
     turn: int
     finished: Finished
+    peak_memory: int | None = None
 
 
 @dataclass

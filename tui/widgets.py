@@ -141,6 +141,10 @@ class StatsView:
     live: bool = False
     branches: tuple[int, int] = (0, 0)  # tree rounds, and those won by a non-first branch
     think_tokens: tuple[int, int] | None = None  # (reasoning, answer), for a reasoning model
+    # The most memory MLX held during the last answer, and during any answer of this session
+    # (bytes; None: not measured, e.g. the fake engine, or no answer yet).
+    peak_memory: int | None = None
+    session_peak: int | None = None
 
     def with_think(self, counter: ThinkCounter | None) -> StatsView:
         """Count the reasoning apart when the answer had any."""
@@ -180,6 +184,24 @@ class StatsView:
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{unit}"
+
+
+def memory_text(peak: int | None, session: int | None) -> str:
+    """The peak memory row: the last answer's, and the session's where it was higher.
+
+    >>> memory_text(300 * 2**20, 3 * 2**29)
+    '300 MB (max 1.50 GB)'
+    >>> memory_text(None, 2**30), memory_text(2**30, 2**30)
+    ('— (max 1.00 GB)', '1.00 GB')
+    """
+
+    def size(n: int) -> str:
+        return f"{n / 2**30:.2f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+
+    text = "—" if peak is None else size(peak)
+    if session is not None and session != peak:
+        text += f" (max {size(session)})"
+    return text
 
 
 def k_text(v: StatsView) -> str:
@@ -223,6 +245,8 @@ def stats_table(v: StatsView) -> Text:
             ("Reasoning", f"{v.think_tokens[0]} tokens"),
             ("Answer", f"{v.think_tokens[1]} tokens"),
         ]
+    if v.session_peak is not None:  # MLX allocated something: a real engine
+        rows.insert(4, ("Peak memory", memory_text(v.peak_memory, v.session_peak)))
     text = Text()
     for i, (key, value) in enumerate(rows):
         text.append(f"{key:<13}", "dim")

@@ -142,8 +142,9 @@ def make_tiny_pair(
     draft="subset": the target's embedding + its first layer (agrees often, not always);
     draft="self": an exact copy of the target (every draft token must be accepted);
     draft="random": independent weights (rarely agrees). `noise` perturbs the draft's weights.
-    `context`: the models' window; past the default 512 RoPE's base grows with it (as long-context
-    checkpoints scale theirs), so positions stay apart.
+    `context`: both models' max_position_embeddings (the engine's context window); past the
+    default 512 RoPE's base grows with it (as long-context checkpoints scale theirs), so
+    positions stay apart.
     """
     root = Path(root)
     tok_dir = root / "tokenizer"

@@ -225,6 +225,78 @@ def test_a_new_chat_frees_the_answers_of_the_old_one(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_new_chats_do_not_keep_the_lines_old_chats_drew(tmp_path: Path) -> None:
+    """A long session stays flat: after each ^n and a full collection the number of live Textual
+    `Strip`s (each drawn line, with its segments and styles) does not grow with the number of
+    chats, and the old chat's widgets' style caches are freed (Textual's `get_inner_outer` memo
+    kept them, with their lines, for up to 1,024 widgets)."""
+    import gc
+    import itertools
+    import statistics
+    import weakref
+
+    from textual.strip import Strip
+
+    app, loader = make_app(tmp_path)
+    live: list[int] = []
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            for i in range(8):
+                await ask(pilot, app, f"question {i}")
+                if i == 1:
+                    (message,) = app.query(UserMessage)
+                    old = weakref.ref(message._styles_cache)
+                    del message
+                await pilot.press("ctrl+n")
+                await wait_for(pilot, lambda i=i: loader.engine.resets == i + 1)
+                app.clear_notifications()  # "New chat" toasts: as many as the pace leaves up
+                await pilot.pause(0.1)
+                gc.collect()
+                live.append(sum(1 for o in gc.get_objects() if type(o) is Strip))
+            # Before the fix: +23 strips per chat at this size, however long the session. Now
+            # the median step is 0: Textual may fill a bounded cache once (~230 strips over a
+            # chat or two, seen at the 5th or the 10th chat, then flat); the leak was every chat.
+            steps = [b - a for a, b in itertools.pairwise(live[1:])]
+            assert statistics.median(steps) < 5, live
+            assert old() is None
+
+    run(scenario)
+
+
+def test_a_long_prompt_shows_its_reading_and_esc_stops_it_cleanly(tmp_path: Path) -> None:
+    """While a long prompt is read the answer's place says how far ("reading prompt 512 /
+    ..."); Esc then stops the turn before its answer: the question leaves the conversation and
+    goes back to the prompt box, and the next question gets a fresh chat's answer."""
+    app, loader = make_app(tmp_path, FakeScript(prefill_delay=0.3))
+    pasted = "lorem ipsum " * 300  # 3,600 characters: 8 fake prefill chunks, 2.4 s to read
+
+    async def scenario() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            prompt = app.query_one("#prompt", Input)
+            prompt.value = pasted
+            await pilot.press("enter")
+            answer = app._answer
+            assert answer is not None
+            await wait_for(pilot, lambda: answer.note.startswith("reading prompt 512 / 3,6"))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.waiting is None)
+            assert loader.engine._cached and len(loader.engine._cached) < len(pasted)
+            assert app.conv.messages == []
+            await wait_for(pilot, lambda: not app.query(UserMessage))  # removed from view
+            assert prompt.value == pasted.strip()
+            assert app.saver.flush(timeout=10)
+            (saved,) = (tmp_path / "chats").glob("*.json")
+            assert json.loads(saved.read_text())["messages"] == []  # as on screen
+            prompt.value = ""
+            await ask(pilot, app, "short question")
+            assert app.conv.messages[-1].content == expected_answer("short question")[0]
+            assert [m.role for m in app.conv.messages] == ["user", "assistant"]
+
+    run(scenario)
+
+
 def test_toggle_speculation_measures_speedup(tmp_path: Path) -> None:
     app, loader = make_app(tmp_path)
 
