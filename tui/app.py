@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from edgespec.tui import settings
 from edgespec.tui.answer_actions import ANSWER_BINDINGS
+from edgespec.tui.chat_actions import ChatActions, release_style_caches
 from edgespec.tui.engine_thread import EngineThread, Loader
 from edgespec.tui.messages import (
     EngineFailed,
@@ -26,10 +27,9 @@ from edgespec.tui.messages import (
     TurnFailed,
     TurnFinished,
 )
-from edgespec.tui.screens import LoadingScreen, PastChatsScreen
-from edgespec.tui.setting_actions import SettingActions
+from edgespec.tui.screens import LoadingScreen
 from edgespec.tui.store import ChatMessage, ChatStore, Conversation, Saver, stats_to_json
-from edgespec.tui.transcript import finish_answer, message_widgets
+from edgespec.tui.transcript import finish_answer
 from edgespec.tui.widgets import (
     AnswerView,
     StatsPanel,
@@ -39,9 +39,7 @@ from edgespec.tui.widgets import (
     UserMessage,
 )
 from textual import on
-from textual._styles_cache import StylesCache
 from textual.app import ComposeResult, SystemCommand
-from textual.await_remove import AwaitRemove
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
@@ -58,19 +56,7 @@ FRAME, PANEL_EVERY = 0.1, 1.0
 IDLE_COLLECT = 2.0
 
 
-def release_style_caches() -> None:
-    """Let the widgets the chat removed go, with every line they drew.
-
-    Textual memoizes `StylesCache.get_inner_outer` with `functools.lru_cache` on the instance
-    method, so the memo's keys hold up to 1,024 `StylesCache` objects, one per widget that drew a
-    background, each with the `Strip`s (segments, styles) of its last frame: every old chat's
-    messages stayed in memory long after they were removed (Textual issue 6665). The memo holds
-    only two `Style`s per key; emptying it costs a handful of recomputed styles at the next frame.
-    """
-    StylesCache.get_inner_outer.cache_clear()
-
-
-class ChatApp(SettingActions):
+class ChatApp(ChatActions):
     """The chat app. `loader(on_progress)` builds the engine on the engine thread."""
 
     TITLE = "EdgeSpec chat"
@@ -378,48 +364,6 @@ class ChatApp(SettingActions):
         """Stop generating: the engine ends the turn as 'cancelled'; the partial answer stays."""
         if self.generating:
             self.engine_thread.cancel()
-
-    def action_new_chat(self) -> None:
-        """Start an empty conversation (the old one is already saved)."""
-        self._start_conversation(Conversation(model=self.engine_name))
-        self.notify("New chat")
-
-    def _start_conversation(self, conv: Conversation) -> None:
-        if self.generating:
-            self.engine_thread.cancel()
-        self.waiting, self._meter, self._answer, self._reply = None, None, None, None
-        self.engine_thread.reset()
-        self.conv = conv
-        view = self.query_one("#conversation", VerticalScroll)
-        self.call_next(self._release_when_removed, view.remove_children())
-        view.mount(*message_widgets(conv, self.provenance, self.show_thinking))
-        view.scroll_end(animate=False)
-        self._last_view = None
-        self._show_stats()
-
-    async def _release_when_removed(self, removal: AwaitRemove) -> None:
-        """Once the old chat's widgets are gone, let the lines they drew go too."""
-        await removal
-        release_style_caches()
-
-    def action_open_chats(self) -> None:
-        """List saved chats; choosing one reopens it."""
-        self.saver.flush()  # the list shows this chat as last saved
-        self.push_screen(PastChatsScreen(self.store.list()), self._reopen)
-
-    def _reopen(self, chat_id: str | None) -> None:
-        if not chat_id:
-            return
-        try:
-            conv = self.store.load(chat_id)
-        except (OSError, ValueError, KeyError) as exc:
-            self.notify(f"Cannot open chat {chat_id}: {exc}", severity="error")
-            return
-        for m in conv.messages:  # an answer interrupted by a crash is shown, not re-sent
-            if m.reason == "partial":
-                m.reason = "cancelled"
-        self._start_conversation(conv)
-        self.notify(f"Reopened: {conv.title}")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
