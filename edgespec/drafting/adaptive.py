@@ -26,22 +26,24 @@ coming tokens, so exactness holds.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgespec.drafting.base import PLAIN_ONLY
+from edgespec.drafting.costs import (
+    COST_WINDOW,
+    STALE_TOKENS,
+    RecentMedian,
+    best_k,
+    fit_verify_line,
+    verify_curve,
+)
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
 
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
 PRIOR_WEIGHT = 2.0
 ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of memory)
-COST_WINDOW = 5  # timings per cost estimate (their median): a single stall never moves it
-# Verify cost growth per extra token, relative to a 1-token forward, used until two different L
-# have been measured. On a CPU an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
-PRIOR_VERIFY_SLOPE = 0.1
 # The policy takes the shortest round predicted within this share of the best: its inputs are
 # medians of a few noisy timings, and on a 2-core CPU (verify of 2 tokens ~1 step, of 4 ~1.65)
 # K = 1..4 all come within a few % of each other at alpha ~0.8, where a wrong longer K lost up to
@@ -56,11 +58,6 @@ PROBE_MAX = 64  # longest gap between probes
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
-# A verify timing prices rounds while the context is within this many tokens of the length it
-# was measured at, or an eighth of that length, whichever is more: a forward's attention grows
-# with the context (on a CPU a verify of 5 tokens cost 1.03 plain steps at 1K tokens and 1.36 at
-# 6K), so costs measured at another length mislead, in both directions.
-STALE_TOKENS = 256
 # While drafting, a plain step's cost v(1) is timed again once no timing of it is current: the
 # run of plain steps that times one (only a step with another queued behind it is timed,
 # rounds.plain_run) is this long. Without it v(1) was only extrapolated from the verifies at
@@ -69,124 +66,11 @@ PLAIN_PROBE = 3
 # Drafting rounds between two such timings at least (so a plain step that keeps missing its
 # timing, a run cut short by a stop, is not retried every round).
 PLAIN_PROBE_GAP = 16
-# ... and only where the choice is close: drafting's predicted rate under this many times the
-# predicted plain rate. An extrapolated v(1) was at most ~1.3x too dear (verifies of 2-5 tokens
-# on a CPU at 6K tokens), so a draft predicted to beat plain by more pays whatever v(1) is.
-PLAIN_MARGIN = 1.3
-
-
-def current(measured_at: int, context: int) -> bool:
-    """Whether a timing taken at context length `measured_at` prices rounds at `context`
-    (STALE_TOKENS). Example: 1000 at 1200 -> True; 1000 at 8000 -> False; 7500 at 8000 -> True."""
-    return abs(context - measured_at) <= max(STALE_TOKENS, context // 8)
-
-
-def best_k(
-    alpha: float,
-    draft_cost: float,
-    verify_time: Callable[[int], float],
-    k_max: int,
-    k_min: int = 1,
-    tolerance: float = 0.0,
-    expected: Callable[[int], float] | None = None,
-) -> int:
-    """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1)),
-    or rather, with a `tolerance`, the shortest drafting round (K >= 1) whose rate is within that
-    share of the best drafting rate; and K = 0 (k_min=0), a plain step at 1 / verify_time(1),
-    only where it beats that best by the tolerance. Near-ties go to the shorter round, but not to
-    switching the draft off: while it is off its acceptance is only seen in rare probes, so a
-    draft that pays a little (alpha ~0.25 here: +10%) was switched off on a few unlucky rounds and
-    stayed off. Without a tolerance, ties go to the smaller K, plain included.
-
-    Example: alpha 0.8, c 0.1, v(L) = 1 + 0.05 (L - 1): tokens/time for K = 1..6 is 1.565, 1.877,
-    2.036, 2.101, 2.108, 2.080 -> K = 5; with tolerance 0.05, K = 3 (2.036 >= 0.95 * 2.108).
-    With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0, K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
-    `expected(K)`, when given, replaces the closed form's E[tokens] (a block draft's, from its
-    acceptance per position: DrafterEstimate.expected).
-    """
-    ks = range(max(k_min, 1), k_max + 1)
-    tokens = expected or (lambda k: expected_tokens_per_round(alpha, k))
-    rates = [tokens(k) / (k * draft_cost + verify_time(k + 1)) for k in ks]
-    best = max(rates)
-    if k_min == 0 and 1 / verify_time(1) >= best * (1 + tolerance) * (1 - 1e-12):
-        return 0
-    floor = best * (1 - tolerance) * (1 - 1e-12)
-    return next(k for k, rate in zip(ks, rates, strict=True) if rate >= floor)
-
-
-def fit_verify_line(means: dict[int, float], prior_slope: float = PRIOR_VERIFY_SLOPE):
-    """Fit v(L) = a + b (L - 1) to mean verify seconds per verified-token count L; returns (a, b).
-
-    Two or more distinct L: least squares, b clamped at >= 0 (a forward never gets cheaper with more
-    tokens), a at > 0. One L: the prior relative slope, v(L) = a (1 + prior_slope (L - 1)).
-    Example: {1: 0.10, 5: 0.14} -> (0.10, 0.01); {3: 0.12} with slope 0.1 -> (0.1, 0.01).
-    """
-    if not means:
-        raise ValueError("no verify timings to fit")
-    if len(means) == 1:
-        ((length, t),) = means.items()
-        a = t / (1 + prior_slope * (length - 1))
-        return a, a * prior_slope
-    xs = [float(L - 1) for L in means]
-    ys = list(means.values())
-    mx_, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    b = sum((x - mx_) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx_) ** 2 for x in xs
-    )
-    b = max(b, 0.0)
-    a = max(my - b * mx_, 1e-9)
-    return a, b
-
-
-def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
-    """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
-    the fitted line (fit_verify_line), raised to the dearest measured shorter forward of 2+
-    tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
-    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (rounds.plain_run)
-    where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
-    An unmeasured 1-token step costs the shortest measured forward scaled down by the prior slope,
-    v(Ls) / (1 + PRIOR_VERIFY_SLOPE (Ls - 1)): the line's intercept made plain steps look cheap
-    on this CPU (a 2-token forward costs about one 1-token step under MKL, a 5-token one two) and
-    switched the draft off before a single plain step was timed, while v(1) = v(Ls) kept a
-    useless draft on for good (v(1) is measured only once the draft is off).
-    Example: {2: 1.1, 3: 1.1, 5: 1.7} -> v(1) = 1.0, v(3) = 1.1, v(5) = 1.7,
-    v(6) = max(line(6), 1.7).
-    """
-    a, b = fit_verify_line(means)
-    ls = min(means)
-    shortest = means[ls] / (1 + PRIOR_VERIFY_SLOPE * (ls - 1))
-
-    def v(length: int) -> float:
-        if length in means:
-            return means[length]
-        if length == 1:
-            return shortest
-        shorter = [t for L, t in means.items() if 2 <= L < length]
-        return max([a + b * (length - 1), *shorter])
-
-    return v
-
-
-class RecentMedian:
-    """The median of the last COST_WINDOW timings (None before the first), each with the context
-    length it was taken at (`at`: the median of those current at a length)."""
-
-    def __init__(self) -> None:
-        self.samples: deque[float] = deque(maxlen=COST_WINDOW)
-        self.contexts: deque[int] = deque(maxlen=COST_WINDOW)
-
-    def add(self, seconds: float, context: int = 0) -> None:
-        self.samples.append(seconds)
-        self.contexts.append(context)
-
-    @property
-    def value(self) -> float | None:
-        return statistics.median(self.samples) if self.samples else None
-
-    def at(self, context: int) -> float | None:
-        """The median of the timings current at `context` (`current`), None without one."""
-        kept = [s for s, c in zip(self.samples, self.contexts, strict=True) if current(c, context)]
-        return statistics.median(kept) if kept else None
+# ... and only where the choice is close enough that v(1) could swing it: drafting's predicted
+# rate under this many times the predicted plain rate. Extrapolated v(1) was up to ~2.2x too dear
+# (sampled verifies at 1K-8K tokens on a CPU: 2-token verifies cost 1.9-2.5 plain steps), so only
+# a draft predicted to beat plain by more pays whatever v(1) is.
+PLAIN_MARGIN = 2.5
 
 
 @dataclass

@@ -29,14 +29,8 @@ view of the coming tokens, so exactness holds whatever it picks.
 
 from __future__ import annotations
 
-from edgespec.drafting.adaptive import (
-    ALPHA_DECAY,
-    PROBE_EVERY,
-    PROBE_MAX,
-    TIE_TOLERANCE,
-    RecentMedian,
-    verify_curve,
-)
+from edgespec.drafting.adaptive import ALPHA_DECAY, PROBE_EVERY, PROBE_MAX, TIE_TOLERANCE
+from edgespec.drafting.costs import RecentMedian, verify_curve
 from edgespec.events import Round
 from edgespec.trees.shapes import FixedShape, Shape, Tree, chain_shape, greedy_nodes
 

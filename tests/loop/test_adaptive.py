@@ -8,16 +8,9 @@ import numpy as np
 import pytest
 
 from edgespec.config import SpecConfig
-from edgespec.drafting.adaptive import (
-    TIE_TOLERANCE,
-    AdaptiveK,
-    DrafterEstimate,
-    best_k,
-    current,
-    fit_verify_line,
-    verify_curve,
-)
+from edgespec.drafting.adaptive import TIE_TOLERANCE, AdaptiveK, DrafterEstimate
 from edgespec.drafting.base import PLAIN_ONLY
+from edgespec.drafting.costs import best_k, current, fit_verify_line, verify_curve
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
 from tests.helpers import PROMPT, gen, rounds_of

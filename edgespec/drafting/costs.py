@@ -1,0 +1,137 @@
+"""The cost side of choosing K: timings kept as recent medians, each with the context length it was
+taken at (a timing prices rounds only near that length), the verify cost v(L) as measured points
+and a fitted line, and the choice itself (best_k): the K that maximises expected tokens per
+second. AdaptiveK (drafting/adaptive.py) and the tree policies (trees/policy.py) share them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+
+from edgespec.metrics import expected_tokens_per_round
+
+COST_WINDOW = 5  # timings per cost estimate (their median): a single stall never moves it
+# Verify cost growth per extra token, relative to a 1-token forward, used until two different L
+# have been measured. On a CPU an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
+PRIOR_VERIFY_SLOPE = 0.1
+# A verify timing prices rounds while the context is within this many tokens of the length it
+# was measured at, or an eighth of that length, whichever is more: a forward's attention grows
+# with the context (on a CPU a verify of 5 tokens cost 1.03 plain steps at 1K tokens and 1.36 at
+# 6K), so costs measured at another length mislead, in both directions.
+STALE_TOKENS = 256
+
+
+def current(measured_at: int, context: int) -> bool:
+    """Whether a timing taken at context length `measured_at` prices rounds at `context`
+    (STALE_TOKENS). Example: 1000 at 1200 -> True; 1000 at 8000 -> False; 7500 at 8000 -> True."""
+    return abs(context - measured_at) <= max(STALE_TOKENS, context // 8)
+
+
+def best_k(
+    alpha: float,
+    draft_cost: float,
+    verify_time: Callable[[int], float],
+    k_max: int,
+    k_min: int = 1,
+    tolerance: float = 0.0,
+    expected: Callable[[int], float] | None = None,
+) -> int:
+    """argmax over K in k_min..k_max of E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1)),
+    or rather, with a `tolerance`, the shortest drafting round (K >= 1) whose rate is within that
+    share of the best drafting rate; and K = 0 (k_min=0), a plain step at 1 / verify_time(1),
+    only where it beats that best by the tolerance. Near-ties go to the shorter round, but not to
+    switching the draft off: while it is off its acceptance is only seen in rare probes, so a
+    draft that pays a little (alpha ~0.25 here: +10%) was switched off on a few unlucky rounds and
+    stayed off. Without a tolerance, ties go to the smaller K, plain included.
+
+    Example: alpha 0.8, c 0.1, v(L) = 1 + 0.05 (L - 1): tokens/time for K = 1..6 is 1.565, 1.877,
+    2.036, 2.101, 2.108, 2.080 -> K = 5; with tolerance 0.05, K = 3 (2.036 >= 0.95 * 2.108).
+    With alpha 0.1, c 0.3 and k_min 0: K = 0 gives 1.0, K = 1 gives 1.1 / 1.35 = 0.815 -> K = 0.
+    `expected(K)`, when given, replaces the closed form's E[tokens] (a block draft's, from its
+    acceptance per position: DrafterEstimate.expected).
+    """
+    ks = range(max(k_min, 1), k_max + 1)
+    tokens = expected or (lambda k: expected_tokens_per_round(alpha, k))
+    rates = [tokens(k) / (k * draft_cost + verify_time(k + 1)) for k in ks]
+    best = max(rates)
+    if k_min == 0 and 1 / verify_time(1) >= best * (1 + tolerance) * (1 - 1e-12):
+        return 0
+    floor = best * (1 - tolerance) * (1 - 1e-12)
+    return next(k for k, rate in zip(ks, rates, strict=True) if rate >= floor)
+
+
+def fit_verify_line(means: dict[int, float], prior_slope: float = PRIOR_VERIFY_SLOPE):
+    """Fit v(L) = a + b (L - 1) to mean verify seconds per verified-token count L; returns (a, b).
+
+    Two or more distinct L: least squares, b clamped at >= 0 (a forward never gets cheaper with more
+    tokens), a at > 0. One L: the prior relative slope, v(L) = a (1 + prior_slope (L - 1)).
+    Example: {1: 0.10, 5: 0.14} -> (0.10, 0.01); {3: 0.12} with slope 0.1 -> (0.1, 0.01).
+    """
+    if not means:
+        raise ValueError("no verify timings to fit")
+    if len(means) == 1:
+        ((length, t),) = means.items()
+        a = t / (1 + prior_slope * (length - 1))
+        return a, a * prior_slope
+    xs = [float(L - 1) for L in means]
+    ys = list(means.values())
+    mx_, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx_) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx_) ** 2 for x in xs
+    )
+    b = max(b, 0.0)
+    a = max(my - b * mx_, 1e-9)
+    return a, b
+
+
+def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
+    """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
+    the fitted line (fit_verify_line), raised to the dearest measured shorter forward of 2+
+    tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
+    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (rounds.plain_run)
+    where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
+    An unmeasured 1-token step costs the shortest measured forward scaled down by the prior slope,
+    v(Ls) / (1 + PRIOR_VERIFY_SLOPE (Ls - 1)): the line's intercept made plain steps look cheap
+    on this CPU (a 2-token forward costs about one 1-token step under MKL, a 5-token one two) and
+    switched the draft off before a single plain step was timed, while v(1) = v(Ls) kept a
+    useless draft on for good (v(1) is measured only once the draft is off).
+    Example: {2: 1.1, 3: 1.1, 5: 1.7} -> v(1) = 1.0, v(3) = 1.1, v(5) = 1.7,
+    v(6) = max(line(6), 1.7).
+    """
+    a, b = fit_verify_line(means)
+    ls = min(means)
+    shortest = means[ls] / (1 + PRIOR_VERIFY_SLOPE * (ls - 1))
+
+    def v(length: int) -> float:
+        if length in means:
+            return means[length]
+        if length == 1:
+            return shortest
+        shorter = [t for L, t in means.items() if 2 <= L < length]
+        return max([a + b * (length - 1), *shorter])
+
+    return v
+
+
+class RecentMedian:
+    """The median of the last COST_WINDOW timings (None before the first), each with the context
+    length it was taken at (`at`: the median of those current at a length)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=COST_WINDOW)
+        self.contexts: deque[int] = deque(maxlen=COST_WINDOW)
+
+    def add(self, seconds: float, context: int = 0) -> None:
+        self.samples.append(seconds)
+        self.contexts.append(context)
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    def at(self, context: int) -> float | None:
+        """The median of the timings current at `context` (`current`), None without one."""
+        kept = [s for s, c in zip(self.samples, self.contexts, strict=True) if current(c, context)]
+        return statistics.median(kept) if kept else None
