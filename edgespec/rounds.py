@@ -354,18 +354,8 @@ def plain_run(
         # step with a plain step queued behind it, not the run's first, is timed (Round.timed).
         timed = not prop.size and upcoming is not None and not upcoming.prop.size and not first
         method = prop.method if prop.size else drafter.method
-        rnd = Round(
-            run.index,
-            prop.size,
-            n,
-            prop.size,
-            0.0,
-            now - t_prev,
-            method,
-            timed,
-            prop.match,
-            context=len(run.context),
-        )
+        d, at = prop.size, len(run.context)
+        rnd = Round(run.index, d, n, d, 0.0, now - t_prev, method, timed, prop.match, context=at)
         t_prev, first = now, False
         step = run.commit(drafter, host[:n] + [value], rnd, queued.feats)
         if upcoming is None or step.stop:

@@ -54,6 +54,13 @@ DEFAULT_METHOD = "hybrid"
 DEFAULT_ADAPTIVE = True
 
 
+WINDOW_HELP = (
+    f"past 2N tokens of context a token draft attends to its first {DRAFT_SINKS} positions and "
+    f"its last N only, so its steps cost the same at any length (0: the whole context; default "
+    f"{SpecConfig.draft_window}; output is unchanged)"
+)
+
+
 def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> None:
     g = parser.add_argument_group("speculation")
     g.add_argument(
@@ -126,15 +133,7 @@ def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> Non
         "-k deep), 'auto' (chain or tree chosen per round from measured costs) or 'chain' "
         "(default: chains, no tree)",
     )
-    g.add_argument(
-        "--draft-window",
-        type=int,
-        default=SpecConfig.draft_window,
-        metavar="N",
-        help="past 2N tokens of context a token draft attends to its first "
-        f"{DRAFT_SINKS} positions and its last N only, so its steps cost the same at any length "
-        f"(0: the whole context; default {SpecConfig.draft_window}; output is unchanged)",
-    )
+    g.add_argument("--draft-window", type=int, default=SpecConfig.draft_window, help=WINDOW_HELP)
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
 
 
