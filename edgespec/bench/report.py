@@ -7,6 +7,11 @@ results.json (schema_version 1) -- see docs/bench.md:
      "mismatches": [{"method", "k", "prompt_id", "category", "repeat", "position",
                      "plain_token", "other_token", "logit_gap", "near_tie"}],
      "skipped": [{"prompt_id", "reason"}], "refused": [{"method", "reason"}],
+     "contexts": [{"context", "label", "methods": [{"method", "k", "temp", "label",
+                   "overall": SUMMARY}]}],                      (--context; else [])
+     "positions": {"width", "methods": [{"method", "k", "temp", "label",
+                   "spans": [{"start", "end", "rounds", "tokens", "drafted", "accepted",
+                              "tau", "acceptance"}]}]},         (--by-position; else null)
      "runs": [RUN, ...]}
 SUMMARY holds the fields of metrics.Summary; RUN those of metrics.RunRecord plus tokens_per_s.
 Plots need matplotlib (the `plot` extra); without it the other files are still written.
@@ -22,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.bench.plan import TOKEN_METHODS
-from edgespec.bench.records import PLAIN, Summary, VariantSummary
+from edgespec.bench.records import (
+    PLAIN,
+    PositionSpan,
+    Summary,
+    VariantSummary,
+    by_context,
+    position_spans,
+)
 from edgespec.bench.runner import BenchResult
 from edgespec.metrics import predicted_speedup, verify_cost_line
 
@@ -60,8 +72,110 @@ def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dic
         "mismatches": [asdict(n) for n in result.notes],
         "skipped": result.skipped,
         "refused": result.refused,
+        "contexts": [
+            {
+                "context": n,
+                "label": context_label(n),
+                "methods": [
+                    {
+                        "method": v.method,
+                        "k": v.k,
+                        "temp": v.temp,
+                        "label": v.label,
+                        "overall": _summary_json(v.overall),
+                    }
+                    for v in vs
+                ],
+            }
+            for n, vs in by_context(result.records).items()
+        ],
+        "positions": _positions_json(result),
         "runs": [r.to_json() for r in result.records],
     }
+
+
+def context_label(tokens: int) -> str:
+    """'8k' for 8000 (edgespec.bench.context.label; here without importing the prompt texts)."""
+    return f"{tokens / 1000:g}k" if tokens >= 1000 else str(tokens)
+
+
+def positions(result: BenchResult) -> list[tuple[VariantSummary | Any, list[PositionSpan]]]:
+    """Per variant that drafted: its answer-position spans summed over its runs."""
+    width = int(result.settings.get("position_width") or 0)
+    if not width:
+        return []
+    out = []
+    for v in aggregate_variants(result):
+        runs = [r for r in result.records if (r.method, r.k, r.temp) == (v.method, v.k, v.temp)]
+        spans = position_spans(runs, width)
+        if any(s.drafted for s in spans):
+            out.append((v, spans))
+    return out
+
+
+def aggregate_variants(result: BenchResult) -> list[VariantSummary]:
+    from edgespec.bench.records import aggregate
+
+    return aggregate(result.records)
+
+
+def _positions_json(result: BenchResult) -> dict[str, Any] | None:
+    width = int(result.settings.get("position_width") or 0)
+    if not width:
+        return None
+    return {
+        "width": width,
+        "methods": [
+            {
+                "method": v.method,
+                "k": v.k,
+                "temp": v.temp,
+                "label": v.label,
+                "spans": [s.to_json() for s in spans],
+            }
+            for v, spans in positions(result)
+        ],
+    }
+
+
+CONTEXT_COLUMNS = ("context", "method", "tok/s", "speedup", "tau", "c", "v", "TTFT s", "peak MB")
+
+
+def context_rows(contexts: dict[int, list[VariantSummary]]) -> list[list[str]]:
+    """One row per context length and variant."""
+    rows = []
+    for n, vs in contexts.items():
+        for v in vs:
+            s = v.overall
+            rows.append(
+                [
+                    context_label(n),
+                    v.label,
+                    _fmt(s.tokens_per_s, ".1f"),
+                    _speedup(s),
+                    _fmt(s.tau, ".2f"),
+                    _fmt(s.c, ".2f"),
+                    _fmt(s.v, ".2f"),
+                    _fmt(s.ttft, ".2f"),
+                    f"{s.peak_memory_mb:.0f}",
+                ]
+            )
+    return rows
+
+
+def format_context_table(contexts: dict[int, list[VariantSummary]]) -> str:
+    """The long-context mode's table: per context length and variant (all kinds together)."""
+    rows = [list(CONTEXT_COLUMNS)] + context_rows(contexts)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(CONTEXT_COLUMNS))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def _fmt(x: float | int | None, spec: str) -> str:
@@ -176,6 +290,19 @@ def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> 
             f"logit gap {_fmt(n.logit_gap, '.2e')}: {why}"
         )
     out += position_lines(variants)
+    contexts = by_context(result.records)
+    if contexts:
+        out += ["", "## By context length", "", "| " + " | ".join(CONTEXT_COLUMNS) + " |"]
+        out += ["|" + "---|" * len(CONTEXT_COLUMNS)]
+        out += ["| " + " | ".join(r) + " |" for r in context_rows(contexts)]
+        out += ["", CONTEXT_NOTE]
+    spans = positions(result)
+    if spans:
+        out += ["", f"## By answer position (spans of {result.settings['position_width']} tokens)"]
+        out += ["", "tau (acceptance) per span, from the answer's start:", ""]
+        for v, ss in spans:
+            cells = [f"{_fmt(s.tau, '.2f')} ({_fmt(s.acceptance, '.2f')})" for s in ss]
+            out.append(f"- {v.label}: " + " ".join(cells))
     out += ["", DEFINITIONS]
     return "\n".join(out) + "\n"
 
@@ -190,6 +317,12 @@ def position_lines(variants: Sequence[VariantSummary]) -> list[str]:
     ]
     return ["", "## Acceptance per drafted position", "", *lines] if lines else []
 
+
+CONTEXT_NOTE = (
+    "TTFT: one cold run per method and prompt (its caches emptied first); tok/s, tau, c and v: "
+    "runs decoding from the prefilled prompt. peak MB: the larger of the cold and measured runs' "
+    "peaks, less what other methods' caches held at the time."
+)
 
 DEFINITIONS = """## Definitions
 - tok/s: decode throughput, (tokens - 1) / (last token time - first token time), median of runs.
@@ -231,7 +364,13 @@ def write_report(
     except ImportError as exc:  # the optional `plot` extra is not installed
         files.plot_error = f"plots skipped ({exc}); pip install 'edgespec[plot]'"
         return files
-    files.plots = [p for p in (plot_speedups(variants, out), plot_landscape(variants, out)) if p]
+    plots = (
+        plot_speedups(variants, out),
+        plot_landscape(variants, out),
+        plot_context(by_context(result.records), out),
+        plot_positions(positions(result), out),
+    )
+    files.plots = [p for p in plots if p]
     return files
 
 
@@ -296,24 +435,135 @@ def plot_landscape(variants: Sequence[VariantSummary], out: Path) -> Path | None
     mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", norm=norm, shading="nearest")
     ax.contour(alphas, ks, grid, levels=[1.0], colors="black", linewidths=1.0)
     fig.colorbar(mesh, ax=ax, label="predicted speedup")
-    markers = dict.fromkeys(v.method for v in variants)
-    stacked: dict[tuple[float, int], int] = {}
-    for v in variants:
+    # One marker and colour per variant, named in a legend beside the map (labels written next
+    # to the points piled up where variants measured alike).
+    shown = [v for v in variants if v.overall.alpha is not None]
+    colours = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20")
+    for i, v in enumerate(shown):
         s = v.overall
-        if s.alpha is None:
-            continue
-        xy = (s.alpha, s.k_mean or v.k)
-        marker = "osD^vP*X"[list(markers).index(v.method) % 8]
-        ax.plot(*xy, marker, color="gold", markeredgecolor="black")
-        near = stacked.setdefault((round(xy[0], 1), round(xy[1])), 0)  # stack close labels
-        stacked[(round(xy[0], 1), round(xy[1]))] += 1
-        note = f"{v.label}: {_fmt(s.speedup_vs_plain, '.2f')}x"
-        ax.annotate(note, xy, textcoords="offset points", xytext=(6, 4 + 11 * near), fontsize=8)
+        ax.plot(
+            s.alpha or 0.0,
+            s.k_mean or v.k,
+            "osD^vP*Xph<>"[i % 12],
+            color=colours(i % colours.N),
+            markeredgecolor="black",
+            markersize=8,
+            linestyle="none",
+            label=f"{v.label}: {_fmt(s.speedup_vs_plain, '.2f')}x",
+        )
     ax.set_xlabel("alpha (per-token acceptance)")
     ax.set_ylabel("K (drafts per round)")
     ax.set_title(f"Speedup landscape at c = {c:.3f}, v(K) = 1 {b:+.3f} K")
+    if shown:
+        fig.set_size_inches(7 + 0.6 * max(len(v.label) for v in shown) / 10 + 2.5, 4.5)
+        ax.legend(
+            title="measured (speedup)",
+            loc="upper left",
+            bbox_to_anchor=(1.28, 1.0),
+            fontsize=8,
+            title_fontsize=8,
+            frameon=False,
+        )
     fig.tight_layout()
     path = out / "speedup_landscape.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_context(contexts: dict[int, list[VariantSummary]], out: Path) -> Path | None:
+    """speedup_by_context.png: speedup over plain (left) and TTFT (right) against context length,
+    one line per variant, named in a legend."""
+    import matplotlib.pyplot as plt
+
+    if not contexts:
+        return None
+    lengths = list(contexts)
+    labels = list(dict.fromkeys(v.label for vs in contexts.values() for v in vs))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, name in enumerate(labels):
+        found = [(n, v) for n in lengths for v in contexts[n] if v.label == name]
+        style = _line_style(i, len(labels), name)
+        if not name.startswith(PLAIN + " "):
+            pts = [(n, v.overall.speedup_vs_plain) for n, v in found]
+            pts = [(n, y) for n, y in pts if y is not None]
+            if pts:
+                left.plot(*zip(*pts, strict=True), **style)
+        ttft = [(n, v.overall.ttft) for n, v in found if v.overall.ttft is not None]
+        if ttft:
+            right.plot(*zip(*ttft, strict=True), **style)
+    left.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    left.set_ylabel("decode speedup over plain")
+    left.set_title("Speedup against context length")
+    right.set_ylabel("time to first token (s)")
+    right.set_title("TTFT against context length")
+    for ax in (left, right):
+        ax.set_xticks(lengths, [context_label(n) for n in lengths])
+        ax.set_xlabel("context (prompt tokens)")
+    _side_legend(fig, right)  # the TTFT panel has every variant, plain included
+    path = out / "speedup_by_context.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_positions(
+    spans: list[tuple[VariantSummary, list[PositionSpan]]], out: Path
+) -> Path | None:
+    """acceptance_by_position.png: tokens per round (left) and acceptance (right) per span of
+    answer positions, one line per variant, named in a legend."""
+    import matplotlib.pyplot as plt
+
+    if not spans:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (v, ss) in enumerate(spans):
+        style = _line_style(i, len(spans), v.label)
+        tau = [(s.start, s.tau) for s in ss if s.tau is not None]
+        acc = [(s.start, s.acceptance) for s in ss if s.acceptance is not None]
+        if tau:
+            left.plot(*zip(*tau, strict=True), **style)
+        if acc:
+            right.plot(*zip(*acc, strict=True), **style)
+    width = spans[0][1][0].end - spans[0][1][0].start
+    left.set_ylabel("tokens per round (tau)")
+    left.set_title("Tokens per round by answer position")
+    right.set_ylabel("acceptance (accepted / drafted)")
+    right.set_title("Acceptance by answer position")
+    right.set_ylim(0, 1.05)
+    for ax in (left, right):
+        ax.set_xlabel(f"answer position (start of each {width}-token span)")
+    _side_legend(fig, left)
+    path = out / "acceptance_by_position.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _line_style(i: int, n: int, name: str) -> dict[str, Any]:
+    """Line i of n: its own colour and marker (up to 20 colours), dashed at a temperature > 0."""
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    dashed = not name.endswith(" T=0")
+    return {
+        "marker": "osD^vP*Xph<>"[i % 12],
+        "color": colours(i % colours.N),
+        "linestyle": "--" if dashed else "-",
+        "label": name,
+    }
+
+
+def _side_legend(fig: Any, ax: Any) -> None:
+    """One legend for the figure, from `ax`'s lines, beside the panels (never over the data)."""
+    handles, names = ax.get_legend_handles_labels()
+    fig.tight_layout()
+    if handles:
+        fig.legend(
+            handles,
+            names,
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            fontsize="small",
+            frameon=False,
+        )

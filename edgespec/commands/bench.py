@@ -8,7 +8,7 @@ import dataclasses
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +27,8 @@ HELP = (
     "Ctrl-C stops and still writes what was measured."
 )
 T = TypeVar("T")
+# The long-context mode's warm-up prompt: short, so that warming up prefills nothing long.
+WARM_PROMPT = "Name three uses of a sliding-window cache."
 
 
 def _list_of(kind: Callable[[str], T]) -> Callable[[str], tuple[T, ...]]:
@@ -70,6 +72,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument(
+        "--context",
+        metavar="LENGTHS",
+        help="long-context mode: built-in long prompts cut to these token counts, e.g. 1k,4k,8k "
+        "(k = 1000); TTFT timed once per method and prompt, decode runs from the prefilled cache",
+    )
+    g.add_argument(
+        "--context-kinds",
+        default="doc,code,chat",
+        help="long prompts per length: doc (documentation to summarize), code (the package's "
+        "source to explain), chat (a long conversation); default doc,code,chat",
+    )
+    g.add_argument(
+        "--context-file",
+        metavar="PATH",
+        help="long-context mode on this UTF-8 text instead of the built-in prompts (cut to each "
+        "--context length, or whole without --context)",
+    )
+    g.add_argument(
+        "--by-position",
+        type=int,
+        metavar="N",
+        help="acceptance and tokens per round per N answer tokens (default 256 when "
+        "--max-tokens >= 512, else off; 0: off)",
+    )
+    g.add_argument(
         "--cold",
         action="store_true",
         help="each prompt's first answer in fresh processes: cold, warmed up, and in the chat app "
@@ -81,6 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> BenchPlan:
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    width = args.by_position
+    if width is None:
+        width = POSITION_WIDTH if args.max_tokens >= AUTO_POSITIONS else 0
     return BenchPlan(
         methods=tuple(dict.fromkeys(args.methods)),
         ks=tuple(dict.fromkeys(args.k)),
@@ -89,20 +119,65 @@ def _plan(args: argparse.Namespace) -> BenchPlan:
         repeats=args.repeats,
         seed=args.seed,
         warmup_tokens=0 if args.no_warmup else 16,
+        position_width=width,
     )
 
 
-def _measure(engine: Any, prompts: list, encoded: dict, plan: BenchPlan, quiet: bool) -> tuple:
+# Answers this long or longer get acceptance by position (--by-position) unless told otherwise.
+AUTO_POSITIONS = 512
+POSITION_WIDTH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextRequest:
+    """The long-context mode as the command line asks for it: lengths (None: the file whole),
+    prompt kinds, and the user's text."""
+
+    lengths: tuple[int, ...] | None
+    kinds: tuple[str, ...]
+    file_text: str | None
+    file: str | None
+
+
+def _context_request(args: argparse.Namespace) -> ContextRequest | None:
+    """None outside the long-context mode; else the request, checked before anything loads:
+    lengths and kinds parsed, the file read, and the longest context plus its answer checked
+    against the pair's context window where its config is on disk."""
+    from edgespec.bench.context import (
+        check_window,
+        known_window,
+        parse_kinds,
+        parse_lengths,
+        read_context_file,
+    )
+
+    if args.context is None and args.context_file is None:
+        return None
+    if args.cold:
+        raise ConfigError("--cold measures first answers of short prompts; drop --context")
+    if args.prompts or args.categories or args.limit is not None:
+        raise ConfigError(
+            "--context uses its own long prompts: drop --prompts/--categories/--limit"
+        )
+    lengths = parse_lengths(args.context) if args.context is not None else None
+    kinds = parse_kinds(args.context_kinds)
+    text = read_context_file(args.context_file) if args.context_file else None
+    if lengths is not None:
+        check_pair(args.target, args.draft, args.pair)
+        window = known_window(args.target, args.draft, args.pair)
+        if window is not None:
+            check_window(lengths, args.max_tokens, window[0], window[1])
+    return ContextRequest(lengths, kinds, text, args.context_file)
+
+
+def _measure(runs: Iterator[RunRecord], total: int, quiet: bool) -> tuple:
     """Run the bench under a progress bar; Ctrl-C ends it early. Returns (records, complete)."""
     from tqdm import tqdm
 
-    from edgespec.bench.runner import iter_bench
-
     records: list[RunRecord] = []
-    total = plan.total_runs(len(encoded))
     bar = tqdm(total=total, file=sys.stderr, unit="run", disable=quiet, dynamic_ncols=True)
     try:
-        for rec in iter_bench(engine, prompts, encoded, plan):
+        for rec in runs:
             records.append(rec)
             bar.set_postfix_str(f"{rec.method} {rec.tokens_per_s:.1f} tok/s", refresh=False)
             bar.update()
@@ -141,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     group = init_group()  # None unless mlx.launch started this process
     _group_plan(args, group)
     plan = _plan(args)
-    prompts = load_prompts(args.prompts, args.categories, args.limit)
+    context = _context_request(args)
+    prompts = [] if context else load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     primary = group is None or group.is_primary  # rank 0 alone writes; the others follow
     created = _writable_folder(out) if primary else False
@@ -152,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         from edgespec.bench.methods import one_stream  # mlx-lm: after the settings are checked
 
         with one_stream():  # EdgeSpec's runs and mlx-lm's on one thread (methods.one_stream)
-            return _run(args, plan, prompts, out, group)
+            return _run(args, plan, prompts, out, group, context)
     except BaseException:
         if created:  # a run that ends before writing leaves no empty folder behind
             with contextlib.suppress(OSError):
@@ -197,16 +273,41 @@ def _token_side(engine: Any, plan: BenchPlan) -> bool:
     return wanted and draft is not None and isinstance(draft.model, BlockModel)
 
 
-def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, group: Any) -> int:
+def _context_prompts(engine: Any, request: ContextRequest, max_tokens: int) -> list:
+    """The long prompts, built with the loaded tokenizer; a context that does not fit the window
+    with its answer (a pair whose config was not on disk before loading, or a file used whole)
+    is refused here, before any prefill."""
+    from edgespec.bench.context import build_prompts, check_window
+
+    if request.lengths is None:  # the file whole
+        text = request.file_text or ""
+        ids = engine.encode_chat([{"role": "user", "content": text}])
+        lengths: tuple[int, ...] = (len(ids),)
+    else:
+        lengths = request.lengths
+    check_window(lengths, max_tokens, engine.context_window, engine.name)
+    return build_prompts(request.kinds, lengths, engine.encode_chat, request.file_text)
+
+
+def _run(
+    args: argparse.Namespace,
+    plan: BenchPlan,
+    prompts: list,
+    out: Path,
+    group: Any,
+    context: ContextRequest | None = None,
+) -> int:
     from edgespec.bench.greedy import compare_greedy
     from edgespec.bench.methods import set_peer_draft, set_token_engine
     from edgespec.bench.prompts import encode_prompts
-    from edgespec.bench.records import aggregate
-    from edgespec.bench.report import format_table, write_report
+    from edgespec.bench.records import aggregate, by_context
+    from edgespec.bench.report import format_context_table, format_table, write_report
     from edgespec.bench.runner import (
         BenchResult,
         check_methods,
         environment,
+        iter_bench,
+        iter_context_bench,
         pair_info,
         refused_methods,
         warm_up,
@@ -238,17 +339,29 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
         plan = dataclasses.replace(plan, methods=tuple(m for m in plan.methods if m not in gone))
         for r in refused:
             print(f"edgespec bench: {r['method']} left out: {r['reason']}", file=sys.stderr)
-    encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
+    long = _context_prompts(engine, context, plan.max_tokens) if context else []
+    skipped: list[dict[str, str]] = []
+    if context:
+        encoded = {p.id: list(p.ids) for p in long}
+    else:
+        encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
     if not encoded:
         raise PromptError(f"no prompt fits the context window: {skipped[0]['reason']}")
     if plan.warmup_tokens:
         if not args.quiet:
             print("edgespec bench: warming up", file=sys.stderr)
-        warm_up(engine, next(iter(encoded.values())), plan)
+        # a long prompt would prefill once per method just to warm up: a short one does
+        short = engine.encode_chat([{"role": "user", "content": WARM_PROMPT}])
+        warm_up(engine, short if context else next(iter(encoded.values())), plan)
     lengths = tuple(sorted({1, *(k + 1 for k in plan.ks)}))
     # the target as the Engine runs it (its CPU backend's twin); every rank, in step
     latency = probe(engine.cpu.model(engine.target.model), group, args.shard, lengths)
-    records, complete = _measure(engine, prompts, encoded, plan, args.quiet)
+    if context:
+        runs = iter_context_bench(engine, long, plan)
+        total = plan.total_runs(len(long))
+    else:
+        runs, total = iter_bench(engine, prompts, encoded, plan), plan.total_runs(len(encoded))
+    records, complete = _measure(runs, total, args.quiet)
     records, notes = compare_greedy(engine, records, encoded)
     if group is not None and not group.is_primary:
         return 0 if complete else 130
@@ -265,6 +378,11 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
         "limit": args.limit,
         "n_prompts": len(encoded),
         "warmup": bool(plan.warmup_tokens),
+        "position_width": plan.position_width,
+        "context": list(context.lengths or [len(p.ids) for p in long]) if context else [],
+        "context_kinds": sorted({p.kind for p in long}),
+        "context_file": context.file if context else None,
+        "context_prompt_tokens": {p.id: len(p.ids) for p in long},
     }
     env = environment() | {"distributed": latency.to_json()}  # group size 1 when not launched
     result = BenchResult(
@@ -272,6 +390,8 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
     )
     variants = aggregate(records)
     print(format_table(variants))  # first: the figures stay on screen whatever happens to the files
+    if context:
+        print("\n" + format_context_table(by_context(records)))
     files = write_report(result, variants, out)
     print(f"\nwrote {files.json}, {files.markdown}" + "".join(f", {p}" for p in files.plots))
     if files.plot_error:
