@@ -235,9 +235,16 @@ def _chat_prompt(length: int, encode: Encode) -> list[int]:
     for turn_chars in (1200, 300, 80):  # shorter answers where a tokenizer spends many tokens
         sections = chat_sections(turn_chars)
         turns: list[dict[str, str]] = []
-        for heading, body in sections:
+        part = 0
+        for j, (heading, body) in enumerate(sections):
+            part = part + 1 if j and sections[j - 1][0] == heading else 1
+            ask_part = (
+                f"What does the documentation say about {heading}?"
+                if part == 1
+                else f"Go on about {heading} (part {part})."
+            )
             turns += [
-                {"role": "user", "content": f"What does the documentation say about {heading}?"},
+                {"role": "user", "content": ask_part},
                 {"role": "assistant", "content": body},
             ]
         newest = [f"{h}\n{b}" for h, b in reversed(sections)]  # the bisection's pieces
@@ -292,7 +299,6 @@ def known_window(target: str | None, draft: str | None, pair: str | None) -> tup
     disk yet (a model still to download: the window is then checked once it has loaded)."""
     from edgespec.config import MTP_DRAFT
     from edgespec.loading.catalog import load_catalog
-    from edgespec.loading.folder import context_window
     from edgespec.loading.paths import model_dir
     from edgespec.loading.specs import pair_specs, spec_kind
 
@@ -316,5 +322,11 @@ def known_window(target: str | None, draft: str | None, pair: str | None) -> tup
             raw = json.loads(config.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        found.append((context_window(raw), spec))
+        # as loading.folder.context_window reads it, without importing mlx-lm (that module does)
+        window = raw.get("max_position_embeddings") or raw.get("text_config", {}).get(
+            "max_position_embeddings"
+        )
+        if not window:
+            return None  # the loader's default applies: checked once the models load
+        found.append((int(window), spec))
     return min(found, key=lambda f: f[0]) if found else None
