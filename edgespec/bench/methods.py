@@ -158,17 +158,18 @@ def round_log(rounds: Sequence[tuple[Round, int]]) -> tuple[tuple[int, int, int,
     return tuple(out)
 
 
-def round_log_from_flags(from_draft: Sequence[bool]) -> tuple[tuple[int, int, int, int], ...]:
-    """The same log from mlx-lm's per-token `from_draft` flags: a run of draft tokens closed by
-    a target token is one round (K drafted is not known per round: drafted counts the accepted
-    plus one where a target token closed it early, as rounds_from_flags's rejections do). E.g.
-    T T F | F -> (0, 3, 3, 2), (3, 1, 1, 0)."""
+def round_log_from_flags(
+    from_draft: Sequence[bool], k: int
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The same log from mlx-lm's per-token `from_draft` flags, as rounds_from_flags counts them:
+    a run of draft tokens closed by a target token is one round that drafted K; a trailing run of
+    draft tokens, a round cut short. E.g. K=2, T T F | F -> (0, 3, 2, 2), (3, 1, 2, 0)."""
     out, start, run = [], 0, 0
     for i, flag in enumerate(from_draft):
         if flag:
             run += 1
             continue
-        out.append((start, run + 1, run + 1, run))
+        out.append((start, run + 1, k, run))
         start, run = i + 1, 0
     if run:
         out.append((start, run, run, run))
@@ -251,7 +252,7 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
         if kept is not None:
             kept.keep(engine, len(prompt_ids))
         rounds = rounds_from_flags(flags, point.k) if use_draft else RoundTotals()
-        log = round_log_from_flags(flags) if use_draft else ()
+        log = round_log_from_flags(flags, point.k) if use_draft else ()
         return timer.done(reason, rounds, timed=False, log=log)
 
     return run
