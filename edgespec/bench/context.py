@@ -16,12 +16,14 @@ whose window is 8192. Nothing here loads a model: the tokenizer comes in as `enc
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgespec.errors import ConfigError, PromptError
 
@@ -330,3 +332,53 @@ def known_window(target: str | None, draft: str | None, pair: str | None) -> tup
             return None  # the loader's default applies: checked once the models load
         found.append((int(window), spec))
     return min(found, key=lambda f: f[0]) if found else None
+
+
+@dataclass(frozen=True)
+class ContextRequest:
+    """The long-context mode as the command line asks for it: lengths (None: the file whole),
+    prompt kinds, and the user's text."""
+
+    lengths: tuple[int, ...] | None
+    kinds: tuple[str, ...]
+    file_text: str | None
+    file: str | None
+
+
+def context_request(args: argparse.Namespace) -> ContextRequest | None:
+    """None outside the long-context mode; else the request, checked before anything loads:
+    lengths and kinds parsed, the file read, and the longest context plus its answer checked
+    against the pair's context window where its config is on disk."""
+    from edgespec.loading.specs import check_pair
+
+    if args.context is None and args.context_file is None:
+        return None
+    if args.cold:
+        raise ConfigError("--cold measures first answers of short prompts; drop --context")
+    if args.prompts or args.categories or args.limit is not None:
+        raise ConfigError(
+            "--context uses its own long prompts: drop --prompts/--categories/--limit"
+        )
+    lengths = parse_lengths(args.context) if args.context is not None else None
+    kinds = parse_kinds(args.context_kinds)
+    text = read_context_file(args.context_file) if args.context_file else None
+    if lengths is not None:
+        check_pair(args.target, args.draft, args.pair)
+        window = known_window(args.target, args.draft, args.pair)
+        if window is not None:
+            check_window(lengths, args.max_tokens, window[0], window[1])
+    return ContextRequest(lengths, kinds, text, args.context_file)
+
+
+def engine_prompts(engine: Any, request: ContextRequest, max_tokens: int) -> list:
+    """The long prompts, built with the loaded tokenizer; a context that does not fit the window
+    with its answer (a pair whose config was not on disk before loading, or a file used whole)
+    is refused here, before any prefill."""
+    if request.lengths is None:  # the file whole
+        text = request.file_text or ""
+        ids = engine.encode_chat([{"role": "user", "content": text}])
+        lengths: tuple[int, ...] = (len(ids),)
+    else:
+        lengths = request.lengths
+    check_window(lengths, max_tokens, engine.context_window, engine.name)
+    return build_prompts(request.kinds, lengths, engine.encode_chat, request.file_text)

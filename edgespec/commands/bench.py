@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from edgespec.bench.context import ContextRequest, context_request, engine_prompts
 from edgespec.bench.plan import DEFAULT_METHODS, USES_K, BenchPlan
 from edgespec.bench.prompts import load_prompts
 from edgespec.commands.common import add_model_args, add_shard_args
@@ -128,48 +129,6 @@ AUTO_POSITIONS = 512
 POSITION_WIDTH = 256
 
 
-@dataclasses.dataclass(frozen=True)
-class ContextRequest:
-    """The long-context mode as the command line asks for it: lengths (None: the file whole),
-    prompt kinds, and the user's text."""
-
-    lengths: tuple[int, ...] | None
-    kinds: tuple[str, ...]
-    file_text: str | None
-    file: str | None
-
-
-def _context_request(args: argparse.Namespace) -> ContextRequest | None:
-    """None outside the long-context mode; else the request, checked before anything loads:
-    lengths and kinds parsed, the file read, and the longest context plus its answer checked
-    against the pair's context window where its config is on disk."""
-    from edgespec.bench.context import (
-        check_window,
-        known_window,
-        parse_kinds,
-        parse_lengths,
-        read_context_file,
-    )
-
-    if args.context is None and args.context_file is None:
-        return None
-    if args.cold:
-        raise ConfigError("--cold measures first answers of short prompts; drop --context")
-    if args.prompts or args.categories or args.limit is not None:
-        raise ConfigError(
-            "--context uses its own long prompts: drop --prompts/--categories/--limit"
-        )
-    lengths = parse_lengths(args.context) if args.context is not None else None
-    kinds = parse_kinds(args.context_kinds)
-    text = read_context_file(args.context_file) if args.context_file else None
-    if lengths is not None:
-        check_pair(args.target, args.draft, args.pair)
-        window = known_window(args.target, args.draft, args.pair)
-        if window is not None:
-            check_window(lengths, args.max_tokens, window[0], window[1])
-    return ContextRequest(lengths, kinds, text, args.context_file)
-
-
 def _measure(runs: Iterator[RunRecord], total: int, quiet: bool) -> tuple:
     """Run the bench under a progress bar; Ctrl-C ends it early. Returns (records, complete)."""
     from tqdm import tqdm
@@ -216,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     group = init_group()  # None unless mlx.launch started this process
     _group_plan(args, group)
     plan = _plan(args)
-    context = _context_request(args)
+    context = context_request(args)
     prompts = [] if context else load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     primary = group is None or group.is_primary  # rank 0 alone writes; the others follow
@@ -273,20 +232,44 @@ def _token_side(engine: Any, plan: BenchPlan) -> bool:
     return wanted and draft is not None and isinstance(draft.model, BlockModel)
 
 
-def _context_prompts(engine: Any, request: ContextRequest, max_tokens: int) -> list:
-    """The long prompts, built with the loaded tokenizer; a context that does not fit the window
-    with its answer (a pair whose config was not on disk before loading, or a file used whole)
-    is refused here, before any prefill."""
-    from edgespec.bench.context import build_prompts, check_window
+def _warm_up(engine: Any, plan: BenchPlan, first: list[int], long: bool, quiet: bool) -> None:
+    """Warm every variant up on the first prompt, or on a short one in the long-context mode (a
+    long prompt would prefill once per method just to warm up)."""
+    from edgespec.bench.runner import warm_up
 
-    if request.lengths is None:  # the file whole
-        text = request.file_text or ""
-        ids = engine.encode_chat([{"role": "user", "content": text}])
-        lengths: tuple[int, ...] = (len(ids),)
-    else:
-        lengths = request.lengths
-    check_window(lengths, max_tokens, engine.context_window, engine.name)
-    return build_prompts(request.kinds, lengths, engine.encode_chat, request.file_text)
+    if not quiet:
+        print("edgespec bench: warming up", file=sys.stderr)
+    short = engine.encode_chat([{"role": "user", "content": WARM_PROMPT}]) if long else first
+    warm_up(engine, short, plan)
+
+
+def _settings(
+    args: argparse.Namespace,
+    plan: BenchPlan,
+    n_prompts: int,
+    context: ContextRequest | None,
+    long: list,
+) -> dict[str, Any]:
+    """results.json's `settings`: what was asked for and measured."""
+    return {
+        "methods": list(plan.methods),
+        "k": list(plan.ks),
+        "temp": list(plan.temps),
+        "max_tokens": plan.max_tokens,
+        "repeats": plan.repeats,
+        "seed": plan.seed,
+        "dtype": args.dtype,
+        "prompts": str(args.prompts or "built-in"),
+        "categories": list(args.categories or []),
+        "limit": args.limit,
+        "n_prompts": n_prompts,
+        "warmup": bool(plan.warmup_tokens),
+        "position_width": plan.position_width,
+        "context": list(context.lengths or [len(p.ids) for p in long]) if context else [],
+        "context_kinds": sorted({p.kind for p in long}),
+        "context_file": context.file if context else None,
+        "context_prompt_tokens": {p.id: len(p.ids) for p in long},
+    }
 
 
 def _run(
@@ -300,8 +283,6 @@ def _run(
     from edgespec.bench.greedy import compare_greedy
     from edgespec.bench.methods import set_peer_draft, set_token_engine
     from edgespec.bench.prompts import encode_prompts
-    from edgespec.bench.records import aggregate, by_context
-    from edgespec.bench.report import format_context_table, format_table, write_report
     from edgespec.bench.runner import (
         BenchResult,
         check_methods,
@@ -310,7 +291,6 @@ def _run(
         iter_context_bench,
         pair_info,
         refused_methods,
-        warm_up,
     )
     from edgespec.distributed.probe import probe
     from edgespec.loading.load import load_token_draft, peer_draft_spec
@@ -339,7 +319,7 @@ def _run(
         plan = dataclasses.replace(plan, methods=tuple(m for m in plan.methods if m not in gone))
         for r in refused:
             print(f"edgespec bench: {r['method']} left out: {r['reason']}", file=sys.stderr)
-    long = _context_prompts(engine, context, plan.max_tokens) if context else []
+    long = engine_prompts(engine, context, plan.max_tokens) if context else []
     skipped: list[dict[str, str]] = []
     if context:
         encoded = {p.id: list(p.ids) for p in long}
@@ -348,11 +328,7 @@ def _run(
     if not encoded:
         raise PromptError(f"no prompt fits the context window: {skipped[0]['reason']}")
     if plan.warmup_tokens:
-        if not args.quiet:
-            print("edgespec bench: warming up", file=sys.stderr)
-        # a long prompt would prefill once per method just to warm up: a short one does
-        short = engine.encode_chat([{"role": "user", "content": WARM_PROMPT}])
-        warm_up(engine, short if context else next(iter(encoded.values())), plan)
+        _warm_up(engine, plan, next(iter(encoded.values())), bool(context), args.quiet)
     lengths = tuple(sorted({1, *(k + 1 for k in plan.ks)}))
     # the target as the Engine runs it (its CPU backend's twin); every rank, in step
     latency = probe(engine.cpu.model(engine.target.model), group, args.shard, lengths)
@@ -365,35 +341,27 @@ def _run(
     records, notes = compare_greedy(engine, records, encoded)
     if group is not None and not group.is_primary:
         return 0 if complete else 130
-    settings = {
-        "methods": list(plan.methods),
-        "k": list(plan.ks),
-        "temp": list(plan.temps),
-        "max_tokens": plan.max_tokens,
-        "repeats": plan.repeats,
-        "seed": plan.seed,
-        "dtype": args.dtype,
-        "prompts": str(args.prompts or "built-in"),
-        "categories": list(args.categories or []),
-        "limit": args.limit,
-        "n_prompts": len(encoded),
-        "warmup": bool(plan.warmup_tokens),
-        "position_width": plan.position_width,
-        "context": list(context.lengths or [len(p.ids) for p in long]) if context else [],
-        "context_kinds": sorted({p.kind for p in long}),
-        "context_file": context.file if context else None,
-        "context_prompt_tokens": {p.id: len(p.ids) for p in long},
-    }
+    settings = _settings(args, plan, len(encoded), context, long)
     env = environment() | {"distributed": latency.to_json()}  # group size 1 when not launched
     result = BenchResult(
         records, notes, skipped, settings, pair_info(engine), env, complete, refused
     )
-    variants = aggregate(records)
-    print(format_table(variants))  # first: the figures stay on screen whatever happens to the files
-    if context:
-        print("\n" + format_context_table(by_context(records)))
+    _report(result, out, bool(context))
+    return 0 if complete else 130
+
+
+def _report(result: Any, out: Path, long: bool) -> None:
+    """Print the tables (first: the figures stay on screen whatever happens to the files), then
+    write the files."""
+    from edgespec.bench.long_report import format_context_table
+    from edgespec.bench.records import aggregate, by_context
+    from edgespec.bench.report import format_table, write_report
+
+    variants = aggregate(result.records)
+    print(format_table(variants))
+    if long:
+        print("\n" + format_context_table(by_context(result.records)))
     files = write_report(result, variants, out)
     print(f"\nwrote {files.json}, {files.markdown}" + "".join(f", {p}" for p in files.plots))
     if files.plot_error:
         print(files.plot_error, file=sys.stderr)
-    return 0 if complete else 130
