@@ -267,8 +267,7 @@ def build_prompts(
     with the user's text."""
     if file_text is not None:
         kinds = (FILE_KIND,)
-    # encoding a text longer than the tokenizer's model_max_length only warns: quiet that here
-    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
+    _quiet_tokenizer()
     out = []
     docs = doc_paragraphs() if "doc" in kinds else []
     code = code_blocks() if "code" in kinds else []
@@ -284,6 +283,12 @@ def build_prompts(
                 ids = _chat_prompt(length, encode)
             out.append(ContextPrompt(kind, length, tuple(ids)))
     return out
+
+
+def _quiet_tokenizer() -> None:
+    """Encoding a text longer than the tokenizer's model_max_length only warns (the bench cuts
+    it, or refuses it in one line): quiet that warning."""
+    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -374,9 +379,16 @@ def engine_prompts(engine: Any, request: ContextRequest, max_tokens: int) -> lis
     """The long prompts, built with the loaded tokenizer; a context that does not fit the window
     with its answer (a pair whose config was not on disk before loading, or a file used whole)
     is refused here, before any prefill."""
+    _quiet_tokenizer()
     if request.lengths is None:  # the file whole
         text = request.file_text or ""
-        ids = engine.encode_chat([{"role": "user", "content": text}])
+        ids = engine.encode_chat([{"role": "user", "content": text + "\n\n" + FILE_TASK}])
+        if len(ids) + max_tokens > engine.context_window:
+            raise ConfigError(
+                f"--context-file {request.file} is {len(ids)} tokens with its instruction; with "
+                f"{max_tokens} new tokens that is beyond the context window of {engine.name} "
+                f"({engine.context_window} tokens): pass --context to cut it"
+            )
         lengths: tuple[int, ...] = (len(ids),)
     else:
         lengths = request.lengths

@@ -218,3 +218,29 @@ def test_landscape_names_each_variant_in_a_legend_not_on_the_map(
     names = [t.get_text() for t in legend.get_texts()]
     assert [n.split(":")[0] for n in names] == shown
     assert not ax.texts  # no label written on the map itself
+
+
+def test_cli_context_file_is_measured_whole_or_cut(tiny, tmp_path: Path) -> None:
+    """The user's own text: cut to a --context length, or whole without one."""
+    target, draft = tiny
+    notes = tmp_path / "notes.md"
+    paragraphs = [
+        f"Note {i}: the {i}th visit to the archive found box {i * 7} unopened." for i in range(7)
+    ]
+    notes.write_text("\n\n".join(paragraphs))
+    for extra, want in (([], None), (["--context", "120"], 120)):
+        out = tmp_path / f"out{len(extra)}"
+        proc = run_edgespec(
+            "bench", "--target", str(target), "--draft", str(draft), "--draft-bits", "0",
+            "--context-file", str(notes), *extra, "--methods", "plain", "--max-tokens", "4",
+            "--no-warmup", "--out", str(out), "--quiet",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads((out / "results.json").read_text())
+        assert doc["settings"]["context_file"] == str(notes)
+        (prompt_id, tokens), *rest = doc["settings"]["context_prompt_tokens"].items()
+        assert not rest and prompt_id.startswith("file@")
+        if want is None:  # whole: every paragraph is in, the task after it
+            assert doc["settings"]["context"] == [tokens] and tokens > 150
+        else:
+            assert 0.75 * want <= tokens <= want
