@@ -41,6 +41,11 @@ class Point:
     temp: float
     max_tokens: int
     seed: int
+    # Start from the prefix this prompt left in the caches (the long-context mode's decode runs,
+    # edgespec/bench/context.py): the Engine keeps its caches (no reset) and reuses the longest
+    # common prefix as always; mlx-lm runs on a prompt cache kept per engine and trimmed back to
+    # the prompt after each run. False: every run prefills from scratch.
+    reuse: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class Measured:
     rounds: RoundTotals
     timed_rounds: bool  # whether rounds carry draft/verify timings
     t_model_decode: float | None = None  # draft + verify seconds of the rounds after the first
+    # Per round: (answer position of its first token, tokens committed, drafted, accepted).
+    round_log: tuple[tuple[int, int, int, int], ...] = ()
 
 
 class _Timer:
@@ -72,7 +79,12 @@ class _Timer:
         self.ids.append(token_id)
 
     def done(
-        self, reason: str, rounds: RoundTotals, timed: bool, t_model: float | None = None
+        self,
+        reason: str,
+        rounds: RoundTotals,
+        timed: bool,
+        t_model: float | None = None,
+        log: tuple[tuple[int, int, int, int], ...] = (),
     ) -> Measured:
         first = self.last if self.first is None else self.first
         end = time.perf_counter()
@@ -85,6 +97,7 @@ class _Timer:
             rounds,
             timed,
             t_model,
+            log,
         )
 
 
@@ -113,7 +126,8 @@ def _engine_runner(
     def run(engine: Any, prompt_ids: list[int], point: Point) -> Measured:
         config = GenerationConfig(_sampling(point), spec(point), max_tokens=point.max_tokens)
         kwargs = extras(engine, point) if extras else {}
-        engine.reset()
+        if not point.reuse:
+            engine.reset()
         timer, reason = _Timer(), "length"
         rounds: list[tuple[Round, int]] = []  # each Round with the tokens just before it
         tokens = 0
@@ -127,9 +141,39 @@ def _engine_runner(
             elif isinstance(event, Finished):
                 reason = event.reason
         t_model = decode_model_time(rounds)
-        return timer.done(reason, fold_rounds(r for r, _ in rounds), timed=True, t_model=t_model)
+        totals = fold_rounds(r for r, _ in rounds)
+        return timer.done(reason, totals, timed=True, t_model=t_model, log=round_log(rounds))
 
     return run
+
+
+def round_log(rounds: Sequence[tuple[Round, int]]) -> tuple[tuple[int, int, int, int], ...]:
+    """(answer position of the round's first token, tokens, drafted, accepted) per round, from
+    Round events each with the count of tokens just before it. E.g. rounds committing 3 and 2
+    tokens -> positions 0 and 3."""
+    out, position = [], 0
+    for r, tokens in rounds:
+        out.append((position, tokens, r.drafted, r.accepted))
+        position += tokens
+    return tuple(out)
+
+
+def round_log_from_flags(
+    from_draft: Sequence[bool], k: int
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The same log from mlx-lm's per-token `from_draft` flags, as rounds_from_flags counts them:
+    a run of draft tokens closed by a target token is one round that drafted K; a trailing run of
+    draft tokens, a round cut short. E.g. K=2, T T F | F -> (0, 3, 2, 2), (3, 1, 2, 0)."""
+    out, start, run = [], 0, 0
+    for i, flag in enumerate(from_draft):
+        if flag:
+            run += 1
+            continue
+        out.append((start, run + 1, k, run))
+        start, run = i + 1, 0
+    if run:
+        out.append((start, run, run, run))
+    return tuple(out)
 
 
 # A token draft for peers that cannot run an engine's draft (mlx-lm, when that is a feature
@@ -179,16 +223,21 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
         engine.reset()
         mx.random.seed(point.seed)  # mlx-lm samples from MLX's global random state
         kwargs: dict[str, Any] = {"sampler": make_sampler(temp=point.temp)}
+        draft = mlx_lm_draft(engine) if use_draft else None
         if use_draft:
-            draft = mlx_lm_draft(engine)
             assert draft is not None  # check_methods refuses mlx-lm without a draft
             kwargs |= {"draft_model": draft.model, "num_draft_tokens": point.k}
+        kept = _kept_cache(engine, prompt_ids, draft) if point.reuse else None
+        prompt = mx.array(prompt_ids)
+        if kept is not None:
+            kwargs["prompt_cache"] = kept.caches
+            prompt = mx.array(prompt_ids[kept.offset :])
         timer, flags, reason = _Timer(), [], "length"
         tokenizer = engine.target.tokenizer
         # engine.target.model is mlx-lm's model as loaded: the Engine runs a twin of it with its
         # CPU layers (edgespec/cpu/backend.py), so the peer runs mlx-lm's own code.
         for resp in stream_generate(
-            engine.target.model, tokenizer, mx.array(prompt_ids), point.max_tokens, **kwargs
+            engine.target.model, tokenizer, prompt, point.max_tokens, **kwargs
         ):
             if resp.finish_reason == "stop":  # it carries the EOS token: not output
                 reason = "stop"
@@ -200,10 +249,65 @@ def _mlx_lm_runner(use_draft: bool) -> Callable[[Any, list[int], Point], Measure
         # run: under a sharded target (edgespec.distributed) the all-reduces of two streams
         # would interleave differently on each rank and corrupt each other.
         mx.synchronize(generation_stream)
+        if kept is not None:
+            kept.keep(engine, len(prompt_ids))
         rounds = rounds_from_flags(flags, point.k) if use_draft else RoundTotals()
-        return timer.done(reason, rounds, timed=False)
+        log = round_log_from_flags(flags, point.k) if use_draft else ()
+        return timer.done(reason, rounds, timed=False, log=log)
 
     return run
+
+
+@dataclass
+class _Kept:
+    """mlx-lm prompt caches (target's layers, then the draft's) kept for one prompt: they hold
+    its first `offset` tokens, and a run feeds the rest."""
+
+    prompt: tuple[int, ...]
+    draft: Any
+    caches: list[Any]
+    offset: int = 0
+
+    def keep(self, engine: Any, prompt_len: int) -> None:
+        """Trim every cache back to the prompt's first prompt_len - 1 tokens (what the run added
+        goes), or forget them where one cannot be trimmed (recurrent layers: the next run
+        prefills afresh)."""
+        keep = prompt_len - 1
+        if not all(c.is_trimmable() for c in self.caches):
+            _KEPT.get(engine, {}).pop(self.draft is not None, None)
+            return
+        for c in self.caches:
+            c.trim(max(0, c.offset - keep))
+        self.offset = keep
+
+
+# mlx-lm's caches kept per engine for the long-context mode's decode runs (Point.reuse): one
+# set for mlx-lm with its draft, one for mlx-lm-plain (keyed by whether a draft runs).
+_KEPT: weakref.WeakKeyDictionary[Any, dict[bool, _Kept]] = weakref.WeakKeyDictionary()
+
+
+def forget_kept(engine: Any, with_draft: bool | None = None) -> None:
+    """Drop mlx-lm's kept caches for `engine` (those with or without a draft; None: both); the
+    next reusing run prefills from scratch."""
+    if with_draft is None:
+        _KEPT.pop(engine, None)
+    else:
+        _KEPT.get(engine, {}).pop(with_draft, None)
+
+
+def _kept_cache(engine: Any, prompt_ids: list[int], draft: Any) -> _Kept:
+    """The kept caches for this prompt and draft, or fresh empty ones (then kept)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    sets = _KEPT.setdefault(engine, {})
+    kept = sets.get(draft is not None)
+    if kept is None or kept.prompt != tuple(prompt_ids) or kept.draft is not draft:
+        caches = make_prompt_cache(engine.target.model)
+        if draft is not None:
+            caches += make_prompt_cache(draft.model)
+        kept = _Kept(tuple(prompt_ids), draft, caches)
+        sets[draft is not None] = kept
+    return kept
 
 
 @dataclass(frozen=True)

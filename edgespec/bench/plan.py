@@ -105,6 +105,8 @@ class BenchPlan:
     repeats: int = 1
     seed: int = 0
     warmup_tokens: int = 16
+    # Acceptance and tokens per round per span of this many answer tokens (0: not measured).
+    position_width: int = 0
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in USES_K]
@@ -118,6 +120,8 @@ class BenchPlan:
             raise ConfigError(f"bench's seed must be in [0, 2**63), got {self.seed}")
         if self.max_tokens < 1 or self.repeats < 1:
             raise ConfigError("max-tokens and repeats must be >= 1")
+        if self.position_width < 0:
+            raise ConfigError(f"--by-position must be >= 1 token, got {self.position_width}")
 
     def variants(self) -> list[tuple[str, int]]:
         """(method, K) pairs run at each temperature; K=0 for methods that take no K."""

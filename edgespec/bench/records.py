@@ -84,6 +84,14 @@ class RunRecord:
     token_ids: tuple[int, ...] = ()
     mismatch: bool | None = None
     first_diff: int | None = None  # first position where token_ids differ from plain's
+    prompt_tokens: int = 0
+    # The long-context mode (`--context`): the requested length in tokens (0 outside it); its
+    # runs decode from a prefilled cache, their ttft and peak_memory coming from one cold run of
+    # the same method on the same prompt (edgespec/bench/runner.py, iter_context_bench).
+    context: int = 0
+    # Per answer span of settings' position_width tokens (a round falls in the span of its first
+    # token): (rounds, tokens, drafted, accepted); empty when not asked for.
+    position_buckets: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,6 +114,7 @@ class RunRecord:
         d["position_tries"] = list(self.position_tries)
         d["position_passes"] = list(self.position_passes)
         d["token_ids"] = list(self.token_ids)
+        d["position_buckets"] = [list(b) for b in self.position_buckets]
         d["tokens_per_s"] = self.tokens_per_s
         return d
 
@@ -280,3 +289,72 @@ def aggregate(records: Sequence[RunRecord]) -> list[VariantSummary]:
         }
         out.append(VariantSummary(method, k, temp, summarize_runs(runs, plain), by_cat))
     return out
+
+
+def bucket_rounds(
+    log: Sequence[tuple[int, int, int, int]], width: int
+) -> tuple[tuple[int, int, int, int], ...]:
+    """Fold a run's round log ((position, tokens, drafted, accepted) per round) into spans of
+    `width` answer tokens: (rounds, tokens, drafted, accepted) per span, a round counted in the
+    span of its first token. Width 4, rounds at 0 (3 tokens), 3 (2), 5 (1) -> spans
+    (2, 5, .., ..) and (1, 1, .., ..). Empty when width < 1 or there are no rounds."""
+    if width < 1 or not log:
+        return ()
+    spans = [[0, 0, 0, 0] for _ in range(max(p for p, *_ in log) // width + 1)]
+    for position, tokens, drafted, accepted in log:
+        span = spans[position // width]
+        for i, x in enumerate((1, tokens, drafted, accepted)):
+            span[i] += x
+    return tuple((a, b, c, d) for a, b, c, d in spans)
+
+
+@dataclass(frozen=True)
+class PositionSpan:
+    """Acceptance over one span of answer positions, summed over runs: tau = tokens per round,
+    acceptance = accepted / drafted (None where nothing was drafted)."""
+
+    start: int
+    end: int
+    rounds: int
+    tokens: int
+    drafted: int
+    accepted: int
+
+    @property
+    def tau(self) -> float | None:
+        return self.tokens / self.rounds if self.rounds else None
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"tau": self.tau, "acceptance": self.acceptance}
+
+
+def position_spans(runs: Sequence[RunRecord], width: int) -> list[PositionSpan]:
+    """The runs' position_buckets summed span by span (runs of different lengths: each span
+    sums the runs that reached it)."""
+    n = max((len(r.position_buckets) for r in runs), default=0)
+    out = []
+    for i in range(n):
+        sums = [0, 0, 0, 0]
+        for r in runs:
+            if i < len(r.position_buckets):
+                sums = [a + b for a, b in zip(sums, r.position_buckets[i], strict=True)]
+        out.append(PositionSpan(i * width, (i + 1) * width, *sums))
+    return out
+
+
+def by_context(records: Sequence[RunRecord]) -> dict[int, list[VariantSummary]]:
+    """The long-context mode's folds: per requested context length (ascending), aggregate() of
+    its runs (speedups against plain at the same length)."""
+    lengths = sorted({r.context for r in records if r.context})
+    order = {(v.method, v.k, v.temp): i for i, v in enumerate(aggregate(records))}
+    return {
+        n: sorted(
+            aggregate([r for r in records if r.context == n]),
+            key=lambda v: order[(v.method, v.k, v.temp)],
+        )
+        for n in lengths
+    }

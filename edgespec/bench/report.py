@@ -7,6 +7,11 @@ results.json (schema_version 1) -- see docs/bench.md:
      "mismatches": [{"method", "k", "prompt_id", "category", "repeat", "position",
                      "plain_token", "other_token", "logit_gap", "near_tie"}],
      "skipped": [{"prompt_id", "reason"}], "refused": [{"method", "reason"}],
+     "contexts": [{"context", "label", "methods": [{"method", "k", "temp", "label",
+                   "overall": SUMMARY}]}],                      (--context; else [])
+     "positions": {"width", "methods": [{"method", "k", "temp", "label",
+                   "spans": [{"start", "end", "rounds", "tokens", "drafted", "accepted",
+                              "tau", "acceptance"}]}]},         (--by-position; else null)
      "runs": [RUN, ...]}
 SUMMARY holds the fields of metrics.Summary; RUN those of metrics.RunRecord plus tokens_per_s.
 Plots need matplotlib (the `plot` extra); without it the other files are still written.
@@ -39,6 +44,8 @@ def _summary_json(s: Summary) -> dict[str, Any]:
 
 def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dict[str, Any]:
     """The results.json document (see the module docstring for the schema)."""
+    from edgespec.bench.long_report import contexts_json, positions_json
+
     return {
         "schema_version": SCHEMA_VERSION,
         "complete": result.complete,
@@ -60,6 +67,8 @@ def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dic
         "mismatches": [asdict(n) for n in result.notes],
         "skipped": result.skipped,
         "refused": result.refused,
+        "contexts": contexts_json(result),
+        "positions": positions_json(result),
         "runs": [r.to_json() for r in result.records],
     }
 
@@ -144,6 +153,8 @@ def format_table(variants: Sequence[VariantSummary], categories: bool = True) ->
 
 def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> str:
     """results.md: settings, the table, greedy mismatches and the definitions."""
+    from edgespec.bench.long_report import markdown_sections
+
     st, env = result.settings, result.environment
     out = [
         "# EdgeSpec bench" + ("" if result.complete else " (stopped early: partial results)"),
@@ -176,6 +187,7 @@ def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> 
             f"logit gap {_fmt(n.logit_gap, '.2e')}: {why}"
         )
     out += position_lines(variants)
+    out += markdown_sections(result)
     out += ["", DEFINITIONS]
     return "\n".join(out) + "\n"
 
@@ -231,7 +243,14 @@ def write_report(
     except ImportError as exc:  # the optional `plot` extra is not installed
         files.plot_error = f"plots skipped ({exc}); pip install 'edgespec[plot]'"
         return files
-    files.plots = [p for p in (plot_speedups(variants, out), plot_landscape(variants, out)) if p]
+    from edgespec.bench.long_report import plots as long_plots
+
+    plots = (
+        plot_speedups(variants, out),
+        plot_landscape(variants, out),
+        *long_plots(result, out),
+    )
+    files.plots = [p for p in plots if p]
     return files
 
 
@@ -296,22 +315,35 @@ def plot_landscape(variants: Sequence[VariantSummary], out: Path) -> Path | None
     mesh = ax.pcolormesh(alphas, ks, grid, cmap="RdBu", norm=norm, shading="nearest")
     ax.contour(alphas, ks, grid, levels=[1.0], colors="black", linewidths=1.0)
     fig.colorbar(mesh, ax=ax, label="predicted speedup")
-    markers = dict.fromkeys(v.method for v in variants)
-    stacked: dict[tuple[float, int], int] = {}
-    for v in variants:
+    # One marker and colour per variant, named in a legend beside the map (labels written next
+    # to the points piled up where variants measured alike).
+    shown = [v for v in variants if v.overall.alpha is not None]
+    colours = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20")
+    for i, v in enumerate(shown):
         s = v.overall
-        if s.alpha is None:
-            continue
-        xy = (s.alpha, s.k_mean or v.k)
-        marker = "osD^vP*X"[list(markers).index(v.method) % 8]
-        ax.plot(*xy, marker, color="gold", markeredgecolor="black")
-        near = stacked.setdefault((round(xy[0], 1), round(xy[1])), 0)  # stack close labels
-        stacked[(round(xy[0], 1), round(xy[1]))] += 1
-        note = f"{v.label}: {_fmt(s.speedup_vs_plain, '.2f')}x"
-        ax.annotate(note, xy, textcoords="offset points", xytext=(6, 4 + 11 * near), fontsize=8)
+        ax.plot(
+            s.alpha or 0.0,
+            s.k_mean or v.k,
+            "osD^vP*Xph<>"[i % 12],
+            color=colours(i % colours.N),
+            markeredgecolor="black",
+            markersize=8,
+            linestyle="none",
+            label=f"{v.label}: {_fmt(s.speedup_vs_plain, '.2f')}x",
+        )
     ax.set_xlabel("alpha (per-token acceptance)")
     ax.set_ylabel("K (drafts per round)")
     ax.set_title(f"Speedup landscape at c = {c:.3f}, v(K) = 1 {b:+.3f} K")
+    if shown:
+        fig.set_size_inches(7 + 0.6 * max(len(v.label) for v in shown) / 10 + 2.5, 4.5)
+        ax.legend(
+            title="measured (speedup)",
+            loc="upper left",
+            bbox_to_anchor=(1.28, 1.0),
+            fontsize=8,
+            title_fontsize=8,
+            frameon=False,
+        )
     fig.tight_layout()
     path = out / "speedup_landscape.png"
     fig.savefig(path, dpi=120)

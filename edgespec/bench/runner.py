@@ -19,11 +19,20 @@ from typing import Any
 
 import mlx.core as mx
 
+from edgespec.bench.context import ContextPrompt
 from edgespec.bench.greedy import MismatchNote
-from edgespec.bench.methods import METHODS, Point, engine_for, mlx_lm_draft, peer_draft
+from edgespec.bench.methods import (
+    METHODS,
+    PEER_METHODS,
+    Point,
+    engine_for,
+    forget_kept,
+    mlx_lm_draft,
+    peer_draft,
+)
 from edgespec.bench.plan import BenchPlan
 from edgespec.bench.prompts import Prompt
-from edgespec.bench.records import RunRecord
+from edgespec.bench.records import RunRecord, bucket_rounds
 from edgespec.cache import KVState
 from edgespec.cpu import blas
 from edgespec.cpu.backend import Switches
@@ -138,13 +147,83 @@ def iter_bench(
                 shift = (i + rep) % len(variants)
                 seed = plan.seed + 100_003 * rep + i
                 for method, k in variants[shift:] + variants[:shift]:
+                    point = Point(k, temp, plan.max_tokens, seed)
                     yield _measure(
-                        engine, p, encoded[p.id], method, Point(k, temp, plan.max_tokens, seed), rep
+                        engine, p, encoded[p.id], method, point, rep, plan.position_width
                     )
 
 
+def iter_context_bench(
+    engine: Any, prompts: Sequence[ContextPrompt], plan: BenchPlan
+) -> Iterator[RunRecord]:
+    """The long-context mode: per prompt (one per length and kind, in order), every variant's
+    time to first token once, cold, then its decode runs from the prefilled caches.
+
+    Prefill dominates at these lengths on a CPU, so it runs once per method and prompt: each
+    method's cold run (max_tokens 1, its own caches emptied first) times TTFT and leaves the
+    prompt in the caches; the measured runs then start from that prefix (Point.reuse: the Engine
+    reuses its common prefix, mlx-lm a kept prompt cache trimmed back after each run), decoding
+    the same tokens they would from scratch (the caches hold the same prompt). Each measured
+    record carries its cold run's TTFT, and the peak memory of the cold and measured runs less
+    what other methods' kept caches held (as if it ran alone). Interleaving and seeds as in
+    iter_bench; the cold runs use the first temperature.
+    """
+    base = mx.get_active_memory()  # weights and the like: held by every method alike
+    for rep in range(plan.repeats):
+        for i, p in enumerate(prompts):
+            variants = plan.variants()
+            shift = (i + rep) % len(variants)
+            order = variants[shift:] + variants[:shift]
+            ids = list(p.ids)
+            cold: dict[tuple[str, int], tuple[float, int]] = {}
+            for method, k in order:
+                _empty_caches(engine, method)
+                point = Point(max(k, 1), plan.temps[0], 1, plan.seed, reuse=True)
+                cold[(method, k)] = _timed_peak(engine, method, ids, point, base)
+            for temp in plan.temps:
+                seed = plan.seed + 100_003 * rep + i
+                for method, k in order:
+                    point = Point(k, temp, plan.max_tokens, seed, reuse=True)
+                    prompt = Prompt(p.id, p.id, "")
+                    mx.reset_peak_memory()
+                    held = mx.get_active_memory() - base
+                    rec = _measure(engine, prompt, ids, method, point, rep, plan.position_width)
+                    ttft, peak = cold[(method, k)]
+                    yield replace(
+                        rec,
+                        ttft=ttft,
+                        peak_memory=max(peak, rec.peak_memory - max(0, held)),
+                        context=p.length,
+                    )
+
+
+def _empty_caches(engine: Any, method: str) -> None:
+    """Before a cold run: empty the caches `method` runs on (the Engine's, or mlx-lm's kept
+    set), leaving the other methods' prefixes in place."""
+    if method in PEER_METHODS:
+        forget_kept(engine, with_draft=METHODS[method].needs_draft)
+    else:
+        engine_for(engine, method).reset()
+
+
+def _timed_peak(
+    engine: Any, method: str, ids: list[int], point: Point, base: int
+) -> tuple[float, int]:
+    """(TTFT, peak memory less what other methods' caches held) of one cold run."""
+    mx.reset_peak_memory()
+    held = mx.get_active_memory() - base
+    m = METHODS[method].run(engine_for(engine, method), ids, point)
+    return m.ttft, mx.get_peak_memory() - max(0, held)
+
+
 def _measure(
-    engine: Any, prompt: Prompt, ids: list[int], method: str, point: Point, repeat: int
+    engine: Any,
+    prompt: Prompt,
+    ids: list[int],
+    method: str,
+    point: Point,
+    repeat: int,
+    position_width: int = 0,
 ) -> RunRecord:
     mx.reset_peak_memory()
     m = METHODS[method].run(engine_for(engine, method), ids, replace(point, k=max(point.k, 1)))
@@ -173,6 +252,8 @@ def _measure(
         t_verify=r.t_verify if m.timed_rounds else None,
         t_model_decode=m.t_model_decode,
         token_ids=m.token_ids,
+        prompt_tokens=len(ids),
+        position_buckets=bucket_rounds(m.round_log, position_width),
     )
 
 

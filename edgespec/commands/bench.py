@@ -8,10 +8,11 @@ import dataclasses
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from edgespec.bench.context import ContextRequest, context_request, engine_prompts
 from edgespec.bench.plan import DEFAULT_METHODS, USES_K, BenchPlan
 from edgespec.bench.prompts import load_prompts
 from edgespec.commands.common import add_model_args, add_shard_args
@@ -27,6 +28,8 @@ HELP = (
     "Ctrl-C stops and still writes what was measured."
 )
 T = TypeVar("T")
+# The long-context mode's warm-up prompt: short, so that warming up prefills nothing long.
+WARM_PROMPT = "Name three uses of a sliding-window cache."
 
 
 def _list_of(kind: Callable[[str], T]) -> Callable[[str], tuple[T, ...]]:
@@ -70,6 +73,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument(
+        "--context",
+        metavar="LENGTHS",
+        help="long-context mode: built-in long prompts cut to these token counts, e.g. 1k,4k,8k "
+        "(k = 1000); TTFT timed once per method and prompt, decode runs from the prefilled cache",
+    )
+    g.add_argument(
+        "--context-kinds",
+        default="doc,code,chat",
+        help="long prompts per length: doc (documentation to summarize), code (the package's "
+        "source to explain), chat (a long conversation); default doc,code,chat",
+    )
+    g.add_argument(
+        "--context-file",
+        metavar="PATH",
+        help="long-context mode on this UTF-8 text instead of the built-in prompts (cut to each "
+        "--context length, or whole without --context)",
+    )
+    g.add_argument(
+        "--by-position",
+        type=int,
+        metavar="N",
+        help="acceptance and tokens per round per N answer tokens (default 256 when "
+        "--max-tokens >= 512, else off; 0: off)",
+    )
+    g.add_argument(
         "--cold",
         action="store_true",
         help="each prompt's first answer in fresh processes: cold, warmed up, and in the chat app "
@@ -81,6 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> BenchPlan:
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    width = args.by_position
+    if width is None:
+        width = POSITION_WIDTH if args.max_tokens >= AUTO_POSITIONS else 0
     return BenchPlan(
         methods=tuple(dict.fromkeys(args.methods)),
         ks=tuple(dict.fromkeys(args.k)),
@@ -89,20 +120,23 @@ def _plan(args: argparse.Namespace) -> BenchPlan:
         repeats=args.repeats,
         seed=args.seed,
         warmup_tokens=0 if args.no_warmup else 16,
+        position_width=width,
     )
 
 
-def _measure(engine: Any, prompts: list, encoded: dict, plan: BenchPlan, quiet: bool) -> tuple:
+# Answers this long or longer get acceptance by position (--by-position) unless told otherwise.
+AUTO_POSITIONS = 512
+POSITION_WIDTH = 256
+
+
+def _measure(runs: Iterator[RunRecord], total: int, quiet: bool) -> tuple:
     """Run the bench under a progress bar; Ctrl-C ends it early. Returns (records, complete)."""
     from tqdm import tqdm
 
-    from edgespec.bench.runner import iter_bench
-
     records: list[RunRecord] = []
-    total = plan.total_runs(len(encoded))
     bar = tqdm(total=total, file=sys.stderr, unit="run", disable=quiet, dynamic_ncols=True)
     try:
-        for rec in iter_bench(engine, prompts, encoded, plan):
+        for rec in runs:
             records.append(rec)
             bar.set_postfix_str(f"{rec.method} {rec.tokens_per_s:.1f} tok/s", refresh=False)
             bar.update()
@@ -141,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     group = init_group()  # None unless mlx.launch started this process
     _group_plan(args, group)
     plan = _plan(args)
-    prompts = load_prompts(args.prompts, args.categories, args.limit)
+    context = context_request(args)
+    prompts = [] if context else load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     primary = group is None or group.is_primary  # rank 0 alone writes; the others follow
     created = _writable_folder(out) if primary else False
@@ -152,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         from edgespec.bench.methods import one_stream  # mlx-lm: after the settings are checked
 
         with one_stream():  # EdgeSpec's runs and mlx-lm's on one thread (methods.one_stream)
-            return _run(args, plan, prompts, out, group)
+            return _run(args, plan, prompts, out, group, context)
     except BaseException:
         if created:  # a run that ends before writing leaves no empty folder behind
             with contextlib.suppress(OSError):
@@ -197,19 +232,65 @@ def _token_side(engine: Any, plan: BenchPlan) -> bool:
     return wanted and draft is not None and isinstance(draft.model, BlockModel)
 
 
-def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, group: Any) -> int:
+def _warm_up(engine: Any, plan: BenchPlan, first: list[int], long: bool, quiet: bool) -> None:
+    """Warm every variant up on the first prompt, or on a short one in the long-context mode (a
+    long prompt would prefill once per method just to warm up)."""
+    from edgespec.bench.runner import warm_up
+
+    if not quiet:
+        print("edgespec bench: warming up", file=sys.stderr)
+    short = engine.encode_chat([{"role": "user", "content": WARM_PROMPT}]) if long else first
+    warm_up(engine, short, plan)
+
+
+def _settings(
+    args: argparse.Namespace,
+    plan: BenchPlan,
+    n_prompts: int,
+    context: ContextRequest | None,
+    long: list,
+) -> dict[str, Any]:
+    """results.json's `settings`: what was asked for and measured."""
+    return {
+        "methods": list(plan.methods),
+        "k": list(plan.ks),
+        "temp": list(plan.temps),
+        "max_tokens": plan.max_tokens,
+        "repeats": plan.repeats,
+        "seed": plan.seed,
+        "dtype": args.dtype,
+        "prompts": str(args.prompts or "built-in"),
+        "categories": list(args.categories or []),
+        "limit": args.limit,
+        "n_prompts": n_prompts,
+        "warmup": bool(plan.warmup_tokens),
+        "position_width": plan.position_width,
+        "context": list(context.lengths or [len(p.ids) for p in long]) if context else [],
+        "context_kinds": sorted({p.kind for p in long}),
+        "context_file": context.file if context else None,
+        "context_prompt_tokens": {p.id: len(p.ids) for p in long},
+    }
+
+
+def _run(
+    args: argparse.Namespace,
+    plan: BenchPlan,
+    prompts: list,
+    out: Path,
+    group: Any,
+    context: ContextRequest | None = None,
+) -> int:
     from edgespec.bench.greedy import compare_greedy
     from edgespec.bench.methods import set_peer_draft, set_token_engine
     from edgespec.bench.prompts import encode_prompts
-    from edgespec.bench.records import aggregate
-    from edgespec.bench.report import format_table, write_report
     from edgespec.bench.runner import (
         BenchResult,
         check_methods,
         environment,
+        iter_bench,
+        iter_context_bench,
         pair_info,
         refused_methods,
-        warm_up,
     )
     from edgespec.distributed.probe import probe
     from edgespec.loading.load import load_token_draft, peer_draft_spec
@@ -238,42 +319,49 @@ def _run(args: argparse.Namespace, plan: BenchPlan, prompts: list, out: Path, gr
         plan = dataclasses.replace(plan, methods=tuple(m for m in plan.methods if m not in gone))
         for r in refused:
             print(f"edgespec bench: {r['method']} left out: {r['reason']}", file=sys.stderr)
-    encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
+    long = engine_prompts(engine, context, plan.max_tokens) if context else []
+    skipped: list[dict[str, str]] = []
+    if context:
+        encoded = {p.id: list(p.ids) for p in long}
+    else:
+        encoded, skipped = encode_prompts(engine, prompts, plan.max_tokens)
     if not encoded:
         raise PromptError(f"no prompt fits the context window: {skipped[0]['reason']}")
     if plan.warmup_tokens:
-        if not args.quiet:
-            print("edgespec bench: warming up", file=sys.stderr)
-        warm_up(engine, next(iter(encoded.values())), plan)
+        _warm_up(engine, plan, next(iter(encoded.values())), bool(context), args.quiet)
     lengths = tuple(sorted({1, *(k + 1 for k in plan.ks)}))
     # the target as the Engine runs it (its CPU backend's twin); every rank, in step
     latency = probe(engine.cpu.model(engine.target.model), group, args.shard, lengths)
-    records, complete = _measure(engine, prompts, encoded, plan, args.quiet)
+    if context:
+        runs = iter_context_bench(engine, long, plan)
+        total = plan.total_runs(len(long))
+    else:
+        runs, total = iter_bench(engine, prompts, encoded, plan), plan.total_runs(len(encoded))
+    records, complete = _measure(runs, total, args.quiet)
     records, notes = compare_greedy(engine, records, encoded)
     if group is not None and not group.is_primary:
         return 0 if complete else 130
-    settings = {
-        "methods": list(plan.methods),
-        "k": list(plan.ks),
-        "temp": list(plan.temps),
-        "max_tokens": plan.max_tokens,
-        "repeats": plan.repeats,
-        "seed": plan.seed,
-        "dtype": args.dtype,
-        "prompts": str(args.prompts or "built-in"),
-        "categories": list(args.categories or []),
-        "limit": args.limit,
-        "n_prompts": len(encoded),
-        "warmup": bool(plan.warmup_tokens),
-    }
+    settings = _settings(args, plan, len(encoded), context, long)
     env = environment() | {"distributed": latency.to_json()}  # group size 1 when not launched
     result = BenchResult(
         records, notes, skipped, settings, pair_info(engine), env, complete, refused
     )
-    variants = aggregate(records)
-    print(format_table(variants))  # first: the figures stay on screen whatever happens to the files
+    _report(result, out, bool(context))
+    return 0 if complete else 130
+
+
+def _report(result: Any, out: Path, long: bool) -> None:
+    """Print the tables (first: the figures stay on screen whatever happens to the files), then
+    write the files."""
+    from edgespec.bench.long_report import format_context_table
+    from edgespec.bench.records import aggregate, by_context
+    from edgespec.bench.report import format_table, write_report
+
+    variants = aggregate(result.records)
+    print(format_table(variants))
+    if long:
+        print("\n" + format_context_table(by_context(result.records)))
     files = write_report(result, variants, out)
     print(f"\nwrote {files.json}, {files.markdown}" + "".join(f", {p}" for p in files.plots))
     if files.plot_error:
         print(files.plot_error, file=sys.stderr)
-    return 0 if complete else 130

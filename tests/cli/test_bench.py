@@ -161,7 +161,7 @@ def test_terminal_table_shows_speedup_and_partial_flag() -> None:
     assert "partial results" in format_markdown(result, variants)
 
 
-def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_keeps_what_was_measured() -> None:
     from edgespec.commands import bench as command
 
     done = _synthetic().records[0]
@@ -170,8 +170,7 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
         yield done
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("edgespec.bench.runner.iter_bench", interrupted)
-    records, complete = command._measure(None, [], {"1": [1]}, BenchPlan(), quiet=True)
+    records, complete = command._measure(interrupted(), 1, quiet=True)
     assert (records, complete) == ([done], False)
 
 

@@ -25,6 +25,7 @@ MUST_HAVE = (
     "edgespec/cli.py",
     "edgespec/commands/distill.py",
     "edgespec/data/bench_prompts.jsonl",
+    "edgespec/data/context/drafting.md",  # bench --context's documents
     "edgespec/distill/lexicon.json",
     "edgespec/tui/app.py",
     "edgespec/models/catalog.json",
