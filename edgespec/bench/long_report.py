@@ -13,9 +13,11 @@ from edgespec.bench.records import (
     VariantSummary,
     aggregate,
     by_context,
+    fmt,
     position_spans,
+    speedup_text,
+    summary_json,
 )
-from edgespec.bench.report import _fmt, _speedup, _summary_json  # report imports this lazily
 from edgespec.bench.runner import BenchResult
 
 
@@ -31,7 +33,7 @@ def contexts_json(result: BenchResult) -> list[dict[str, Any]]:
                     "k": v.k,
                     "temp": v.temp,
                     "label": v.label,
-                    "overall": _summary_json(v.overall),
+                    "overall": summary_json(v.overall),
                 }
                 for v in vs
             ],
@@ -91,12 +93,12 @@ def context_rows(contexts: dict[int, list[VariantSummary]]) -> list[list[str]]:
                 [
                     context_label(n),
                     v.label,
-                    _fmt(s.tokens_per_s, ".1f"),
-                    _speedup(s),
-                    _fmt(s.tau, ".2f"),
-                    _fmt(s.c, ".2f"),
-                    _fmt(s.v, ".2f"),
-                    _fmt(s.ttft, ".2f"),
+                    fmt(s.tokens_per_s, ".1f"),
+                    speedup_text(s),
+                    fmt(s.tau, ".2f"),
+                    fmt(s.c, ".2f"),
+                    fmt(s.v, ".2f"),
+                    fmt(s.ttft, ".2f"),
                     f"{s.peak_memory_mb:.0f}",
                 ]
             )
@@ -139,7 +141,7 @@ def markdown_sections(result: BenchResult) -> list[str]:
         out += ["", f"## By answer position (spans of {result.settings['position_width']} tokens)"]
         out += ["", "tau (acceptance) per span, from the answer's start:", ""]
         for v, ss in spans:
-            cells = [f"{_fmt(s.tau, '.2f')} ({_fmt(s.acceptance, '.2f')})" for s in ss]
+            cells = [f"{fmt(s.tau, '.2f')} ({fmt(s.acceptance, '.2f')})" for s in ss]
             out.append(f"- {v.label}: " + " ".join(cells))
     return out
 

@@ -358,3 +358,24 @@ def by_context(records: Sequence[RunRecord]) -> dict[int, list[VariantSummary]]:
         )
         for n in lengths
     }
+
+
+def summary_json(s: Summary) -> dict[str, Any]:
+    d = asdict(s)
+    d["accepted_hist"] = list(s.accepted_hist)
+    d["position_acceptance"] = list(s.position_acceptance)
+    d["mismatched_prompts"] = list(s.mismatched_prompts)
+    return d
+
+
+def fmt(x: float | int | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def speedup_text(s: Summary) -> str:
+    if s.speedup_vs_plain is None:
+        return "-"
+    text = f"{s.speedup_vs_plain:.2f}x"
+    if s.speedup_min is not None and s.speedup_max is not None and s.speedup_min != s.speedup_max:
+        text += f" [{s.speedup_min:.2f}-{s.speedup_max:.2f}]"
+    return text

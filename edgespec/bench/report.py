@@ -27,19 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.bench.plan import TOKEN_METHODS
-from edgespec.bench.records import PLAIN, Summary, VariantSummary
+from edgespec.bench.records import PLAIN, Summary, VariantSummary, fmt, speedup_text, summary_json
 from edgespec.bench.runner import BenchResult
 from edgespec.metrics import predicted_speedup, verify_cost_line
 
 SCHEMA_VERSION = 1
-
-
-def _summary_json(s: Summary) -> dict[str, Any]:
-    d = asdict(s)
-    d["accepted_hist"] = list(s.accepted_hist)
-    d["position_acceptance"] = list(s.position_acceptance)
-    d["mismatched_prompts"] = list(s.mismatched_prompts)
-    return d
 
 
 def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dict[str, Any]:
@@ -59,8 +51,8 @@ def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dic
                 "k": v.k,
                 "temp": v.temp,
                 "label": v.label,
-                "overall": _summary_json(v.overall),
-                "categories": {c: _summary_json(s) for c, s in v.by_category.items()},
+                "overall": summary_json(v.overall),
+                "categories": {c: summary_json(s) for c, s in v.by_category.items()},
             }
             for v in variants
         ],
@@ -71,19 +63,6 @@ def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dic
         "positions": positions_json(result),
         "runs": [r.to_json() for r in result.records],
     }
-
-
-def _fmt(x: float | int | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _speedup(s: Summary) -> str:
-    if s.speedup_vs_plain is None:
-        return "-"
-    text = f"{s.speedup_vs_plain:.2f}x"
-    if s.speedup_min is not None and s.speedup_max is not None and s.speedup_min != s.speedup_max:
-        text += f" [{s.speedup_min:.2f}-{s.speedup_max:.2f}]"
-    return text
 
 
 COLUMNS = (
@@ -111,17 +90,17 @@ def _row(label: str, category: str, s: Summary) -> list[str]:
         label,
         category,
         str(s.runs),
-        _fmt(s.tokens_per_s, ".1f"),
-        _speedup(s),
-        _fmt(s.predicted_speedup, ".2f"),
-        _fmt(s.ttft and s.ttft * ms, ".0f"),
-        _fmt(s.tpot and s.tpot * ms, ".1f"),
-        _fmt(s.tau, ".2f"),
-        _fmt(s.alpha, ".2f"),
-        _fmt(s.c, ".2f"),
-        _fmt(s.v, ".2f"),
-        _fmt(s.overhead and 100 * s.overhead, ".1f"),
-        _fmt(s.mismatches, "d"),
+        fmt(s.tokens_per_s, ".1f"),
+        speedup_text(s),
+        fmt(s.predicted_speedup, ".2f"),
+        fmt(s.ttft and s.ttft * ms, ".0f"),
+        fmt(s.tpot and s.tpot * ms, ".1f"),
+        fmt(s.tau, ".2f"),
+        fmt(s.alpha, ".2f"),
+        fmt(s.c, ".2f"),
+        fmt(s.v, ".2f"),
+        fmt(s.overhead and 100 * s.overhead, ".1f"),
+        fmt(s.mismatches, "d"),
         f"{s.peak_memory_mb:.0f}",
     ]
 
@@ -184,7 +163,7 @@ def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> 
         out.append(
             f"- {n.method} K={n.k} prompt {n.prompt_id} ({n.category}, repeat {n.repeat}): first "
             f"difference at token {n.position} ({n.plain_token} vs {n.other_token}), target "
-            f"logit gap {_fmt(n.logit_gap, '.2e')}: {why}"
+            f"logit gap {fmt(n.logit_gap, '.2e')}: {why}"
         )
     out += position_lines(variants)
     out += markdown_sections(result)
@@ -196,7 +175,7 @@ def position_lines(variants: Sequence[VariantSummary]) -> list[str]:
     """results.md's per-position acceptance, one line per variant that drafted: position i's
     acceptance given positions < i accepted, e.g. '- block K=4 T=0: 0.71 0.55 0.40 -'."""
     lines = [
-        f"- {v.label}: " + " ".join(_fmt(a, ".2f") for a in v.overall.position_acceptance)
+        f"- {v.label}: " + " ".join(fmt(a, ".2f") for a in v.overall.position_acceptance)
         for v in variants
         if v.overall.position_acceptance
     ]
@@ -329,7 +308,7 @@ def plot_landscape(variants: Sequence[VariantSummary], out: Path) -> Path | None
             markeredgecolor="black",
             markersize=8,
             linestyle="none",
-            label=f"{v.label}: {_fmt(s.speedup_vs_plain, '.2f')}x",
+            label=f"{v.label}: {fmt(s.speedup_vs_plain, '.2f')}x",
         )
     ax.set_xlabel("alpha (per-token acceptance)")
     ax.set_ylabel("K (drafts per round)")
