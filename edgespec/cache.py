@@ -123,13 +123,14 @@ def quantized(new_cache: CacheFactory, bits: int | None) -> CacheFactory:
     values are quantized on their own as they are written, so a trimmed cache holds exactly what
     it held before (a rewind is a trim, as for KVCache), and a draft's attention bound
     (Bound.windowed) leaves these layers as they are: a quantized draft is never bounded."""
-    if check_kv_bits(bits) is None:
+    kv_bits = check_kv_bits(bits)
+    if kv_bits is None:
         return new_cache
 
     def new_quantized_cache(model: Any) -> list[Any]:
         group = kv_group_size(model)
         return [
-            QuantizedKVCache(group_size=group, bits=bits) if type(layer) is KVCache else layer
+            QuantizedKVCache(group_size=group, bits=kv_bits) if type(layer) is KVCache else layer
             for layer in new_cache(model)
         ]
 

@@ -111,7 +111,7 @@ def masked_attention(
     return (weights @ values).reshape(b, h, length, d)
 
 
-def dequantized(packed: tuple[mx.array, ...], cache: Any) -> mx.array:
+def dequantized(packed: Any, cache: Any) -> mx.array:
     """A quantized cache's keys or values (mlx-lm's QuantizedKVCache: packed, scales, biases)
     in floats. The twin attends over them as over a full cache's, grouped for short multi-token
     forwards: mlx-lm's own quantized attention multiplies by the packed values with
@@ -120,7 +120,8 @@ def dequantized(packed: tuple[mx.array, ...], cache: Any) -> mx.array:
     plain decoding's on the same cache (it did on SmolLM2-135M). Each position dequantizes to
     the same floats whatever the forward, so the cache's setting is the only thing that changes
     the output. It costs one layer's keys and values in floats during the attention."""
-    return mx.dequantize(*packed, group_size=cache.group_size, bits=cache.bits)
+    weights, scales, biases = packed
+    return mx.dequantize(weights, scales, biases, group_size=cache.group_size, bits=cache.bits)
 
 
 def grouped_sdpa(original: Callable[..., mx.array], masks: Masks) -> Callable[..., mx.array]:
