@@ -139,3 +139,30 @@ def test_the_cli_refuses_kv_bits_with_trees_before_loading(pair):
             "edgespec generate: error: --kv-bits: draft trees need full-precision KV caches; "
             "leave out --tree or --kv-bits"
         ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_embedded_pair_with_quantized_kv_caches_keeps_greedy_output(bits):
+    """SmolLM2-135M-Instruct and its draft, 64 tokens: speculative output equals plain decoding
+    with the same kv_bits. Under a BLAS whose verify rows do not keep one-token steps' bits (MKL
+    on AMD), a quantized cache turns their last-digit differences into whole quantization steps,
+    so near-ties flip more often there (docs/measurements/2026-11-28-kv-bits.md)."""
+    from edgespec.cpu import blas
+    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.status import model_status
+
+    if not blas.rows_exact():
+        pytest.skip(f"{blas.active()}: verify rows are not bit-exact here")
+    name = load_catalog().pair().target
+    if not model_status(name, load_catalog()).present:
+        pytest.skip(f"{name} is not on this machine (edgespec pull)")
+    engine = Engine.load(kv_bits=bits)
+    ids = engine.encode_chat([{"role": "user", "content": "Why is the sky blue? Explain."}])
+    plain = plain_ids(engine, ids, 64)
+    assert _layers(engine._target) == {(QuantizedKVCache, bits)}
+    for spec in (SpecConfig(k=4, method="draft"), SpecConfig(method="hybrid", adaptive=True)):
+        engine.reset()
+        events = gen(engine, ids, spec, 64)
+        assert token_ids(events) == plain and len(plain) == 64
+        assert any(r.accepted < r.drafted for r in rounds_of(events))
