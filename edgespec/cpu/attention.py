@@ -111,23 +111,9 @@ def masked_attention(
     return (weights @ values).reshape(b, h, length, d)
 
 
-def dequantized(packed: Any, cache: Any) -> mx.array:
-    """A quantized cache's keys or values (mlx-lm's QuantizedKVCache: packed, scales, biases)
-    in floats. The twin attends over them as over a full cache's, grouped for short multi-token
-    forwards: mlx-lm's own quantized attention multiplies by the packed values with
-    `mx.quantized_matmul`, whose one-row and multi-row products round differently, so a
-    verify's rows would not keep the bits of one-token steps and greedy output could differ from
-    plain decoding's on the same cache (it did on SmolLM2-135M). Each position dequantizes to
-    the same floats whatever the forward, so the cache's setting is the only thing that changes
-    the output. It costs one layer's keys and values in floats during the attention."""
-    weights, scales, biases = packed
-    return mx.dequantize(weights, scales, biases, group_size=cache.group_size, bits=cache.bits)
-
-
 def grouped_sdpa(original: Callable[..., mx.array], masks: Masks) -> Callable[..., mx.array]:
     """mlx-lm's `scaled_dot_product_attention` (`original`, same signature) that takes the grouped
-    path for a marked cache's forwards of 2..MAX_ROWS rows with no mask or a causal one, and
-    attends over a quantized cache's `dequantized` keys and values (grouped alike)."""
+    path for a marked cache's forwards of 2..MAX_ROWS rows with no mask or a causal one."""
 
     def scaled_dot_product_attention(
         queries: mx.array,
@@ -139,12 +125,8 @@ def grouped_sdpa(original: Callable[..., mx.array], masks: Masks) -> Callable[..
         sinks: Any = None,
     ) -> mx.array:
         length = queries.shape[2]
-        marked = getattr(cache, FLAG, False)
-        if hasattr(cache, "bits"):  # a quantized cache (cache.quantized): see `dequantized`
-            keys, values = dequantized(keys, cache), dequantized(values, cache)
-            cache, marked = None, True
         if (
-            marked
+            getattr(cache, FLAG, False)
             and 1 < length <= MAX_ROWS
             and sinks is None
             and (mask is None or (isinstance(mask, str) and mask == "causal"))
