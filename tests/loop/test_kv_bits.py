@@ -166,3 +166,26 @@ def test_the_embedded_pair_with_quantized_kv_caches_keeps_greedy_output(bits):
         events = gen(engine, ids, spec, 64)
         assert token_ids(events) == plain and len(plain) == 64
         assert any(r.accepted < r.drafted for r in rounds_of(events))
+
+
+def test_bench_refuses_kv_bits_with_tree_and_mlx_lm_methods_before_loading():
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec",
+            "bench",
+            "--kv-bits",
+            "4",
+            "--methods",
+            "plain,tree,mlx-lm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "edgespec bench: error: --kv-bits: tree, mlx-lm cannot run on quantized KV caches; drop "
+        "them or --kv-bits"
+    ]
