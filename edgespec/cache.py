@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from edgespec.config import MIN_DRAFT_WINDOW
-from edgespec.errors import CacheNotTrimmableError
+from edgespec.config import KV_BITS, MIN_DRAFT_WINDOW
+from edgespec.errors import CacheNotTrimmableError, ConfigError
 from edgespec.rewind import DEPTH, REFEED, Rewinder, WindowKVCache, rewindable
 from edgespec.sampling import Softmax
 
@@ -94,6 +94,48 @@ class Bound:
             else layer
             for layer in layers
         ]
+
+
+def kv_group_size(model: Any) -> int:
+    """The quantization group of `model`'s keys and values in a quantized cache: 64 positions of
+    a head's vector where its size allows (mlx-lm's default), else 32; ConfigError for a head
+    size MLX cannot quantize (not a multiple of 32)."""
+    args = text_model(model).args
+    head = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
+    group = next((g for g in (64, 32) if head % g == 0), None)
+    if group is None:
+        raise ConfigError(
+            f"--kv-bits: the model's attention heads ({head} wide) cannot be quantized"
+        )
+    return group
+
+
+def check_kv_bits(bits: int | None) -> int | None:
+    """`bits` if it is None, 8 or 4; ConfigError otherwise (in one line)."""
+    if bits is not None and bits not in KV_BITS:
+        raise ConfigError(f"--kv-bits must be 8 or 4, got {bits}")
+    return bits
+
+
+def quantized(new_cache: CacheFactory, bits: int | None) -> CacheFactory:
+    """`new_cache` whose full-attention layers (plain KVCache) are mlx-lm's QuantizedKVCache of
+    `bits` (8 or 4) instead; `new_cache` itself for None. Other layers (sliding windows,
+    recurrent) keep their own kinds: mlx-lm quantizes only full ones. Each position's keys and
+    values are quantized on their own as they are written, so a trimmed cache holds exactly what
+    it held before (a rewind is a trim, as for KVCache), and a draft's attention bound
+    (Bound.windowed) leaves these layers as they are: a quantized draft is never bounded."""
+    kv_bits = check_kv_bits(bits)
+    if kv_bits is None:
+        return new_cache
+
+    def new_quantized_cache(model: Any) -> list[Any]:
+        group = kv_group_size(model)
+        return [
+            QuantizedKVCache(group_size=group, bits=kv_bits) if type(layer) is KVCache else layer
+            for layer in new_cache(model)
+        ]
+
+    return new_quantized_cache
 
 
 def check_trimmable(cache: list[Any], name: str) -> list[Any]:

@@ -18,6 +18,8 @@ MAX_K = 64
 DRAFT_WINDOW = 1024
 DRAFT_SINKS = 4
 MIN_DRAFT_WINDOW = 2 * (MAX_K + 2)  # twice what a rewind may drop (rewind.DEPTH)
+# Bits of a quantized KV cache (Engine kv_bits, --kv-bits; edgespec/cache.py quantized).
+KV_BITS = (8, 4)
 MAX_TREE_NODES = 64  # one verify forward of a draft tree: its nodes plus the pending token
 TREE_SPECS = "'chain', a width list such as '3,2,1,1', 'dynamic', 'dynamic:NODES' or 'auto'"
 SEED_LIMIT = 2**64  # MLX keys are two uint32 words: seeds are in [0, 2**64)

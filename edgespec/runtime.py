@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 
 import edgespec.calibration as calib
-from edgespec.cache import KVState, vocab_size
+from edgespec.cache import KVState, check_kv_bits, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu.backend import CpuBackend
 from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
@@ -44,8 +44,12 @@ ProgressFn = Callable[[str, float | None], None]
 class Engine:
     """Owns both models and their prefix caches. Not thread-safe: one generation at a time."""
 
-    def __init__(self, target: Any, draft: Any | None):
+    def __init__(self, target: Any, draft: Any | None, kv_bits: int | None = None):
         self.target, self.draft = target, draft
+        # 8 or 4: the target's and a token draft's KV caches are quantized (mlx-lm's
+        # QuantizedKVCache, edgespec/cache.py quantized) in every state this engine makes; greedy
+        # output then equals plain decoding with the same setting. None: full-precision caches.
+        self.kv_bits = check_kv_bits(kv_bits)
         self.tokenizer = target.tokenizer
         self.has_draft = draft is not None
         self.name = f"{target.name} + {draft.name}" if draft is not None else str(target.name)
@@ -87,13 +91,16 @@ class Engine:
         dtype: str | None = None,
         group: Group | None = None,
         shard: str = "tensor",
+        kv_bits: int | None = None,
     ) -> Engine:
         """Load a pair (all None: the embedded default pair). with_draft=False skips the draft
         (plain decoding only). dtype: the models' float parameters (`loading.load_model`).
         group: this process's group (edgespec.distributed.group.init_group); more than one rank
         splits the target `shard` ("tensor" / "pipeline") parallel, and every rank must load and
-        generate alike. Raises ModelNotFoundError / ModelLoadError / TokenizerMismatchError /
+        generate alike. kv_bits: quantized KV caches of 8 or 4 bits (None: full precision; see
+        `Engine`); any other value is a ConfigError before anything loads. Raises ModelNotFoundError / ModelLoadError / TokenizerMismatchError /
         CacheNotTrimmableError with one-line messages."""
+        check_kv_bits(kv_bits)  # before anything loads
         t, d = load_pair(
             target,
             draft,
@@ -105,7 +112,7 @@ class Engine:
             group=group,
             shard=shard,
         )
-        engine = cls(t, d)
+        engine = cls(t, d, kv_bits)
         if group is not None:
             engine.group, engine.agreement = group, agreement_for(group)
         return engine
@@ -283,7 +290,7 @@ class Engine:
     def new_states(self) -> tuple[KVState, KVState | EagleState | None]:
         """Empty caches for both models (target, draft or None), e.g. for one more conversation
         kept aside (edgespec.server.prefix); `swap_states` installs them."""
-        return new_states(self.cpu, self.target, self.draft)
+        return new_states(self.cpu, self.target, self.draft, self.kv_bits)
 
     def swap_states(
         self, target: KVState, draft: KVState | EagleState | None

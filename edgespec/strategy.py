@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.cache import PREFILL_CHUNK, Bound, KVState
+from edgespec.cache import PREFILL_CHUNK, Bound, KVState, quantized
 from edgespec.calibration import Calibration
 from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
@@ -170,15 +170,18 @@ class RoundFactory:
 
 
 def new_states(
-    cpu: Any, target: Any, draft: Any | None
+    cpu: Any, target: Any, draft: Any | None, kv_bits: int | None = None
 ) -> tuple[KVState, KVState | EagleState | None]:
     """Empty caches for a loaded target and draft (or None), over the backend `cpu`'s twins of
     the models, its caches and sampling softmax (edgespec/cpu/backend.py): a block draft's
     BlockState, a feature draft's EagleState (the target then returns the features it reads), a
-    token draft's KVState."""
+    token draft's KVState. `kv_bits` (8 or 4): the target's and a token draft's full-attention
+    layers are quantized caches (cache.quantized); a feature or block draft keeps its own, which
+    its own attention code reads."""
     backend = (cpu.new_cache, cpu.softmax)
+    kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
     state: KVState | EagleState | None = None
-    verifier = KVState(cpu.model(target.model), f"target {target.name}", *backend)
+    verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv)
     if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
         state = BlockState(draft.model, f"draft {draft.name}", *backend)
         verifier.feature_layers = draft.model.feature_layers
@@ -186,7 +189,7 @@ def new_states(
         state = EagleState(cpu.model(draft.model), f"draft {draft.name}", *backend)
         verifier.feature_layers = draft.model.feature_layers  # what it reads
     elif draft is not None:
-        state = KVState(cpu.model(draft.model), f"draft {draft.name}", *backend)
+        state = KVState(cpu.model(draft.model), f"draft {draft.name}", *kv)
     return verifier, state
 
 

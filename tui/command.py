@@ -92,5 +92,6 @@ def _load(args: argparse.Namespace, draft: str | None, on_progress: ProgressFn) 
         pair=args.pair,
         draft_bits=args.draft_bits,
         dtype=args.dtype,
+        kv_bits=args.kv_bits,
         on_progress=on_progress,
     )

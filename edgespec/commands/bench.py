@@ -169,11 +169,27 @@ def _group_plan(args: argparse.Namespace, group: Any) -> None:
     args.quiet = args.quiet or not group.is_primary
 
 
+def _kv_plan(args: argparse.Namespace) -> None:
+    """With --kv-bits: the default methods run without mlx-lm's (it keeps its own full-precision
+    caches, so its output would differ from plain's); mlx-lm's and draft trees (which need
+    full-precision caches) are refused when asked for (ConfigError) before anything loads."""
+    if not args.kv_bits:
+        return
+    if args.methods is DEFAULT_METHODS:
+        args.methods = tuple(m for m in DEFAULT_METHODS if not m.startswith("mlx-lm"))
+    refused = [m for m in args.methods if m.startswith("mlx-lm") or "tree" in m.split("-")]
+    if refused:
+        raise ConfigError(
+            f"--kv-bits: {', '.join(refused)} cannot run on quantized KV caches; drop them or --kv-bits"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from edgespec.distributed.group import init_group
 
     group = init_group()  # None unless mlx.launch started this process
     _group_plan(args, group)
+    _kv_plan(args)
     plan = _plan(args)
     context = context_request(args)
     prompts = [] if context else load_prompts(args.prompts, args.categories, args.limit)
@@ -213,7 +229,7 @@ def _run_cold(args: argparse.Namespace, prompts: list, out: Path) -> int:
 
     methods = cold.DEFAULT_COLD if args.methods is DEFAULT_METHODS else args.methods
     model = {"target": args.target, "draft": args.draft, "pair": args.pair}
-    model |= {"draft_bits": args.draft_bits, "dtype": args.dtype}
+    model |= {"draft_bits": args.draft_bits, "dtype": args.dtype, "kv_bits": args.kv_bits}
     settings = {"max_tokens": args.max_tokens, "k": args.k[0], "temp": args.temp[0]}
     jobs = cold.plan_jobs(model, prompts, cold.check_cold_methods(methods), **settings)
     print(cold.format_summary(cold.run_cold(jobs, out, args.quiet)))
@@ -302,6 +318,7 @@ def _run(
         args.pair,
         draft_bits=args.draft_bits,
         dtype=args.dtype,
+        kv_bits=args.kv_bits,
         group=group,
         shard=args.shard,
     )
@@ -311,7 +328,7 @@ def _run(
         draft = load_token_draft(peer, engine.target, draft_bits=args.draft_bits, dtype=args.dtype)
         set_peer_draft(engine, draft)
         if token_side:  # the block draft's methods and the token draft's, side by side
-            set_token_engine(engine, Engine(engine.target, draft))
+            set_token_engine(engine, Engine(engine.target, draft, engine.kv_bits))
     check_methods(engine, plan)
     refused = refused_methods(engine, plan)
     if refused:

@@ -6,11 +6,20 @@ import argparse
 import dataclasses
 from typing import Any
 
-from edgespec.config import DRAFT_SINKS, MTP_DRAFT, GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import (
+    DRAFT_SINKS,
+    KV_BITS,
+    MTP_DRAFT,
+    GenerationConfig,
+    SamplingConfig,
+    SpecConfig,
+)
 from edgespec.errors import ConfigError
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser, *, kv_bits: bool = True) -> None:
+    """The models' options; `kv_bits`: also --kv-bits (commands that run draft trees only leave
+    it out)."""
     g = parser.add_argument_group("models")
     g.add_argument(
         "--pair", help="a named pair from `edgespec models` (default: the embedded pair)"
@@ -35,6 +44,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="both models' float weights and activations (auto: float32 on the CPU, as stored "
         "on a GPU)",
     )
+    if kv_bits:
+        g.add_argument(
+            "--kv-bits",
+            type=int,
+            choices=KV_BITS,
+            help="quantize the KV caches of the target and a token draft to 8 or 4 bits (less "
+            "memory at long contexts; output then equals plain decoding with the same setting)",
+        )
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -145,7 +162,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     method = "none" if getattr(args, "no_spec", False) else getattr(args, "method", "draft")
-    return SpecConfig(
+    spec = SpecConfig(
         k=args.k,
         method=method,
         adaptive=getattr(args, "adaptive", False),
@@ -158,6 +175,11 @@ def spec_from_args(args: argparse.Namespace) -> SpecConfig:
         tree="" if method == "none" else getattr(args, "tree", ""),
         draft_window=getattr(args, "draft_window", SpecConfig.draft_window),
     )
+    if spec.tree and getattr(args, "kv_bits", None):
+        raise ConfigError(
+            "--kv-bits: draft trees need full-precision KV caches; leave out --tree or --kv-bits"
+        )
+    return spec
 
 
 def draft_from_args(args: argparse.Namespace, spec: SpecConfig) -> str | None:

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         args.pair,
         draft_bits=args.draft_bits,
         dtype=args.dtype,
+        kv_bits=args.kv_bits,
         on_progress=_progress if primary else None,
         with_draft=with_draft,
         group=group,

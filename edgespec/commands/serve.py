@@ -223,6 +223,7 @@ def _load(args: argparse.Namespace, group: Any, draft: str | None) -> Any:
         args.pair,
         draft_bits=args.draft_bits,
         dtype=args.dtype,
+        kv_bits=args.kv_bits,
         on_progress=_progress if group is None or group.is_primary else None,
         group=group,
         shard=args.shard,

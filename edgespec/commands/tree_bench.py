@@ -23,7 +23,7 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_args(parser)
+    add_model_args(parser, kv_bits=False)
     add_sampling_args(parser)
     parser.add_argument("--depth", type=int, default=4, help="draft forwards per round (K)")
     parser.add_argument(

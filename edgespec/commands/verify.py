@@ -62,7 +62,12 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.runtime import Engine
 
     engine = Engine.load(
-        args.target, args.draft, args.pair, draft_bits=args.draft_bits, dtype=args.dtype
+        args.target,
+        args.draft,
+        args.pair,
+        draft_bits=args.draft_bits,
+        dtype=args.dtype,
+        kv_bits=args.kv_bits,
     )
     if engine.draft is None:
         raise ConfigError(f"{engine.name} has no draft model to verify; pass --draft")

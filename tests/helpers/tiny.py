@@ -136,6 +136,7 @@ def make_tiny_pair(
     draft: str = "subset",
     noise: float = 0.0,
     context: int = 512,
+    hidden: int = 64,
 ) -> tuple[Path, Path]:
     """Write `root/target` and `root/draft`; return their paths.
 
@@ -144,26 +145,27 @@ def make_tiny_pair(
     draft="random": independent weights (rarely agrees). `noise` perturbs the draft's weights.
     `context`: both models' max_position_embeddings (the engine's context window); past the
     default 512 RoPE's base grows with it (as long-context checkpoints scale theirs), so
-    positions stay apart.
+    positions stay apart. `hidden`: the models' width (4 heads; 128
+    makes heads of 32, the narrowest a quantized KV cache takes).
     """
     root = Path(root)
     tok_dir = root / "tokenizer"
     vocab = make_tokenizer(tok_dir, seed=seed)
     theta = 1e4 * max(1.0, context / 512) ** 2
-    tcfg = llama_config(vocab, target_layers, context=context, rope_theta=theta)
+    tcfg = llama_config(vocab, target_layers, hidden, context=context, rope_theta=theta)
     tw = random_llama_weights(tcfg, seed)
     target = write_model(root / "target", tcfg, tw, tok_dir)
     if draft == "self":
         dcfg, dw = tcfg, dict(tw)
     elif draft == "subset":
-        dcfg = llama_config(vocab, 1, context=context, rope_theta=theta)
+        dcfg = llama_config(vocab, 1, hidden, context=context, rope_theta=theta)
         dw = {
             k: v
             for k, v in tw.items()
             if not k.startswith("model.layers.") or k.startswith("model.layers.0.")
         }
     elif draft == "random":
-        dcfg = llama_config(vocab, 1, context=context, rope_theta=theta)
+        dcfg = llama_config(vocab, 1, hidden, context=context, rope_theta=theta)
         dw = random_llama_weights(dcfg, seed + 1000)
     else:
         raise ValueError(f"unknown draft kind {draft!r}")
