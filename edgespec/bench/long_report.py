@@ -12,6 +12,7 @@ from edgespec.bench.records import (
     PositionSpan,
     VariantSummary,
     aggregate,
+    aligned,
     by_context,
     fmt,
     position_spans,
@@ -107,17 +108,7 @@ def context_rows(contexts: dict[int, list[VariantSummary]]) -> list[list[str]]:
 
 def format_context_table(contexts: dict[int, list[VariantSummary]]) -> str:
     """The long-context mode's table: per context length and variant (all kinds together)."""
-    rows = [list(CONTEXT_COLUMNS)] + context_rows(contexts)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(CONTEXT_COLUMNS))]
-    lines = [
-        "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return aligned([list(CONTEXT_COLUMNS)] + context_rows(contexts))
 
 
 CONTEXT_NOTE = (

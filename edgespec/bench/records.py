@@ -379,3 +379,18 @@ def speedup_text(s: Summary) -> str:
     if s.speedup_min is not None and s.speedup_max is not None and s.speedup_min != s.speedup_max:
         text += f" [{s.speedup_min:.2f}-{s.speedup_max:.2f}]"
     return text
+
+
+def aligned(rows: list[list[str]]) -> str:
+    """A header row and its rows as column-aligned text: the first two columns to the left, the
+    figures to the right, a rule under the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.bench.plan import TOKEN_METHODS
-from edgespec.bench.records import PLAIN, Summary, VariantSummary, fmt, speedup_text, summary_json
+from edgespec.bench.records import (
+    PLAIN,
+    Summary,
+    VariantSummary,
+    aligned,
+    fmt,
+    speedup_text,
+    summary_json,
+)
 from edgespec.bench.runner import BenchResult
 from edgespec.metrics import predicted_speedup, verify_cost_line
 
@@ -117,17 +125,7 @@ def table_rows(variants: Sequence[VariantSummary], categories: bool = True) -> l
 
 def format_table(variants: Sequence[VariantSummary], categories: bool = True) -> str:
     """A plain-text, column-aligned table for the terminal."""
-    rows = [list(COLUMNS)] + table_rows(variants, categories)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = [
-        "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return aligned([list(COLUMNS)] + table_rows(variants, categories))
 
 
 def format_markdown(result: BenchResult, variants: Sequence[VariantSummary]) -> str:
