@@ -292,17 +292,25 @@ class AdaptiveK:
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
 
     def decide(self) -> int:
-        """The next round's K (recorded in `chosen`); PLAIN_ONLY (-1) for the plain steps that
-        time v(1) (`_time_plain`), told apart from a draft switched off (0)."""
+        """The next round's K (recorded in `chosen`). The plain steps that time v(1)
+        (`_time_plain`) are PLAIN_ONLY (-1), told apart from a draft switched off (0), except
+        for a hybrid (`model` set): there they are K = 0 rounds, whose n-gram lookups go on (a
+        lookup that hits is worth more than the timing; one that misses leaves a plain step,
+        timed like any other)."""
         if self._plain_probe > 0:
             self._plain_probe -= 1
-            self.chosen.append(PLAIN_ONLY)
-            return PLAIN_ONLY
+            return self._record(self._probe_plan())
         method = self.model or self._method
         k = self.choose(method if self._observed else None)
         if k > 0 and self._time_plain(method, k):
             self._plain_probe = PLAIN_PROBE - 1
-            k = PLAIN_ONLY
+            k = self._probe_plan()
+        return self._record(k)
+
+    def _probe_plan(self) -> int:
+        return 0 if self.model else PLAIN_ONLY
+
+    def _record(self, k: int) -> int:
         self.chosen.append(k)
         return k
 

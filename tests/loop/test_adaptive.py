@@ -361,13 +361,13 @@ def test_verify_timings_price_rounds_only_near_the_length_they_were_taken_at():
     assert policy.context == 6_003 and policy.verify_means == {3: 0.09}
 
 
-def _long_context_run(v1: float, rounds: int = 80) -> list[int]:
+def _long_context_run(v1: float, rounds: int = 80, model: str | None = None) -> list[int]:
     """AdaptiveK's choices against a machine where, at ~8K tokens, a plain step costs v1 and a
     verify of L >= 2 tokens 0.1 + 0.01 (L - 2); the draft costs 0.01 a token and each drafted
     token is accepted with probability 0.35. Plain steps are timed as plain_run times them
     (the second of a run of three)."""
     rng = np.random.default_rng(0)
-    policy = AdaptiveK(k_init=2, k_max=6)
+    policy = AdaptiveK(k_init=2, k_max=6, model=model)
     policy.seed({"draft": 0.01}, {2: 0.05, 3: 0.055})  # calibrated at a short context
     context, k, plain_run = 8_000, policy(None), 0
     for i in range(rounds):
@@ -392,3 +392,6 @@ def test_adaptive_k_times_a_plain_step_at_a_long_context_and_stops_a_draft_that_
     assert chosen[-20:].count(0) >= 15  # ... and plain decoding chosen from then on (probes apart)
     # Where a plain step costs what the verifies suggest, the draft pays and stays on.
     assert 0 not in _long_context_run(v1=0.095)
+    # A hybrid's plain steps are K = 0 rounds, whose lookups go on: never PLAIN_ONLY.
+    hybrid = _long_context_run(v1=0.06, model="draft")
+    assert PLAIN_ONLY not in hybrid and hybrid[-20:].count(0) >= 15
