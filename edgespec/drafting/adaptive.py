@@ -29,17 +29,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edgespec.drafting.base import PLAIN_ONLY
 from edgespec.drafting.costs import (
     COST_WINDOW,
-    STALE_TOKENS,
     RecentMedian,
     best_k,
     fit_verify_line,
     verify_curve,
 )
 from edgespec.events import Round
-from edgespec.metrics import expected_tokens_per_round
 
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
 PRIOR_WEIGHT = 2.0
@@ -58,19 +55,6 @@ PROBE_MAX = 64  # longest gap between probes
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
-# While drafting, a plain step's cost v(1) is timed again once no timing of it is current: the
-# run of plain steps that times one (only a step with another queued behind it is timed,
-# rounds.plain_run) is this long. Without it v(1) was only extrapolated from the verifies at
-# long contexts, too dear, and a draft that no longer paid stayed on.
-PLAIN_PROBE = 3
-# Drafting rounds between two such timings at least (so a plain step that keeps missing its
-# timing, a run cut short by a stop, is not retried every round).
-PLAIN_PROBE_GAP = 16
-# ... and only where the choice is close enough that v(1) could swing it: drafting's predicted
-# rate under this many times the predicted plain rate. Extrapolated v(1) was up to ~2.2x too dear
-# (sampled verifies at 1K-8K tokens on a CPU: 2-token verifies cost 1.9-2.5 plain steps), so only
-# a draft predicted to beat plain by more pays whatever v(1) is.
-PLAIN_MARGIN = 2.5
 
 
 @dataclass
@@ -202,9 +186,6 @@ class AdaptiveK:
         self._on = True  # drafting is on by the policy's own choice (not a probe)
         self._probe_gap = PROBE_EVERY
         self._observed = False  # a round was observed: the first round's K is k_init
-        self.context = 0  # committed tokens after the newest observed round
-        self._plain_probe = 0  # plain steps still to run to time v(1) (PLAIN_PROBE)
-        self._since_plain_probe = PLAIN_PROBE_GAP  # drafting rounds since the last such run
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -222,10 +203,8 @@ class AdaptiveK:
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
         self._observed = True
-        self.context = max(self.context, r.context + r.accepted + 1)
         if r.drafted > 0:
             self._method = r.method
-            self._since_plain_probe += 1
         long = self.long_match > 0 and r.match >= self.long_match
         name = f"{r.method}-long" if long else r.method
         est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
@@ -243,14 +222,12 @@ class AdaptiveK:
             # lookups grew too long. Only their sum is known; leave both out.
             return
         length = r.drafted + 1  # the pending token + the drafts
-        self.verify_costs.setdefault(length, RecentMedian()).add(r.t_verify, r.context)
+        self.verify_costs.setdefault(length, RecentMedian()).add(r.t_verify)
 
     @property
     def verify_means(self) -> dict[int, float]:
-        """Verified tokens L -> the median of its recent verify seconds current at the context
-        length reached (`current`): timings taken at another length are left out."""
-        means = {L: m.at(self.context) for L, m in self.verify_costs.items()}
-        return {L: t for L, t in means.items() if t is not None}
+        """Verified tokens L -> the median of its recent verify seconds."""
+        return {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
 
     def _inputs(
         self, method: str | None
@@ -292,51 +269,11 @@ class AdaptiveK:
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
 
     def decide(self) -> int:
-        """The next round's K (recorded in `chosen`). The plain steps that time v(1)
-        (`_time_plain`) are PLAIN_ONLY (-1), told apart from a draft switched off (0), except
-        for a hybrid (`model` set): there they are K = 0 rounds, whose n-gram lookups go on (a
-        lookup that hits is worth more than the timing; one that misses leaves a plain step,
-        timed like any other)."""
-        if self._plain_probe > 0:
-            self._plain_probe -= 1
-            return self._record(self._probe_plan())
+        """The next round's K (recorded in `chosen`)."""
         method = self.model or self._method
         k = self.choose(method if self._observed else None)
-        if k > 0 and self._time_plain(method, k):
-            self._plain_probe = PLAIN_PROBE - 1
-            k = self._probe_plan()
-        return self._record(k)
-
-    def _probe_plan(self) -> int:
-        return 0 if self.model else PLAIN_ONLY
-
-    def _record(self, k: int) -> int:
         self.chosen.append(k)
         return k
-
-    def _time_plain(self, method: str | None, k: int) -> bool:
-        """Whether to run plain steps now to time v(1), with K = k chosen: past STALE_TOKENS of
-        context (shorter ones keep the calibrated prior slope), no timing of a plain step is
-        current at this length (`verify_means`, so v(1) is extrapolated from the verifies), the
-        choice is close (PLAIN_MARGIN), the draft's cost rests on OFF_AFTER timings, and
-        PLAIN_PROBE_GAP drafting rounds passed since the last try. Every cost the choice
-        compares is then measured at this length."""
-        if not self.allow_plain or self._since_plain_probe < PLAIN_PROBE_GAP:
-            return False
-        if self.context <= STALE_TOKENS:  # short contexts: the prior slope holds (calibrated)
-            return False
-        args = self._inputs(method)
-        if args is None or 1 in self.verify_means:
-            return False
-        est = self.estimates[method]  # type: ignore[index]
-        if est.timings < OFF_AFTER:
-            return False
-        alpha, cost, verify, _ = args
-        tokens = est.expected(k) if est.per_round else expected_tokens_per_round(alpha, k)
-        if tokens / (k * cost + verify(k + 1)) >= PLAIN_MARGIN / verify(1):
-            return False
-        self._since_plain_probe = 0
-        return True
 
     def __call__(self, last: Round | None) -> int:
         if last is not None:

@@ -1,7 +1,6 @@
-"""The cost side of choosing K: timings kept as recent medians, each with the context length it was
-taken at (a timing prices rounds only near that length), the verify cost v(L) as measured points
-and a fitted line, and the choice itself (best_k): the K that maximises expected tokens per
-second. AdaptiveK (drafting/adaptive.py) and the tree policies (trees/policy.py) share them.
+"""The cost side of choosing K: timings kept as recent medians, the verify cost v(L) as measured
+points and a fitted line, and the choice itself (best_k): the K that maximises expected tokens
+per second. AdaptiveK (drafting/adaptive.py) and the tree policies (trees/policy.py) share them.
 """
 
 from __future__ import annotations
@@ -16,17 +15,6 @@ COST_WINDOW = 5  # timings per cost estimate (their median): a single stall neve
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L
 # have been measured. On a CPU an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
 PRIOR_VERIFY_SLOPE = 0.1
-# A verify timing prices rounds while the context is within this many tokens of the length it
-# was measured at, or an eighth of that length, whichever is more: a forward's attention grows
-# with the context (on a CPU a verify of 5 tokens cost 1.03 plain steps at 1K tokens and 1.36 at
-# 6K), so costs measured at another length mislead, in both directions.
-STALE_TOKENS = 256
-
-
-def current(measured_at: int, context: int) -> bool:
-    """Whether a timing taken at context length `measured_at` prices rounds at `context`
-    (STALE_TOKENS). Example: 1000 at 1200 -> True; 1000 at 8000 -> False; 7500 at 8000 -> True."""
-    return abs(context - measured_at) <= max(STALE_TOKENS, context // 8)
 
 
 def best_k(
@@ -116,22 +104,14 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
 
 
 class RecentMedian:
-    """The median of the last COST_WINDOW timings (None before the first), each with the context
-    length it was taken at (`at`: the median of those current at a length)."""
+    """The median of the last COST_WINDOW timings (None before the first)."""
 
     def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=COST_WINDOW)
-        self.contexts: deque[int] = deque(maxlen=COST_WINDOW)
 
-    def add(self, seconds: float, context: int = 0) -> None:
+    def add(self, seconds: float) -> None:
         self.samples.append(seconds)
-        self.contexts.append(context)
 
     @property
     def value(self) -> float | None:
         return statistics.median(self.samples) if self.samples else None
-
-    def at(self, context: int) -> float | None:
-        """The median of the timings current at `context` (`current`), None without one."""
-        kept = [s for s, c in zip(self.samples, self.contexts, strict=True) if current(c, context)]
-        return statistics.median(kept) if kept else None

@@ -9,8 +9,7 @@ import pytest
 
 from edgespec.config import SpecConfig
 from edgespec.drafting.adaptive import TIE_TOLERANCE, AdaptiveK, DrafterEstimate
-from edgespec.drafting.base import PLAIN_ONLY
-from edgespec.drafting.costs import best_k, current, fit_verify_line, verify_curve
+from edgespec.drafting.costs import best_k, fit_verify_line, verify_curve
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
 from tests.helpers import PROMPT, gen, rounds_of
@@ -345,53 +344,3 @@ def test_seeded_costs_are_used_from_the_first_round() -> None:
     # The shortest round; not K = 0 on one timing (a saved one is a timing like the others).
     assert policy.choose("draft") == 1
     assert AdaptiveK(4, 8).choose("draft") == 4  # unseeded: k_init until both were timed
-
-
-# ------------------------------------------------------------- costs at the context's length
-
-
-def test_verify_timings_price_rounds_only_near_the_length_they_were_taken_at():
-    assert current(1000, 1200) and current(7500, 8000) and not current(1000, 8000)
-    policy = AdaptiveK(k_init=2, k_max=4)
-    policy.seed({"draft": 0.01}, {1: 0.05, 3: 0.06})  # a calibration: a short context
-    assert policy.verify_means == {1: 0.05, 3: 0.06}
-    r = Round(0, 2, 2, 2, 0.02, 0.09, "draft", context=6_000)
-    policy.observe(r)
-    # At 6K tokens the short-context timings no longer price anything: only the new one does.
-    assert policy.context == 6_003 and policy.verify_means == {3: 0.09}
-
-
-def _long_context_run(v1: float, rounds: int = 80, model: str | None = None) -> list[int]:
-    """AdaptiveK's choices against a machine where, at ~8K tokens, a plain step costs v1 and a
-    verify of L >= 2 tokens 0.1 + 0.01 (L - 2); the draft costs 0.01 a token and each drafted
-    token is accepted with probability 0.35. Plain steps are timed as plain_run times them
-    (the second of a run of three)."""
-    rng = np.random.default_rng(0)
-    policy = AdaptiveK(k_init=2, k_max=6, model=model)
-    policy.seed({"draft": 0.01}, {2: 0.05, 3: 0.055})  # calibrated at a short context
-    context, k, plain_run = 8_000, policy(None), 0
-    for i in range(rounds):
-        if k > 0:
-            acc = next((j for j in range(k) if rng.random() > 0.35), k)
-            r = Round(i, k, acc, k, 0.01 * k, 0.1 + 0.01 * (k - 1), "draft", context=context)
-            context, plain_run = context + acc + 1, 0
-        else:
-            plain_run += 1
-            r = Round(i, 0, 0, 0, 0.0, v1, "draft", timed=plain_run == 2, context=context)
-            context += 1
-        k = policy(r)
-    return policy.chosen
-
-
-def test_adaptive_k_times_a_plain_step_at_a_long_context_and_stops_a_draft_that_no_longer_pays():
-    # A 1-token step at 0.06 s against drafting's best ~1.35 tokens per 0.12 s: plain pays
-    # (16.7 against 11.3 tokens/s). Extrapolated from the verifies, v(1) looked like 0.09 s
-    # and the draft stayed on for good; timed, it is switched off.
-    chosen = _long_context_run(v1=0.06)
-    assert PLAIN_ONLY in chosen  # v(1) was timed ...
-    assert chosen[-20:].count(0) >= 15  # ... and plain decoding chosen from then on (probes apart)
-    # Where a plain step costs what the verifies suggest, the draft pays and stays on.
-    assert 0 not in _long_context_run(v1=0.095)
-    # A hybrid's plain steps are K = 0 rounds, whose lookups go on: never PLAIN_ONLY.
-    hybrid = _long_context_run(v1=0.06, model="draft")
-    assert PLAIN_ONLY not in hybrid and hybrid[-20:].count(0) >= 15
