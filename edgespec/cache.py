@@ -53,9 +53,9 @@ def vocab_size(model: Any) -> int:
 
 @dataclass(frozen=True)
 class Bound:
-    """A draft's attention bound: past `after` tokens of context, each of its positions attends
+    """A draft's attention bound: past `start` tokens of context, each of its positions attends
     to the first `sinks` positions and the last `window` ones, not to the whole context, so a draft
-    step costs the same at 32K tokens as at `after`. Only drafts are bounded: the target verifies
+    step costs the same at 32K tokens as at `start`. Only drafts are bounded: the target verifies
     every token over the whole context, so output is unchanged whatever the draft reads
     (docs/drafting.md). Shorter contexts keep the draft's own full cache (and every path that
     needs one: a server's copied prefixes, draft trees).
@@ -68,10 +68,9 @@ class Bound:
 
     window: int
     sinks: int = 4
-    after: int = 0  # context length past which the bound is on (0: READ_WINDOWS windows)
 
     def __post_init__(self) -> None:
-        if self.window < MIN_DRAFT_WINDOW or not 0 <= self.sinks < self.window or self.after < 0:
+        if self.window < MIN_DRAFT_WINDOW or not 0 <= self.sinks < self.window:
             raise ValueError(
                 f"a draft window needs >= {MIN_DRAFT_WINDOW} positions and 0 <= sinks < window, "
                 f"got window {self.window}, sinks {self.sinks}"
@@ -79,8 +78,8 @@ class Bound:
 
     @property
     def start(self) -> int:
-        """The context length past which the bound is on."""
-        return self.after or READ_WINDOWS * self.window
+        """The context length past which the bound is on: READ_WINDOWS windows."""
+        return READ_WINDOWS * self.window
 
     def windowed(self, layers: list[Any]) -> list[Any] | None:
         """`layers` with each full-attention layer (a KVCache) turned into a window cache of this
@@ -371,9 +370,8 @@ class KVState:
         if (layers := bound.windowed(self.cache)) is not None:
             self.cache = layers
             self.layers = Rewinder(self.cache)
-        window = self.layers.bound
         reach = READ_WINDOWS * bound.window
-        if window is None or len(context) - self.offset <= reach + bound.sinks:
+        if not self.layers.all_windows or len(context) - self.offset <= reach + bound.sinks:
             return self.offset
         if self.offset < bound.sinks:  # the sinks are read first, once
             self.forward(mx.array(context[self.offset : bound.sinks], dtype=mx.int32))

@@ -166,7 +166,7 @@ class WindowKVCache(_BaseCache):
 
     def skip(self, to: int) -> None:
         """Jump to position `to` without the positions before it: a bounded draft's catch-up
-        (cache.KVState.skip_unread), whose later queries never attend to them. The sinks stay;
+        (cache.KVState.catch_up), whose later queries never attend to them. The sinks stay;
         they must be held already (offset >= sinks)."""
         if to <= self.offset:
             return
@@ -310,12 +310,10 @@ class Rewinder:
         self.fed += length
 
     @property
-    def bound(self) -> WindowKVCache | None:
-        """The first layer's window where every layer is a window cache with sinks or not (a
-        bounded draft's cache, cache.Bound), else None: only then may the cache `skip`."""
-        if self.windows and len(self.windows) == len(self.layers):
-            return self.windows[0]
-        return None
+    def all_windows(self) -> bool:
+        """Whether every layer is a window cache (a bounded draft's, cache.Bound): only then may
+        the cache `skip`."""
+        return bool(self.windows) and len(self.windows) == len(self.layers)
 
     def skip(self, to: int) -> None:
         """Jump every (window) layer to position `to` without computing the positions between
