@@ -7,17 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgespec.bench.formats import aligned, fmt, speedup_text, variant_json
 from edgespec.bench.records import (
     PLAIN,
     PositionSpan,
     VariantSummary,
     aggregate,
-    aligned,
     by_context,
-    fmt,
     position_spans,
-    speedup_text,
-    summary_json,
 )
 from edgespec.bench.runner import BenchResult
 
@@ -28,16 +25,7 @@ def contexts_json(result: BenchResult) -> list[dict[str, Any]]:
         {
             "context": n,
             "label": context_label(n),
-            "methods": [
-                {
-                    "method": v.method,
-                    "k": v.k,
-                    "temp": v.temp,
-                    "label": v.label,
-                    "overall": summary_json(v.overall),
-                }
-                for v in vs
-            ],
+            "methods": [variant_json(v) for v in vs],
         }
         for n, vs in by_context(result.records).items()
     ]

@@ -358,39 +358,3 @@ def by_context(records: Sequence[RunRecord]) -> dict[int, list[VariantSummary]]:
         )
         for n in lengths
     }
-
-
-def summary_json(s: Summary) -> dict[str, Any]:
-    d = asdict(s)
-    d["accepted_hist"] = list(s.accepted_hist)
-    d["position_acceptance"] = list(s.position_acceptance)
-    d["mismatched_prompts"] = list(s.mismatched_prompts)
-    return d
-
-
-def fmt(x: float | int | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def speedup_text(s: Summary) -> str:
-    if s.speedup_vs_plain is None:
-        return "-"
-    text = f"{s.speedup_vs_plain:.2f}x"
-    if s.speedup_min is not None and s.speedup_max is not None and s.speedup_min != s.speedup_max:
-        text += f" [{s.speedup_min:.2f}-{s.speedup_max:.2f}]"
-    return text
-
-
-def aligned(rows: list[list[str]]) -> str:
-    """A header row and its rows as column-aligned text: the first two columns to the left, the
-    figures to the right, a rule under the header."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

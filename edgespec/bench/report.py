@@ -26,15 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edgespec.bench.formats import aligned, fmt, speedup_text, summary_json, variant_json
 from edgespec.bench.plan import TOKEN_METHODS
 from edgespec.bench.records import (
     PLAIN,
     Summary,
     VariantSummary,
-    aligned,
-    fmt,
-    speedup_text,
-    summary_json,
 )
 from edgespec.bench.runner import BenchResult
 from edgespec.metrics import predicted_speedup, verify_cost_line
@@ -55,11 +52,7 @@ def results_json(result: BenchResult, variants: Sequence[VariantSummary]) -> dic
         "settings": result.settings,
         "methods": [
             {
-                "method": v.method,
-                "k": v.k,
-                "temp": v.temp,
-                "label": v.label,
-                "overall": summary_json(v.overall),
+                **variant_json(v),
                 "categories": {c: summary_json(s) for c, s in v.by_category.items()},
             }
             for v in variants
