@@ -49,6 +49,8 @@ def pair_rows() -> list[dict[str, Any]]:
                 "present": st.present,
                 "path": str(st.path) if st.path else None,
                 "size_bytes": st.size_bytes,
+                "revision": st.revision,
+                "pinned_by": st.pinned_by,
             }
         rows.append(row)
     return rows
@@ -64,24 +66,34 @@ def _cell(m: dict[str, Any], role: str) -> str:
     return "not downloaded"
 
 
+def _rev(m: dict[str, Any]) -> str:
+    """'4dcb3d101c2a (catalogue)', '… (lock)', a wheel's source, or '-'."""
+    if m["revision"]:
+        return f"{m['revision'][:12]} ({m['pinned_by']})"
+    return "-"
+
+
 def run(args: argparse.Namespace) -> int:
     rows = pair_rows()
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
         return 0
-    header = ("PAIR", "TARGET", "CACHED", "DRAFT", "CACHED", "WHERE")
+    header = ("PAIR", "TARGET", "CACHED", "REVISION", "DRAFT", "CACHED", "REVISION", "WHERE")
     table = [header]
     for r in rows:
         name = r["pair"] + (" *" if r["default"] else "")
         t, d = r["target"], r["draft"]
         table.append(
-            (name, t["model"], _cell(t, "target"), d["model"], _cell(d, "draft"), r["platform"])
+            (name, t["model"], _cell(t, "target"), _rev(t))
+            + (d["model"], _cell(d, "draft"), _rev(d), r["platform"])
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     print(
         "\n* default pair. `edgespec pull NAME` fetches a model or a pair; WHERE=mac: 4-bit, fast on Metal."
+        "\nREVISION: the commit a hub model loads at (catalogue: pinned by EdgeSpec; lock: recorded"
+        " by the first download, moved only by `edgespec pull NAME --update`)."
     )
     return 0

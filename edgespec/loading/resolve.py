@@ -1,6 +1,7 @@
 """Resolve a model spec to a local folder. A spec is, in this order: a local folder, a local *.gguf
 file (converted once into the cache, keyed by its hash), a catalogue model name (pulled if
-needed), or a Hugging Face repo id (hub cache via snapshot_download; HF_HUB_OFFLINE respected).
+needed), or a Hugging Face repo id (the hub cache at its pinned commit, loading/hub.py;
+HF_HUB_OFFLINE respected).
 Which of these a spec is, and the refusals that need no download or conversion: loading/specs.py.
 """
 
@@ -8,35 +9,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from huggingface_hub import snapshot_download
-from huggingface_hub.constants import is_offline_mode
-from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
-
-from edgespec.errors import DownloadError, ModelLoadError, ModelNotFoundError, one_line
+from edgespec.errors import ModelLoadError
 from edgespec.files import sha256_file
 from edgespec.loading import paths
 from edgespec.loading.catalog import Catalog, load_catalog
 from edgespec.loading.gguf import convert_gguf
+from edgespec.loading.hub import fetch_snapshot
 from edgespec.loading.progress import ProgressFn, report
 from edgespec.loading.pull import pull
 from edgespec.loading.specs import spec_kind
 
-_HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
-
 
 def resolve_model(
-    spec: str, *, on_progress: ProgressFn | None = None, catalog: Catalog | None = None
+    spec: str,
+    *,
+    on_progress: ProgressFn | None = None,
+    catalog: Catalog | None = None,
+    update: bool = False,
 ) -> Path:
     """Turn a spec into a local model folder (downloading / converting once if needed); what it
-    names, or that it names nothing, is decided by `spec_kind` first (loading/specs.py)."""
+    names, or that it names nothing, is decided by `spec_kind` first (loading/specs.py). A hub
+    repo loads at its pinned commit (loading/locks.py); update=True moves an unpinned one to its
+    latest commit."""
     kind = spec_kind(spec, catalog)
     if kind == "folder":
         return Path(spec).expanduser()
     if kind == "gguf":
         return _resolve_gguf(Path(spec).expanduser(), on_progress)
     if kind == "catalogue":
-        return _resolve_catalogue(spec, catalog or load_catalog(), on_progress)
-    return _resolve_hf(spec, on_progress)
+        return _resolve_catalogue(spec, catalog or load_catalog(), on_progress, update)
+    report(on_progress, f"fetching {spec} from Hugging Face")
+    return _resolve_hf(spec, catalog, update)
 
 
 def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
@@ -52,31 +55,16 @@ def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
     return out
 
 
-def _resolve_catalogue(name: str, cat: Catalog, on_progress: ProgressFn | None) -> Path:
+def _resolve_catalogue(
+    name: str, cat: Catalog, on_progress: ProgressFn | None, update: bool
+) -> Path:
     """An in-repo folder as it is (`spec_kind` checked it exists), else pulled into the cache."""
     entry = cat.model(name)
     if entry.local is not None:
         return entry.local
-    return pull(name, on_progress=on_progress, catalog=cat)
+    return pull(name, on_progress=on_progress, catalog=cat, update=update)
 
 
-def _resolve_hf(repo: str, on_progress: ProgressFn | None) -> Path:
-    """snapshot_download from the hub cache or the network; errors become one-line typed errors."""
-    report(on_progress, f"fetching {repo} from Hugging Face")
-    offline = is_offline_mode()
-    try:
-        return Path(snapshot_download(repo, allow_patterns=_HF_PATTERNS))
-    except RepositoryNotFoundError:
-        raise ModelNotFoundError(
-            f"Hugging Face repo {repo!r} does not exist (or is private)"
-        ) from None
-    except LocalEntryNotFoundError as e:
-        if offline:
-            raise ModelNotFoundError(
-                f"{repo} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
-            ) from None
-        raise DownloadError(f"cannot download {repo} from Hugging Face: {one_line(e)}") from None
-    except KeyboardInterrupt:
-        raise DownloadError(f"download of {repo} interrupted") from None
-    except Exception as e:  # network, disk, permission
-        raise DownloadError(f"cannot download {repo} from Hugging Face: {one_line(e)}") from None
+def _resolve_hf(repo: str, cat: Catalog | None, update: bool) -> Path:
+    """The hub snapshot at the repo's pinned commit (loading/hub.py); one-line typed errors."""
+    return fetch_snapshot(repo, cat or load_catalog(), update=update)

@@ -6,11 +6,13 @@ edgespec/loading/resolve.py, which starts with `spec_kind`.
 
 from __future__ import annotations
 
+import re
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal
 
 from edgespec.config import MTP_DRAFT
-from edgespec.errors import ModelLoadError, ModelNotFoundError
+from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError
 from edgespec.loading.catalog import Catalog, is_repo_id, load_catalog
 
 SpecKind = Literal["folder", "gguf", "catalogue", "hf"]
@@ -71,6 +73,30 @@ def check_draft_available(spec: str, pair_name: str | None, cat: Catalog) -> Non
         )
 
 
+def _release(text: str) -> tuple[int, ...]:
+    """The leading release numbers of a version string ('0.31.2.dev1' -> (0, 31, 2))."""
+    return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def check_mlx_lm(pair_name: str | None, cat: Catalog, have: str | None = None) -> None:
+    """ConfigError, in one line, when the pair needs a newer mlx-lm than the installed one
+    (`min_mlx_lm` in the catalogue: the release that added its architectures). Reads the
+    installed version from the package metadata; imports nothing."""
+    need = cat.pair(pair_name).min_mlx_lm if pair_name is not None else None
+    if need is None:
+        return
+    if have is None:
+        try:
+            have = version("mlx-lm")
+        except PackageNotFoundError:
+            have = "none installed"
+    if have == "none installed" or _release(have) < _release(need):
+        raise ConfigError(
+            f"pair {pair_name!r} needs mlx-lm >= {need}; you have {have} "
+            f"(pip install -U 'mlx-lm>={need}')"
+        )
+
+
 def check_pair(
     target: str | None,
     draft: str | None,
@@ -81,9 +107,11 @@ def check_pair(
 ) -> None:
     """Refuse, as `load_pair` would with the same arguments, a pair whose target or draft cannot
     be found: an unknown pair or model name, a folder without config.json, a file that is not a
-    .gguf. Reads no weights and imports no runtime; call it before importing one."""
+    .gguf, a pair that needs a newer mlx-lm. Reads no weights and imports no runtime; call it
+    before importing one."""
     cat = catalog or load_catalog()
     target_spec, draft_spec, pair_name = pair_specs(target, draft, pair, cat)
+    check_mlx_lm(pair_name, cat)
     draft_spec = draft_spec if with_draft else None
     if draft_spec is not None:
         check_draft_available(draft_spec, pair_name, cat)

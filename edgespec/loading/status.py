@@ -3,6 +3,7 @@ in-repo folder, or a Hugging Face hub snapshot (no network is touched)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from huggingface_hub import try_to_load_from_cache
 
 from edgespec.loading import paths
 from edgespec.loading.catalog import Catalog, is_repo_id
-from edgespec.loading.pull import cached
+from edgespec.loading.locks import pin
+from edgespec.loading.pull import SOURCE_FILE, cached
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class ModelStatus:
     present: bool
     path: Path | None
     size_bytes: int
+    revision: str | None = None  # the commit it loads at (a hub repo), None if not pinned yet
+    pinned_by: str | None = None  # "catalogue", "lock" or (a pulled folder) where it came from
 
 
 def _snapshot_size(folder: Path) -> int:
@@ -29,10 +33,22 @@ def _snapshot_size(folder: Path) -> int:
     return sum(f.resolve().stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def hub_snapshot(repo: str) -> Path | None:
-    """The cached snapshot folder of `repo` in the Hugging Face hub cache, or None (offline check)."""
-    hit = try_to_load_from_cache(repo, "config.json")
+def hub_snapshot(repo: str, revision: str | None = None) -> Path | None:
+    """The cached snapshot folder of `repo` (at `revision`, else its default branch) in the
+    Hugging Face hub cache, or None (offline check)."""
+    hit = try_to_load_from_cache(repo, "config.json", revision=revision)
     return Path(hit).parent if isinstance(hit, str) else None
+
+
+def _pulled_from(folder: Path) -> tuple[str | None, str | None]:
+    """(commit, "pull") of a pulled folder fetched from the Hub; (None, "pypi:...") for a wheel."""
+    try:
+        source = str(json.loads((folder / SOURCE_FILE).read_text()).get("source", ""))
+    except (OSError, ValueError, AttributeError):
+        return None, None
+    if source.startswith("hf:") and "@" in source:
+        return source.rsplit("@", 1)[1], "pull"
+    return None, source or None
 
 
 def model_status(spec: str, cat: Catalog) -> ModelStatus:
@@ -45,8 +61,15 @@ def model_status(spec: str, cat: Catalog) -> ModelStatus:
                 spec, "local", ok, entry.local, paths.dir_size(entry.local) if ok else 0
             )
         folder = cached(spec)
-        return ModelStatus(
-            spec, "catalogue", folder is not None, folder, paths.dir_size(folder) if folder else 0
-        )
-    snap = hub_snapshot(spec) if is_repo_id(spec) else None
-    return ModelStatus(spec, "hub", snap is not None, snap, _snapshot_size(snap) if snap else 0)
+        if folder is None:
+            return ModelStatus(spec, "catalogue", False, None, 0)
+        commit, by = _pulled_from(folder)
+        return ModelStatus(spec, "catalogue", True, folder, paths.dir_size(folder), commit, by)
+    if not is_repo_id(spec):
+        return ModelStatus(spec, "hub", False, None, 0)
+    held = pin(spec, cat)
+    commit = held.commit if held is not None else None
+    snap = hub_snapshot(spec, commit)
+    size = _snapshot_size(snap) if snap else 0
+    by = held.by if held is not None else None
+    return ModelStatus(spec, "hub", snap is not None, snap, size, commit, by)
