@@ -65,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.loading.load import resolve_model
     from edgespec.loading.pull import pull
 
+    if args.quiet:  # huggingface_hub's bars too
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     cat = load_catalog()
     folder = Path(args.name).expanduser()
     if args.name not in cat.models and args.name not in cat.pairs and folder.is_dir():
