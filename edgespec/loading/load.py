@@ -53,7 +53,19 @@ def _load_weights(
     except ConfigError:  # already one line a user can act on (e.g. a draft for another target)
         raise
     except Exception as e:  # mlx / safetensors / mlx-lm raise many kinds, often multi-line
-        raise ModelLoadError(f"cannot load weights from {path}: {one_line(e)}") from None
+        raise ModelLoadError(f"cannot load weights from {path}: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    """One line that names what is wrong: the key a KeyError lacks, the parameters a
+    "Missing N parameters: / Received N parameters not in model:" message lists on its next
+    lines, else the message's first line."""
+    if isinstance(e, KeyError) and e.args:
+        return f"no {e.args[0]!r} in its config.json or weights"
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return " ".join(lines)[:300]
+    return one_line(e)
 
 
 def load_model(
