@@ -105,3 +105,41 @@ def write_mlx_community_qwen3(out: Path, tokenizer_dir: Path, vocab: int, seed: 
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (out / name).write_bytes((tokenizer_dir / name).read_bytes())
     return out
+
+
+def write_mtp_checkpoint(out: Path, family: str, seed: int = 0) -> Path:
+    """An original (unconverted) checkpoint of tiny `family` with its MTP layer, as the model
+    makers publish it: Qwen3.5 / Qwen3-Next `mtp.*` keys, DeepSeek-V3's next-n layer as layer
+    `num_hidden_layers` (in a shard of its own), GLM / MiMo's in the main file. Untrained
+    (tests/helpers/mtp_models.py make_checkpoint trains one); the layout is what is checked."""
+    import mlx.core as mx
+
+    from edgespec.drafting.nextn import NextnModel, build_head
+    from tests.helpers import mtp_models as m
+    from tests.helpers.tiny import make_tokenizer
+    from tests.helpers.tiny_arch import build, seed_weights
+
+    vocab = make_tokenizer(out / "tokenizer", seed=seed)
+    config = m.checkpoint_config(family, vocab)
+    model = build(config)
+    seed_weights(model, seed)
+    head = build_head(config)
+    seed_weights(head, seed + 1)
+    head.attach(model)
+    path = out / "checkpoint"
+    path.mkdir(parents=True)
+    if not isinstance(head, NextnModel):
+        weights = m.hf_target_weights(model) | m.hf_mtp_weights(head)
+    elif family == "deepseek_v3":
+        weights = m.hf_target_weights(model, offsets=False)
+        nextn = m.hf_nextn_weights(head, model, config)
+        mx.save_safetensors(str(path / m.NEXTN_SHARD), nextn)
+    else:
+        weights = m.hf_target_weights(model, offsets=False) | m.hf_nextn_weights(
+            head, model, config
+        )
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (path / name).write_bytes((out / "tokenizer" / name).read_bytes())
+    return path

@@ -16,9 +16,12 @@ import mlx.core as mx
 import pytest
 from huggingface_hub.utils import disable_progress_bars
 
+from edgespec.drafting.mtp import MTP_FILE, MtpModel
 from edgespec.errors import ModelLoadError
-from edgespec.loading.catalog import load_catalog
+from edgespec.loading.catalog import load_catalog, parse_catalog
 from edgespec.loading.load import load_model, load_pair
+from edgespec.loading.pull import SOURCE_FILE, pull
+from edgespec.loading.status import model_status
 from tests.helpers.block_models import write_dflash
 from tests.helpers.hub_server import StandInHub
 from tests.helpers.published import (
@@ -26,6 +29,7 @@ from tests.helpers.published import (
     QWEN3_4B_CONFIG,
     qwen3_tensor_names,
     write_mlx_community_qwen3,
+    write_mtp_checkpoint,
 )
 from tests.helpers.tiny import make_tokenizer
 
@@ -166,3 +170,39 @@ def test_a_missing_dflash_key_is_named(published, hub, tmp_path, where, key):
     with pytest.raises(ModelLoadError) as err:
         load_pair(TARGET, "z-lab/Qwen3-8B-DFlash-b16")
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_qwen3_5_original_checkpoint_with_mtp_keys_pulled_at_its_pin(hub, tmp_path):
+    """Catalogue model qwen3.5-9b-mtp is Qwen/Qwen3.5-9B, the original checkpoint with `mtp.*`
+    keys: pulled from the hub at the catalogue's commit, converted with its head kept, recorded,
+    and the pair whose draft is "mtp" loads that head."""
+    checkpoint = write_mtp_checkpoint(tmp_path / "src", "qwen3_5")
+    hub.publish("Qwen/Qwen3.5-9B", checkpoint, commit=pinned("Qwen/Qwen3.5-9B"))
+    cat = load_catalog()
+    folder = pull("qwen3.5-9b-mtp", catalog=cat, progress_bar=False)
+    assert (folder / MTP_FILE).is_file()
+    source = json.loads((folder / SOURCE_FILE).read_text())["source"]
+    assert source == f"hf:Qwen/Qwen3.5-9B@{pinned('Qwen/Qwen3.5-9B')}"
+    status = model_status("qwen3.5-9b-mtp", cat)
+    assert (status.revision, status.pinned_by) == (pinned("Qwen/Qwen3.5-9B"), "pull")
+    _, draft = load_pair(pair="qwen3.5-9b-mtp", catalog=cat)
+    assert isinstance(draft.model, MtpModel)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_next"])
+def test_other_mtp_layouts_pulled_over_the_hub(hub, tmp_path, family):
+    """DeepSeek-V3's next-n layer (its own shard) and Qwen3-Next's `mtp.*` keys: a catalogue
+    model naming such a repo is pulled, converted with the head kept and drafts with it."""
+    checkpoint = write_mtp_checkpoint(tmp_path / "src", family)
+    commit = hub.publish(f"org/Tiny-{family}", checkpoint)
+    raw = {
+        "models": {"tiny": {"license": "Apache-2.0", "hf_repo": f"org/Tiny-{family}"}},
+        "pairs": {"tiny-mtp": {"target": "tiny", "draft": "mtp"}},
+    }
+    cat = parse_catalog(raw, tmp_path)
+    folder = pull("tiny", catalog=cat, progress_bar=False)
+    assert (folder / MTP_FILE).is_file()
+    assert model_status("tiny", cat).revision == commit
+    _, draft = load_pair(pair="tiny-mtp", catalog=cat)
+    expected = "NextnModel" if family == "deepseek_v3" else "MtpModel"
+    assert draft is not None and type(draft.model).__name__ == expected
