@@ -33,9 +33,9 @@ MODES = ("cold", "warm", "app")
 # The engine methods a cold run can take (edgespec.bench.methods' names), as the chat's settings.
 COLD_METHODS: dict[str, SpecConfig] = {
     "plain": SpecConfig(method="none"),
-    "spec": SpecConfig(method="draft"),
-    "ngram": SpecConfig(method="ngram"),
-    "hybrid": SpecConfig(method="hybrid"),
+    "spec": SpecConfig(method="draft", adaptive=False),
+    "ngram": SpecConfig(method="ngram", adaptive=False),
+    "hybrid": SpecConfig(method="hybrid", adaptive=False),
     "adaptive": SpecConfig(method="draft", adaptive=True),
     "adaptive-ngram": SpecConfig(method="ngram", adaptive=True),
     "adaptive-hybrid": SpecConfig(method="hybrid", adaptive=True),

@@ -164,7 +164,9 @@ def run_pair(
     for p in prompts:
         ids = engine.encode_chat([{"role": "user", "content": p}])
         for method in ("none", "draft"):
-            cfg = GenerationConfig(greedy, SpecConfig(k=k, method=method), max_tokens)
+            cfg = GenerationConfig(
+                greedy, SpecConfig(k=k, method=method, adaptive=False), max_tokens
+            )
             runs[method].extend(e for e in engine.generate(ids, cfg) if isinstance(e, Finished))
             engine.reset()
     return runs["none"], runs["draft"]

@@ -196,7 +196,7 @@ def run_one(engine, prompt: str, k: int) -> tuple[list[int], object]:  # type: i
     from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
     from edgespec.events import Finished, Token
 
-    spec = SpecConfig(method="none") if k == 0 else SpecConfig(k=k)
+    spec = SpecConfig(method="none") if k == 0 else SpecConfig(k=k, method="draft", adaptive=False)
     cfg = GenerationConfig(SamplingConfig(temperature=0.0), spec, max_tokens=128)
     engine.reset()
     events = list(engine.chat([{"role": "user", "content": prompt}], cfg))
