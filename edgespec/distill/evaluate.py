@@ -189,11 +189,6 @@ def pooled(plain: list[Finished], spec: list[Finished]) -> dict[str, float]:
     }
 
 
-def spec_vs_plain(engine: Any, prompts: list[str], k: int, max_tokens: int) -> dict[str, float]:
-    """Plain and speculative greedy decoding, interleaved per prompt; pooled statistics."""
-    return pooled(*run_pair(engine, prompts, k, max_tokens))
-
-
 def by_category(
     categories: list[str], counts: np.ndarray, plain: list[Finished], spec: list[Finished]
 ) -> dict[str, CategoryReport]:
