@@ -169,8 +169,9 @@ def test_training_time_test_loss_goes_down(tiny, items, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2])
 def test_shipped_eagle3_pair_keeps_greedy_output_and_reads_three_layers(k):
-    """models/smollm2-135m-eagle3 through the catalogue pair: the verify returns layers 2, 15 and
-    the top, and greedy output on the project's own prompts is plain decoding's."""
+    """research/recipes/smollm2-135m-eagle3 through the catalogue pair: the verify returns
+    layers 2, 15 and the top, and greedy output on the project's own prompts is plain
+    decoding's."""
     from tests.helpers.pair import assert_greedy_speculative_equals_plain
 
     engine = Engine.load(pair="smollm2-135m-eagle3")

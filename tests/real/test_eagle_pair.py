@@ -1,4 +1,5 @@
-"""The shipped feature-draft pair (SmolLM2-135M-Instruct + models/smollm2-135m-eagle), end to end.
+"""The feature-draft pair (SmolLM2-135M-Instruct + research/recipes/smollm2-135m-eagle, in a
+clone of the repository), end to end.
 
 Real models through the real code path (catalogue pair, pulled target, the committed 8-bit feature
 draft attached to the target's embedding and head rows). Slow.
