@@ -45,7 +45,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Header, Input
 
-from edgespec.config import GenerationConfig
+from edgespec.config import GenerationConfig, SpecConfig
 
 SAVE_EVERY = 1.0  # seconds between saves of an answer in progress
 # Seconds between redraws of a streaming answer (at least: FrameBudget keeps them near 2% of the
@@ -101,7 +101,8 @@ class ChatApp(ChatActions):
         self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
         self.load_error: str | None = None
         self.conv = Conversation()
-        self._spec_method = config.spec.method if config.spec.enabled else "draft"
+        # the method speculation turns back on with: the one asked for, else the default
+        self._spec_method = config.spec.method if config.spec.enabled else SpecConfig.method
         self._turn = 0
         self._waiting: int | None = None  # the turn whose messages we accept
         self._answer: AnswerView | None = None

@@ -3,7 +3,9 @@
 answer. It returns the engine's own Stats of that answer as the panel shows them, so that the
 bench can set them beside the same engine's without the app (edgespec.bench.cold).
 
-The bench looks this module up by name (nothing imports tui/, pyproject.toml's layers).
+The bench runs one job of mode "app" as `python -m edgespec.tui.headless JOB` in a fresh process
+(edgespec.bench.cold.APP_MODULE): this side imports the bench's job, the bench imports nothing
+of tui/ (pyproject.toml's layers).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from edgespec.tui.app import ChatApp
 from edgespec.tui.engine_thread import ProgressFn
 from edgespec.tui.store import ChatStore
 
+from edgespec.bench.cold import ColdJob, run_job
 from edgespec.config import GenerationConfig
 from edgespec.errors import EdgeSpecError
 from edgespec.worker import ServedEngine
@@ -68,3 +71,17 @@ def first_answer(
 
         asyncio.run(scenario())
         return out
+
+
+def app_answer(job: ColdJob) -> dict:
+    """One `bench --cold` job of mode "app": first_answer on the job's pair and settings."""
+    from edgespec.runtime import Engine
+
+    def load(on_progress: ProgressFn) -> ServedEngine:  # called on the app's engine thread
+        return Engine.load(**job.model, on_progress=on_progress)
+
+    return first_answer(load, job.config(), job.prompt)
+
+
+if __name__ == "__main__":
+    run_job(app_answer)

@@ -3,8 +3,10 @@
 Modes (each run is its own process: MLX compiles per process, so only a new one is cold):
   cold  Engine.load, then the answer at once (no warm-up): what a fresh `edgespec generate` gets.
   warm  Engine.load, Engine.warm_up (its calibration in a throwaway folder), then the answer.
-  app   the chat app headless through Pilot (edgespec.tui.headless): it loads and warms up as the
-        app does, the prompt is typed, and the engine's stats of that answer are read.
+  app   the chat app headless through Pilot: it loads and warms up as the app does, the prompt is
+        typed, and the engine's stats of that answer are read. The app's side runs it (`python -m
+        edgespec.tui.headless JOB`, APP_MODULE): the bench starts that process as it would any
+        program, and imports nothing of tui/ (pyproject.toml's layers).
 Per method, app / warm is the app's own cost and cold / warm the cost of a cold start: ratios of
 decode tokens/s, one per prompt (runs of a prompt follow each other, the modes' order rotated per
 prompt, so a change of load hits every mode alike), their median reported.
@@ -13,14 +15,13 @@ prompt, so a change of load hits every mode alike), their median reported.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,17 @@ MODES = ("cold", "warm", "app")
 # The engine methods a cold run can take (edgespec.bench.methods' names), as the chat's settings.
 COLD_METHODS: dict[str, SpecConfig] = {
     "plain": SpecConfig(method="none"),
-    "spec": SpecConfig(method="draft"),
-    "ngram": SpecConfig(method="ngram"),
-    "hybrid": SpecConfig(method="hybrid"),
+    "spec": SpecConfig(method="draft", adaptive=False),
+    "ngram": SpecConfig(method="ngram", adaptive=False),
+    "hybrid": SpecConfig(method="hybrid", adaptive=False),
     "adaptive": SpecConfig(method="draft", adaptive=True),
     "adaptive-ngram": SpecConfig(method="ngram", adaptive=True),
     "adaptive-hybrid": SpecConfig(method="hybrid", adaptive=True),
 }
 DEFAULT_COLD = ("plain", "adaptive-hybrid")  # the chat's baseline and its default
+# The module that runs a job in each mode, as `python -m MODULE JOB` (JOB: the ColdJob's JSON).
+ENGINE_MODULE = "edgespec.bench.cold"
+APP_MODULE = "edgespec.tui.headless"
 
 
 @dataclass(frozen=True)
@@ -108,25 +112,22 @@ def _engine_answer(job: ColdJob) -> dict[str, Any]:
     return out | {"plain_rounds": sum(r.drafted == 0 for r in rounds)}
 
 
-def _app_answer(job: ColdJob) -> dict[str, Any]:
-    from edgespec.runtime import Engine
-
-    def load(on_progress):  # noqa: ANN001, ANN202 - called on the app's engine thread
-        return Engine.load(**job.model, on_progress=on_progress)
-
-    headless = importlib.import_module("edgespec.tui.headless")  # nothing imports tui/
-    return dict(headless.first_answer(load, job.config(), job.prompt))
-
-
-def run_job(job: ColdJob) -> dict[str, Any]:
-    """This process's one run; the record: the job's fields and the answer's stats."""
-    stats = _app_answer(job) if job.mode == "app" else _engine_answer(job)
-    return {"method": job.method, "mode": job.mode, "prompt": job.prompt_id} | stats
+def run_job(answer: Callable[[ColdJob], dict[str, Any]]) -> None:
+    """This process's one run, the job given as JSON in sys.argv[1]: prints the record (the job's
+    fields and the answer's stats) as one JSON line, and leaves."""
+    job = ColdJob(**json.loads(sys.argv[1]))
+    record = {"method": job.method, "mode": job.mode, "prompt": job.prompt_id} | answer(job)
+    print(json.dumps(record), flush=True)
+    # Leave without tearing down: the app's engine thread made MLX streams on a thread that is
+    # gone, and MLX's exit-time clean-up of them aborted the process after the record was out.
+    os._exit(0)
 
 
 def spawn(job: ColdJob, timeout: float = 900.0) -> dict[str, Any]:
-    """run_job in a fresh Python process; a failure is a record with "error" (its last line)."""
-    cmd = [sys.executable, "-m", "edgespec.bench.cold", json.dumps(dataclasses.asdict(job))]
+    """The job's run in a fresh Python process (APP_MODULE's for mode app, else this module's);
+    a failure is a record with "error" (its last line)."""
+    module = APP_MODULE if job.mode == "app" else ENGINE_MODULE
+    cmd = [sys.executable, "-m", module, json.dumps(dataclasses.asdict(job))]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -210,7 +211,4 @@ def run_cold(jobs: Sequence[ColdJob], out: Path, quiet: bool = False) -> list[di
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_job(ColdJob(**json.loads(sys.argv[1])))), flush=True)
-    # Leave without tearing down: the app's engine thread made MLX streams on a thread that is
-    # gone, and MLX's exit-time clean-up of them aborted the process after the record was out.
-    os._exit(0)
+    run_job(_engine_answer)

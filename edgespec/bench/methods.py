@@ -324,9 +324,11 @@ class Method:
 def _spec_runner(
     fields: dict[str, Any], uses_k: bool
 ) -> Callable[[Any, list[int], Point], Measured]:
-    """The runner of an EdgeSpec method: Engine.generate with SpecConfig(**fields), k from the
-    point when the method takes a K list."""
-    return _engine_runner(lambda p: SpecConfig(**({**fields, "k": p.k} if uses_k else fields)))
+    """The runner of an EdgeSpec method: Engine.generate with SpecConfig(**fields); a method
+    that takes a K list runs the point's k, fixed."""
+    return _engine_runner(
+        lambda p: SpecConfig(**({**fields, "k": p.k, "adaptive": False} if uses_k else fields))
+    )
 
 
 def _registry() -> dict[str, Method]:

@@ -18,8 +18,8 @@ BENCH_TREE = "dynamic"
 
 
 # EdgeSpec's methods: name -> (description, needs a draft, takes a K list, SpecConfig fields).
-# A method that takes a K list gets SpecConfig(k=K, ...) per K; adaptive ones take no K list (K is
-# chosen per round, starting from SpecConfig's default and capped by its k_max).
+# A method that takes a K list gets SpecConfig(k=K, adaptive=False, ...) per K; adaptive ones take
+# no K list (K is chosen per round, starting from SpecConfig's default and capped by its k_max).
 SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
     PLAIN: ("target alone through EdgeSpec's loop", False, False, {"method": "none"}),
     "spec": ("EdgeSpec, draft model", True, True, {"method": "draft"}),

@@ -45,7 +45,7 @@ def variants(
     and the adaptive chain and tree policies. block: a block draft's, named "block" (chain) and
     "block-tree <shape>" (method block: one draft forward a round, drafting/block_draft.py)."""
     m, chain, tree = ("block", "block", "block-tree") if block else ("draft", "chain", "tree")
-    out = [Variant("plain", None), Variant(chain, SpecConfig(k=depth, method=m))]
+    out = [Variant("plain", None), Variant(chain, SpecConfig(k=depth, method=m, adaptive=False))]
     out += [Variant(f"{tree} {t}", SpecConfig(k=depth, method=m, tree=t)) for t in trees]
     if adaptive:
         out.append(Variant("adaptive", SpecConfig(k=depth, method=m, adaptive=True)))

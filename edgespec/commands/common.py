@@ -65,12 +65,6 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="random seed (same seed => same tokens)")
 
 
-# The command-line default: the fastest setting measured on every input kind (docs/measurements/:
-# MT-bench and grounded inputs alike), and one that tunes K to the machine it runs on.
-DEFAULT_METHOD = "hybrid"
-DEFAULT_ADAPTIVE = True
-
-
 WINDOW_HELP = (
     f"past 2N tokens of context a token draft attends to its first {DRAFT_SINKS} positions and "
     f"its last N only, so its steps cost the same at any length (0: the whole context; default "
@@ -78,31 +72,32 @@ WINDOW_HELP = (
 )
 
 
-def add_spec_args(parser: argparse.ArgumentParser, *, k_default: int = 4) -> None:
+def add_spec_args(parser: argparse.ArgumentParser) -> None:
+    """The speculation options; their defaults are SpecConfig's (the library's)."""
     g = parser.add_argument_group("speculation")
     g.add_argument(
         "-k",
         "--k",
         type=int,
-        default=k_default,
-        help=f"draft tokens per round; with --adaptive, the first rounds' K (default {k_default})",
+        default=SpecConfig.k,
+        help=f"draft tokens per round; with --adaptive, the first rounds' K (default {SpecConfig.k})",
     )
     g.add_argument(
         "--method",
-        default=DEFAULT_METHOD,
+        default=SpecConfig.method,
         choices=("draft", "ngram", "hybrid", "mtp", "block", "block-tree"),
         help="who drafts: the draft model, n-gram prompt lookup, or both: a lookup when the "
         "context has a match, the draft model otherwise; mtp: the target's own multi-token "
         "prediction head (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo); a block draft "
         "(DFlash-style): block (one forward a round), block-tree (a tree from it) "
-        f"(default {DEFAULT_METHOD})",
+        f"(default {SpecConfig.method})",
     )
     g.add_argument(
         "--adaptive",
         action=argparse.BooleanOptionalAction,
-        default=DEFAULT_ADAPTIVE,
+        default=SpecConfig.adaptive,
         help="choose K (0 = plain step) each round from the measured acceptance and costs; "
-        "--no-adaptive keeps K fixed (default: adaptive)",
+        f"--no-adaptive keeps K fixed (default: {'adaptive' if SpecConfig.adaptive else 'fixed'})",
     )
     g.add_argument(
         "--k-max",
@@ -161,11 +156,13 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
 
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
-    method = "none" if getattr(args, "no_spec", False) else getattr(args, "method", "draft")
+    method = (
+        "none" if getattr(args, "no_spec", False) else getattr(args, "method", SpecConfig.method)
+    )
     spec = SpecConfig(
         k=args.k,
         method=method,
-        adaptive=getattr(args, "adaptive", False),
+        adaptive=getattr(args, "adaptive", SpecConfig.adaptive),
         k_max=max(getattr(args, "k_max", SpecConfig.k_max), args.k),
         ngram_min=getattr(args, "ngram_min", SpecConfig.ngram_min),
         ngram_k=getattr(args, "ngram_k", SpecConfig.ngram_k),

@@ -8,7 +8,6 @@ from OUT/train/latest with --resume, export rewrites OUT/draft from the final ch
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgespec.errors import ConfigError
@@ -163,7 +162,3 @@ def report_lines(r: EvalReport) -> list[str]:
     lines += ["  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)).rstrip() for x in rows]
     flagged = [f"warning: {f}" for f in r.flagged]
     return lines + ([""] + flagged if flagged else [])
-
-
-def default_data_dir(args: argparse.Namespace) -> Path:
-    return Path(args.data) if args.data else Path(args.out) / "data"

@@ -74,7 +74,3 @@ def pad_head(module: Any) -> None:
 
 def _padded_product(x: mx.array, w: mx.array) -> mx.array:
     return matmul_t(x, w, pad=True)
-
-
-def is_padded(model: nn.Module) -> bool:
-    return any(isinstance(m, RowPadLinear | RowPadEmbedding) for _, m in model.named_modules())

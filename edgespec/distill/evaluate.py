@@ -164,7 +164,9 @@ def run_pair(
     for p in prompts:
         ids = engine.encode_chat([{"role": "user", "content": p}])
         for method in ("none", "draft"):
-            cfg = GenerationConfig(greedy, SpecConfig(k=k, method=method), max_tokens)
+            cfg = GenerationConfig(
+                greedy, SpecConfig(k=k, method=method, adaptive=False), max_tokens
+            )
             runs[method].extend(e for e in engine.generate(ids, cfg) if isinstance(e, Finished))
             engine.reset()
     return runs["none"], runs["draft"]
@@ -185,11 +187,6 @@ def pooled(plain: list[Finished], spec: list[Finished]) -> dict[str, float]:
         "speedup": rate(spec) / max(rate(plain), 1e-9),
         "identical": sum(a.text == b.text for a, b in zip(plain, spec, strict=True)),
     }
-
-
-def spec_vs_plain(engine: Any, prompts: list[str], k: int, max_tokens: int) -> dict[str, float]:
-    """Plain and speculative greedy decoding, interleaved per prompt; pooled statistics."""
-    return pooled(*run_pair(engine, prompts, k, max_tokens))
 
 
 def by_category(

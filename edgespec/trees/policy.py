@@ -17,7 +17,7 @@ c(tree, w) per tree draft forward at w = ceil(N / D) nodes per depth, v_chain(L)
 verify curves (edgespec/drafting/adaptive.py verify_curve) over each kind's rounds. An unmeasured
 tree is priced from the chain's costs, tried, and then priced from its own.
 
-For each node budget n the best shape is found greedily (shapes.best_shape); the policy takes the
+For each node budget n the best shape is found greedily (the prefixes of shapes.greedy_nodes); the policy takes the
 best rate over all budgets and chains (near-ties to the smaller tree), so where a wide verify costs
 much more than a short one (this CPU) it falls back to a chain, or to plain steps, by itself.
 

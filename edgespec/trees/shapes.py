@@ -201,18 +201,9 @@ def greedy_nodes(
     return chosen
 
 
-def best_shape(
-    accept: Sequence[Sequence[float]], nodes: int, max_depth: int, max_rank: int
-) -> tuple[RankPath, ...]:
-    """The shape of at most `nodes` nodes with the largest expected accepted length
-    (greedy_nodes). Example: accept [[0.9, 0.5]], 2 nodes -> (0,), (0, 0)."""
-    paths = [p for p, _ in greedy_nodes(accept, nodes, max_depth, max_rank)]
-    return tuple(sorted(paths, key=lambda p: (len(p), p)))
-
-
 @dataclass(frozen=True)
 class FixedShape:
-    """A static tree: its rank paths (widths_shape, chain_shape, best_shape)."""
+    """A static tree: its rank paths (widths_shape, chain_shape, or greedy_nodes' prefix)."""
 
     paths: tuple[RankPath, ...]
 

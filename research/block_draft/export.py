@@ -1,6 +1,6 @@
 """Stage 3 of the block draft's recipe: a training run's checkpoint -> a block-draft folder.
 
-    python -m research.block_draft.export --run WORK/run --out models/smollm2-135m-block --bits 4
+    python -m research.block_draft.export --run WORK/run --out research/block_draft/smollm2-135m-block --bits 4
 
 Writes config.json (model_type edgespec_block, with `quantization` when --bits is 4 or 8) and
 model.safetensors, plus the run's curve.csv; the folder loads with edgespec.drafting.block's

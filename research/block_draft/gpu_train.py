@@ -24,7 +24,7 @@ the training head, the loss weights, the schedule and the curve are theirs:
     python3 -m research.block_draft.gpu_train train --target T.gguf \
         --data models/smollm2-135m-draft/data-real-gpu --out /tmp/run --ship $OUT --deadline 420
     python -m research.block_draft.gpu_train join --ship SHIPPED --out WORK/run
-    python -m research.block_draft.export --run WORK/run --out models/smollm2-135m-block --bits 4
+    python -m research.block_draft.export --run WORK/run --out research/block_draft/smollm2-135m-block --bits 4
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ gpu_train.py and train.py evaluate (every --held-every'th, the first 24, anchors
 
     python -m research.block_draft.heldout --target $EDGESPEC_HOME/models/smollm2-135m-instruct \
         --data models/smollm2-135m-draft/data-real-gpu,models/smollm2-135m-draft/data-real,\
-models/smollm2-135m-draft/data models/smollm2-135m-block WORK/run
+models/smollm2-135m-draft/data research/block_draft/smollm2-135m-block WORK/run
 
 prints one JSON line per draft (an exported folder or a run folder): its step, `tau_independent`
 and `acc1`.. (answer tokens), `tau_target` and `top1`.. (the target's argmax).

@@ -86,7 +86,7 @@ def answers(engine: Engine, n: int, windows: list[int]) -> None:
     print(f"target prefill {time.perf_counter() - t0:.1f} s (reused below)", flush=True)
     texts = set()
     for w in windows:
-        spec = SpecConfig(method="draft", k=4, draft_window=w)
+        spec = SpecConfig(method="draft", k=4, draft_window=w, adaptive=False)
         engine._draft.reset()
         t0, first, rounds, fin = time.perf_counter(), None, [], None
         for ev in engine.generate(prompt, GenerationConfig(spec=spec, max_tokens=128)):

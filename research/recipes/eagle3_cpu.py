@@ -1,8 +1,8 @@
 """Train an EAGLE-3-style feature draft (research.distill.eagle3) for the embedded target on this
 machine: features fused from a low, a middle and the top target layer, trained on its own
-predictions for several steps ("training-time test"), warm-started from the shipped feature draft
-models/smollm2-135m-eagle (its layer, norm and feature scale; the fusion starts as the identity on
-the top block, so training starts from the old draft's quality).
+predictions for several steps ("training-time test"), warm-started from the first feature draft
+(smollm2-135m-eagle, beside this recipe: its layer, norm and feature scale; the fusion starts as
+the identity on the top block, so training starts from the old draft's quality).
 
 Data: the token draft's data (models/smollm2-135m-draft/data, the target's answers to EdgeSpec's
 generated instructions) plus real-text prompts answered by the target (--real: the full
@@ -29,7 +29,7 @@ import numpy as np
 
 MODELS = Path(__file__).resolve().parents[2] / "models"  # the repository's models/
 TOKEN_DRAFT = MODELS / "smollm2-135m-draft"
-OLD_EAGLE = MODELS / "smollm2-135m-eagle"
+OLD_EAGLE = Path(__file__).resolve().parent / "smollm2-135m-eagle"  # beside this recipe
 PHASES = ("features", "train", "export", "mtbench", "loop")
 
 
@@ -196,7 +196,7 @@ def run_one(engine, prompt: str, k: int) -> tuple[list[int], object]:  # type: i
     from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
     from edgespec.events import Finished, Token
 
-    spec = SpecConfig(method="none") if k == 0 else SpecConfig(k=k)
+    spec = SpecConfig(method="none") if k == 0 else SpecConfig(k=k, method="draft", adaptive=False)
     cfg = GenerationConfig(SamplingConfig(temperature=0.0), spec, max_tokens=128)
     engine.reset()
     events = list(engine.chat([{"role": "user", "content": prompt}], cfg))

@@ -12,7 +12,7 @@ first two can run side by side as two processes (training reloads the cache ever
 3. export: --bits (default 8) weights to --out; a grown draft exports only its mixer (~1.3 MB),
    pointing at the token draft.
 
-How the shipped models/smollm2-135m-eagle was made (features and training side by side, the
+How research/recipes/smollm2-135m-eagle was made (features and training side by side, the
 training switching to a lighter feature regression at step 2200, then export; its model card has
 the details):
 
@@ -21,7 +21,7 @@ the details):
         --chunk 500 --reg 1.0 --until 2200
     python -m research.recipes.eagle_cpu --work W --phase train --scale --steps 4000 --lr 8e-4 \
         --chunk 500 --reg 0.1
-    python -m research.recipes.eagle_cpu --work W --phase export --scale --out models/smollm2-135m-eagle
+    python -m research.recipes.eagle_cpu --work W --phase export --scale --out research/recipes/smollm2-135m-eagle
 
 Held-out agreement is printed on the first --held sequences (the training data's own kind of
 answers); measure a result on benchmark answers with `edgespec bench` or `edgespec verify`.

@@ -2,10 +2,11 @@
 
 The GPU machine has Python, NumPy, transformers and PyTorch but no MLX, no mlx-lm, no network,
 and a call carries at most 64 MiB. So everything the bench needs besides what the machine has
-travels as one archive in pieces (`pack`, here): EdgeSpec as a wheel (the shipped drafts inside),
-the wheels of MLX, its CUDA 13 backend, mlx-lm and Textual (with the few of Textual's needs the
+travels as one archive in pieces (`pack`, here): EdgeSpec as a wheel (the token draft inside),
+the research drafts of the catalogue (EAGLE, EAGLE-3, block: not in the wheel), the wheels of MLX, its CUDA 13 backend, mlx-lm and Textual (with the few of Textual's needs the
 machine lacks), and the target's folder as `edgespec pull` left it. On the machine, `run` joins
-the pieces, checks the archive's sha256, installs the wheels into a folder of their own, and runs
+the pieces, checks the archive's sha256, installs the wheels into a folder of their own, puts the
+research drafts where the installed package looks for them (a clone's layout), and runs
 `edgespec bench` with EDGESPEC_HOME pointing at the carried target (`--out` under $OUT).
 
 Only the standard library is used by `run`, so it works with the machine's own python3. The
@@ -89,7 +90,8 @@ def _pinned(name: str) -> str:
 
 
 def cmd_pack(a: argparse.Namespace) -> int:
-    from edgespec.loading.paths import model_dir  # here only: `run` has no EdgeSpec to import
+    from edgespec.loading.catalog import load_catalog  # here only: `run` has no EdgeSpec
+    from edgespec.loading.paths import model_dir
 
     root = Path(__file__).resolve().parents[2]
     target = Path(a.target) if a.target else model_dir(a.target_name)
@@ -110,6 +112,9 @@ def cmd_pack(a: argparse.Namespace) -> int:
         if subprocess.run([*pip, "--no-build-isolation"]).returncode != 0:  # setuptools < 77
             subprocess.run(pip, check=True)
         download(wheels_wanted(a.cuda), wheels, a.python, a.find_links)
+        for entry in load_catalog(root / "models" / "catalog.json").models.values():
+            if entry.research is not None and entry.local is not None and entry.available:
+                shutil.copytree(entry.local, stage / "research" / entry.research)
         folder = stage / "home" / "models" / target.name
         skip = ("model.safetensors",) if a.skip_weights else ()
         shutil.copytree(target, folder, ignore=lambda _d, names: [n for n in names if n in skip])
@@ -165,6 +170,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     wheels = sorted(str(w) for w in (stage / "wheels").glob("*.whl"))
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
     subprocess.run(pip + ["--no-compile", "--upgrade", "--target", str(site)] + wheels, check=True)
+    research = site / "edgespec" / "research"  # where the package finds research drafts (a clone)
+    if (stage / "research").is_dir() and not research.exists():
+        research.symlink_to(stage / "research", target_is_directory=True)
     env = dict(os.environ, PYTHONPATH=str(site), EDGESPEC_HOME=str(stage / "home"))
     env.setdefault("EDGESPEC_BLAS", "system")  # no BLAS to preload there: the GPU does the work
     env["PYTHONUNBUFFERED"] = "1"

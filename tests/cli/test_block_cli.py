@@ -85,7 +85,7 @@ def test_the_server_takes_block_methods():
     from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
     from edgespec.server.protocol import Defaults, RequestError, parse_chat
 
-    base = GenerationConfig(SamplingConfig(), SpecConfig(k=4, method="hybrid"), 64)
+    base = GenerationConfig(SamplingConfig(), SpecConfig(k=4, method="hybrid", adaptive=False), 64)
     msg = [{"role": "user", "content": "Hi"}]
     with_draft = Defaults("pair", base, random_seed=False, has_draft=True)
     tree = parse_chat({"messages": msg, "edgespec": {"method": "block-tree"}}, with_draft)

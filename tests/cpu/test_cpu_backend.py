@@ -39,7 +39,7 @@ def test_an_engine_leaves_mlx_lms_model_and_modules_as_they_were(tiny_pair):
     functions = _attention_functions()
     assert all(f is base.scaled_dot_product_attention for f in functions.values())
     engine = Engine(target, draft)
-    for spec in (SpecConfig(method="none"), SpecConfig(k=3, method="draft")):
+    for spec in (SpecConfig(method="none"), SpecConfig(k=3, method="draft", adaptive=False)):
         list(engine.generate([1, 5, 9, 2, 7], GenerationConfig(max_tokens=6, spec=spec)))
     assert (_classes(target.model), _classes(draft.model)) == before
     assert _attention_functions() == functions  # no mlx-lm module's function rebound

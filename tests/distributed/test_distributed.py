@@ -109,7 +109,10 @@ def test_timing_driven_choices_are_refused_for_a_sharded_target():
             return 2
 
     group = Group(Two(), "ring")
-    for spec in (SpecConfig(adaptive=True), SpecConfig(method="draft", tree="auto")):
+    for spec in (
+        SpecConfig(adaptive=True, method="draft"),
+        SpecConfig(method="draft", tree="auto"),
+    ):
         with pytest.raises(ConfigError, match="differ between ranks"):
             check_config(GenerationConfig(spec=spec), group)
     check_config(GenerationConfig(spec=SpecConfig(method="draft", tree="3,2,1")), group)

@@ -27,7 +27,7 @@ def samples(engine: Engine, seeds: range, k: int = 2, tokens: int = 2) -> list[l
     for seed in seeds:
         config = GenerationConfig(
             SamplingConfig(temperature=1.0, seed=seed),
-            SpecConfig(k=k, method="draft"),
+            SpecConfig(k=k, method="draft", adaptive=False),
             max_tokens=tokens,
         )
         out.append([e.id for e in engine.generate(ids, config) if isinstance(e, Token)])

@@ -25,7 +25,10 @@ from edgespec.distributed.serve import (
 
 REQUESTS = [
     ([5, 6, 7], GenerationConfig(SamplingConfig(temperature=0.7, seed=2**64 - 1), max_tokens=9)),
-    ([9] * 40, GenerationConfig(spec=SpecConfig(k=3, method="ngram"), max_tokens=2)),
+    (
+        [9] * 40,
+        GenerationConfig(spec=SpecConfig(k=3, method="ngram", adaptive=False), max_tokens=2),
+    ),
 ]
 
 

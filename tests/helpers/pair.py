@@ -25,7 +25,7 @@ def assert_greedy_speculative_equals_plain(engine, k: int, n_prompts: int = 3) -
     tokens, and it did draft."""
     for prompt in own_prompts(n_prompts):
         plain = token_ids(answer(engine, prompt, SpecConfig(method="none")))
-        events = answer(engine, prompt, SpecConfig(k=k))
+        events = answer(engine, prompt, SpecConfig(k=k, method="draft", adaptive=False))
         assert token_ids(events) == plain, prompt
         assert isinstance(events[-1], Finished) and events[-1].stats.drafted > 0
         assert events[-1].stats.tau >= 1.0

@@ -37,7 +37,7 @@ def make_app(
     loader = FakeLoader(script or FakeScript())
     config = GenerationConfig(
         sampling=SamplingConfig(temperature=temperature),
-        spec=SpecConfig(k=k, adaptive=adaptive),
+        spec=SpecConfig(k=k, adaptive=adaptive, method="draft"),
         max_tokens=256,
     )
     return ChatApp(loader, config, ChatStore(tmp_path / "chats"), what="fake pair"), loader

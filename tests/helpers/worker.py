@@ -51,7 +51,9 @@ PROMPTS = ["why is the river light", "the cat and the dog", "tell me about the m
 
 def greedy(method: str = "draft", k: int = 3) -> GenerationConfig:
     """T = 0, 24 tokens, fixed K."""
-    return GenerationConfig(SamplingConfig(temperature=0.0), SpecConfig(k=k, method=method), 24)
+    return GenerationConfig(
+        SamplingConfig(temperature=0.0), SpecConfig(k=k, method=method, adaptive=False), 24
+    )
 
 
 def tiny_worker(pair, max_batch: int = 4) -> Worker:

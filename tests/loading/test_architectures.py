@@ -63,7 +63,7 @@ def plain_answers(families: Families) -> dict[str, list[int]]:
 
 def _greedy(engine: Engine, k: int, method: str = "draft") -> list[int]:
     ids = engine.encode_raw("the cat and the dog in the house")
-    return generate(engine, ids, SpecConfig(k=k, method=method), GREEDY_TOKENS)[0]
+    return generate(engine, ids, SpecConfig(k=k, method=method, adaptive=False), GREEDY_TOKENS)[0]
 
 
 @pytest.mark.parametrize("family", ALL)
@@ -82,7 +82,9 @@ def test_greedy_speculation_equals_plain_decoding(families, plain_answers, famil
 def test_a_self_draft_is_always_accepted_and_equals_plain(families, plain_answers, family):
     engine = families.engine(family, draft="self")
     ids = engine.encode_raw("the cat and the dog in the house")
-    tokens, fin = generate(engine, ids, SpecConfig(k=4, method="draft"), GREEDY_TOKENS)
+    tokens, fin = generate(
+        engine, ids, SpecConfig(k=4, method="draft", adaptive=False), GREEDY_TOKENS
+    )
     assert tokens == plain_answers[family]
     assert fin.stats.acceptance == 1.0  # every round ends on a bonus token
 
@@ -124,7 +126,7 @@ def test_trees_run_where_supported_and_are_refused_in_one_line_elsewhere(
 def test_sampled_answers_follow_the_target_distribution(families, family):
     """Answers sampled at T=1 with the subset draft (most rounds reject a draft, so caches are
     trimmed or restored every round): their PIT values are uniform (KS test)."""
-    engine, spec = families.engine(family), SpecConfig(k=3, method="draft")
+    engine, spec = families.engine(family), SpecConfig(k=3, method="draft", adaptive=False)
     assert_follows(lambda seeds: sampled_p_value(engine, spec, seeds, 40)[0], range(3), family)
 
 
@@ -240,7 +242,9 @@ def test_the_checks_catch_a_recurrent_state_not_restored(families, plain_answers
 
     monkeypatch.setattr(Rewinder, "go_back", no_restore)
     assert first_difference(_greedy(engine, 3), plain) is not None
-    p_value, _ = sampled_p_value(engine, SpecConfig(k=3, method="draft"), range(4), 40)
+    p_value, _ = sampled_p_value(
+        engine, SpecConfig(k=3, method="draft", adaptive=False), range(4), 40
+    )
     assert p_value < 1e-3
 
 

@@ -14,6 +14,7 @@ from edgespec.config import MTP_DRAFT
 from edgespec.errors import ModelNotFoundError
 from edgespec.loading import catalog
 from edgespec.loading import load as loading
+from edgespec.loading.specs import check_pair, spec_kind
 from edgespec.loading.status import model_status
 from tests.helpers.hub import make_hub_cache
 from tests.helpers.tiny import make_tiny_pair
@@ -55,6 +56,31 @@ def test_shipped_catalogue_is_consistent():
     assert {presets[f"qwen2.5-{s}"].draft for s in ("7b", "14b", "32b")} == {
         "mlx-community/Qwen2.5-0.5B-Instruct-4bit"
     }
+
+
+def test_research_drafts_resolve_in_a_clone_and_are_a_one_line_refusal_elsewhere(tmp_path):
+    clone = catalog.load_catalog()
+    research = catalog.models_root().resolve().parent / "research"
+    for name, where in (
+        ("smollm2-135m-eagle", "recipes/smollm2-135m-eagle"),
+        ("smollm2-135m-eagle3", "recipes/smollm2-135m-eagle3"),
+        ("smollm2-135m-block", "block_draft/smollm2-135m-block"),
+    ):
+        entry = clone.model(name)
+        assert entry.research == where and entry.local == research / where and entry.available
+    # An installed package: models/ inside it, no research/ beside it.
+    raw = json.loads((catalog.models_root() / "catalog.json").read_text())
+    installed = catalog.parse_catalog(raw, tmp_path / "site" / "edgespec" / "models")
+    assert not installed.model("smollm2-135m-block").available
+    with pytest.raises(ModelNotFoundError) as err:
+        check_pair(None, None, "smollm2-135m-block", catalog=installed)
+    assert str(err.value).startswith(
+        "smollm2-135m-block is a research draft shipped only in a clone of the repository "
+        "(research/block_draft/smollm2-135m-block); "
+    )
+    assert "\n" not in str(err.value)
+    with pytest.raises(ModelNotFoundError, match=r"^smollm2-135m-eagle3 is a research draft"):
+        spec_kind("smollm2-135m-eagle3", installed)
 
 
 def test_unknown_names_list_the_known_ones():

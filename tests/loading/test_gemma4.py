@@ -38,13 +38,13 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> Families:
 
 def _plain_and_spec(engine: Engine, ids: list[int], n: int, k: int = 3) -> tuple[list, list]:
     plain = generate(engine, ids, SpecConfig(method="none"), n)[0]
-    return plain, generate(engine, ids, SpecConfig(k=k, method="draft"), n)[0]
+    return plain, generate(engine, ids, SpecConfig(k=k, method="draft", adaptive=False), n)[0]
 
 
 def _next_turn_is_exact(families: Families, family: str, engine: Engine, follow: list[int]) -> None:
     """The engine's speculative answer to `follow` (its caches hold an earlier request) equals a
     fresh engine's plain one."""
-    spec = generate(engine, follow, SpecConfig(k=3, method="draft"), 40)[0]
+    spec = generate(engine, follow, SpecConfig(k=3, method="draft", adaptive=False), 40)[0]
     fresh = Engine(*families.pair(family))
     assert spec == generate(fresh, follow, SpecConfig(method="none"), 40)[0]
 
@@ -103,8 +103,10 @@ def test_the_mixture_of_experts_form_speculates_exactly(families):
     ids = engine.encode_raw(PROMPT)
     plain = generate(engine, ids, SpecConfig(method="none"), 56)[0]
     for k in (1, 2, 3, 4):
-        assert generate(engine, ids, SpecConfig(k=k, method="draft"), 56)[0] == plain, k
-    spec = SpecConfig(k=3, method="draft")
+        assert (
+            generate(engine, ids, SpecConfig(k=k, method="draft", adaptive=False), 56)[0] == plain
+        ), k
+    spec = SpecConfig(k=3, method="draft", adaptive=False)
     assert_follows(lambda seeds: sampled_p_value(engine, spec, seeds, 40)[0], range(3), "moe")
 
 
@@ -114,7 +116,7 @@ def test_a_next_request_sharing_a_prefix_reuses_the_caches_exactly(families):
     after it: the long-answer test) and the answer equals a fresh engine's plain one."""
     engine = families.engine("gemma4_text")
     ids = engine.encode_raw(PROMPT)
-    first = generate(engine, ids, SpecConfig(k=3, method="draft"), 60)[0]
+    first = generate(engine, ids, SpecConfig(k=3, method="draft", adaptive=False), 60)[0]
     for cut in (len(ids) + 55, len(ids) + 20):  # a few positions back, then past the window
         follow = (ids + first)[:cut] + engine.encode_raw(" and the bird")
         _next_turn_is_exact(families, "gemma4_text", engine, follow)
@@ -190,7 +192,9 @@ def test_the_checks_catch_a_global_cache_not_rewound(families, monkeypatch):
     ids = engine.encode_raw(PROMPT)
     plain = generate(engine, ids, SpecConfig(method="none"), 56)[0]
     _forget_global_layers(monkeypatch)
-    spec = generate(engine, ids, SpecConfig(k=3, method="draft"), 56)[0]
+    spec = generate(engine, ids, SpecConfig(k=3, method="draft", adaptive=False), 56)[0]
     assert first_difference(spec, plain) is not None
-    p_value, _ = sampled_p_value(engine, SpecConfig(k=3, method="draft"), range(4), 60)
+    p_value, _ = sampled_p_value(
+        engine, SpecConfig(k=3, method="draft", adaptive=False), range(4), 60
+    )
     assert p_value < 1e-6  # far from the test's 1e-3 threshold: docs/measurements

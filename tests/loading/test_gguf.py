@@ -42,15 +42,12 @@ def test_unpermute_inverts_llamacpp_permute(n_head, d, cols):
     a = np.random.default_rng(0).standard_normal((n_head * d, cols)).astype(np.float32)
     back = gguf.unpermute_rows(mx.array(llamacpp_permute(a, n_head)), n_head)
     np.testing.assert_array_equal(np.array(back), a)
-    np.testing.assert_array_equal(
-        np.array(gguf.permute_rows(mx.array(a), n_head)), llamacpp_permute(a, n_head)
-    )
 
 
 def test_unpermute_commutes_with_row_quantization():
     w = mx.random.normal((8 * 16, 64), key=mx.random.key(1))
     q = mx.quantize(w, group_size=32, bits=4)
-    gq = [gguf.permute_rows(t, 8) for t in q]  # what a quantized GGUF holds
+    gq = [mx.array(llamacpp_permute(np.array(t), 8)) for t in q]  # what a quantized GGUF holds
     back = mx.dequantize(*[gguf.unpermute_rows(t, 8) for t in gq], group_size=32, bits=4)
     assert mx.array_equal(back, mx.dequantize(*q, group_size=32, bits=4))
 

@@ -297,7 +297,13 @@ def test_adaptive_k_for_a_hybrid_gives_the_model_its_own_k_and_the_lookup_its_ow
 
 def test_adaptive_round_events_record_the_chosen_k(engine):
     policy = AdaptiveK(k_init=2, k_max=7)
-    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 40, k_policy=policy)
+    events = gen(
+        engine,
+        engine.encode_raw(PROMPT),
+        SpecConfig(k=2, method="draft", adaptive=False),
+        40,
+        k_policy=policy,
+    )
     rounds = rounds_of(events)
     assert [r.k for r in rounds] == policy.chosen[: len(rounds)]
     assert rounds[0].k == 2 and all(0 <= r.k <= 7 for r in rounds)

@@ -36,12 +36,13 @@ def engine(tmp_path_factory) -> Engine:
 
 
 SPECS = [
-    SpecConfig(method="block", k=1),
-    SpecConfig(method="block", k=3),
-    SpecConfig(method="block", k=8),  # capped at block_size - 1 = 3
+    SpecConfig(method="block", k=1, adaptive=False),
+    SpecConfig(method="block", k=3, adaptive=False),
+    SpecConfig(method="block", k=8, adaptive=False),  # capped at block_size - 1 = 3
     SpecConfig(method="block", k=2, adaptive=True),
-    SpecConfig(method="draft", k=3),  # a block draft drafts as a block whatever the method
-    SpecConfig(method="block-tree", k=3),  # dynamic: best-first under a node budget
+    # a block draft drafts as a block whatever the method
+    SpecConfig(method="draft", k=3, adaptive=False),
+    SpecConfig(method="block-tree", k=3, adaptive=False),  # dynamic: best-first under a node budget
     SpecConfig(method="block", k=3, tree="3,2,1"),
     SpecConfig(method="block-tree", k=5, tree="2,2,1,1,1"),  # deeper than the block: cut
 ]
@@ -65,14 +66,14 @@ def test_a_method_block_needs_a_block_draft(tiny_pair):
     other = Engine.load(target=str(tiny_pair[0]), draft=str(tiny_pair[1]))
     for method in ("block", "block-tree"):
         with pytest.raises(ConfigError, match="block draft"):
-            gen(other, other.encode_raw(PROMPT), SpecConfig(method=method), 4)
+            gen(other, other.encode_raw(PROMPT), SpecConfig(method=method, adaptive=False), 4)
 
 
 def test_cached_context_matches_a_cache_free_block(engine):
     """After a generation the draft's cache plus the features it lacks give the same block as
     one cache-free forward over every known feature."""
     ids = engine.encode_raw(PROMPT)
-    events = gen(engine, ids, SpecConfig(method="block", k=3), 20)
+    events = gen(engine, ids, SpecConfig(method="block", k=3, adaptive=False), 20)
     context = ids + token_ids(events)
     state: BlockState = engine._draft
     model = state.block
@@ -117,7 +118,7 @@ class Oracle(BlockDrafter):
 def _samples(engine: Engine, temp: float, drafter_for=None, spec=None, seeds=range(N_SEEDS)):
     """First tokens, and second tokens by first token, over two-token generations, one per
     seed."""
-    spec = spec or SpecConfig(method="block", k=2)
+    spec = spec or SpecConfig(method="block", k=2, adaptive=False)
     ids = engine.encode_raw(PROMPT)
     firsts, seconds, accepted = [], {}, 0
     for seed in seeds:
@@ -201,7 +202,7 @@ def test_other_target_families_greedy_equals_plain(tmp_path, family):
     t, d = load_pair(str(target), str(write_dflash(target, tmp_path / "dflash")))
     engine = Engine(t, d)
     ids = engine.encode_raw(PROMPT)
-    events = gen(engine, ids, SpecConfig(method="block", k=3), 20)
+    events = gen(engine, ids, SpecConfig(method="block", k=3, adaptive=False), 20)
     assert token_ids(events) == plain_ids(engine, ids, 20)
     assert any(r.drafted == 3 for r in rounds_of(events))
 
@@ -274,7 +275,7 @@ def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):
     assert d is not None and type(d.model).__name__ == "BlockModel"
     engine = Engine(t, d)
     ids = engine.encode_raw(PROMPT)
-    events = gen(engine, ids, SpecConfig(method="block", k=3), 16)
+    events = gen(engine, ids, SpecConfig(method="block", k=3, adaptive=False), 16)
     assert token_ids(events) == plain_ids(engine, ids, 16)
 
 
@@ -282,7 +283,9 @@ def test_a_stop_mid_answer_then_a_new_prompt(engine):
     """The consumer stops a block generation after a few events: the caches stay consistent and
     the next prompt (sharing the first one's opening) still decodes exactly."""
     ids = engine.encode_raw(PROMPT)
-    config = GenerationConfig(SamplingConfig(temperature=0), SpecConfig(method="block", k=3), 30)
+    config = GenerationConfig(
+        SamplingConfig(temperature=0), SpecConfig(method="block", k=3, adaptive=False), 30
+    )
     stream = engine.generate(ids, config)
     for _ in range(5):
         next(stream)
@@ -290,7 +293,7 @@ def test_a_stop_mid_answer_then_a_new_prompt(engine):
     state = engine._draft
     assert state.kv.offset <= state.n_features <= len(state.context)
     other = engine.encode_raw(PROMPT + " and the river")
-    events = gen(engine, other, SpecConfig(method="block", k=3), 20)
+    events = gen(engine, other, SpecConfig(method="block", k=3, adaptive=False), 20)
     assert token_ids(events) == plain_ids(engine, other, 20)
 
 
@@ -319,7 +322,9 @@ def test_whole_sampled_answers_follow_the_target(engine, method):
     """Many rounds per answer, the caches rewound after every rejection: the PIT values of the
     answers are uniform, with the random draft and with the target's rows as the block (most
     drafts accepted); argmax tokens reported as sampled are caught."""
-    spec = SpecConfig(method="block-tree" if method == "block-tree" else "block", k=3)
+    spec = SpecConfig(
+        method="block-tree" if method == "block-tree" else "block", k=3, adaptive=False
+    )
 
     def drafter_for(sampling: SamplingConfig) -> Oracle:
         return Oracle(engine, sampling, "argmax" if method == "oracle-argmax" else None)
@@ -342,7 +347,10 @@ def _chain_and_tree_equal_plain(engine, prompts=(PROMPT, "the river and the moon
     """Greedy block chain and block tree (K = 3) emit plain decoding's 20 tokens, drafting."""
     for prompt in prompts:
         ids = engine.encode_raw(prompt)
-        for spec in (SpecConfig(method="block", k=3), SpecConfig(method="block-tree", k=3)):
+        for spec in (
+            SpecConfig(method="block", k=3, adaptive=False),
+            SpecConfig(method="block-tree", k=3, adaptive=False),
+        ):
             events = gen(engine, ids, spec, 20)
             assert token_ids(events) == plain_ids(engine, ids, 20)
             assert any(r.drafted > 0 for r in rounds_of(events))
@@ -358,7 +366,7 @@ def test_a_draft_that_reads_the_newest_context_stays_exact(tmp_path):
     assert "ctx_in" in state.block
     _chain_and_tree_equal_plain(engine)
     ids = engine.encode_raw(PROMPT)
-    gen(engine, ids, SpecConfig(method="block", k=3), 8)
+    gen(engine, ids, SpecConfig(method="block", k=3, adaptive=False), 8)
     context = state.context
     rows = state.block_logits(context, 3)
     state.block.ctx_in.weight = mx.zeros_like(state.block.ctx_in.weight)

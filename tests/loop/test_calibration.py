@@ -54,7 +54,9 @@ def test_warm_up_runs_every_verify_length_and_leaves_generation_unchanged(
 ) -> None:
     from edgespec.runtime import Engine
 
-    config = GenerationConfig(spec=SpecConfig(k=2, k_max=4, adaptive=True), max_tokens=24)
+    config = GenerationConfig(
+        spec=SpecConfig(k=2, k_max=4, adaptive=True, method="draft"), max_tokens=24
+    )
     cal = engine.warm_up(config, tmp_path)
     assert engine.cached_tokens() == ([], [])
     # Every verify length 2..k_max + 1, each timed after its compile, and the draft's cost.
@@ -72,7 +74,7 @@ def test_warm_up_runs_every_verify_length_and_leaves_generation_unchanged(
 def test_adaptive_requests_start_from_the_calibration(engine, monkeypatch) -> None:
     seeds: list[tuple] = []
     monkeypatch.setattr(AdaptiveK, "seed", lambda self, d, v: seeds.append((d, v)))
-    config = GenerationConfig(spec=SpecConfig(k=2, adaptive=True), max_tokens=8)
+    config = GenerationConfig(spec=SpecConfig(k=2, adaptive=True, method="draft"), max_tokens=8)
     _tokens(engine, config)
     assert seeds == []  # no warm-up, nothing to start from
     engine.calibration = Calibration({}, {"draft": [0.1, 0.3, 0.2]}, {3: [0.5]})
@@ -92,6 +94,6 @@ def test_warm_up_generates_again_when_an_answer_stops_before_the_cycle_ends(
         return generate(prompt, short, **kwargs)
 
     monkeypatch.setattr(engine, "generate", first_stops_early)
-    config = GenerationConfig(spec=SpecConfig(k=2, k_max=3, adaptive=True))
+    config = GenerationConfig(spec=SpecConfig(k=2, k_max=3, adaptive=True, method="draft"))
     cal = engine.warm_up(config, tmp_path)
     assert len(calls) == 2 and {2, 3, 4} <= set(cal.verify)

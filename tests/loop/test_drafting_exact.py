@@ -34,10 +34,11 @@ from tests.helpers.stats import assert_follows
 @pytest.mark.parametrize(
     "spec",
     [
-        SpecConfig(k=4, method="ngram"),
-        SpecConfig(k=2, method="ngram", ngram_min=2, ngram_max=3),
-        SpecConfig(k=4, method="hybrid", ngram_min=1, ngram_max=1),  # unigram matches
-        SpecConfig(k=4, method="hybrid"),
+        SpecConfig(k=4, method="ngram", adaptive=False),
+        SpecConfig(k=2, method="ngram", ngram_min=2, ngram_max=3, adaptive=False),
+        # unigram matches
+        SpecConfig(k=4, method="hybrid", ngram_min=1, ngram_max=1, adaptive=False),
+        SpecConfig(k=4, method="hybrid", adaptive=False),
         SpecConfig(k=3, method="draft", adaptive=True),
         SpecConfig(k=4, method="ngram", adaptive=True),
         SpecConfig(k=4, method="hybrid", adaptive=True, k_max=6),
@@ -72,7 +73,7 @@ def test_confident_drafter_greedy_equals_plain_and_stops_early(engine):
     ids = engine.encode_raw(PROMPT)
     plain = plain_ids(engine, ids, 40)
     drafter = ConfidentDrafter(engine._draft, GREEDY, engine._vocab, 0.5, engine._pairs)
-    events = gen(engine, ids, SpecConfig(k=6), 40, drafter=drafter)
+    events = gen(engine, ids, SpecConfig(k=6, method="draft", adaptive=False), 40, drafter=drafter)
     assert token_ids(events) == plain
     drafted = [r.drafted for r in rounds_of(events)]
     assert min(drafted) < 6  # some rounds stopped early ...
@@ -102,7 +103,8 @@ def test_ngram_point_mass_rounds_emit_the_target_distribution(target_engine):
     engine = target_engine
     model = engine.target.model
     ids = _context_the_target_likes(engine, engine.encode_raw(PROMPT))
-    spec = SpecConfig(k=2, method="ngram", ngram_min=2, ngram_long=0)  # exactly 2 tokens
+    # exactly 2 tokens
+    spec = SpecConfig(k=2, method="ngram", ngram_min=2, ngram_long=0, adaptive=False)
     x = toks(NgramDrafter(2, 8).propose(ids, 2))
     assert len(x) == 2
     p1 = target_probs(model, ids, T1)
@@ -146,7 +148,11 @@ def test_drafts_one_token_behind_emit_the_target_distribution(target_engine):
         first, second, third = [], [], []
         for seed in seeds:
             drafter = BehindOnce(len(ids), [d])
-            cfg = GenerationConfig(SamplingConfig(temperature=1.0, seed=seed), SpecConfig(k=1), 3)
+            cfg = GenerationConfig(
+                SamplingConfig(temperature=1.0, seed=seed),
+                SpecConfig(k=1, method="draft", adaptive=False),
+                3,
+            )
             events = list(engine.generate(ids, cfg, drafter=drafter))
             tokens, rounds = token_ids(events), rounds_of(events)
             assert [(r.drafted, r.method) for r in rounds[:2]] == [(0, "ngram"), (1, "ngram")]

@@ -134,10 +134,10 @@ def test_target_features_are_the_forward_the_loop_verifies_with(tiny_dir):
 @pytest.mark.parametrize(
     "spec",
     [
-        SpecConfig(k=1),
-        SpecConfig(k=4),
-        SpecConfig(k=2, adaptive=True, k_max=5),
-        SpecConfig(k=3, method="hybrid"),
+        SpecConfig(k=1, method="draft", adaptive=False),
+        SpecConfig(k=4, method="draft", adaptive=False),
+        SpecConfig(k=2, adaptive=True, k_max=5, method="draft"),
+        SpecConfig(k=3, method="hybrid", adaptive=False),
     ],
     ids=["k1", "k4", "adaptive", "hybrid"],
 )
@@ -158,7 +158,7 @@ def test_the_loop_accepts_what_the_feature_draft_learnt(tiny_dir, trained):
     accepted = drafted = 0
     for s in trained[2][8:12]:
         prompt = s.ids[: s.prompt_len].tolist()
-        events = gen(engine, prompt, SpecConfig(k=2), 30)
+        events = gen(engine, prompt, SpecConfig(k=2, method="draft", adaptive=False), 30)
         assert token_ids(events) == s.ids[s.prompt_len : s.prompt_len + 30].tolist()
         accepted += sum(r.accepted for r in rounds_of(events))
         drafted += sum(r.drafted for r in rounds_of(events))
@@ -170,7 +170,7 @@ def test_multi_turn_chat_reuses_features_and_stays_exact(tiny_dir, trained):
     they can; the output still equals plain decoding, and the draft cache holds true features only."""
     engine = Engine.load(target=str(tiny_dir / "target"), draft=str(trained[0]))
     plain_engine = Engine.load(target=str(tiny_dir / "target"), with_draft=False)
-    spec = SpecConfig(k=3)
+    spec = SpecConfig(k=3, method="draft", adaptive=False)
     msgs = [{"role": "user", "content": PROMPT}]
     for turn in range(3):
         ids = engine.encode_chat(msgs)
@@ -193,7 +193,10 @@ def test_multi_turn_chat_reuses_features_and_stays_exact(tiny_dir, trained):
 def test_early_stop_then_new_prompt_keeps_caches_consistent(tiny_dir, trained):
     engine = Engine.load(target=str(tiny_dir / "target"), draft=str(trained[0]))
     ids = engine.encode_raw(PROMPT)
-    stream = engine.generate(ids, GenerationConfig(GREEDY, SpecConfig(k=4), max_tokens=40))
+    stream = engine.generate(
+        ids,
+        GenerationConfig(GREEDY, SpecConfig(k=4, method="draft", adaptive=False), max_tokens=40),
+    )
     for _ in range(5):  # the consumer walks away mid-answer (Ctrl-C in the app)
         next(stream)
     stream.close()
@@ -202,7 +205,9 @@ def test_early_stop_then_new_prompt_keeps_caches_consistent(tiny_dir, trained):
     other = engine.encode_raw("the river and the moon")
     plain = Engine.load(target=str(tiny_dir / "target"), with_draft=False)
     want = plain_ids(plain, other, 30)
-    assert token_ids(gen(engine, other, SpecConfig(k=4), 30)) == want
+    assert (
+        token_ids(gen(engine, other, SpecConfig(k=4, method="draft", adaptive=False), 30)) == want
+    )
 
 
 N_SEEDS = 500
@@ -220,7 +225,11 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_dir, trained):
     def p_value(seeds: range) -> float:
         firsts, seconds = [], {}
         for seed in seeds:
-            cfg = GenerationConfig(replace(sampling, seed=seed), SpecConfig(k=2), max_tokens=2)
+            cfg = GenerationConfig(
+                replace(sampling, seed=seed),
+                SpecConfig(k=2, method="draft", adaptive=False),
+                max_tokens=2,
+            )
             toks = [e for e in engine.generate(ids, cfg) if isinstance(e, Token)]
             firsts.append(toks[0].id)
             kinds.update(t.kind for t in toks)
@@ -350,7 +359,7 @@ def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer
     engine = Engine(t2, d2)
     ids = engine.encode_raw(PROMPT)
     plain = plain_ids(engine, ids, 30)
-    assert token_ids(gen(engine, ids, SpecConfig(k=3), 30)) == plain
+    assert token_ids(gen(engine, ids, SpecConfig(k=3, method="draft", adaptive=False), 30)) == plain
     # a changed base is refused in one line
     save_draft(build_draft(t.model, cfg, [1, 2], head, "tiny")[0], tcfg, tmp_path / "token")
     with pytest.raises(ModelLoadError, match="changed since") as e:
@@ -383,7 +392,13 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
             return script[(len(calls) - 1) % len(script)]
 
         events = gen(
-            engine, prompt, SpecConfig(k=2), 40, sampling, drafter=drafter, k_policy=policy
+            engine,
+            prompt,
+            SpecConfig(k=2, method="draft", adaptive=False),
+            40,
+            sampling,
+            drafter=drafter,
+            k_policy=policy,
         )
         runs[name] = (
             [(e.id, e.kind) for e in events if isinstance(e, Token)],

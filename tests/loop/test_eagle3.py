@@ -77,7 +77,11 @@ def test_layer_features_come_from_the_same_forward(tiny):
 
 @pytest.mark.parametrize(
     "spec",
-    [SpecConfig(k=1), SpecConfig(k=3), SpecConfig(k=2, adaptive=True, k_max=4)]
+    [
+        SpecConfig(k=1, method="draft", adaptive=False),
+        SpecConfig(k=3, method="draft", adaptive=False),
+        SpecConfig(k=2, adaptive=True, k_max=4, method="draft"),
+    ]
     + [SpecConfig(k=3, method="draft", tree=t) for t in ("3,2,1", "dynamic")],
     ids=["k1", "k3", "adaptive", "tree", "dynamic-tree"],
 )
@@ -108,7 +112,9 @@ def test_warm_start_drafts_exactly_as_the_draft_it_starts_from(tiny, items, tmp_
     rounds = []
     for draft in (tiny / "eagle", tmp_path / "grown"):
         engine = Engine.load(target=str(tiny / "target"), draft=str(draft))
-        events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=3), 40)
+        events = gen(
+            engine, engine.encode_raw(PROMPT), SpecConfig(k=3, method="draft", adaptive=False), 40
+        )
         rounds.append([(e.drafted, e.accepted) for e in events if isinstance(e, Round)])
     assert rounds[0] == rounds[1] and sum(a for _, a in rounds[0]) > 0
 
@@ -163,8 +169,9 @@ def test_training_time_test_loss_goes_down(tiny, items, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2])
 def test_shipped_eagle3_pair_keeps_greedy_output_and_reads_three_layers(k):
-    """models/smollm2-135m-eagle3 through the catalogue pair: the verify returns layers 2, 15 and
-    the top, and greedy output on the project's own prompts is plain decoding's."""
+    """research/recipes/smollm2-135m-eagle3 through the catalogue pair: the verify returns
+    layers 2, 15 and the top, and greedy output on the project's own prompts is plain
+    decoding's."""
     from tests.helpers.pair import assert_greedy_speculative_equals_plain
 
     engine = Engine.load(pair="smollm2-135m-eagle3")

@@ -16,8 +16,14 @@ from edgespec.events import Finished, Round, Token
 from edgespec.runtime import Engine
 from tests.helpers import token_ids
 
-GREEDY = GenerationConfig(SamplingConfig(temperature=0), SpecConfig(k=4), max_tokens=40)
-SAMPLED = GenerationConfig(SamplingConfig(temperature=1.0, seed=11), SpecConfig(k=3), max_tokens=40)
+GREEDY = GenerationConfig(
+    SamplingConfig(temperature=0), SpecConfig(k=4, method="draft", adaptive=False), max_tokens=40
+)
+SAMPLED = GenerationConfig(
+    SamplingConfig(temperature=1.0, seed=11),
+    SpecConfig(k=3, method="draft", adaptive=False),
+    max_tokens=40,
+)
 MESSAGES = [{"role": "user", "content": "why is the river light"}]
 
 
@@ -100,7 +106,8 @@ def test_cancel_between_rounds_leaves_consistent_caches(tiny_models):
 
 
 def test_event_stream_contract(engine):
-    events = list(engine.chat(MESSAGES, GenerationConfig(max_tokens=30)))
+    config = GenerationConfig(spec=SpecConfig(method="draft", adaptive=False), max_tokens=30)
+    events = list(engine.chat(MESSAGES, config))
     assert [type(e) for e in events].count(Finished) == 1 and isinstance(events[-1], Finished)
     tokens = [e for e in events if isinstance(e, Token)]
     rounds = [e for e in events if isinstance(e, Round)]
@@ -194,7 +201,14 @@ def test_untrimmable_cache_is_refused(tiny_models):
     bad = SimpleNamespace(model=_Recurrent(), tokenizer=None, name="ssm", context_window=512)
     engine = Engine(target, bad)  # plain decoding never needs to refuse a cache
     with pytest.raises(CacheNotTrimmableError, match="ssm"):
-        list(engine.generate([1, 2, 3], GenerationConfig(GREEDY.sampling, SpecConfig(k=2), 4)))
+        list(
+            engine.generate(
+                [1, 2, 3],
+                GenerationConfig(
+                    GREEDY.sampling, SpecConfig(k=2, method="draft", adaptive=False), 4
+                ),
+            )
+        )
 
 
 @pytest.mark.slow
@@ -213,6 +227,11 @@ def test_real_model_speculative_greedy_equals_plain():
     plain = list(
         engine.generate(ids, GenerationConfig(GREEDY.sampling, SpecConfig(method="none"), 24))
     )
-    spec = list(engine.generate(ids, GenerationConfig(GREEDY.sampling, SpecConfig(k=4), 24)))
+    spec = list(
+        engine.generate(
+            ids,
+            GenerationConfig(GREEDY.sampling, SpecConfig(k=4, method="draft", adaptive=False), 24),
+        )
+    )
     assert token_ids(plain) == token_ids(spec) and "Paris" in plain[-1].text
     assert spec[-1].stats.acceptance > 0.9

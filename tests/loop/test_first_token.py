@@ -69,7 +69,7 @@ def test_a_first_plain_round_in_a_packed_batch_is_read_back_before_the_next_forw
         )
     ids = engine.encode_raw(PROMPT)
     calls = _watch(engine, monkeypatch)
-    config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft"), 6)
+    config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft", adaptive=False), 6)
     seen = [
         len([c for c in calls if c[0] == "target"])
         for e in engine.generate(ids, config, k_policy=lambda _last: 0)
@@ -102,10 +102,12 @@ def test_output_with_the_merged_prompt_equals_plain_decoding(tiny_models, method
 
     for text in (PROMPT, " ".join([PROMPT] * 2)):  # merged, and past MERGE_MAX
         ids = engine.encode_raw(text)
-        assert ids_of(ids, SpecConfig(k=3, method=method)) == ids_of(ids, SpecConfig(method="none"))
+        assert ids_of(ids, SpecConfig(k=3, method=method, adaptive=False)) == ids_of(
+            ids, SpecConfig(method="none")
+        )
     # A fresh engine: its first verify also reads the prompt, so adaptive K does not time it.
     fresh = Engine(*tiny_models)
-    config = GenerationConfig(GREEDY, SpecConfig(k=3, method=method), 8)
+    config = GenerationConfig(GREEDY, SpecConfig(k=3, method=method, adaptive=False), 8)
     short = engine.encode_raw(PROMPT)  # within MERGE_MAX: merged
     rounds = [e for e in fresh.generate(short, config) if isinstance(e, Round)]
     assert not rounds[0].timed and all(r.timed for r in rounds[1:] if r.drafted)
@@ -125,18 +127,24 @@ def test_in_a_packed_batch_the_draft_reads_the_prompt_when_it_first_drafts(
     another conversation is cut back to what it shares with the prompt (not trusted as is)."""
     engine = Engine(*tiny_models)
     other = engine.encode_raw("a different conversation about the sea")
-    list(engine.generate(other, GenerationConfig(GREEDY, SpecConfig(k=3, method="draft"), 12)))
+    list(
+        engine.generate(
+            other, GenerationConfig(GREEDY, SpecConfig(k=3, method="draft", adaptive=False), 12)
+        )
+    )
     _pack_alone(engine)
     ids = engine.encode_raw(PROMPT)
     plain = [
         e.id
-        for e in Engine(*tiny_models).generate(ids, GenerationConfig(GREEDY, SpecConfig(), 24))
+        for e in Engine(*tiny_models).generate(
+            ids, GenerationConfig(GREEDY, SpecConfig(method="draft", adaptive=False), 24)
+        )
         if isinstance(e, Token)
     ]
     calls = _watch(engine, monkeypatch)
     script = iter([0, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3])
     out, drafts_at_first_drafting = [], None
-    config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft"), 24)
+    config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft", adaptive=False), 24)
     for event in engine.generate(ids, config, k_policy=lambda _last: next(script, 3)):
         if isinstance(event, Token):
             out.append(event.id)

@@ -70,7 +70,9 @@ def test_hybrid_caches_stay_consistent_and_the_draft_catches_up(self_engine):
     engine = self_engine
     ids = engine.encode_raw(PROMPT) * 2  # the suffix occurred before: round 0 is an n-gram round
     cfg = GenerationConfig(
-        GREEDY, SpecConfig(k=3, method="hybrid", ngram_min=1, ngram_max=1), max_tokens=60
+        GREEDY,
+        SpecConfig(k=3, method="hybrid", ngram_min=1, ngram_max=1, adaptive=False),
+        max_tokens=60,
     )
     committed, methods = list(ids), []
     for event in engine.generate(ids, cfg):
@@ -99,7 +101,7 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
         engine = Engine(*records)
         ids = engine.encode_raw(PROMPT)
         # unigram lookups: matches abound
-        spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6)
+        spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6, adaptive=False)
         events = gen(engine, ids, spec, 500, k_policy=lambda _last: policy_k)
         committed = before = len(ids)  # tokens committed, and when the current round began
         for e in events:
@@ -118,12 +120,19 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
 def test_build_drafter_errors_and_choices(target_engine):
     engine = target_engine
     assert isinstance(
-        build_drafter(SpecConfig(method="ngram"), GREEDY, None, 10, "x"), NgramDrafter
+        build_drafter(SpecConfig(method="ngram", adaptive=False), GREEDY, None, 10, "x"),
+        NgramDrafter,
     )
     for method in ("draft", "hybrid"):
         with pytest.raises(ConfigError, match="no draft model"):
-            list(engine.generate([1, 2, 3], GenerationConfig(GREEDY, SpecConfig(method=method))))
-    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=3, method="ngram"), 8)
+            list(
+                engine.generate(
+                    [1, 2, 3], GenerationConfig(GREEDY, SpecConfig(method=method, adaptive=False))
+                )
+            )
+    events = gen(
+        engine, engine.encode_raw(PROMPT), SpecConfig(k=3, method="ngram", adaptive=False), 8
+    )
     assert len(token_ids(events)) == 8  # n-gram needs no draft model
 
 
@@ -133,7 +142,8 @@ def test_plain_only_skips_every_lookup_and_decodes_as_plain(tiny_models):
     step, and the text is plain decoding's."""
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(PROMPT)
-    spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6)  # matches abound
+    # matches abound
+    spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6, adaptive=False)
     plain = token_ids(gen(engine, ids, SpecConfig(method="none"), 80))
     lookups = [e for e in gen(engine, ids, spec, 80, k_policy=lambda _: 0) if isinstance(e, Round)]
     assert any(r.drafted > 0 for r in lookups)  # K = 0: lookups verified

@@ -23,8 +23,8 @@ from tests.helpers.tiny import make_tiny_pair
 
 PROMPT = "the cat and the dog went to the river with a model token draft to the city"
 METHODS = [
-    SpecConfig(k=4, method="draft"),
-    SpecConfig(k=4, method="hybrid"),
+    SpecConfig(k=4, method="draft", adaptive=False),
+    SpecConfig(k=4, method="hybrid", adaptive=False),
     SpecConfig(k=6, method="hybrid", adaptive=True),
 ]
 
@@ -69,7 +69,7 @@ def test_greedy_output_equals_plain_decoding_with_the_same_kv_bits(engine, spec)
 
 
 def test_a_chats_second_turn_reuses_the_quantized_prefix_and_stays_exact(engine):
-    spec = GenerationConfig(spec=SpecConfig(k=4, method="hybrid"), max_tokens=40)
+    spec = GenerationConfig(spec=SpecConfig(k=4, method="hybrid", adaptive=False), max_tokens=40)
     plain = GenerationConfig(spec=SpecConfig(method="none"), max_tokens=40)
     first = [{"role": "user", "content": PROMPT}]
     engine.reset()
@@ -104,7 +104,12 @@ def test_a_bounded_draft_keeps_its_quantized_cache_and_stays_exact(engine):
     engine.reset()
     plain = plain_ids(engine, ids, 24)
     engine.reset()
-    events = gen(engine, ids, SpecConfig(k=4, method="draft", draft_window=MIN_DRAFT_WINDOW), 24)
+    events = gen(
+        engine,
+        ids,
+        SpecConfig(k=4, method="draft", draft_window=MIN_DRAFT_WINDOW, adaptive=False),
+        24,
+    )
     assert token_ids(events) == plain
     assert _layers(engine._draft) == {(QuantizedKVCache, engine.kv_bits)}  # not windows
 
@@ -118,7 +123,9 @@ def test_trees_packing_and_prefix_copies_refuse_or_fall_back(engine):
     assert not packable(target) and not packable(draft)  # the server runs them one forward each
     assert not forkable(Slot(target, draft))  # its prefix pool keeps them, without copies
     engine.reset()
-    assert token_ids(gen(engine, ids, SpecConfig(k=4), 8)) == plain_ids(engine, ids, 8)
+    assert token_ids(
+        gen(engine, ids, SpecConfig(k=4, method="draft", adaptive=False), 8)
+    ) == plain_ids(engine, ids, 8)
 
 
 def test_other_bits_are_refused_in_one_line(pair):
@@ -161,7 +168,10 @@ def test_the_embedded_pair_with_quantized_kv_caches_keeps_greedy_output(bits):
     ids = engine.encode_chat([{"role": "user", "content": "Why is the sky blue? Explain."}])
     plain = plain_ids(engine, ids, 64)
     assert _layers(engine._target) == {(QuantizedKVCache, bits)}
-    for spec in (SpecConfig(k=4, method="draft"), SpecConfig(method="hybrid", adaptive=True)):
+    for spec in (
+        SpecConfig(k=4, method="draft", adaptive=False),
+        SpecConfig(method="hybrid", adaptive=True),
+    ):
         engine.reset()
         events = gen(engine, ids, spec, 64)
         assert token_ids(events) == plain and len(plain) == 64

@@ -54,7 +54,7 @@ def _held(state: KVState) -> int:
 @pytest.mark.parametrize(
     "spec",
     [
-        SpecConfig(k=4, method="draft", draft_window=WINDOW),
+        SpecConfig(k=4, method="draft", draft_window=WINDOW, adaptive=False),
         SpecConfig(k=4, method="hybrid", adaptive=True, draft_window=WINDOW),
     ],
     ids=["draft", "adaptive-hybrid"],
@@ -89,22 +89,22 @@ def test_a_bounded_draft_reads_only_the_end_of_a_long_prompt(long_engine, monkey
 
     monkeypatch.setattr(KVState, "forward", count)
     engine.reset()
-    gen(engine, prompt, SpecConfig(k=2, method="draft", draft_window=WINDOW), 8)
+    gen(engine, prompt, SpecConfig(k=2, method="draft", draft_window=WINDOW, adaptive=False), 8)
     # The sinks, the last two windows of the prompt, then the rounds' few tokens each.
     assert DRAFT_SINKS + 2 * WINDOW <= sum(fed) <= DRAFT_SINKS + 2 * WINDOW + 8 * 4
     engine.reset()
     fed.clear()
-    gen(engine, prompt, SpecConfig(k=2, method="draft", draft_window=0), 8)
+    gen(engine, prompt, SpecConfig(k=2, method="draft", draft_window=0, adaptive=False), 8)
     assert sum(fed) >= len(prompt) - 1  # unbounded: the whole prompt
 
 
 def test_short_contexts_and_trees_keep_the_drafts_full_cache(long_engine):
     engine = long_engine
     prompt = _prompt(engine, 300, seed=2)  # under 2 windows: the bound is not on yet
-    gen(engine, prompt, SpecConfig(k=2, method="draft", draft_window=WINDOW), 8)
+    gen(engine, prompt, SpecConfig(k=2, method="draft", draft_window=WINDOW, adaptive=False), 8)
     assert not any(isinstance(layer, WindowKVCache) for layer in engine._draft.cache)
     long = _prompt(engine, 2_000, seed=2)
-    gen(engine, long, SpecConfig(k=2, method="draft", draft_window=WINDOW), 8)
+    gen(engine, long, SpecConfig(k=2, method="draft", draft_window=WINDOW, adaptive=False), 8)
     assert all(isinstance(layer, WindowKVCache) for layer in engine._draft.cache)
     want = plain_ids(engine, long, 12)
     tree = SpecConfig(k=2, method="draft", tree="2,1", draft_window=WINDOW)
@@ -125,7 +125,7 @@ def test_sampled_tokens_follow_the_target_distribution_with_the_bound_on(long_se
     engine = long_self_engine
     ids = _prompt(engine, 1_200, seed=4)
     sampling = SamplingConfig(temperature=2.0)
-    spec = SpecConfig(k=2, method="draft", draft_window=512)
+    spec = SpecConfig(k=2, method="draft", draft_window=512, adaptive=False)
     model, kinds = engine.target.model, set()
     (eos,) = engine.tokenizer.eos_token_ids
 

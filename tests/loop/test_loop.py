@@ -19,7 +19,7 @@ def test_greedy_speculative_equals_plain_decoding(engine, k):
     ids = engine.encode_raw(PROMPT)
     plain = plain_ids(engine, ids, 48)
     engine.reset()
-    spec = gen(engine, ids, SpecConfig(k=k), 48)
+    spec = gen(engine, ids, SpecConfig(k=k, method="draft", adaptive=False), 48)
     assert token_ids(spec) == plain
     assert len(plain) == 48
 
@@ -27,7 +27,12 @@ def test_greedy_speculative_equals_plain_decoding(engine, k):
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_self_draft_accepts_every_token_and_ends_rounds_with_a_bonus(self_engine, k):
     engine = self_engine
-    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=k), 5 * (k + 1))
+    events = gen(
+        engine,
+        engine.encode_raw(PROMPT),
+        SpecConfig(k=k, method="draft", adaptive=False),
+        5 * (k + 1),
+    )
     rounds = rounds_of(events)
     assert rounds and all(r.accepted == r.drafted == k for r in rounds)
     kinds = [e.kind for e in events if isinstance(e, Token)]
@@ -38,7 +43,15 @@ def test_self_draft_accepts_every_token_and_ends_rounds_with_a_bonus(self_engine
 def test_same_seed_same_tokens_other_seed_other_tokens(engine):
     ids = engine.encode_raw(PROMPT)
     a, b, c = (
-        token_ids(gen(engine, ids, SpecConfig(k=4), 32, SamplingConfig(1.0, seed=s)))
+        token_ids(
+            gen(
+                engine,
+                ids,
+                SpecConfig(k=4, method="draft", adaptive=False),
+                32,
+                SamplingConfig(1.0, seed=s),
+            )
+        )
         for s in (5, 5, 6)
     )
     assert a == b and a != c
@@ -48,7 +61,11 @@ def test_sampled_self_draft_accepts_almost_everything(self_engine):
     """p == q at temperature > 0: the ratio test passes (float noise aside)."""
     engine = self_engine
     events = gen(
-        engine, engine.encode_raw(PROMPT), SpecConfig(k=4), 60, SamplingConfig(1.0, seed=3)
+        engine,
+        engine.encode_raw(PROMPT),
+        SpecConfig(k=4, method="draft", adaptive=False),
+        60,
+        SamplingConfig(1.0, seed=3),
     )
     assert events[-1].stats.acceptance > 0.97
 

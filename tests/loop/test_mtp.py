@@ -90,8 +90,8 @@ def test_the_head_loads_from_the_checkpoint_as_a_feature_draft(engine, checkpoin
 
 
 SPECS = {
-    "k1": SpecConfig(k=1, method="mtp"),
-    "k3": SpecConfig(k=3, method="mtp"),
+    "k1": SpecConfig(k=1, method="mtp", adaptive=False),
+    "k3": SpecConfig(k=3, method="mtp", adaptive=False),
     "adaptive": SpecConfig(k=2, method="mtp", adaptive=True),
 }
 
@@ -108,7 +108,7 @@ def test_a_later_turn_reuses_the_caches_and_stays_exact(engine, checkpoint):
     included, and answers as plain decoding; so does a turn after a plain generation moved the
     target's restore points (its rewind then lands before the features' reusable prefix)."""
     alone = Engine.load(target=str(checkpoint), with_draft=False)
-    spec, none = SpecConfig(k=3, method="mtp"), SpecConfig(method="none")
+    spec, none = SpecConfig(k=3, method="mtp", adaptive=False), SpecConfig(method="none")
     ids = engine.encode_raw(PROMPT)
     first = generate(engine, ids, spec, 5)[0]  # stopped early, caches kept
     turn = ids + first + engine.encode_raw(" the river")
@@ -132,7 +132,7 @@ def test_a_qwen3_next_head_with_experts_drafts_exactly(tmp_path_factory):
     )
     ids = engine.encode_raw(PROMPT)
     plain = generate(engine, ids, SpecConfig(method="none"), 120)[0]
-    tokens, acceptance = _greedy(engine, SpecConfig(k=3, method="mtp"), 120)
+    tokens, acceptance = _greedy(engine, SpecConfig(k=3, method="mtp", adaptive=False), 120)
     assert first_difference(tokens, plain) is None and acceptance > 0.3
 
 
@@ -150,7 +150,7 @@ def test_the_cli_answers_as_no_spec(checkpoint):
 
 def test_sampled_answers_follow_the_target_distribution(engine):
     engine.reset()  # which tokens a seed gives depends on the drafts, so on what caches held
-    spec = SpecConfig(k=3, method="mtp")
+    spec = SpecConfig(k=3, method="mtp", adaptive=False)
     assert_follows(lambda seeds: sampled_p_value(engine, spec, seeds, 60)[0], range(6), "mtp")
 
 
@@ -170,7 +170,12 @@ def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch)
     for seed in range(6):
         sampling = SamplingConfig(temperature=1.0, seed=seed)
         tokens, _ = generate(
-            engine, ids, SpecConfig(k=3, method="mtp"), 60, temperature=1.0, seed=seed
+            engine,
+            ids,
+            SpecConfig(k=3, method="mtp", adaptive=False),
+            60,
+            temperature=1.0,
+            seed=seed,
         )
         values.append(pit_values(engine, ids, tokens, sampling, rng))
     assert sum(len(v) for v in values) >= 200
@@ -180,7 +185,7 @@ def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch)
 def test_a_head_fed_the_wrong_position_stays_exact_only_slower(engine, plain, monkeypatch):
     """Plant the bug: every committed position's feature is its predecessor's hidden state (one
     position late, zeros at position 0), prompt and rounds alike."""
-    spec = SpecConfig(k=3, method="mtp")
+    spec = SpecConfig(k=3, method="mtp", adaptive=False)
     engine.reset()
     _, right = _greedy(engine, spec)
     real, held = EagleState.set_features, {}
@@ -231,7 +236,7 @@ def test_fused_and_per_expert_weights_stack_as_mlx_lm_holds_them():
 def test_a_target_loaded_without_its_head_refuses_method_mtp(checkpoint):
     engine = Engine.load(target=str(checkpoint), with_draft=False)
     with pytest.raises(ConfigError, match="without its MTP head"):
-        generate(engine, engine.encode_raw(PROMPT), SpecConfig(method="mtp"), 4)
+        generate(engine, engine.encode_raw(PROMPT), SpecConfig(method="mtp", adaptive=False), 4)
 
 
 def test_pull_of_a_folder_converts_it_keeping_the_head(checkpoint, tmp_path, monkeypatch):
@@ -284,7 +289,7 @@ def test_pull_of_a_catalogue_checkpoint_converts_the_download(checkpoint, tmp_pa
 def _speculates_exactly(engine: Engine) -> None:
     assert isinstance(engine.draft.model, MtpModel)
     ids = engine.encode_raw(PROMPT)
-    tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp"), 40)
+    tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp", adaptive=False), 40)
     assert tokens == generate(engine, ids, SpecConfig(method="none"), 40)[0]
 
 

@@ -124,8 +124,8 @@ def test_sanitize_keeps_the_layer_and_drops_the_shared_copies():
 
 
 SPECS = {
-    "k1": SpecConfig(k=1, method="mtp"),
-    "k3": SpecConfig(k=3, method="mtp"),
+    "k1": SpecConfig(k=1, method="mtp", adaptive=False),
+    "k3": SpecConfig(k=3, method="mtp", adaptive=False),
     "adaptive": SpecConfig(k=2, method="mtp", adaptive=True),
 }
 
@@ -152,7 +152,7 @@ def test_the_cli_answers_as_no_spec(checkpoint):
 
 def test_sampled_answers_follow_the_target_distribution(engine):
     engine.reset()
-    spec = SpecConfig(k=3, method="mtp")
+    spec = SpecConfig(k=3, method="mtp", adaptive=False)
     assert_follows(lambda seeds: sampled_p_value(engine, spec, seeds, 60)[0], range(6), "mtp")
 
 
@@ -168,7 +168,7 @@ def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch)
     engine.reset()
     for seed in range(6):
         sampling = SamplingConfig(temperature=1.0, seed=seed)
-        spec = SpecConfig(k=3, method="mtp")
+        spec = SpecConfig(k=3, method="mtp", adaptive=False)
         tokens, _ = generate(engine, ids, spec, 60, temperature=1.0, seed=seed)
         values.append(pit_values(engine, ids, tokens, sampling, rng))
     assert sum(len(v) for v in values) >= 200
@@ -212,5 +212,5 @@ def test_pull_of_a_folder_converts_it_keeping_the_layer(checkpoint, tmp_path, mo
     engine = Engine.load(target=str(folder), draft="mtp")
     assert isinstance(engine.draft.model, NextnModel)
     ids = engine.encode_raw(PROMPT)
-    tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp"), 40)
+    tokens, _ = generate(engine, ids, SpecConfig(k=3, method="mtp", adaptive=False), 40)
     assert tokens == generate(engine, ids, SpecConfig(method="none"), 40)[0]

@@ -57,7 +57,7 @@ def test_every_round_reaches_the_policy_once_in_order(engine, method):
     shows the policy each round exactly once, in order: none twice, none skipped (the last
     round of a run used to be)."""
     policy = Recording()
-    spec = SpecConfig(k=3, method=method)
+    spec = SpecConfig(k=3, method=method, adaptive=False)
     events = gen(engine, engine.encode_raw(PROMPT), spec, 60, k_policy=policy)
     rounds = rounds_of(events)
     assert policy.seen == rounds[: len(policy.seen)]
@@ -73,7 +73,13 @@ def test_round_events_carry_the_policy_k(engine):
         calls.append(last)
         return script[(len(calls) - 1) % len(script)]
 
-    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 30, k_policy=policy)
+    events = gen(
+        engine,
+        engine.encode_raw(PROMPT),
+        SpecConfig(k=2, method="draft", adaptive=False),
+        30,
+        k_policy=policy,
+    )
     rounds = rounds_of(events)
     assert [r.k for r in rounds] == [script[i % len(script)] for i in range(len(rounds))]
     assert calls[0] is None and calls[1:] == rounds[: len(calls) - 1]
@@ -90,7 +96,7 @@ def test_k0_rounds_are_plain_steps_and_output_stays_exact(engine, method):
     events = gen(
         engine,
         ids,
-        SpecConfig(k=3, method=method),
+        SpecConfig(k=3, method=method, adaptive=False),
         48,
         k_policy=lambda last: 0 if next(calls) % 2 else 3,
     )
@@ -119,7 +125,13 @@ def test_pipelined_plain_runs_equal_the_round_path_token_for_token(engine, sampl
         engine.reset()
         calls: list = []
         events = gen(
-            engine, ids, SpecConfig(k=3), 60, sampling, drafter=drafter, k_policy=_scripted(calls)
+            engine,
+            ids,
+            SpecConfig(k=3, method="draft", adaptive=False),
+            60,
+            sampling,
+            drafter=drafter,
+            k_policy=_scripted(calls),
         )
         rounds = rounds_of(events)
         runs[name] = (
@@ -145,7 +157,7 @@ def test_cancel_inside_a_pipelined_plain_run_leaves_consistent_caches(tiny_model
     ids = engine.encode_raw(PROMPT)
     cancel = threading.Event()
     committed, events = list(ids), []
-    cfg = GenerationConfig(GREEDY, SpecConfig(k=3), max_tokens=60)
+    cfg = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft", adaptive=False), max_tokens=60)
     for event in engine.generate(ids, cfg, cancel, k_policy=_scripted([])):
         events.append(event)
         if isinstance(event, Token):
@@ -159,7 +171,8 @@ def test_cancel_inside_a_pipelined_plain_run_leaves_consistent_caches(tiny_model
     assert t_tokens == committed[:-1] and d_tokens == committed[: len(d_tokens)]
     assert engine._draft.offset == len(d_tokens)
     plain = plain_ids(Engine(*tiny_models), ids, 60)
-    assert token_ids(gen(engine, ids, SpecConfig(k=3), 60)) == plain  # the next request is exact
+    spec = SpecConfig(k=3, method="draft", adaptive=False)
+    assert token_ids(gen(engine, ids, spec, 60)) == plain  # the next request is exact
 
 
 def test_drafts_one_token_behind_keep_greedy_output_and_caches(target_engine):
@@ -173,7 +186,9 @@ def test_drafts_one_token_behind_keep_greedy_output_and_caches(target_engine):
     for drafts in ([plain[2]], plain[2:5], [plain[2], bad], [bad, plain[3]]):
         engine.reset()
         drafter = BehindOnce(len(ids) + 1, drafts)  # after x_m: drafts for x_m+2 ...
-        events = gen(engine, ids, SpecConfig(k=1), 12, drafter=drafter)
+        events = gen(
+            engine, ids, SpecConfig(k=1, method="draft", adaptive=False), 12, drafter=drafter
+        )
         assert token_ids(events) == plain
         rounds = rounds_of(events)
         r = rounds[2]

@@ -19,7 +19,7 @@ from tests.helpers.reference_loop import reference_plain, reference_speculative
 def _generated(
     engine: Engine, ids: list[int], sampling: SamplingConfig, k: int, n: int, method="draft"
 ):
-    return token_ids(gen(engine, ids, SpecConfig(k=k, method=method), n, sampling))
+    return token_ids(gen(engine, ids, SpecConfig(k=k, method=method, adaptive=False), n, sampling))
 
 
 @pytest.mark.parametrize(

@@ -91,7 +91,7 @@ def test_tree_matches_reference_with_an_exact_draft(tiny_self_models, sampling):
 def test_chain_shaped_tree_emits_the_chain_loops_tokens(tiny_models, sampling):
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(PROMPT)
-    chain = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft"), 32, sampling))
+    chain = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft", adaptive=False), 32, sampling))
     tree = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft", tree="chain"), 32, sampling))
     assert tree == chain
     assert list(widths_shape([1, 1, 1])) == list(chain_shape(3))
@@ -185,7 +185,7 @@ def test_feature_draft_tree_samples_like_the_chain_with_a_chain_shape(eagle_pair
     engine = Engine(*eagle_pair)
     ids = engine.encode_raw(PROMPT)
     sampling = SamplingConfig(temperature=0.9, seed=4)
-    chain = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft"), 24, sampling))
+    chain = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft", adaptive=False), 24, sampling))
     tree = _ids(_gen(engine, ids, SpecConfig(k=3, method="draft", tree="chain"), 24, sampling))
     assert tree == chain
 

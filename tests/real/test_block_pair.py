@@ -1,4 +1,5 @@
-"""The shipped block-draft pair (SmolLM2-135M-Instruct + models/smollm2-135m-block), end to end.
+"""The block-draft pair (SmolLM2-135M-Instruct + research/block_draft/smollm2-135m-block, in a
+clone of the repository), end to end.
 
 Real models through the real code path: the catalogue pair, the pulled target, the committed
 8-bit block draft attached to the target's embedding and to its head's rows of the draft's 8,192

@@ -1,4 +1,5 @@
-"""The shipped feature-draft pair (SmolLM2-135M-Instruct + models/smollm2-135m-eagle), end to end.
+"""The feature-draft pair (SmolLM2-135M-Instruct + research/recipes/smollm2-135m-eagle, in a
+clone of the repository), end to end.
 
 Real models through the real code path (catalogue pair, pulled target, the committed 8-bit feature
 draft attached to the target's embedding and head rows). Slow.
@@ -48,7 +49,9 @@ def test_the_trained_feature_draft_gets_tokens_accepted(engine):
     clear margin over untrained."""
     rounds = tokens = 0
     for prompt in mt_bench_prompts(4):
-        stats = answer(engine, prompt, SpecConfig(k=1), n=64)[-1].stats
+        stats = answer(engine, prompt, SpecConfig(k=1, method="draft", adaptive=False), n=64)[
+            -1
+        ].stats
         rounds, tokens = rounds + stats.rounds, tokens + stats.tokens
     assert tokens / rounds > 1.2
 

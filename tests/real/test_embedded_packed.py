@@ -21,8 +21,8 @@ QUESTIONS = [
 ]
 SPECS = [
     SpecConfig(method="hybrid", adaptive=True),
-    SpecConfig(method="draft", k=3),
-    SpecConfig(method="draft", k=1),
+    SpecConfig(method="draft", k=3, adaptive=False),
+    SpecConfig(method="draft", k=1, adaptive=False),
 ]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from research.recipes import gpu_bench
 
-pytestmark = pytest.mark.slow  # pack builds EdgeSpec's wheel (about 40 MB, the drafts inside)
+pytestmark = pytest.mark.slow  # pack builds EdgeSpec's wheel and carries the research drafts
 
 
 def fake_wheel(folder: Path, spec: str) -> None:
@@ -58,7 +58,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[s
 
 def test_run_joins_installs_and_benches_from_the_pieces(packed, tmp_path, capfd):
     pieces, weights, pack_args = packed
-    assert len(list(pieces.glob("bench.tar.[0-9]*"))) >= 3  # EdgeSpec's wheel alone is 40 MB
+    assert len(list(pieces.glob("bench.tar.[0-9]*"))) >= 3  # the wheel and drafts: about 40 MB
     work = tmp_path / "gb"
     args = ["run", "--pieces", str(pieces), "--work", str(work), "--weights", str(weights)]
     assert gpu_bench.main([*args, "--", "--help"]) == 0
@@ -69,6 +69,9 @@ def test_run_joins_installs_and_benches_from_the_pieces(packed, tmp_path, capfd)
     assert {"edgespec", "mlx", "mlx_lm", "mlx_cpu", "textual"} <= installed
     placed = work / "stage" / "home" / "models" / "target" / "model.safetensors"
     assert placed.resolve() == weights.resolve()
+    # the research drafts, out of the wheel, where the installed package looks for them
+    drafts = work / "site" / "edgespec" / "research"
+    assert (drafts / "block_draft" / "smollm2-135m-block" / "model.safetensors").is_file()
 
 
 def test_pack_again_replaces_its_pieces_and_nothing_else(packed, tmp_path):

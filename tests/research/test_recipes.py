@@ -47,7 +47,8 @@ def test_gpu_data_becomes_the_next_shard_with_fresh_counts(tmp_path):
 
 
 def test_the_recipes_find_the_drafts_they_continue():
-    """The recipes name the shipped drafts by their folders in the repository's models/."""
+    """The recipes name the drafts they continue by their folders in the repository: the token
+    draft's in models/, the first feature draft's beside its recipe in research/recipes/."""
     from research.recipes import draft_r2, eagle3_cpu, eagle_cpu
 
     assert (draft_r2.DRAFT / "config.json").is_file()

@@ -21,7 +21,7 @@ PROMPTS = ["why is the river light", "the cat and the dog", "tell me about the m
 def config(max_tokens: int = 40, temperature: float = 0.0, seed: int = 0, **spec):
     sampling = SamplingConfig(temperature=temperature, seed=seed)
     return GenerationConfig(
-        sampling, SpecConfig(**{"k": 3, "method": "hybrid", **spec}), max_tokens
+        sampling, SpecConfig(**{"k": 3, "method": "hybrid", "adaptive": False, **spec}), max_tokens
     )
 
 

@@ -13,8 +13,12 @@ from edgespec.events import Finished, Token
 from edgespec.runtime import Engine
 from edgespec.server.prefix import FORK_TAIL, ConversationPool, copy_prefix
 
-GREEDY = GenerationConfig(SamplingConfig(temperature=0), SpecConfig(k=3, method="hybrid"), 24)
-SAMPLED = GenerationConfig(SamplingConfig(temperature=1.0, seed=5), SpecConfig(k=3), 24)
+GREEDY = GenerationConfig(
+    SamplingConfig(temperature=0), SpecConfig(k=3, method="hybrid", adaptive=False), 24
+)
+SAMPLED = GenerationConfig(
+    SamplingConfig(temperature=1.0, seed=5), SpecConfig(k=3, method="draft", adaptive=False), 24
+)
 SYSTEM = {"role": "system", "content": " ".join(["the river is light and the sun is one"] * 4)}
 
 

@@ -18,7 +18,9 @@ from edgespec.server.stops import Segment
 
 openai_types = pytest.importorskip("openai.types")
 
-BASE = GenerationConfig(SamplingConfig(temperature=0.0), SpecConfig(k=4, method="hybrid"), 512)
+BASE = GenerationConfig(
+    SamplingConfig(temperature=0.0), SpecConfig(k=4, method="hybrid", adaptive=False), 512
+)
 DEFAULTS = Defaults("pair", BASE, random_seed=False, has_draft=True)
 MSG = [{"role": "user", "content": "Hi"}]
 

@@ -25,7 +25,7 @@ from tests.helpers.worker import TIMEOUT, Collect, run
 def config(max_tokens: int = 24, **spec) -> GenerationConfig:
     return GenerationConfig(
         SamplingConfig(temperature=0),
-        SpecConfig(**{"k": 3, "method": "hybrid", **spec}),
+        SpecConfig(**{"k": 3, "method": "hybrid", "adaptive": False, **spec}),
         max_tokens,
     )
 

@@ -21,7 +21,7 @@ def expected_answer(prompt: str, spec: bool = True, k: int = 4) -> tuple[str, li
     """What the fake says to a one-message chat, and the kinds of its tokens (reference run)."""
     from edgespec.config import GenerationConfig, SpecConfig
 
-    cfg = GenerationConfig(spec=SpecConfig(k=k, method="draft" if spec else "none"))
+    cfg = GenerationConfig(spec=SpecConfig(k=k, method="draft" if spec else "none", adaptive=False))
     events = list(FakeEngine().chat([{"role": "user", "content": prompt}], cfg))
     return events[-1].text, [e.kind for e in events if e.type == "token"]
 

@@ -26,7 +26,7 @@ def test_real_tiny_pair_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def load(progress):  # noqa: ANN001
         return Engine.load(target=str(target), draft=str(draft), on_progress=progress)
 
-    config = GenerationConfig(spec=SpecConfig(k=3), max_tokens=24)
+    config = GenerationConfig(spec=SpecConfig(k=3, method="draft", adaptive=False), max_tokens=24)
     app = ChatApp(load, config, ChatStore(tmp_path / "chats"), what="tiny pair")
 
     async def scenario() -> None:
@@ -76,7 +76,9 @@ def test_esc_during_a_long_prefill_leaves_the_chat_and_caches_consistent(
 
     monkeypatch.setattr(engine_thread._Reading, "__call__", slow_cpu)
     config = GenerationConfig(
-        sampling=SamplingConfig(temperature=0.0), spec=SpecConfig(k=3), max_tokens=16
+        sampling=SamplingConfig(temperature=0.0),
+        spec=SpecConfig(k=3, method="draft", adaptive=False),
+        max_tokens=16,
     )
 
     def load(progress):  # noqa: ANN001

@@ -32,7 +32,9 @@ def test_the_meter_counts_rounds_won_by_another_branch():
 
 def test_the_stats_panel_shows_branch_wins_after_a_tree_answer(tmp_path: Path):
     loader = FakeLoader(FakeScript(answer_tokens=30))
-    config = GenerationConfig(SamplingConfig(), SpecConfig(k=4, tree="3,2,1,1"), max_tokens=64)
+    config = GenerationConfig(
+        SamplingConfig(), SpecConfig(k=4, tree="3,2,1,1", method="draft"), max_tokens=64
+    )
     app = ChatApp(loader, config, ChatStore(tmp_path / "chats"), what="fake pair")
 
     async def scenario() -> None:
