@@ -111,11 +111,13 @@ def test_timing_driven_choices_are_refused_for_a_sharded_target():
     group = Group(Two(), "ring")
     for spec in (
         SpecConfig(adaptive=True, method="draft"),
-        SpecConfig(method="draft", tree="auto"),
+        SpecConfig(method="draft", tree="auto", adaptive=False),
     ):
         with pytest.raises(ConfigError, match="differ between ranks"):
             check_config(GenerationConfig(spec=spec), group)
-    check_config(GenerationConfig(spec=SpecConfig(method="draft", tree="3,2,1")), group)
+    check_config(
+        GenerationConfig(spec=SpecConfig(method="draft", tree="3,2,1", adaptive=False)), group
+    )
 
 
 def test_agreement_on_a_group_of_one():
