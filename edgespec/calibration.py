@@ -68,14 +68,17 @@ class KCycle:
     one was used (a generation that stopped early leaves the rest to the next).
 
     >>> policy = KCycle(2, repeats=1)
-    >>> [policy(None) for _ in range(4)], policy.done
+    >>> [policy.decide() for _ in range(4)], policy.done
     ([1, 2, 0, 0], True)
     """
 
     def __init__(self, k_max: int, repeats: int = 2) -> None:
         self.ks, self.used = k_cycle(k_max, repeats), 0
 
-    def __call__(self, _last: object) -> int:
+    def observe(self, r: Round) -> None:
+        pass
+
+    def decide(self) -> int:
         self.used += 1
         return self.ks[self.used - 1] if self.used <= len(self.ks) else 0
 

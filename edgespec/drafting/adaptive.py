@@ -7,7 +7,7 @@ plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is 
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
 while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
-runs such K = 0 rounds pipelined (rounds.plain_run), as fast as plain decoding; the policy then
+runs such K = 0 rounds pipelined (loop.plain_run), as fast as plain decoding; the policy then
 decides a round before the previous one is read back. The loop hands it every round once, in order
 (`observe`, rounds.Plans), and asks for each K (`decide`).
 
@@ -144,8 +144,8 @@ class DrafterEstimate:
 
 
 class AdaptiveK:
-    """K policy for loop.speculate (a rounds.Policy: `observe(round)`, `decide() -> K`; or
-    `policy(last_round) -> K`, observing last first), learning online from Round events.
+    """K policy for loop.speculate (a rounds.Policy: `observe(round)`, `decide() -> K`),
+    learning online from Round events.
 
     Estimates are kept per drafting method (Round.method), because an n-gram lookup and a draft
     model differ in both cost and acceptance; the verify cost belongs to the target and is shared.
@@ -275,11 +275,6 @@ class AdaptiveK:
         self.chosen.append(k)
         return k
 
-    def __call__(self, last: Round | None) -> int:
-        if last is not None:
-            self.observe(last)
-        return self.decide()
-
     def lookup_k(self, method: str, default: int) -> int:
         """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best
         K >= 1 from its own estimates, `default` until its costs are measured. No side effects."""
@@ -287,12 +282,26 @@ class AdaptiveK:
         return default if args is None else best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
 
 
+class FixedK:
+    """The same K every round (a rounds.Policy). FixedK(0): plain steps, with a drafter's free
+    lookups; FixedK(PLAIN_ONLY): plain steps only (plain decoding)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def observe(self, r: Round) -> None:
+        pass
+
+    def decide(self) -> int:
+        return self.k
+
+
 def make_k_policy(
     k: int, adaptive: bool, k_max: int, model: str | None = None, long_match: int = 0
-) -> Callable[[Round | None], int]:
+) -> AdaptiveK | FixedK:
     """The K policy a SpecConfig asks for: AdaptiveK(k, k_max, model=model,
-    long_match=long_match) if adaptive, else always k. model="draft" for a hybrid drafter (see
+    long_match=long_match) if adaptive, else FixedK(k). model="draft" for a hybrid drafter (see
     AdaptiveK); long_match: SpecConfig.long_match."""
     if adaptive:
         return AdaptiveK(k, k_max, model=model, long_match=long_match)
-    return lambda _last: k
+    return FixedK(k)

@@ -211,8 +211,3 @@ class AdaptiveTree:
         shape = self.choose()
         self.chosen.append(shape)
         return shape
-
-    def __call__(self, last: Round | None) -> Shape:
-        if last is not None:
-            self.observe(last)
-        return self.decide()

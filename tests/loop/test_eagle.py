@@ -41,6 +41,7 @@ from tests.helpers import (
     GREEDY,
     PROMPT,
     RoundByRound,
+    Scripted,
     chi2_pvalue,
     gen,
     plain_ids,
@@ -370,7 +371,7 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
     prompt = s.ids[: s.prompt_len].tolist()
     script = [2, 0, 0, 0, 0, 2, 0, 0, 1, 2]
     plain_runs: list = []
-    real = loop.plain_run  # the loop calls it by the name it imported from edgespec.rounds
+    real = loop.plain_run  # speculate calls it by its module-level name
     monkeypatch.setattr(loop, "plain_run", lambda *a: plain_runs.append(1) or real(*a))
     runs = {}
     for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
@@ -383,7 +384,13 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
             return script[(len(calls) - 1) % len(script)]
 
         events = gen(
-            engine, prompt, SpecConfig(k=2), 40, sampling, drafter=drafter, k_policy=policy
+            engine,
+            prompt,
+            SpecConfig(k=2),
+            40,
+            sampling,
+            drafter=drafter,
+            k_policy=Scripted(policy),
         )
         runs[name] = (
             [(e.id, e.kind) for e in events if isinstance(e, Token)],

@@ -1,4 +1,4 @@
-"""Rounds with nothing drafted, pipelined like plain decoding (edgespec.rounds.plain_run): runs of
+"""Rounds with nothing drafted, pipelined like plain decoding (edgespec.loop.plain_run): runs of
 K = 0 rounds and of lookup misses, lookups made one token behind, and cancelling inside a run.
 Each pipelined step is the d = 0 round the loop would otherwise run, so tokens, kinds and Round
 records must equal the round-by-round path's, and the caches must stay consistent."""
@@ -18,6 +18,7 @@ from tests.helpers import (
     PROMPT,
     BehindOnce,
     RoundByRound,
+    Scripted,
     gen,
     plain_ids,
     rounds_of,
@@ -33,7 +34,7 @@ def _scripted(calls: list):
         calls.append(last)
         return SCRIPT[(len(calls) - 1) % len(SCRIPT)]
 
-    return policy
+    return Scripted(policy)
 
 
 class Recording:
@@ -73,7 +74,7 @@ def test_round_events_carry_the_policy_k(engine):
         calls.append(last)
         return script[(len(calls) - 1) % len(script)]
 
-    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 30, k_policy=policy)
+    events = gen(engine, engine.encode_raw(PROMPT), SpecConfig(k=2), 30, k_policy=Scripted(policy))
     rounds = rounds_of(events)
     assert [r.k for r in rounds] == [script[i % len(script)] for i in range(len(rounds))]
     assert calls[0] is None and calls[1:] == rounds[: len(calls) - 1]
@@ -92,7 +93,7 @@ def test_k0_rounds_are_plain_steps_and_output_stays_exact(engine, method):
         ids,
         SpecConfig(k=3, method=method),
         48,
-        k_policy=lambda last: 0 if next(calls) % 2 else 3,
+        k_policy=Scripted(lambda last: 0 if next(calls) % 2 else 3),
     )
     assert token_ids(events) == plain
     rounds = rounds_of(events)
