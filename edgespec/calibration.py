@@ -93,7 +93,9 @@ def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, fl
     round after a plain one (its catch-up).
 
     >>> times = [(9.0, 5.0), (0.02, 0.1), (0.04, 0.3)]  # the first: a compile
-    >>> round_costs([Round(i, 2, 1, 2, d, v) for i, (d, v) in enumerate(times)])
+    >>> rounds = [Round(index=i, drafted=2, accepted=1, k=2, t_draft=d, t_verify=v)
+    ...           for i, (d, v) in enumerate(times)]
+    >>> round_costs(rounds)
     ({'draft': 0.015}, {3: 0.2})
     """
     draft: dict[str, list[float]] = {}
