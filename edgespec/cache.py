@@ -31,9 +31,8 @@ MERGE_MAX = 32
 # that the draft's rewinds after it are trims.
 READ_WINDOWS = 2
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
-# How a state's forwards run when something else runs them (a server's batch packs several
-# sequences' forwards into one, edgespec/server/packing.py): (state, inputs [L], head_only) ->
-# logits, the same as the state's own forward (KVState.forward_alone) would give.
+# Who runs a state's forwards besides itself (a server's batch packs several sequences' into one,
+# edgespec/server/packing.py): (state, inputs [L], head_only) -> the logits forward_alone gives.
 Forward = Callable[["KVState", mx.array, bool], mx.array]
 
 
@@ -222,8 +221,7 @@ class KVState:
     rewindable ones (edgespec/rewind.py). Any cache decodes plainly; `check_speculation` says
     whether this one can also speculate. `softmax`: the backend's softmax for warping this
     model's logits (sampling.warp; None: MLX's own; the Engine passes its CPU backend's).
-    `run`: who runs its forwards (a Forward, given when the state is built); None: the state
-    itself, alone."""
+    `run`: who runs its forwards (a Forward, given at build; None: the state itself, alone)."""
 
     def __init__(
         self,
@@ -247,12 +245,8 @@ class KVState:
         self.bound: Bound | None = None
         self.feature_layers: tuple[int, ...] = (TOP,)  # what forward_features returns
         self._run = run
-
-    @property
-    def shared(self) -> bool:
-        """Whether its forwards may run with other sequences' (a Forward given at build): a
-        forward queued behind another then waits for theirs too."""
-        return self._run is not None
+        # Its forwards may run with other sequences': one queued behind another waits for theirs.
+        self.shared = run is not None
 
     @property
     def cache(self) -> list[Any]:
