@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from edgespec.sampling import sample
+from edgespec.config import SamplingConfig
+from edgespec.sampling import Softmax, sample, uniforms, warp
 
 
 def _leading_run(ok: mx.array) -> mx.array:
@@ -81,6 +82,25 @@ def verify_greedy(x: mx.array, target_logits: mx.array) -> tuple[mx.array, mx.ar
     best = mx.argmax(target_logits, axis=-1).astype(mx.int32)  # [..., K+1]
     n = _leading_run(x.astype(mx.int32) == best[..., :k])
     return n, mx.take_along_axis(best, n[..., None], axis=-1)[..., 0]
+
+
+def accept(
+    x: mx.array,
+    q: mx.array | None,
+    logits: mx.array,
+    cfg: SamplingConfig,
+    key: mx.array,
+    softmax: Softmax | None = None,
+) -> tuple[mx.array, mx.array]:
+    """The acceptance step of one round on the target's logits [K + 1, V] of the pending token and
+    the K drafted ones x (q: verify's): (n_accepted, next_token), lazy; K = 0 is a plain target
+    step. The one place temperature 0 is decided: there the longest prefix agreeing with the
+    target's argmax (verify_greedy, what `verify` gives on warp's one-hot rows, without them);
+    else the ratio test on warp(logits) (`softmax`: the target's, KVState.softmax) with
+    uniforms(key, K + 1), the key schedule's verify key (sampling.round_keys)."""
+    if cfg.greedy:
+        return verify_greedy(x, logits)
+    return verify(x, q, warp(logits, cfg, softmax), uniforms(key, x.shape[-1] + 1))
 
 
 def expected_acceptance(p: mx.array, q: mx.array) -> mx.array:

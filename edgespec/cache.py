@@ -31,6 +31,9 @@ MERGE_MAX = 32
 # that the draft's rewinds after it are trims.
 READ_WINDOWS = 2
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
+# Who runs a state's forwards besides itself (a server's batch packs several sequences' into one,
+# edgespec/server/packing.py): (state, inputs [L], head_only) -> the logits forward_alone gives.
+Forward = Callable[["KVState", mx.array, bool], mx.array]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -217,7 +220,8 @@ class KVState:
     passes the CPU backend's, which marks it for grouped attention). Sliding-window layers become
     rewindable ones (edgespec/rewind.py). Any cache decodes plainly; `check_speculation` says
     whether this one can also speculate. `softmax`: the backend's softmax for warping this
-    model's logits (sampling.warp; None: MLX's own; the Engine passes its CPU backend's)."""
+    model's logits (sampling.warp; None: MLX's own; the Engine passes its CPU backend's).
+    `run`: who runs its forwards (a Forward, given at build; None: the state itself, alone)."""
 
     def __init__(
         self,
@@ -225,6 +229,7 @@ class KVState:
         name: str = "model",
         new_cache: CacheFactory = make_prompt_cache,
         softmax: Softmax | None = None,
+        run: Forward | None = None,
     ):
         self.model = model
         self.softmax = softmax
@@ -239,9 +244,9 @@ class KVState:
         # A draft's attention bound for this request (set by the RoundFactory; None: none).
         self.bound: Bound | None = None
         self.feature_layers: tuple[int, ...] = (TOP,)  # what forward_features returns
-        # Set by a server running several requests at once (edgespec/server/packing.py): takes
-        # this state's forwards and returns their logits, packed with other requests' rows.
-        self.packer: Callable[[KVState, mx.array, bool], mx.array] | None = None
+        self._run = run
+        # Its forwards may run with other sequences': one queued behind another waits for theirs.
+        self.shared = run is not None
 
     @property
     def cache(self) -> list[Any]:
@@ -288,13 +293,13 @@ class KVState:
         """inputs [L] int32 -> logits [L, V] (lazy). Appends L positions to the cache; the caller
         must `rewind` afterwards so that `tokens` matches again. `head_only`: a reduced-head draft's
         logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits).
-        With a `packer`, the packer runs it (the same logits)."""
-        if self.packer is not None:
-            return self.packer(self, inputs, head_only)
+        With a Forward (`run`), that runs it (the same logits)."""
+        if self._run is not None:
+            return self._run(self, inputs, head_only)
         return self.forward_alone(inputs, head_only)
 
     def forward_alone(self, inputs: mx.array, head_only: bool = False) -> mx.array:
-        """`forward` as this state's own forward, whatever its packer."""
+        """`forward` as this state's own forward, whoever else runs its forwards."""
         self.layers.before_forward(int(inputs.shape[0]))
         if head_only:
             return self.model.head_logits(inputs[None], cache=self.cache)[0]

@@ -68,14 +68,17 @@ class KCycle:
     one was used (a generation that stopped early leaves the rest to the next).
 
     >>> policy = KCycle(2, repeats=1)
-    >>> [policy(None) for _ in range(4)], policy.done
+    >>> [policy.decide() for _ in range(4)], policy.done
     ([1, 2, 0, 0], True)
     """
 
     def __init__(self, k_max: int, repeats: int = 2) -> None:
         self.ks, self.used = k_cycle(k_max, repeats), 0
 
-    def __call__(self, _last: object) -> int:
+    def observe(self, r: Round) -> None:
+        pass
+
+    def decide(self) -> int:
         self.used += 1
         return self.ks[self.used - 1] if self.used <= len(self.ks) else 0
 
@@ -90,7 +93,9 @@ def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, fl
     round after a plain one (its catch-up).
 
     >>> times = [(9.0, 5.0), (0.02, 0.1), (0.04, 0.3)]  # the first: a compile
-    >>> round_costs([Round(i, 2, 1, 2, d, v) for i, (d, v) in enumerate(times)])
+    >>> rounds = [Round(index=i, drafted=2, accepted=1, k=2, t_draft=d, t_verify=v)
+    ...           for i, (d, v) in enumerate(times)]
+    >>> round_costs(rounds)
     ({'draft': 0.015}, {3: 0.2})
     """
     draft: dict[str, list[float]] = {}

@@ -1,32 +1,34 @@
-"""The draft-verify loop: one round generator for every speculative method. It orchestrates and
-decides nothing itself: drafters propose (edgespec/drafting/), the maths accepts (sampling.py,
-acceptance.py), rounds.py runs a round and schedules around it.
+"""The draft-verify loop: a generation as a sequence of rounds (edgespec/rounds.py: plan, draft,
+verify, accept, commit, one file), and the scheduler around them that pipelines runs of plain
+steps like mlx-lm's plain decoding (plain_run). It decides nothing itself: drafters propose
+(edgespec/drafting/), the policy plans (rounds.Plans), the maths accepts (acceptance.py).
 
-`speculate` runs rounds of one kind (`Rounds`): chains here (`Chains`: K drafted tokens in a row),
-draft trees in edgespec/trees/loop.py (`Trees`). Each round: the plan (K or a tree shape) from the
-policy through rounds.Plans, a proposal, one target forward verifying it, the accepted prefix plus
-a correction or bonus committed. A round with nothing to draft (K = 0, an empty shape, a lookup
-that missed) goes to the scheduler around the rounds, rounds.plain_run, which pipelines plain steps
-(and lookups one token behind) like plain decoding; Plans alone shows each round to the policy,
-once.
+`speculate` runs rounds of one kind (rounds.Rounds): chains (rounds.Chains: K drafted tokens in a
+row) or draft trees (edgespec/trees/loop.py). A round with nothing to draft (K = 0, an empty shape,
+a lookup that missed) goes to plain_run, which queues the next step's forward (mx.async_eval)
+before reading the current token back, and keeps going while the policy asks for plain steps (or
+while a lookup one token behind proposes). Plain decoding is this with K = 0 every round
+(drafting.adaptive.FixedK(PLAIN_ONLY)): one key schedule (sampling.round_keys) for every round.
 
-Cache invariant after every round: the target's cache holds context[:-1] (the newest committed token
-is the next forward's input); a drafter's state holds some prefix of the context. The loops yield
-`Step`s; the Engine (runtime.py) turns them into Token / Round / Finished events.
+Cache invariant after every round: the target's cache holds context[:-1]; inside a pipelined run
+it may hold the queued forward's positions too, and is rewound to context[:-1] when the run ends.
+The loops yield rounds.Steps; the Engine (runtime.py) turns them into Token / Round / Finished
+events.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, Proposal
+from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, Proposal, no_proposal
 from edgespec.events import Round
 from edgespec.rounds import (
     Limits,
@@ -34,90 +36,15 @@ from edgespec.rounds import (
     Plans,
     Policy,
     Progress,
+    Rounds,
     Step,
     cancelled,
-    fed_one,
     is_set,
-    plain_run,
-    run_round,
-    truncate,
+    verify_round,
 )
-from edgespec.sampling import make_key, round_keys, sample, split, uniforms, warp
+from edgespec.sampling import make_key, round_keys
 
-Planned = TypeVar("Planned", contravariant=True)  # Plan, as the rounds' input
-
-__all__ = ["Chains", "Limits", "Rounds", "Step", "decode_plain", "speculate"]
-
-
-class Rounds(Protocol[Planned]):
-    """How rounds of one kind are drafted and finished (Chains; trees.loop.Trees), and what their
-    drafter can do (`caps`)."""
-
-    caps: Capabilities
-
-    def size(self, plan: Planned) -> int:
-        """Tokens the plan drafts (0: a plain step)."""
-        ...
-
-    def draft(self, run: Progress, plan: Planned, key: mx.array) -> Proposal | None:
-        """The round's proposal, or None: plain steps, pipelined (rounds.plain_run)."""
-        ...
-
-    def finish(
-        self, run: Progress, plan: Planned, prop: Proposal, t0: float, key: mx.array
-    ) -> Step:
-        """Verify `prop` (drafting since t0) with `key`, commit the round, rewind the target."""
-        ...
-
-
-class Chains:
-    """Chain rounds: K tokens from `drafter` (K from the policy), verified in one forward."""
-
-    def __init__(self, target: KVState, drafter: Drafter, cfg: SamplingConfig):
-        self.target, self.drafter, self.cfg = target, drafter, cfg
-        self.caps = Capabilities.of(drafter)
-
-    def size(self, plan: int) -> int:
-        return plan
-
-    def draft(self, run: Progress, plan: int, key: mx.array) -> Proposal | None:
-        if plan <= PLAIN_ONLY:  # plain steps, pipelined, no lookups
-            return None
-        k = max(0, min(plan, run.room()))
-        if k > 0:
-            prop = self.drafter.propose(run.context, k, key)  # lazy: the draft runs meanwhile
-        elif self.caps.free is not None:  # drafting is off, but a lookup costs next to nothing
-            prop = self.caps.free.propose_free(run.context, key)
-        else:  # drafting is off: plain steps, pipelined
-            return None
-        prop = prop.cut(run.room())  # a lookup may be longer than the room
-        # A lookup missed: plain steps, pipelined, looking up one token behind meanwhile.
-        return None if prop.size == 0 and self.caps.behind is not None else prop
-
-    def finish(self, run: Progress, plan: int, prop: Proposal, t0: float, key: mx.array) -> Step:
-        features = self.caps.features is not None
-        timed = fed_one(self.target, run.context)
-        out, feats, t_draft, t_verify = run_round(
-            self.target, run.context, prop, t0, self.cfg, key, features
-        )
-        d, k = prop.size, max(0, min(plan, run.room()))
-        n, nxt = out[d], out[d + 1]
-        method, match = (prop.method, prop.match) if d else (self.drafter.method, 0)
-        rnd = Round(
-            run.index,
-            d,
-            n,
-            max(k, d),
-            t_draft,
-            t_verify,
-            method,
-            timed,
-            match,
-            context=len(run.context),
-        )
-        step = run.commit(self.drafter, out[:n] + [nxt], rnd, feats)
-        self.target.rewind(run.context, len(run.context) - 1)
-        return step
+__all__ = ["Limits", "plain_run", "speculate"]
 
 
 def speculate(
@@ -126,27 +53,26 @@ def speculate(
     drafter: Drafter,
     prompt: list[int],
     cfg: SamplingConfig,
-    policy: Policy[Plan] | Callable[[Round | None], Plan],
+    policy: Policy[Plan],
     limits: Limits,
     cancel: threading.Event | None = None,
     prepare: Callable[[list[int]], object] | None = None,
 ) -> Iterator[Step]:
     """Speculative decoding. Both states must already hold a prefix of `prompt` (Engine.prefill).
-    `rounds` drafts and finishes each round (Chains, trees.loop.Trees) over `drafter`; `policy`
-    plans each round (K, or a tree shape): a rounds.Policy, or a callable `policy(last) -> plan`.
-    The target may lag behind by a short prompt tail (Strategy.prefill, cache.MERGE_MAX): the
-    first round's forward feeds it and gives the first token. In a packed batch (the target has
-    a packer, edgespec/server/packing.py) a first round that drafts nothing reads its token back
-    before queueing another forward: a queued forward waits for the others' turn, and the first
-    token would wait with it. `prepare(context)`, if given, brings the drafter's state up to the
-    context before the first round that drafts (a token draft's prefill, left until then in a
-    packed batch, which may decode plainly for a while).
+    `rounds` drafts and finishes each round (rounds.Chains, trees.loop.Trees) over `drafter`;
+    `policy` plans each round (K, or a tree shape). The target may lag behind by a short prompt
+    tail (Strategy.prefill, cache.MERGE_MAX): the first round's forward feeds it and gives the
+    first token. Where the target's forwards are shared with other sequences (KVState.shared)
+    a first round that drafts nothing reads its token back before queueing another forward: a
+    queued shared forward may wait for the others, and the first token would wait with it.
+    `prepare(context)`, if given, brings the drafter's state up to the context before the first
+    round that drafts.
 
-    Example: speculate(target, Chains(target, drafter, cfg), drafter, prompt, cfg,
-    lambda _last: 4, limits) drafts K = 4 tokens a round."""
+    Example: speculate(target, Chains(target, drafter, cfg), drafter, prompt, cfg, FixedK(4),
+    limits) drafts K = 4 tokens a round (rounds.Chains, drafting.adaptive.FixedK)."""
     run = Progress(list(prompt), make_key(cfg.seed), limits)
     plans: Plans[Plan] = Plans(policy)
-    caps, first = rounds.caps, target.packer is not None
+    caps, first = rounds.caps, target.shared
     try:
         while run.index < limits.max_tokens and not run.stopped:
             if is_set(cancel):
@@ -162,7 +88,7 @@ def speculate(
             prop = rounds.draft(run, plan, draft_key)
             if prop is None:  # plain steps, pipelined, the first with this round's keys
                 run.key = round_key
-                pipelined, first = not first, False  # packed: the first token read at once
+                pipelined, first = not first, False  # shared: the first token read at once
                 yield from plain_run(
                     target, drafter, run, cfg, plans, rounds.size, caps, cancel, pipelined
                 )
@@ -177,50 +103,120 @@ def speculate(
         drafter.commit(run.context)
 
 
-def decode_plain(
+@dataclass(frozen=True)
+class Queued:
+    """A step whose forward is queued: its proposal, lazy output and features (verify_round)."""
+
+    prop: Proposal
+    out: mx.array
+    feats: mx.array | None
+
+
+def _queue(
     target: KVState,
-    prompt: list[int],
+    run: Progress,
     cfg: SamplingConfig,
-    limits: Limits,
-    cancel: threading.Event | None = None,
-) -> Iterator[Step]:
-    """Plain target decoding through the same caches, pipelined like mlx-lm: the next token's
-    forward is queued (async_eval) before the current token is read back; in a packed batch
-    (the target has a packer, edgespec/server/packing.py) from the second token on, since a
-    queued forward waits for the others' turn and the first token would wait with it."""
-    context, key = list(prompt), make_key(cfg.seed)
+    pending: mx.array,
+    prop: Proposal,
+    feats: bool,
+) -> Queued:
+    """Queue one step's forward (the d = 0 round speculate would run, or a lookup's), with the
+    same keys as that round: a round's draft key goes unused here."""
+    run.key, _draft_key, verify_key = round_keys(run.key)
+    out, features = verify_round(target, pending, prop, cfg, verify_key, feats)
+    mx.async_eval([a for a in (out, features) if a is not None])
+    return Queued(prop, out, features)
 
-    def step(inputs: mx.array) -> mx.array:
-        nonlocal key
-        key, sample_key = split(key, 2)
-        logits = target.forward(inputs)[-1]
-        if cfg.greedy:
-            return mx.argmax(logits).astype(mx.int32)
-        return sample(warp(logits, cfg, target.softmax), uniforms(sample_key, 1)[0])
 
-    try:
-        tok = step(mx.array(context[target.offset :], dtype=mx.int32))
-        mx.async_eval(tok)
-        for emitted in range(1, limits.max_tokens + 1):
-            if is_set(cancel):
-                yield cancelled()
-                return
-            room = emitted < limits.max_tokens and len(context) + 2 <= limits.context_window
-            upcoming = None
-            if room and (emitted > 1 or target.packer is None):
-                upcoming = step(tok.reshape(1))
-                mx.async_eval(upcoming)
-            value = int(tok.item())  # type: ignore[arg-type]
-            toks, kinds, committed, stop = truncate(
-                [value], ["target"], emitted - 1, limits, context
-            )
-            context += committed
-            yield Step(toks, kinds, None, stop or (None if room else "length"))
-            if stop or not room:
-                return
-            if upcoming is None:
-                upcoming = step(tok.reshape(1))
-                mx.async_eval(upcoming)
-            tok = upcoming
-    finally:
-        target.rewind(context, min(target.offset, len(context) - 1))
+def plain_run(
+    target: KVState,
+    drafter: Drafter,
+    run: Progress,
+    cfg: SamplingConfig,
+    plans: Plans,
+    size: Callable[[Plan], int],
+    caps: Capabilities,
+    cancel: threading.Event | None,
+    pipelined: bool = True,
+) -> Generator[Step, None, None]:
+    """Consecutive plain steps, pipelined like mlx-lm: before a step's token is read back, the
+    policy picks the next round's plan (`size`: its drafted tokens, 0 for a plain step) and,
+    while that is a plain step, the next step's forward is queued. Each step is exactly the d = 0
+    round speculate would run (same keys, same maths), so the output is unchanged; only the host
+    sync no longer sits between two forwards. The policy decides round j + 1 before round j is
+    read back: it has then seen rounds up to j - 1, each once (Plans).
+
+    `caps`: the drafter's (Capabilities.of, looked up once per generation). A drafter that looks
+    behind (LooksBehind: an n-gram lookup) keeps the run going whatever is chosen, as long as it
+    proposes (not None): the tokens after the one still being computed, from the context without
+    it. A non-empty proposal is queued with that token, as one forward [pending, x_1..x_d]
+    verified like any round; the run ends on it. Exact: the proposal depends only on committed
+    tokens, and the ratio test does not care how good it is.
+
+    Yields Steps; leaves a plan already chosen for the next round in plans.ahead. Sets
+    run.stopped when it yielded the generation's final Step. Not `pipelined`: one step, read
+    back before any other forward is queued (a generation's first token on a shared forward)."""
+    wants = caps.features is not None
+    queued = _queue(
+        target,
+        run,
+        cfg,
+        mx.array(run.context[target.offset :], dtype=mx.int32),
+        no_proposal(drafter.method),
+        wants,
+    )
+    t_prev, first = time.perf_counter(), True
+    while True:
+        decided, upcoming = None, None
+        if pipelined and not queued.prop.size and run.can_queue():
+            decided = plans.decide(run)
+            ahead = _ahead(caps, drafter.method, run, size(decided))
+            if ahead is not None and not is_set(cancel):
+                upcoming = _queue(target, run, cfg, queued.out[-1:], ahead, wants)
+                decided = None if ahead.size else decided  # decided after that round is read
+        host = cast(list[int], queued.out.tolist())
+        now, prop, (n, value) = time.perf_counter(), queued.prop, host[-2:]
+        # On MLX's CPU backend a read returns only once the forward queued behind it is done too,
+        # so a run's first interval holds two forwards and its last almost none: only a plain
+        # step with a plain step queued behind it, not the run's first, is timed (Round.timed).
+        timed = not prop.size and upcoming is not None and not upcoming.prop.size and not first
+        d = prop.size
+        rnd = Round(
+            index=run.index,
+            drafted=d,
+            accepted=n,
+            k=d,
+            t_draft=0.0,
+            t_verify=now - t_prev,
+            method=prop.method if d else drafter.method,
+            timed=timed,
+            match=prop.match,
+            context=len(run.context),
+        )
+        t_prev, first = now, False
+        step = run.commit(drafter, host[:n] + [value], rnd, queued.feats)
+        if upcoming is None or step.stop:
+            target.rewind(run.context, len(run.context) - 1)
+            run.stopped = step.stop is not None
+            plans.ahead = decided
+            yield step
+            return
+        yield step
+        if is_set(cancel):
+            target.rewind(run.context, len(run.context) - 1)
+            run.stopped = True
+            yield cancelled()
+            return
+        queued = upcoming
+
+
+def _ahead(caps: Capabilities, method: str, run: Progress, k: int) -> Proposal | None:
+    """What to queue behind the step being computed: a lookup one token behind (cut to the room
+    left), a plain step when K = 0 (or PLAIN_ONLY: no lookup), or None (the run ends: the drafter
+    wants a proper round)."""
+    if k <= PLAIN_ONLY:
+        return no_proposal(method)
+    if caps.behind is not None:
+        behind = caps.behind.propose_behind(run.context, k)
+        return None if behind is None else behind.cut(max(0, run.room() - 2))
+    return no_proposal(method) if k <= 0 else None

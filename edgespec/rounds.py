@@ -1,73 +1,48 @@
-"""The mechanics of a round, for loop.speculate: one target forward over the pending token and the
-drafted ones, the acceptance step, the one host sync, committing what was accepted; and the
-scheduler around the rounds: runs of plain steps pipelined like plain decoding (plain_run), and the
-one caller of the round policy (Plans). Orchestration only: the maths lives in sampling.py and
-acceptance.py.
+"""One round of speculative decoding, top to bottom: plan (the policy's K, through Plans), draft
+(Chains.draft; draft trees: edgespec/trees/loop.py), verify (verify_round: one target forward over
+the pending token and the drafts), accept (acceptance.accept: the ratio test, or the longest
+agreeing prefix at temperature 0), commit (Progress.commit: cut at EOS / the limits, the drafter
+rolled back). A round with nothing drafted (K = 0) is a plain target step; plain decoding is rounds
+of K = 0 (drafting.adaptive.FixedK(PLAIN_ONLY)). The generation around the rounds, and the pipelining of runs of
+plain steps, is edgespec/loop.py's.
 
 Speed: drafted tokens stay lazy MLX arrays (async_eval, no .item() per token); the target's verify
 graph is built on them while the draft computes, the acceptance runs on the device, and a round
 costs one host sync: a transfer of d + 2 integers.
 
-Cache invariant inside a pipelined run: the target's cache may hold the queued forward's positions
-too; it is rewound to context[:-1] when the run ends.
+Cache invariant after every round: the target's cache holds context[:-1] (the newest committed
+token is the next forward's input); a drafter's state holds some prefix of the context.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar, cast, runtime_checkable
+from typing import Generic, Protocol, TypeVar, cast
 
 import mlx.core as mx
 
-from edgespec.acceptance import verify, verify_greedy
+from edgespec.acceptance import accept
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import (
-    PLAIN_ONLY,
-    Capabilities,
-    Drafter,
-    FeatureInput,
-    Proposal,
-    no_proposal,
-)
+from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, FeatureInput, Proposal
 from edgespec.events import Round
-from edgespec.sampling import Softmax, round_keys, uniforms, warp
 
-KPolicy = Callable[[Round | None], int]
 Plan = TypeVar("Plan")  # what a policy chooses for a round: K (chains) or a Shape (trees)
 Chosen = TypeVar("Chosen", covariant=True)  # Plan, as a policy's output
+Planned = TypeVar("Planned", contravariant=True)  # Plan, as the rounds' input
 
 
-@runtime_checkable
 class Policy(Protocol[Chosen]):
-    """A round policy that learns from every round: Plans hands it each committed round once, in
-    order (`observe`), and asks it for each round's plan (`decide`). AdaptiveK and the tree
-    policies are ones; a plain callable `policy(last) -> plan` is wrapped (Newest)."""
+    """A round policy: shown every committed round once, in order (`observe`), asked for each
+    round's plan (`decide`). FixedK and AdaptiveK (drafting/adaptive.py), the tree shape policies
+    (trees/policy.py) and a server batch's Gated (server/mode.py) are ones."""
 
     def observe(self, r: Round) -> None: ...
 
     def decide(self) -> Chosen: ...
-
-
-class Newest(Generic[Plan]):
-    """A callable `fn(last) -> plan` as a Policy: each call gets the newest round committed since
-    the previous call, or None (the first round; a plan decided ahead, before anything new was
-    read back). Example: rounds 3 and 4 observed, then decide() calls fn(round 4); decide()
-    again, with nothing observed since, calls fn(None)."""
-
-    def __init__(self, fn: Callable[[Round | None], Plan]):
-        self.fn = fn
-        self.new: Round | None = None
-
-    def observe(self, r: Round) -> None:
-        self.new = r
-
-    def decide(self) -> Plan:
-        last, self.new = self.new, None
-        return self.fn(last)
 
 
 class Plans(Generic[Plan]):
@@ -76,8 +51,8 @@ class Plans(Generic[Plan]):
     once and in order, however far ahead a pipelined run decides; a policy never de-duplicates.
     `ahead` holds a plan a pipelined run decided for the round after it."""
 
-    def __init__(self, policy: Policy[Plan] | Callable[[Round | None], Plan]):
-        self.policy: Policy[Plan] = policy if isinstance(policy, Policy) else Newest(policy)
+    def __init__(self, policy: Policy[Plan]):
+        self.policy = policy
         self.ahead: Plan | None = None
 
     def decide(self, run: Progress) -> Plan:
@@ -104,8 +79,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Step:
-    """Tokens committed by one round (or one plain decoding step), EOS excluded. `stop` is set on the
-    last step: "stop" (EOS), "length" (max tokens / context window) or "cancelled"."""
+    """Tokens committed by one round, EOS excluded. `stop` is set on the last step: "stop" (EOS),
+    "length" (max tokens / context window) or "cancelled"."""
 
     tokens: list[int]
     kinds: list[str]
@@ -146,14 +121,13 @@ def round_kinds(n: int, drafted: int) -> list[str]:
 
 @dataclass
 class Progress:
-    """A generation's committed state, advanced by every round (loop.speculate, plain_run)."""
+    """A generation's committed state, advanced by every round."""
 
     context: list[int]  # every committed token, the prompt included
     key: mx.array  # the next round's PRNG key (sampling.round_keys)
     limits: Limits
     emitted: int = 0  # tokens emitted (EOS excluded)
     index: int = 0  # the next round's index
-    last: Round | None = None  # the latest committed round
     stopped: bool = False  # the final Step was yielded
     fresh: list[Round] = field(default_factory=list)  # committed, not yet shown to the policy
 
@@ -181,26 +155,83 @@ class Progress:
             )
         self.context += committed
         self.emitted += len(toks)
-        self.index, self.last = self.index + 1, rnd
+        self.index += 1
         self.fresh.append(rnd)
         drafter.commit(self.context)
         return Step(toks, kinds, rnd, stop)
 
 
-def accept(
-    prop: Proposal,
-    logits: mx.array,
-    cfg: SamplingConfig,
-    key: mx.array,
-    softmax: Softmax | None = None,
-):
-    """The acceptance step on the target's logits [d + 1, V] of the pending token and the d
-    drafted ones: (n_accepted, next_token), lazy. d = 0 is a plain target step. `softmax`: the
-    target's (KVState.softmax) for warping."""
-    if cfg.greedy:
-        return verify_greedy(prop.tokens, logits)
-    p = warp(logits, cfg, softmax)
-    return verify(prop.tokens, prop.q, p, uniforms(key, prop.size + 1))
+class Rounds(Protocol[Planned]):
+    """How rounds of one kind are drafted and finished (Chains; trees.loop.Trees), and what their
+    drafter can do (`caps`)."""
+
+    caps: Capabilities
+
+    def size(self, plan: Planned) -> int:
+        """Tokens the plan drafts (0: a plain step)."""
+        ...
+
+    def draft(self, run: Progress, plan: Planned, key: mx.array) -> Proposal | None:
+        """The round's proposal, or None: plain steps, pipelined (loop.plain_run)."""
+        ...
+
+    def finish(
+        self, run: Progress, plan: Planned, prop: Proposal, t0: float, key: mx.array
+    ) -> Step:
+        """Verify `prop` (drafting since t0) with `key`, commit the round, rewind the target."""
+        ...
+
+
+class Chains:
+    """Chain rounds: K tokens from `drafter` (K from the policy), verified in one forward."""
+
+    def __init__(self, target: KVState, drafter: Drafter, cfg: SamplingConfig):
+        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.caps = Capabilities.of(drafter)
+
+    def size(self, plan: int) -> int:
+        return plan
+
+    def draft(self, run: Progress, plan: int, key: mx.array) -> Proposal | None:
+        """The proposal for K = `plan`, lazy (the draft runs while the verify is built), or None:
+        plain steps, pipelined."""
+        if plan <= PLAIN_ONLY:  # plain steps, pipelined, no lookups
+            return None
+        k = max(0, min(plan, run.room()))
+        if k > 0:
+            prop = self.drafter.propose(run.context, k, key)
+        elif self.caps.free is not None:  # drafting is off, but a lookup costs next to nothing
+            prop = self.caps.free.propose_free(run.context, key)
+        else:  # drafting is off: plain steps, pipelined
+            return None
+        prop = prop.cut(run.room())  # a lookup may be longer than the room
+        # A lookup missed: plain steps, pipelined, looking up one token behind meanwhile.
+        return None if prop.size == 0 and self.caps.behind is not None else prop
+
+    def finish(self, run: Progress, plan: int, prop: Proposal, t0: float, key: mx.array) -> Step:
+        """Verify and accept (one host sync), commit, rewind the target to context[:-1]."""
+        features = self.caps.features is not None
+        timed = fed_one(self.target, run.context)
+        out, feats, t_draft, t_verify = run_round(
+            self.target, run.context, prop, t0, self.cfg, key, features
+        )
+        d, k = prop.size, max(0, min(plan, run.room()))
+        n, nxt = out[d], out[d + 1]
+        rnd = Round(
+            index=run.index,
+            drafted=d,
+            accepted=n,
+            k=max(k, d),
+            t_draft=t_draft,
+            t_verify=t_verify,
+            method=prop.method if d else self.drafter.method,
+            timed=timed,
+            match=prop.match if d else 0,
+            context=len(run.context),
+        )
+        step = run.commit(self.drafter, out[:n] + [nxt], rnd, feats)
+        self.target.rewind(run.context, len(run.context) - 1)
+        return step
 
 
 def verify_round(
@@ -213,19 +244,19 @@ def verify_round(
 ) -> tuple[mx.array, mx.array | None]:
     """One target forward over [pending..., x_1..x_d] and the acceptance step, built lazily on the
     (possibly still running) draft; `pending` (int32, may be lazy) are the inputs the cache does not
-    hold yet. Returns [x_1..x_d, n_accepted, next_token] as one lazy int32 array (the round's only
-    host transfer) and, when `features`, the target's top hidden states of the d + 1 verified
-    positions (lazy)."""
+    hold yet. d = 0 is a plain target step. Returns [x_1..x_d, n_accepted, next_token] as one lazy
+    int32 array (the round's only host transfer) and, when `features`, the target's top hidden
+    states of the d + 1 verified positions (lazy)."""
     d = prop.size
     pending = target.settle(pending)  # a restored recurrent cache may catch up first (cache.py)
-    inputs = mx.concatenate([pending, prop.tokens])
+    inputs = mx.concatenate([pending, prop.tokens]) if d else pending
     feats = None
     if features:
         feats, logits = target.forward_features(inputs)
         feats, logits = feats[-(d + 1) :], logits[-(d + 1) :]
     else:
         logits = target.forward(inputs)[-(d + 1) :]
-    n, nxt = accept(prop, logits, cfg, key, target.softmax)
+    n, nxt = accept(prop.tokens, prop.q, logits, cfg, key, target.softmax)
     out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
     return out.astype(mx.int32), feats
 
@@ -273,113 +304,3 @@ def run_round(
     host = cast(list[int], out.tolist())
     t_draft = (t_draft_ready - t0) - (t_built_verify - t_built_draft)
     return host, feats, t_draft, time.perf_counter() - t0 - t_draft
-
-
-@dataclass(frozen=True)
-class Queued:
-    """A step whose forward is queued: its proposal, lazy output and features (verify_round)."""
-
-    prop: Proposal
-    out: mx.array
-    feats: mx.array | None
-
-
-def _queue(
-    target: KVState,
-    run: Progress,
-    cfg: SamplingConfig,
-    pending: mx.array,
-    prop: Proposal,
-    feats: bool,
-) -> Queued:
-    """Queue one step's forward (the d = 0 round speculate would run, or a lookup's), with the
-    same keys as that round: a round's draft key goes unused here."""
-    run.key, _draft_key, verify_key = round_keys(run.key)
-    out, features = verify_round(target, pending, prop, cfg, verify_key, feats)
-    mx.async_eval([a for a in (out, features) if a is not None])
-    return Queued(prop, out, features)
-
-
-def plain_run(
-    target: KVState,
-    drafter: Drafter,
-    run: Progress,
-    cfg: SamplingConfig,
-    plans: Plans,
-    size: Callable[[Plan], int],
-    caps: Capabilities,
-    cancel: threading.Event | None,
-    pipelined: bool = True,
-) -> Generator[Step, None, None]:
-    """Consecutive plain steps, pipelined like decode_plain: before a step's token is read back,
-    the policy picks the next round's plan (`size`: its drafted tokens, 0 for a plain step) and,
-    while that is a plain step, the next step's forward is queued. Each step is exactly the d = 0
-    round speculate would run (same keys, same maths), so the output is unchanged; only the host
-    sync no longer sits between two forwards. The policy decides round j + 1 before round j is
-    read back: it has then seen rounds up to j - 1, each once (Plans).
-
-    `caps`: the drafter's (Capabilities.of, looked up once per generation). A drafter that looks
-    behind (LooksBehind: an n-gram lookup) keeps the run going whatever is
-    chosen, as long as it proposes (not None): the tokens after the one still being computed, from
-    the context without it. A non-empty proposal is queued with that token, as one forward
-    [pending, x_1..x_d] verified like any round; the run ends on it. Exact: the proposal depends
-    only on committed tokens, and the ratio test does not care how good it is.
-
-    Yields Steps; leaves a plan already chosen for the next round in plans.ahead. Sets
-    run.stopped when it yielded the generation's final Step. Not `pipelined`: one step, read
-    back before any other forward is queued (a generation's first token: in a packed batch a
-    queued forward waits for the others' turn)."""
-    wants = caps.features is not None
-    queued = _queue(
-        target,
-        run,
-        cfg,
-        mx.array(run.context[target.offset :], dtype=mx.int32),
-        no_proposal(drafter.method),
-        wants,
-    )
-    t_prev, first = time.perf_counter(), True
-    while True:
-        decided, upcoming = None, None
-        if pipelined and not queued.prop.size and run.can_queue():
-            decided = plans.decide(run)
-            ahead = _ahead(caps, drafter.method, run, size(decided))
-            if ahead is not None and not is_set(cancel):
-                upcoming = _queue(target, run, cfg, queued.out[-1:], ahead, wants)
-                decided = None if ahead.size else decided  # decided after that round is read
-        host = cast(list[int], queued.out.tolist())
-        now, prop, (n, value) = time.perf_counter(), queued.prop, host[-2:]
-        # On MLX's CPU backend a read returns only once the forward queued behind it is done too,
-        # so a run's first interval holds two forwards and its last almost none: only a plain
-        # step with a plain step queued behind it, not the run's first, is timed (Round.timed).
-        timed = not prop.size and upcoming is not None and not upcoming.prop.size and not first
-        method = prop.method if prop.size else drafter.method
-        d, at = prop.size, len(run.context)
-        rnd = Round(run.index, d, n, d, 0.0, now - t_prev, method, timed, prop.match, context=at)
-        t_prev, first = now, False
-        step = run.commit(drafter, host[:n] + [value], rnd, queued.feats)
-        if upcoming is None or step.stop:
-            target.rewind(run.context, len(run.context) - 1)
-            run.stopped = step.stop is not None
-            plans.ahead = decided
-            yield step
-            return
-        yield step
-        if is_set(cancel):
-            target.rewind(run.context, len(run.context) - 1)
-            run.stopped = True
-            yield cancelled()
-            return
-        queued = upcoming
-
-
-def _ahead(caps: Capabilities, method: str, run: Progress, k: int) -> Proposal | None:
-    """What to queue behind the step being computed: a lookup one token behind (cut to the room
-    left), a plain step when K = 0 (or PLAIN_ONLY: no lookup), or None (the run ends: the drafter
-    wants a proper round)."""
-    if k <= PLAIN_ONLY:
-        return no_proposal(method)
-    if caps.behind is not None:
-        behind = caps.behind.propose_behind(run.context, k)
-        return None if behind is None else behind.cut(max(0, run.room() - 2))
-    return no_proposal(method) if k <= 0 else None

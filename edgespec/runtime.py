@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 
 import edgespec.calibration as calib
-from edgespec.cache import KVState, check_kv_bits, vocab_size
+from edgespec.cache import Forward, KVState, check_kv_bits, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu.backend import CpuBackend
 from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
@@ -34,7 +34,7 @@ from edgespec.errors import PromptError, check_context
 from edgespec.events import Event, Finished, Prefill, Round, Token
 from edgespec.loading.load import load_pair
 from edgespec.metrics import generation_stats
-from edgespec.rounds import KPolicy, Limits, Policy, Step, cancelled
+from edgespec.rounds import Limits, Policy, Step, cancelled
 from edgespec.strategy import RoundFactory, cached_ids, new_states
 from edgespec.trees.forward import Kernels
 
@@ -75,8 +75,6 @@ class Engine:
         self.group: Group | None = None
         self.agreement: Agreement | None = None
         self.calibration: calib.Calibration | None = None  # set by warm_up: seeds adaptive K
-        # Wraps each generation's round policy (the server's batch mode, server/mode.py).
-        self.policy_gate: Callable[[Any], Any] | None = None
 
     @classmethod
     def load(
@@ -173,8 +171,9 @@ class Engine:
         cancel: threading.Event | None = None,
         *,
         drafter: Drafter | None = None,
-        k_policy: KPolicy | Policy[Any] | None = None,
+        k_policy: Policy[Any] | None = None,
         on_prefill: Callable[[Prefill], object] | None = None,
+        gate: Callable[[Policy[Any]], Policy[Any]] | None = None,
     ) -> Iterator[Event]:
         """Stream Token events as they are committed, one Round after each round's tokens
         (speculative methods only), then exactly one Finished.
@@ -182,25 +181,28 @@ class Engine:
         config.spec.method "none" decodes plainly with the target (kind "target"); "draft",
         "ngram" and "hybrid" pick the drafter (edgespec.drafting.build). `drafter` replaces it;
         `k_policy` picks K per round (default: config.spec.k, or AdaptiveK when
-        config.spec.adaptive): a rounds.Policy (shown every round once: observe / decide) or a
-        callable `(newest round or None) -> K`; with a tree, a trees.loop.ShapePolicy.
+        config.spec.adaptive): a rounds.Policy (shown every round once: observe / decide); with
+        a tree, a trees.loop.ShapePolicy. `gate(policy)`, if given, is the policy the rounds ask
+        instead (a server's batch mode, edgespec/server/mode.py).
         `on_prefill(Prefill(done, total))` is called after each chunk of the prompt's prefill,
         on this thread; `cancel` set during the prefill stops it after the chunk under way, and
         the generation finishes 'cancelled' with no token. Errors surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)
         if self.group is not None and k_policy is None:
             check_config(config, self.group)
-        return self._run(prompt, config, cancel, drafter, k_policy, on_prefill)
+        return self._run(prompt, config, cancel, drafter, k_policy, on_prefill, gate)
 
-    def _run(self, prompt, config, cancel, drafter, k_policy, on_prefill=None) -> Iterator[Event]:
+    def _run(
+        self, prompt, config, cancel, drafter, k_policy, on_prefill=None, gate=None
+    ) -> Iterator[Event]:
         t_request = time.perf_counter()
         try:
             spec, sampling = config.spec, config.sampling
             strategy = self.factory.build(
                 spec, sampling, self._target, self._draft, drafter, k_policy, self.calibration
             )
-            if self.policy_gate is not None and strategy.policy is not None:
-                strategy = dataclasses.replace(strategy, policy=self.policy_gate(strategy.policy))
+            if gate is not None and strategy.policy is not None:
+                strategy = dataclasses.replace(strategy, policy=gate(strategy.policy))
             limits = Limits(config.max_tokens, self._eos, self.context_window)
             steps = strategy.steps(prompt, sampling, limits, cancel)
             on_chunk = None if on_prefill is None else lambda d, t: on_prefill(Prefill(d, t))
@@ -287,10 +289,12 @@ class Engine:
 
     # ------------------------------------------------------------------ cache sets
 
-    def new_states(self) -> tuple[KVState, KVState | EagleState | None]:
+    def new_states(self, run: Forward | None = None) -> tuple[KVState, KVState | EagleState | None]:
         """Empty caches for both models (target, draft or None), e.g. for one more conversation
-        kept aside (edgespec.server.prefix); `swap_states` installs them."""
-        return new_states(self.cpu, self.target, self.draft, self.kv_bits)
+        kept aside (edgespec.server.prefix); `swap_states` installs them. `run`: who runs the
+        target's and a token draft's forwards (cache.Forward: a server's batch packs them;
+        None: each state its own)."""
+        return new_states(self.cpu, self.target, self.draft, self.kv_bits, run)
 
     def swap_states(
         self, target: KVState, draft: KVState | EagleState | None

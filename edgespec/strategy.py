@@ -11,16 +11,17 @@ Strategy per request and runs it, never looking at what kind of draft it holds.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.cache import PREFILL_CHUNK, Bound, KVState, quantized
+from edgespec.cache import PREFILL_CHUNK, Bound, Forward, KVState, quantized
 from edgespec.calibration import Calibration
 from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
-from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
-from edgespec.drafting.base import Drafter, FeatureInput
+from edgespec.drafting.adaptive import AdaptiveK, FixedK, make_k_policy
+from edgespec.drafting.base import PLAIN_ONLY, Drafter, FeatureInput
 from edgespec.drafting.block import BlockModel
 from edgespec.drafting.block_draft import BlockState
 from edgespec.drafting.build import build_drafter
@@ -29,8 +30,8 @@ from edgespec.drafting.features import EagleState
 from edgespec.drafting.features import prefill as feature_prefill
 from edgespec.drafting.hybrid import HybridDrafter
 from edgespec.drafting.mtp import MtpModel
-from edgespec.loop import Chains, Rounds, decode_plain, speculate
-from edgespec.rounds import Limits, Step
+from edgespec.loop import speculate
+from edgespec.rounds import Chains, Limits, Policy, Rounds, Step
 from edgespec.trees.build import build_tree_drafter, make_shape_policy
 from edgespec.trees.forward import PLAIN, Kernels
 from edgespec.trees.loop import ShapePolicy, Trees
@@ -38,14 +39,14 @@ from edgespec.trees.loop import ShapePolicy, Trees
 
 @dataclass(frozen=True)
 class Strategy:
-    """One generation's parts. `rounds` None: plain decoding (no drafter, no policy).
+    """One generation's parts. `rounds` None: plain decoding (rounds of K = 0, no drafter).
     `feature_prefill`: the prompt's target features go to the feature draft's state;
     `draft_prefill`: a token draft prefills its own cache."""
 
     target: KVState
     draft: KVState | EagleState | None
     drafter: Drafter | None = None
-    policy: Any = None  # a rounds.Policy (AdaptiveK, a ShapePolicy) or a callable (last) -> K
+    policy: Policy[Any] | None = None  # FixedK, AdaptiveK, a ShapePolicy
     rounds: Rounds | None = None
     feature_prefill: bool = False
     draft_prefill: bool = False
@@ -71,10 +72,11 @@ class Strategy:
         return prefilled
 
     def _draft_later(self) -> KVState | None:
-        """The token draft whose prompt reading waits for its first drafting round: in a packed
-        batch (the target has a packer), which may decode plainly for a while; else None."""
+        """The token draft whose prompt reading waits for its first drafting round: where the
+        target's forwards are shared (a server's batch, which may decode plainly for a while);
+        else None."""
         draft = self.draft
-        if self.draft_prefill and isinstance(draft, KVState) and self.target.packer is not None:
+        if self.draft_prefill and isinstance(draft, KVState) and self.target.shared:
             return draft
         return None
 
@@ -85,9 +87,15 @@ class Strategy:
         limits: Limits,
         cancel: threading.Event | None,
     ) -> Iterator[Step]:
-        """The generation's Steps (after `prefill`)."""
-        if self.rounds is None or self.drafter is None:
-            return decode_plain(self.target, prompt, sampling, limits, cancel)
+        """The generation's Steps (after `prefill`). Plain decoding: rounds of K = 0, pipelined
+        (loop.plain_run), reported without Round records."""
+        if self.rounds is None or self.drafter is None or self.policy is None:
+            drafter = Drafter()
+            plain = Chains(self.target, drafter, sampling)
+            steps = speculate(
+                self.target, plain, drafter, prompt, sampling, FixedK(PLAIN_ONLY), limits, cancel
+            )
+            return (dataclasses.replace(step, round=None) for step in steps)
         later = self._draft_later()
         prepare = later.prefill if later is not None else None
         return speculate(
@@ -120,7 +128,7 @@ class RoundFactory:
         target: KVState,
         draft: KVState | EagleState | None,
         drafter: Drafter | None = None,
-        k_policy: Callable[..., Any] | None = None,
+        k_policy: Policy[Any] | None = None,
         calibration: Calibration | None = None,
     ) -> Strategy:
         """The Strategy for `spec` over these states. `drafter` / `k_policy` replace the ones the
@@ -155,7 +163,7 @@ class RoundFactory:
 
     def k_policy(
         self, spec: SpecConfig, drafter: Drafter, calibration: Calibration | None
-    ) -> Callable[..., int]:
+    ) -> Policy[int]:
         """Fixed K, or AdaptiveK seeded from the calibration. Adaptive hybrid: K is the draft
         model's (from its estimates); a lookup sizes its own proposals from the lookup's
         estimates (AdaptiveK.lookup_k)."""
@@ -170,18 +178,19 @@ class RoundFactory:
 
 
 def new_states(
-    cpu: Any, target: Any, draft: Any | None, kv_bits: int | None = None
+    cpu: Any, target: Any, draft: Any | None, kv_bits: int | None = None, run: Forward | None = None
 ) -> tuple[KVState, KVState | EagleState | None]:
     """Empty caches for a loaded target and draft (or None), over the backend `cpu`'s twins of
     the models, its caches and sampling softmax (edgespec/cpu/backend.py): a block draft's
     BlockState, a feature draft's EagleState (the target then returns the features it reads), a
     token draft's KVState. `kv_bits` (8 or 4): the target's and a token draft's full-attention
     layers are quantized caches (cache.quantized); a feature or block draft keeps its own, which
-    its own attention code reads."""
+    its own attention code reads. `run`: who runs the target's and a token draft's forwards
+    (KVState's; None: each state alone)."""
     backend = (cpu.new_cache, cpu.softmax)
     kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
     state: KVState | EagleState | None = None
-    verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv)
+    verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv, run)
     if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
         state = BlockState(draft.model, f"draft {draft.name}", *backend)
         verifier.feature_layers = draft.model.feature_layers
@@ -189,7 +198,7 @@ def new_states(
         state = EagleState(cpu.model(draft.model), f"draft {draft.name}", *backend)
         verifier.feature_layers = draft.model.feature_layers  # what it reads
     elif draft is not None:
-        state = KVState(cpu.model(draft.model), f"draft {draft.name}", *kv)
+        state = KVState(cpu.model(draft.model), f"draft {draft.name}", *kv, run)
     return verifier, state
 
 

@@ -137,7 +137,7 @@ class FakeEngine:
         self.threads.add(threading.get_ident())
         self.warmed.append(config)
 
-    def new_states(self) -> tuple[list[int], None]:
+    def new_states(self, run: object = None) -> tuple[list[int], None]:
         """An empty cache set for one more conversation (the fake's draft keeps no cache)."""
         return [], None
 
@@ -188,8 +188,11 @@ class FakeEngine:
         prompt_ids: list[int],
         config: GenerationConfig,
         cancel: threading.Event | None = None,
+        *,
+        gate: object = None,
     ) -> Iterator[Token | Round | Finished]:
-        """`chat` for a prompt of token ids (any ints): the same script, from word len(ids)."""
+        """`chat` for a prompt of token ids (any ints): the same script, from word len(ids); the
+        fake has no round policy for a `gate` to wrap."""
         yield from self._answer(list(prompt_ids), len(prompt_ids), config, cancel)
 
     def _answer(

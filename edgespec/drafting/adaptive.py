@@ -7,7 +7,7 @@ plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is 
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
 while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
-runs such K = 0 rounds pipelined (rounds.plain_run), as fast as plain decoding; the policy then
+runs such K = 0 rounds pipelined (loop.plain_run), as fast as plain decoding; the policy then
 decides a round before the previous one is read back. The loop hands it every round once, in order
 (`observe`, rounds.Plans), and asks for each K (`decide`).
 
@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 
 from edgespec.drafting.costs import (
     COST_WINDOW,
+    Probes,
     RecentMedian,
+    Timings,
     best_k,
     fit_verify_line,
     verify_curve,
@@ -46,12 +48,10 @@ ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of mem
 # K = 1..4 all come within a few % of each other at alpha ~0.8, where a wrong longer K lost up to
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
-PROBE_EVERY = 8  # plain rounds before the first probe round
 # Methods whose drafting is one forward a round whatever K (a block draft, drafting/block.py):
 # their cost is that forward's, d(K), measured per K (a line fitted between, as v(L); nearly flat
 # on a GPU, but on a CPU the output head over the vocabulary grows with K): T(K) = d(K) + v(K + 1).
 ROUND_COST = ("block",)
-PROBE_MAX = 64  # longest gap between probes
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
@@ -144,8 +144,8 @@ class DrafterEstimate:
 
 
 class AdaptiveK:
-    """K policy for loop.speculate (a rounds.Policy: `observe(round)`, `decide() -> K`; or
-    `policy(last_round) -> K`, observing last first), learning online from Round events.
+    """K policy for loop.speculate (a rounds.Policy: `observe(round)`, `decide() -> K`),
+    learning online from Round events.
 
     Estimates are kept per drafting method (Round.method), because an n-gram lookup and a draft
     model differ in both cost and acceptance; the verify cost belongs to the target and is shared.
@@ -153,7 +153,7 @@ class AdaptiveK:
     draft model: K is its K, and the lookup sizes its own proposals with `lookup_k`), else of the
     method that drafted the last round. Until both costs of that method have been measured it
     returns k_init. allow_plain: K = 0 (no drafting) may be chosen, with probe rounds (the best
-    K >= 1) after PROBE_EVERY.. PROBE_MAX plain rounds.
+    K >= 1) after PROBE_EVERY.. PROBE_MAX plain rounds (costs.Probes, the tree policy's too).
 
     Why a hybrid needs `model`: choosing from whoever drafted last, a round after an accepted
     lookup (alpha ~0.9, no draft cost: K = k_max) gave that K to the draft model whenever the next
@@ -178,13 +178,12 @@ class AdaptiveK:
         # policy into long proposals for short matches.
         self.long_match = long_match
         self.estimates: dict[str, DrafterEstimate] = {}
-        self.verify_costs: dict[int, RecentMedian] = {}  # verified tokens L -> recent seconds
+        self.verify_costs: Timings[int] = Timings()  # verified tokens L -> recent seconds
         self.chosen: list[int] = []
         self._method: str | None = None  # who drafted the latest round that drafted
         self._after_plain = False  # the previous round drafted nothing (K = 0)
-        self._plain_run = 0  # K = 0 rounds since the last round that drafted
         self._on = True  # drafting is on by the policy's own choice (not a probe)
-        self._probe_gap = PROBE_EVERY
+        self._probes = Probes()
         self._observed = False  # a round was observed: the first round's K is k_init
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
@@ -198,7 +197,7 @@ class AdaptiveK:
                 method, DrafterEstimate(per_round=method in ROUND_COST)
             ).step_costs.add(cost)
         for length, seconds in verify_costs.items():
-            self.verify_costs.setdefault(length, RecentMedian()).add(seconds)
+            self.verify_costs.add(length, seconds)
 
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
@@ -222,12 +221,12 @@ class AdaptiveK:
             # lookups grew too long. Only their sum is known; leave both out.
             return
         length = r.drafted + 1  # the pending token + the drafts
-        self.verify_costs.setdefault(length, RecentMedian()).add(r.t_verify)
+        self.verify_costs.add(length, r.t_verify)
 
     @property
     def verify_means(self) -> dict[int, float]:
         """Verified tokens L -> the median of its recent verify seconds."""
-        return {L: m.value for L, m in self.verify_costs.items() if m.value is not None}
+        return self.verify_costs.medians()
 
     def _inputs(
         self, method: str | None
@@ -260,12 +259,10 @@ class AdaptiveK:
             k = best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE)
         self._on = k > 0
         if k > 0:
-            self._plain_run, self._probe_gap = 0, PROBE_EVERY
+            self._probes.drafting()
             return k
-        self._plain_run += 1
-        if self._plain_run <= self._probe_gap:
+        if not self._probes.probe():
             return 0
-        self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
 
     def decide(self) -> int:
@@ -275,11 +272,6 @@ class AdaptiveK:
         self.chosen.append(k)
         return k
 
-    def __call__(self, last: Round | None) -> int:
-        if last is not None:
-            self.observe(last)
-        return self.decide()
-
     def lookup_k(self, method: str, default: int) -> int:
         """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best
         K >= 1 from its own estimates, `default` until its costs are measured. No side effects."""
@@ -287,12 +279,26 @@ class AdaptiveK:
         return default if args is None else best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
 
 
+class FixedK:
+    """The same K every round (a rounds.Policy). FixedK(0): plain steps, with a drafter's free
+    lookups; FixedK(PLAIN_ONLY): plain steps only (plain decoding)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def observe(self, r: Round) -> None:
+        pass
+
+    def decide(self) -> int:
+        return self.k
+
+
 def make_k_policy(
     k: int, adaptive: bool, k_max: int, model: str | None = None, long_match: int = 0
-) -> Callable[[Round | None], int]:
+) -> AdaptiveK | FixedK:
     """The K policy a SpecConfig asks for: AdaptiveK(k, k_max, model=model,
-    long_match=long_match) if adaptive, else always k. model="draft" for a hybrid drafter (see
+    long_match=long_match) if adaptive, else FixedK(k). model="draft" for a hybrid drafter (see
     AdaptiveK); long_match: SpecConfig.long_match."""
     if adaptive:
         return AdaptiveK(k, k_max, model=model, long_match=long_match)
-    return lambda _last: k
+    return FixedK(k)

@@ -1,13 +1,16 @@
-"""The cost side of choosing K: timings kept as recent medians, the verify cost v(L) as measured
-points and a fitted line, and the choice itself (best_k): the K that maximises expected tokens
-per second. AdaptiveK (drafting/adaptive.py) and the tree policies (trees/policy.py) share them.
+"""The cost model of choosing K or a tree shape, one for the chain and the tree policies
+(AdaptiveK, drafting/adaptive.py; AdaptiveTree, trees/policy.py): timings kept as recent medians
+(Timings), the verify cost v(L) as measured points and a fitted line (verify_curve), the probe
+schedule while drafting is off (Probes), and the chain's choice itself (best_k): the K that
+maximises expected tokens per second.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 from edgespec.metrics import expected_tokens_per_round
 
@@ -15,6 +18,9 @@ COST_WINDOW = 5  # timings per cost estimate (their median): a single stall neve
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L
 # have been measured. On a CPU an 8-token forward costs ~1.7x a 1-token one (0.7 / 7 = 0.1).
 PRIOR_VERIFY_SLOPE = 0.1
+PROBE_EVERY = 8  # plain rounds before the first probe round (Probes)
+PROBE_MAX = 64  # longest gap between probes
+Key = TypeVar("Key", bound=Hashable)
 
 
 def best_k(
@@ -78,7 +84,7 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
     the fitted line (fit_verify_line), raised to the dearest measured shorter forward of 2+
     tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
-    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (rounds.plain_run)
+    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (loop.plain_run)
     where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
     An unmeasured 1-token step costs the shortest measured forward scaled down by the prior slope,
     v(Ls) / (1 + PRIOR_VERIFY_SLOPE (Ls - 1)): the line's intercept made plain steps look cheap
@@ -115,3 +121,37 @@ class RecentMedian:
     @property
     def value(self) -> float | None:
         return statistics.median(self.samples) if self.samples else None
+
+
+class Timings(dict[Key, RecentMedian]):
+    """Recent timings by what was timed (verified tokens L; a tree's (kind, width)): a
+    RecentMedian each."""
+
+    def add(self, key: Key, seconds: float) -> None:
+        self.setdefault(key, RecentMedian()).add(seconds)
+
+    def medians(self) -> dict[Key, float]:
+        """Each key's median, for the keys timed so far."""
+        return {k: m.value for k, m in self.items() if m.value is not None}
+
+
+class Probes:
+    """While plain steps win, a probe round (drafting) every few rounds, so the estimates can see
+    the draft become useful again: after PROBE_EVERY plain rounds, the gap doubling up to
+    PROBE_MAX while drafting keeps losing, back to PROBE_EVERY once drafting wins.
+    Example: 8 plain rounds, a probe, 16 plain rounds, a probe, ..."""
+
+    def __init__(self) -> None:
+        self.plain_run, self.gap = 0, PROBE_EVERY
+
+    def drafting(self) -> None:
+        """Drafting won this round."""
+        self.plain_run, self.gap = 0, PROBE_EVERY
+
+    def probe(self) -> bool:
+        """Plain steps won this round: whether it should be a probe instead."""
+        self.plain_run += 1
+        if self.plain_run <= self.gap:
+            return False
+        self.plain_run, self.gap = 0, min(2 * self.gap, PROBE_MAX)
+        return True

@@ -132,7 +132,7 @@ def replay_rounds(
     long, or ended by the model). No model runs: at temperature 0 a proposal is accepted up to its
     first token that differs from the answer, so the rounds follow from the lookups alone.
 
-    Mirrors loop.speculate and rounds.plain_run: a round looks up K tokens from the whole context;
+    Mirrors loop.speculate and loop.plain_run: a round looks up K tokens from the whole context;
     a miss starts pipelined plain steps, each of which looks up one token behind
     (NgramDrafter.propose_behind) while it computes, and the first such proposal is verified with
     that step's token and ends the run. Used to choose the n-gram defaults on real answers (docs/drafting.md); the tests check it

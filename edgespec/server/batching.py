@@ -15,7 +15,9 @@ Exactness: a request runs the computation it would run alone (its caches, its ke
 policy); its target rows are computed beside others' (edgespec/packed.py: the same bits with a
 row-exact BLAS), so its T = 0 text, and its seeded T > 0 text, are the ones it gets alone.
 
-    batch = Batch(engine, pool, max_batch=4, closing)
+    packer = Packer(engine.kernels)     # None with one place: nothing to pack
+    pool = ConversationPool(engine, budget, slots, run=packer)  # its sets' forwards: the packer's
+    batch = Batch(engine, pool, max_batch=4, closing, packer)
     batch.start(job)                    # when batch.fits(job): holds a set, generation not run yet
     for job, outcome in batch.turn():  # one round of every running request, forwards packed
         ...                             # the ended ones: Done or Failed
@@ -28,17 +30,15 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from edgespec.cache import KVState
 from edgespec.cpu.switch import on_cpu
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
-from edgespec.server.mode import BatchMode
+from edgespec.server.mode import BatchMode, Gate
 from edgespec.server.packing import ROUND, Packer, Park, Task
 from edgespec.server.prefix import ConversationPool, Slot
 from edgespec.server.responses import Usage
 from edgespec.server.stops import Segment, StopScanner
-from edgespec.trees.forward import PLAIN
 from edgespec.worker import ServedEngine
 
 Rounds = Generator[None, None, WorkerEvent]
@@ -55,7 +55,8 @@ class Running:
 
 
 class Batch:
-    """The running requests, on the MLX thread. Not thread-safe; `jobs()` may be read anywhere."""
+    """The running requests, on the MLX thread. Not thread-safe; `jobs()` may be read anywhere.
+    `packer`: the Forward the pool's sets were built with (None: each runs its own forwards)."""
 
     def __init__(
         self,
@@ -63,17 +64,16 @@ class Batch:
         pool: ConversationPool,
         max_batch: int,
         closing: threading.Event,
+        packer: Packer | None = None,
     ):
         self.engine, self.pool, self.max_batch, self.closing = engine, pool, max_batch, closing
         self.running: list[Running] = []
-        # Packs the running requests' forwards (none with one place: nothing to pack).
-        kernels = getattr(engine, "kernels", PLAIN)
-        self.packer = Packer(kernels) if max_batch > 1 else None
-        # Whether the batch drafts, measured (server/mode.py); a fake engine (tests) has no gate.
-        # Plain first on the CPU: there several requests' plain steps fill a forward's cheap rows.
+        self.packer = packer
+        # Whether the batch drafts, measured (server/mode.py), for each generation's adaptive K
+        # (Engine.generate's gate) where several may run. Plain first on the CPU: there several
+        # requests' plain steps fill a forward's cheap rows.
         self.mode = BatchMode(prefer_plain=on_cpu())
-        if max_batch > 1 and hasattr(engine, "policy_gate"):
-            engine.policy_gate = self.mode.gate
+        self.gate = self.mode.gate if max_batch > 1 else None
 
     def __len__(self) -> int:
         return len(self.running)
@@ -102,8 +102,7 @@ class Batch:
             slot = self.pool.acquire(job.prompt)
         except Exception as exc:  # noqa: BLE001 - the backend failed; the server goes on
             return failure(exc)
-        rounds = job_rounds(self.engine, job, self.closing)
-        _install(slot, self.packer)
+        rounds = job_rounds(self.engine, job, self.closing, self.gate)
         self.running.append(Running(job, slot, Task(lambda: advance(rounds)), self.need(job)))
         return None
 
@@ -162,18 +161,9 @@ class Batch:
 
     def _end(self, run: Running) -> None:
         self.running.remove(run)
-        _install(run.slot, None)
+        if self.packer is not None:  # a set back in the pool holds its own caches
+            self.packer.release([run.slot.target, run.slot.draft])
         self.pool.release(run.slot)
-
-
-def _install(slot: Slot, packer: Packer | None) -> None:
-    """Route the set's forwards through `packer` (None: each its own forward again, and the
-    set's caches out of any bank, so that a set back in the pool holds its own)."""
-    for state in (slot.target, slot.draft):
-        if isinstance(state, KVState):  # a fake engine's sets (tests) have no forwards
-            state.packer = packer
-            if packer is None and state.bank is not None:
-                state.bank.flush()
 
 
 def advance(rounds: Rounds) -> WorkerEvent | None:
@@ -195,14 +185,17 @@ def failure(exc: Exception) -> Failed:
     return Failed(500, f"generation failed: {one_line(exc, typed=True)}")
 
 
-def job_rounds(engine: ServedEngine, job: Job, closing: threading.Event) -> Rounds:
-    """The job's generation, emitting a Piece per round (per token for plain decoding) and
-    pausing after each; returns its Done (or Failed on shutdown)."""
+def job_rounds(
+    engine: ServedEngine, job: Job, closing: threading.Event, gate: Gate | None = None
+) -> Rounds:
+    """The job's generation (its adaptive K under `gate`: the batch's mode), emitting a Piece
+    per round (per token for plain decoding) and pausing after each; returns its Done (or
+    Failed on shutdown)."""
     scanner = StopScanner(job.stop)
     plain = not job.config.spec.enabled
     released: list[Segment] = []
     shown, kind = 0, "target"
-    for event in engine.generate(job.prompt, job.config, job.cancel):
+    for event in engine.generate(job.prompt, job.config, job.cancel, gate=gate):
         if isinstance(event, Token):
             shown, kind = shown + len(event.text), event.kind
             job.tokens += 1

@@ -49,7 +49,12 @@ class GroupEngine:
         return getattr(self.engine, name)
 
     def generate(
-        self, prompt_ids: list[int], config: Any, cancel: threading.Event | None = None
+        self,
+        prompt_ids: list[int],
+        config: Any,
+        cancel: threading.Event | None = None,
+        *,
+        gate: Callable[[Any], Any] | None = None,
     ) -> Iterator[Any]:
         if self.lost is not None:
             raise LostGroup(str(self.lost))
@@ -58,7 +63,7 @@ class GroupEngine:
             send_request(self.group, prompt, config)
             align_caches(self.engine, self.group, prompt)
             shared = cast(threading.Event, GroupCancel(self.group, cancel))
-            events = self.engine.generate(prompt, config, shared)
+            events = self.engine.generate(prompt, config, shared, gate=gate)
         except RuntimeError as exc:
             raise self._lose(exc) from None
         return self._guarded(events)

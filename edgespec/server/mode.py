@@ -11,7 +11,7 @@ requests' plain steps already fill those rows, and drafting on top can lose: mea
 machines, or with a draft that is accepted more often, drafting wins. Only measuring says.
 
     mode = BatchMode()
-    engine.policy_gate = mode.gate       # each new generation's adaptive K goes through it
+    engine.generate(ids, config, cancel, gate=mode.gate)   # the generation's adaptive K under it
     mode.begin(running=4)                # before every turn
     mode.observe(running=4, tokens=11, seconds=0.09)   # after it
 
@@ -21,6 +21,7 @@ batch of one is left to its policy. Exact either way: the gate only chooses K.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from edgespec.drafting.adaptive import AdaptiveK
@@ -33,12 +34,13 @@ RETRY_EVERY = 16  # windows in the better mode before the other is measured agai
 # A window ends early once it has EARLY turns and trails the other mode's rate by MARGIN or more:
 # measuring the slower mode costs the batch, and the requests may leave before a whole window.
 EARLY, MARGIN = 4, 0.2
+Gate = Callable[[Any], Any]  # a generation's round policy -> the policy its rounds ask
 
 
 class Gated:
-    """An adaptive request's policy under the batch's mode: its own K while the batch drafts,
-    PLAIN_ONLY (a plain step, no lookup either) while it does not. It sees every round either
-    way."""
+    """An adaptive request's policy under the batch's mode (a rounds.Policy): its own K while
+    the batch drafts, PLAIN_ONLY (a plain step, no lookup either) while it does not. It sees
+    every round either way."""
 
     def __init__(self, policy: AdaptiveK, mode: BatchMode):
         self.policy, self.mode = policy, mode

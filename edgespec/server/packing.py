@@ -2,10 +2,12 @@
 model per step of the batch instead of one forward per request.
 
 Each running request's generation runs in a `Task`, a greenlet of the MLX thread (greenlets are
-coroutines that switch inside one OS thread, so MLX only ever sees that thread). The loop code is
-unchanged: when it asks its target state for a forward (KVState.forward: a verify, a plain step,
-a prefill chunk) or its draft state for a draft step, the state's packer (`Packer.__call__`)
-parks the request and switches back to the batch (edgespec/server/batching.py); once every
+coroutines that switch inside one OS thread, so MLX only ever sees that thread). The loop knows
+nothing of it: the server's cache sets are built with the packer as their states' Forward
+(cache.Forward, Engine.new_states(packer)), so when the loop asks the target state for a forward
+(KVState.forward: a verify, a plain step, a prefill chunk) or the draft state for a draft step,
+`Packer.__call__` parks the request and switches back to the batch
+(edgespec/server/batching.py); outside a request it runs the forward alone. Once every
 running request has finished its round or parked a forward, `Packer.run` runs the parked
 forwards together and each request resumes with its own logits, as if its own forward had
 returned them. Where the same requests' targets step one token each, forward after forward (a
@@ -13,7 +15,7 @@ batch stepping plainly), those steps run in a bank instead (edgespec/bank.py): t
 keys and values in one shared array, one attention for all of them.
 
     packer = Packer(kernels)
-    slot.target.packer = packer          # this request's forwards go through it (its draft's too)
+    target, draft = engine.new_states(packer)   # a set whose forwards go through it
     task = Task(step)                    # step(): one round of the request, its outcome at the end
     msg = task.resume()                  # ROUND, a Park, or the request's outcome
     logits = packer.run([park, ...])     # then task.value = logits; task.resume()
@@ -90,8 +92,9 @@ class Task:
 
 
 class Packer:
-    """Parks a request's forwards (as its KVStates' packer) and runs parked ones together.
-    `kernels`: the backend's attention and compiled block parts (the Engine's)."""
+    """Parks a request's forwards (the Forward its KVStates were built with, cache.Forward) and
+    runs parked ones together. `kernels`: the backend's attention and compiled block parts (the
+    Engine's)."""
 
     def __init__(self, kernels: Kernels = PLAIN):
         self.kernels = kernels
@@ -107,6 +110,14 @@ class Packer:
             return state.forward_alone(inputs, head_only)
         logits: mx.array = current.parent.switch(Park(state, inputs, head_only))
         return logits
+
+    def release(self, states: list[Any]) -> None:
+        """The states' caches out of any bank (a request ended: its set, back in the pool, holds
+        its own; a fake engine's sets have no bank)."""
+        for state in states:
+            bank = getattr(state, "bank", None)
+            if bank is not None:
+                bank.flush()
 
     def run(self, parked: list[Park], bank: bool = False) -> list[mx.array]:
         """The parked forwards' logits (lazy), in order: the ones packed_forward supports in one

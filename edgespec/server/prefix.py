@@ -33,7 +33,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from edgespec.cache import KVState, common_prefix
+from edgespec.cache import Forward, KVState, common_prefix
 from edgespec.worker import ServedEngine
 
 # A set whose cached tokens go on for more than this past the prompt's match is copied, not taken.
@@ -116,15 +116,22 @@ def copy_prefix(src: KVState, dst: KVState, n: int) -> None:
 
 class ConversationPool:
     """Cache sets of up to `max_slots` conversations within `budget_bytes` (max_slots 0: no
-    reuse across requests at all; every request prefills its whole prompt). Not thread-safe:
-    the MLX thread owns it, like the Engine."""
+    reuse across requests at all; every request prefills its whole prompt). `run`: the Forward
+    every set is built with (a batch's packer, edgespec/server/packing.py; None: each state
+    its own). Not thread-safe: the MLX thread owns it, like the Engine."""
 
-    def __init__(self, engine: ServedEngine, budget_bytes: int, max_slots: int = 4):
+    def __init__(
+        self,
+        engine: ServedEngine,
+        budget_bytes: int,
+        max_slots: int = 4,
+        run: Forward | None = None,
+    ):
         if budget_bytes < 0 or max_slots < 0:
             raise ValueError("the cache budget and the number of conversations must be >= 0")
         self.engine, self.budget, self.max_slots = engine, budget_bytes, max_slots
-        self._clock = 0
-        self.active = Slot(*engine.new_states())
+        self._clock, self._run = 0, run
+        self.active = Slot(*engine.new_states(run))
         engine.swap_states(self.active.target, self.active.draft)
         self.slots = [self.active]
         self.held: list[Slot] = []  # sets held by running requests
@@ -201,12 +208,12 @@ class ConversationPool:
         else a new one."""
         slot = next((s for s in self.slots if not s.tokens and not self._is_held(s)), None)
         if slot is None:
-            slot = Slot(*self.engine.new_states())
+            slot = Slot(*self.engine.new_states(self._run))
             self.slots.append(slot)
         return slot
 
     def _fork(self, src: Slot, prompt: list[int], match: int) -> Slot:
-        slot = Slot(*self.engine.new_states())
+        slot = Slot(*self.engine.new_states(self._run))
         copy_prefix(src.target, slot.target, min(match, len(prompt) - 1))
         if src.draft is not None:
             shared = common_prefix(src.draft.tokens, prompt)

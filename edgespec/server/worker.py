@@ -29,7 +29,9 @@ from collections.abc import Callable
 from edgespec.errors import EdgeSpecError
 from edgespec.server.batching import Batch
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
+from edgespec.server.packing import Packer
 from edgespec.server.prefix import ConversationPool
+from edgespec.trees.forward import PLAIN
 from edgespec.worker import EngineWorker, ServedEngine
 
 __all__ = [
@@ -133,10 +135,14 @@ class Worker:
         self.mlx.join(timeout)
 
     def _load(self) -> ServedEngine:
-        """On the thread: the engine, its conversation pool and the batch of running jobs."""
+        """On the thread: the engine, its conversation pool and the batch of running jobs. With
+        more than one place, the pool's sets are built with a packer as their forward, which
+        packs the running requests' forwards (a fake engine, in tests, has no kernels)."""
         engine = self._loader()
-        pool = ConversationPool(engine, self._budget, self._slots)
-        self._batch = Batch(engine, pool, self.max_batch, self._closing)
+        kernels = getattr(engine, "kernels", PLAIN)
+        packer = Packer(kernels) if self.max_batch > 1 else None
+        pool = ConversationPool(engine, self._budget, self._slots, run=packer)
+        self._batch = Batch(engine, pool, self.max_batch, self._closing, packer)
         return engine
 
     def _serve(self, engine: ServedEngine) -> None:

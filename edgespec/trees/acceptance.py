@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from edgespec.sampling import sample
+from edgespec.acceptance import verify_greedy
+from edgespec.config import SamplingConfig
+from edgespec.sampling import Softmax, sample, uniforms, warp
 from edgespec.trees.shapes import Tree
 
 
@@ -106,6 +108,28 @@ def verify_tree(
             took = took | ok
         going = going & took
     return cur, n, sample(r, u[..., -1])
+
+
+def accept_tree(
+    tree: Tree,
+    x: mx.array,
+    q: mx.array | None,
+    logits: mx.array,
+    cfg: SamplingConfig,
+    key: mx.array,
+    softmax: Softmax | None = None,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """The acceptance step of one tree round on the target's logits [N + 1, V] (row 0 the root):
+    (deepest accepted p row, n_accepted, next_token), lazy; acceptance.accept's twin for trees.
+    At temperature 0 the walk along the target's argmax (a chain's: the longest agreeing prefix,
+    acceptance.verify_greedy, whose deepest row is n); else verify_tree on warp(logits) with
+    uniforms(key, N + 1), the round's verify key."""
+    if cfg.greedy and tree.is_chain:
+        n, nxt = verify_greedy(x, logits)
+        return n, n, nxt
+    if cfg.greedy:
+        return verify_tree_greedy(tree, x, logits)
+    return verify_tree(tree, x, q, warp(logits, cfg, softmax), uniforms(key, tree.size + 1))
 
 
 def verify_tree_greedy(tree: Tree, x: mx.array, target_logits: mx.array):

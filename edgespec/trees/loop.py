@@ -5,7 +5,7 @@
 Cache invariants after every round, as for chain rounds: the target's cache holds context[:-1]
 (its tree positions compacted to the accepted path, then rewound); the drafter's state a prefix of
 the context. Rounds whose shape is empty (an adaptive policy switched drafting off) run as
-pipelined plain steps (rounds.plain_run), exactly as the chain rounds' K = 0 rounds.
+pipelined plain steps (loop.plain_run), exactly as the chain rounds' K = 0 rounds.
 
 Key schedule, as the chain's (sampling.round_keys): a round's draft key gives one uniform per
 node (uniforms(draft_key, N)), its verify key N + 1 (node i's ratio test takes u[i], the last
@@ -19,14 +19,12 @@ from typing import Protocol, cast
 
 import mlx.core as mx
 
-from edgespec.acceptance import verify_greedy
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Proposal
 from edgespec.events import Round
 from edgespec.rounds import Progress, Step, fed_one, run_round
-from edgespec.sampling import uniforms, warp
-from edgespec.trees.acceptance import verify_tree, verify_tree_greedy
+from edgespec.trees.acceptance import accept_tree
 from edgespec.trees.forward import (
     PLAIN,
     Kernels,
@@ -40,7 +38,7 @@ from edgespec.trees.shapes import FixedShape, Shape, Tree, tree_mask, tree_posit
 
 
 class ShapePolicy(Protocol):
-    """Chooses each round's tree shape (an empty shape: a plain step), a rounds.Policy that also
+    """Chooses each round's tree shape (an empty shape: a plain step): a rounds.Policy that also
     sees each tree round's accepted path."""
 
     def observe(self, r: Round) -> None: ...
@@ -55,9 +53,6 @@ class FixedPolicy:
 
     def __init__(self, shape: Shape):
         self.shape = shape
-
-    def __call__(self, last: Round | None) -> Shape:
-        return self.shape
 
     def observe(self, r: Round) -> None:
         pass
@@ -91,9 +86,10 @@ def verify_tree_round(
     node ([N + 1, d], lazy)."""
     tree, p_len = prop.tree, int(pending.shape[0])
     inputs = mx.concatenate([pending, prop.tokens])
-    if tree.is_chain and not features:  # the chain loop's forward and test (the same result)
-        return _verify_chain(target, inputs, prop, cfg, key, p_len)
-    if tree.is_chain:  # the causal mask: the target's own forward (the same logits, faster)
+    feats: mx.array | None = None
+    if tree.is_chain and not features:  # the chain loop's forward (the same logits)
+        logits = target.forward(inputs)
+    elif tree.is_chain:  # the causal mask: the target's own forward (the same logits, faster)
         feats, logits = target.forward_features(inputs)
     else:
         allowed = mx.array(tree_mask(tree, target.offset, p_len))
@@ -102,39 +98,10 @@ def verify_tree_round(
             target.model, inputs, positions, allowed, target.cache, kernels, target.feature_layers
         )
     logits = logits[p_len - 1 :]
-    if cfg.greedy:
-        row, n, nxt = verify_tree_greedy(tree, prop.tokens, logits)
-    else:
-        u = uniforms(key, tree.size + 1)
-        row, n, nxt = verify_tree(tree, prop.tokens, prop.q, warp(logits, cfg, target.softmax), u)
+    row, n, nxt = accept_tree(tree, prop.tokens, prop.q, logits, cfg, key, target.softmax)
     head = mx.stack([row, n, nxt]).astype(mx.int32)
     out = mx.concatenate([head, prop.tokens.astype(mx.int32)])
-    return out, (feats[p_len - 1 :] if features else None)
-
-
-def _verify_chain(
-    target: KVState,
-    inputs: mx.array,
-    prop: TreeProposal,
-    cfg: SamplingConfig,
-    key: mx.array,
-    p_len: int,
-) -> tuple[mx.array, None]:
-    """verify_tree_round for a chain without features, as rounds.verify_round: the target's
-    forward and the chain's acceptance test (at temperature 0 the longest agreeing prefix, as the
-    tree walk; at T > 0 the tree test, which on a chain is the chain's). The deepest accepted
-    p row of a chain is n."""
-    logits = target.forward(inputs)[p_len - 1 :]
-    if cfg.greedy:
-        n, nxt = verify_greedy(prop.tokens, logits)
-        row = n
-    else:
-        u = uniforms(key, prop.tree.size + 1)
-        row, n, nxt = verify_tree(
-            prop.tree, prop.tokens, prop.q, warp(logits, cfg, target.softmax), u
-        )
-    head = mx.stack([row, n, nxt]).astype(mx.int32)
-    return mx.concatenate([head, prop.tokens.astype(mx.int32)]), None
+    return out, (feats[p_len - 1 :] if features and feats is not None else None)
 
 
 def _fit(shape: Shape, room: int) -> Shape:
@@ -195,15 +162,15 @@ class Trees:
             feats = feats[mx.array([0] + [i + 1 for i in path], dtype=mx.int32)]
         tree = prop.tree
         rnd = Round(
-            run.index,
-            tree.size,
-            n,
-            tree.depth,
-            t_draft,
-            t_verify,
-            prop.method,
-            timed,
-            prop.match,
+            index=run.index,
+            drafted=tree.size,
+            accepted=n,
+            k=tree.depth,
+            t_draft=t_draft,
+            t_verify=t_verify,
+            method=prop.method,
+            timed=timed,
+            match=prop.match,
             nodes=tree.size,
             branch=branch_of(tree, path),
             context=len(run.context),

@@ -29,8 +29,8 @@ view of the coming tokens, so exactness holds whatever it picks.
 
 from __future__ import annotations
 
-from edgespec.drafting.adaptive import ALPHA_DECAY, PROBE_EVERY, PROBE_MAX, TIE_TOLERANCE
-from edgespec.drafting.costs import RecentMedian, verify_curve
+from edgespec.drafting.adaptive import ALPHA_DECAY, TIE_TOLERANCE
+from edgespec.drafting.costs import Probes, Timings, verify_curve
 from edgespec.events import Round
 from edgespec.trees.shapes import FixedShape, Shape, Tree, chain_shape, greedy_nodes
 
@@ -96,13 +96,13 @@ class AdaptiveTree:
         self.k_init, self.k_max, self.max_nodes, self.ranks = k_init, k_max, max_nodes, ranks
         self.accept = AcceptanceTable(k_max, ranks)
         # seconds per draft forward (one per depth), by cost_key: (kind, nodes per depth)
-        self.draft_costs: dict[tuple[str, int], RecentMedian] = {}
+        self.draft_costs: Timings[tuple[str, int]] = Timings()
         # verified tokens L -> recent verify seconds, chains (plain steps too) and trees apart
-        self.verify_costs: dict[str, dict[int, RecentMedian]] = {"chain": {}, "tree": {}}
+        self.verify_costs: dict[str, Timings[int]] = {"chain": Timings(), "tree": Timings()}
         self.chosen: list[Shape] = []
         self._after_plain = False
         self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of tree rounds
-        self._plain_run, self._probe_gap = 0, PROBE_EVERY
+        self._probes = Probes()
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
@@ -119,16 +119,15 @@ class AdaptiveTree:
         if kind == "tree":
             self._lengths_seen.add((r.drafted + 1, r.k))
         if r.drafted > 0 and r.timed and not self._after_plain and not first:
-            cost = self.draft_costs.setdefault((kind, width), RecentMedian())
-            cost.add(r.t_draft / max(r.k, 1))
+            self.draft_costs.add((kind, width), r.t_draft / max(r.k, 1))
         self._after_plain = r.drafted == 0
         if r.timed and not first:
-            self.verify_costs[kind].setdefault(r.drafted + 1, RecentMedian()).add(r.t_verify)
+            self.verify_costs[kind].add(r.drafted + 1, r.t_verify)
 
     def _verify_means(self, kind: str) -> dict[int, float]:
         """Verified tokens L -> the median of its recent verify seconds (kind "chain", whose
         plain steps count too, or "tree")."""
-        return {L: m.value for L, m in self.verify_costs[kind].items() if m.value is not None}
+        return self.verify_costs[kind].medians()
 
     def _draft_cost(self, kind: str, width: int) -> float | None:
         """Seconds per draft forward of a round of `kind` whose depths run `width` nodes on
@@ -136,7 +135,7 @@ class AdaptiveTree:
         else the chain's (a tree is tried once and then priced from what it cost). A chain step
         costs at most the cheapest measured forward: once trees win, chains are no longer timed,
         and one slow chain sample (a busy core) kept them priced out for good."""
-        measured = {k: m.value for k, m in self.draft_costs.items() if m.value is not None}
+        measured = self.draft_costs.medians()
         if kind == "chain" and measured:
             return min(measured.values())
         if (kind, width) in measured:
@@ -198,21 +197,13 @@ class AdaptiveTree:
         floor = best * (1 - TIE_TOLERANCE) * (1 - 1e-12)
         shape = min((s for r, s in drafting if r >= floor), key=lambda s: (s.size, s.depth))
         if plain[0] < best * (1 + TIE_TOLERANCE):
-            self._plain_run, self._probe_gap = 0, PROBE_EVERY
+            self._probes.drafting()
             return shape
-        self._plain_run += 1
-        if self._plain_run <= self._probe_gap:
-            return plain[1]
-        self._plain_run, self._probe_gap = 0, min(2 * self._probe_gap, PROBE_MAX)
-        return shape  # a probe: refresh the acceptance and the draft's cost
+        # a probe: refresh the acceptance and the draft's cost
+        return shape if self._probes.probe() else plain[1]
 
     def decide(self) -> Shape:
         """The next round's shape (recorded in `chosen`)."""
         shape = self.choose()
         self.chosen.append(shape)
         return shape
-
-    def __call__(self, last: Round | None) -> Shape:
-        if last is not None:
-            self.observe(last)
-        return self.decide()

@@ -68,6 +68,30 @@ def plain_ids(engine: Any, prompt: list[int], n: int, sampling: SamplingConfig =
     return token_ids(gen(engine, prompt, SpecConfig(method="none"), n, sampling))
 
 
+class Scripted:
+    """A round policy (rounds.Policy) whose every decision is `choose(newest)`: the newest round
+    observed since the last decision, or None (the first round, or nothing new read back yet:
+    a pipelined run decides ahead). Example: Scripted(lambda _last: 3) is a fixed K = 3."""
+
+    def __init__(self, choose: Any):
+        self.choose = choose
+        self.new: Round | None = None
+
+    def observe(self, r: Round) -> None:
+        self.new = r
+
+    def decide(self) -> Any:
+        last, self.new = self.new, None
+        return self.choose(last)
+
+
+def ask(policy: Any, last: Round | None) -> Any:
+    """A policy's next plan after showing it `last` (None: nothing to show)."""
+    if last is not None:
+        policy.observe(last)
+    return policy.decide()
+
+
 def toks(prop: Proposal) -> list[int]:
     """A proposal's tokens as host ints."""
     return [int(t) for t in prop.tokens.tolist()]  # type: ignore[union-attr]
@@ -79,7 +103,7 @@ def toks(prop: Proposal) -> list[int]:
 class RoundByRound(Drafter):
     """Wraps a drafter so that its K = 0 rounds go through speculate's round path one at a time:
     with `propose_free` (FreeLookups; always empty here) the loop asks it instead of starting a
-    pipelined plain run (rounds.plain_run). The reference the pipelined runs must equal."""
+    pipelined plain run (loop.plain_run). The reference the pipelined runs must equal."""
 
     def __init__(self, inner: Drafter):
         self.inner = inner
@@ -105,7 +129,7 @@ class NeverDrafter(Drafter):
 
 class BehindOnce(Drafter):
     """A lookup-like drafter whose fresh lookups always miss, so the loop runs plain steps
-    pipelined (rounds.plain_run), and which proposes `drafts` one token behind once: while the
+    pipelined (loop.plain_run), and which proposes `drafts` one token behind once: while the
     token after `at` committed tokens is being computed. The run's next step then verifies them,
     queued with that token still unknown. Every other lookup one behind misses (an empty
     proposal: the pipelined run goes on)."""

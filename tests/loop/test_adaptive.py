@@ -12,7 +12,7 @@ from edgespec.drafting.adaptive import TIE_TOLERANCE, AdaptiveK, DrafterEstimate
 from edgespec.drafting.costs import best_k, fit_verify_line, verify_curve
 from edgespec.events import Round
 from edgespec.metrics import expected_tokens_per_round
-from tests.helpers import PROMPT, gen, rounds_of
+from tests.helpers import PROMPT, ask, gen, rounds_of
 
 # ---------------------------------------------------------------------------- adaptive K maths
 
@@ -88,10 +88,10 @@ def _round(i, drafted, accepted, k, t_draft, t_verify, method="draft") -> Round:
 
 def test_adaptive_k_learns_alpha_and_costs_and_picks_the_closed_form_optimum():
     policy = AdaptiveK(k_init=3, k_max=8)
-    assert policy(None) == 3  # nothing measured yet
+    assert ask(policy, None) == 3  # nothing measured yet
     # One round: 4 drafted, 2 accepted (one rejection); draft 0.04 s -> c = 0.01 s per token;
     # verify of 5 tokens 0.14 s.
-    k = policy(_round(0, 4, 2, 3, 0.04, 0.14))
+    k = ask(policy, _round(0, 4, 2, 3, 0.04, 0.14))
     # alpha = (0.9 * 1 + 2) / (0.9 * 2 + 3) = 2.9 / 4.8; one L measured: v(L) = a (1 + 0.1 (L-1))
     # with a = 0.14 / 1.4 = 0.1.
     alpha = 2.9 / 4.8
@@ -106,17 +106,19 @@ def test_adaptive_k_learns_alpha_and_costs_and_picks_the_closed_form_optimum():
 def test_adaptive_k_moves_with_acceptance():
     high, low = AdaptiveK(4, 8), AdaptiveK(4, 8, allow_plain=False)
     for i in range(30):
-        kh = high(_round(i, 4, 4, 4, 0.004, 0.1 + 0.004 * 4))  # everything accepted, cheap draft
-        kl = low(_round(i, 4, 0, 4, 0.04, 0.1 + 0.01 * 4))  # nothing accepted, costly draft
+        kh = ask(
+            high, _round(i, 4, 4, 4, 0.004, 0.1 + 0.004 * 4)
+        )  # everything accepted, cheap draft
+        kl = ask(low, _round(i, 4, 0, 4, 0.04, 0.1 + 0.01 * 4))  # nothing accepted, costly draft
     assert kh == 8 and kl == 1
 
 
 def test_adaptive_k_switches_a_useless_draft_off_and_probes_with_doubling_gaps():
     policy = AdaptiveK(4, 8)
-    chosen = [policy(None)]
+    chosen = [ask(policy, None)]
     for i in range(200):  # a draft that is never accepted and costs 40% of a target step
         k = chosen[-1]
-        chosen.append(policy(_round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k)))
+        chosen.append(ask(policy, _round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k)))
     drafted = [i for i, k in enumerate(chosen) if k > 0]
     # A few measured rounds turn it off: it goes off only once plain wins even at alpha's upper
     # bound (AdaptiveK.choose), which takes two rejections after the first round.
@@ -132,9 +134,9 @@ def test_an_unlucky_streak_does_not_switch_a_paying_draft_off(monkeypatch):
     # better. It is switched off only if plain wins at alpha's upper bound too.
     def run():
         policy = AdaptiveK(1, 1)
-        k = policy(None)
+        k = ask(policy, None)
         for i, acc in enumerate([1, 0, 1, 0, 0] * 6 + [0] * 8):
-            k = policy(_round(i, k, min(acc, k), k, 0.012 * k, 0.1 if k else 0.092))
+            k = ask(policy, _round(i, k, min(acc, k), k, 0.012 * k, 0.1 if k else 0.092))
         return policy.chosen
 
     assert 0 not in run()
@@ -144,12 +146,12 @@ def test_an_unlucky_streak_does_not_switch_a_paying_draft_off(monkeypatch):
 
 def test_adaptive_k_turns_drafting_back_on_when_probes_succeed():
     policy = AdaptiveK(4, 8)
-    k = policy(None)
+    k = ask(policy, None)
     for i in range(20):  # useless draft first ...
-        k = policy(_round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k))
+        k = ask(policy, _round(i, k, 0, k, 0.04 * k, 0.1 + 0.005 * k))
     assert k == 0 or policy.chosen[-2] == 0
     for i in range(20, 120):  # ... then every drafted token is accepted and drafting is cheap
-        k = policy(_round(i, k, k, k, 0.002 * k, 0.1 + 0.005 * k))
+        k = ask(policy, _round(i, k, k, k, 0.002 * k, 0.1 + 0.005 * k))
     assert policy.chosen[-10:] == [8] * 10
 
 
@@ -157,21 +159,21 @@ def test_adaptive_k_leaves_the_catch_up_after_plain_rounds_out_of_the_draft_cost
     # A probe after K = 0 rounds feeds the draft every token committed meanwhile: a slow round that
     # says nothing about the cost of drafting. Counting it kept a good draft switched off.
     policy = AdaptiveK(1, 4)
-    k = policy(None)
+    k = ask(policy, None)
     for i in range(12):  # rejected drafts: drafting is switched off
-        k = policy(_round(i, k, 0, k, 0.01 * k, 0.1 + 0.005 * k))
+        k = ask(policy, _round(i, k, 0, k, 0.01 * k, 0.1 + 0.005 * k))
         if i > 2 and k == 0:
             break
     cost = policy.estimates["draft"].draft_cost
     assert policy.chosen[-1] == 0 and cost == pytest.approx(0.01)
     i += 1
     while k == 0:  # plain rounds until the probe
-        k, i = policy(_round(i, 0, 0, 0, 0.0, 0.1)), i + 1
+        k, i = ask(policy, _round(i, 0, 0, 0, 0.0, 0.1)), i + 1
     samples = list(policy.estimates["draft"].step_costs.samples)
-    k = policy(_round(i, k, k, k, 0.5, 0.1 + 0.005 * k))  # probe: all accepted, 0.5 s catch-up
+    k = ask(policy, _round(i, k, k, k, 0.5, 0.1 + 0.005 * k))  # probe: all accepted, 0.5 s catch-up
     assert list(policy.estimates["draft"].step_costs.samples) == samples  # left out
     assert k > 0  # the accepted probe turns drafting back on
-    policy(_round(i + 1, k, k, k, 0.02 * k, 0.1 + 0.005 * k))  # a steady round is timed
+    ask(policy, _round(i + 1, k, k, k, 0.02 * k, 0.1 + 0.005 * k))  # a steady round is timed
     assert policy.estimates["draft"].step_costs.samples[-1] == pytest.approx(0.02)
 
 
@@ -179,19 +181,19 @@ def test_adaptive_k_leaves_overlapped_rounds_out_of_the_costs_but_counts_their_a
     # A pipelined plain step read late (0.3 s) and the lookup queued behind it, read early
     # (0.01 s): counted, the lookup's 4 tokens looked cheaper than a plain step.
     policy = AdaptiveK(1, 8)
-    policy(None)
+    ask(policy, None)
     for i in range(6):
-        policy(_round(i, 1, 1, 1, 0.001, 0.11, "ngram"))
-        policy(_round(i, 0, 0, 0, 0.0, 0.1, "ngram"))
+        ask(policy, _round(i, 1, 1, 1, 0.001, 0.11, "ngram"))
+        ask(policy, _round(i, 0, 0, 0, 0.0, 0.1, "ngram"))
     before = {L: list(m.samples) for L, m in policy.verify_costs.items()}
     alpha = policy.estimates["ngram"].alpha
-    policy(Round(6, 0, 0, 0, 0.0, 0.3, "ngram", timed=False))
-    policy(Round(7, 4, 1, 4, 0.0, 0.01, "ngram", timed=False))
+    ask(policy, Round(6, 0, 0, 0, 0.0, 0.3, "ngram", timed=False))
+    ask(policy, Round(7, 4, 1, 4, 0.0, 0.01, "ngram", timed=False))
     assert {L: list(m.samples) for L, m in policy.verify_costs.items()} == before
     assert 5 not in policy.verify_costs
     assert policy.estimates["ngram"].draft_cost == pytest.approx(0.001)
     assert policy.estimates["ngram"].alpha < alpha  # its rejection still counts
-    policy(Round(8, 4, 1, 4, 0.0, 0.15, "ngram"))  # the same lookup in a round of its own
+    ask(policy, Round(8, 4, 1, 4, 0.0, 0.15, "ngram"))  # the same lookup in a round of its own
     assert policy.verify_means[5] == pytest.approx(0.15)
 
 
@@ -219,11 +221,11 @@ def test_adaptive_k_follows_a_verify_cost_cliff():
     # A line through those points makes K = 2 look dear and K = 4 cheap; the measured points don't.
     policy = AdaptiveK(4, 4, allow_plain=False)
     cost = {1: 0.10, 2: 0.10, 3: 0.102, 4: 0.17, 5: 0.172}
-    k = policy(None)
+    k = ask(policy, None)
     for i in range(40):  # 45% of drafts accepted, a draft step costs 12% of a target step
         accepted = [0, 1, 0, 1, 2, 0, 1, 0, 1, 3][i % 10] if k else 0
         accepted = min(accepted, k)
-        k = policy(_round(i, k, accepted, k, 0.012 * k, cost[k + 1]))
+        k = ask(policy, _round(i, k, accepted, k, 0.012 * k, cost[k + 1]))
         if i < 4:  # make sure every L has been measured: draft 4, 3, 2, 1 first
             policy.chosen[-1] = k = 3 - i if i < 3 else 4
     alpha = policy.estimates["draft"].alpha
@@ -238,24 +240,24 @@ def test_adaptive_k_follows_a_verify_cost_cliff():
 def test_a_single_stall_does_not_switch_a_good_draft_off():
     # A kernel compiled on first use (tens of seconds on a GPU) inside one round's draft or verify.
     policy = AdaptiveK(2, 4)
-    k = policy(None)
+    k = ask(policy, None)
     for i in range(10):  # a good draft: everything accepted, cheap
-        k = policy(_round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
+        k = ask(policy, _round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
     steady = k
-    k = policy(_round(10, k, k, k, 48.0, 0.1 + 0.005 * k))  # a stalled draft
-    k = policy(_round(11, k, k, k, 0.01 * k, 48.0))  # a stalled verify
+    k = ask(policy, _round(10, k, k, k, 48.0, 0.1 + 0.005 * k))  # a stalled draft
+    k = ask(policy, _round(11, k, k, k, 0.01 * k, 48.0))  # a stalled verify
     assert k == steady > 0
     for i in range(12, 20):
-        k = policy(_round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
+        k = ask(policy, _round(i, k, k, k, 0.01 * k, 0.1 + 0.005 * k))
     assert 0 not in policy.chosen and policy.chosen[-1] == steady
 
 
 def test_adaptive_k_keeps_estimates_per_method():
     policy = AdaptiveK(4, 8, allow_plain=False)
     for i in range(20):
-        policy(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
-    k_ngram = policy(_round(20, 3, 3, 4, 1e-5, 0.13, method="ngram"))
-    k_draft = policy(_round(21, 4, 0, 4, 0.04, 0.14, method="draft"))
+        ask(policy, _round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    k_ngram = ask(policy, _round(20, 3, 3, 4, 1e-5, 0.13, method="ngram"))
+    k_draft = ask(policy, _round(21, 4, 0, 4, 0.04, 0.14, method="draft"))
     assert policy.estimates["ngram"].alpha > 0.7 > 0.2 > policy.estimates["draft"].alpha
     assert k_ngram > k_draft == 1
 
@@ -265,14 +267,14 @@ def test_adaptive_k_counts_long_match_lookups_apart():
     # lookup length for short matches must come from the short ones alone.
     policy = AdaptiveK(1, 8, long_match=6)
     for i in range(0, 30, 2):
-        policy(Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
-        policy(Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
+        ask(policy, Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
+        ask(policy, Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
     assert policy.estimates["ngram-long"].alpha > 0.9 > 0.2 > policy.estimates["ngram"].alpha
     assert policy.lookup_k("ngram", 4) == 1
     mixed = AdaptiveK(1, 8)  # long_match 0: one estimate, which the long rounds inflate
     for i in range(0, 30, 2):
-        mixed(Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
-        mixed(Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
+        ask(mixed, Round(i, 8, 8, 8, 1e-5, 0.2, "ngram", match=7))
+        ask(mixed, Round(i + 1, 1, 0, 1, 1e-5, 0.1, "ngram", match=2))
     assert mixed.estimates["ngram"].alpha > 0.5 and mixed.lookup_k("ngram", 4) > 1
 
 
@@ -281,15 +283,15 @@ def test_adaptive_k_for_a_hybrid_gives_the_model_its_own_k_and_the_lookup_its_ow
     # draft model as soon as the next lookup missed.
     policy = AdaptiveK(4, 8, allow_plain=False, model="draft")
     for i in range(20):
-        policy(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
-    k = policy(_round(20, 4, 4, 4, 1e-5, 0.13, method="ngram"))
+        ask(policy, _round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    k = ask(policy, _round(20, 4, 4, 4, 1e-5, 0.13, method="ngram"))
     assert k == 1  # the draft model's K, though the last round was an accepted lookup
     assert policy.lookup_k("ngram", 4) > 1  # the lookup proposes more
     assert AdaptiveK(4, 8).lookup_k("ngram", 3) == 3  # nothing measured: the default
     free = AdaptiveK(4, 8)  # without model=, the last round's method decides (pure drafters)
     for i in range(20):
-        free(_round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
-    assert free(_round(20, 4, 4, 4, 1e-5, 0.13, method="ngram")) > 1
+        ask(free, _round(i, 4, 0, 4, 0.04, 0.14, method="draft"))
+    assert ask(free, _round(20, 4, 4, 4, 1e-5, 0.13, method="ngram")) > 1
 
 
 # ---------------------------------------------------------------------------- in the loop
@@ -319,7 +321,7 @@ def _drive(policy: AdaptiveK, rounds: int, first_draft: float) -> list[int]:
     `first_draft` seconds (a fresh engine compiling its kernels). Returns the K chosen."""
     last: Round | None = None
     for i in range(rounds):
-        k = policy(last)
+        k = ask(policy, last)
         if k == 0:
             last = Round(i, 0, 0, 0, 0.0, 0.1)
         else:

@@ -22,7 +22,16 @@ from edgespec.errors import ConfigError
 from edgespec.loading.load import load_pair
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, uniforms, warp
-from tests.helpers import PROMPT, chi2_pvalue, gen, plain_ids, rounds_of, target_probs, token_ids
+from tests.helpers import (
+    PROMPT,
+    ask,
+    chi2_pvalue,
+    gen,
+    plain_ids,
+    rounds_of,
+    target_probs,
+    token_ids,
+)
 from tests.helpers.block_models import tiny_qwen3, write_dflash
 from tests.helpers.stats import assert_follows
 
@@ -215,8 +224,8 @@ def test_adaptive_k_counts_a_block_round_as_one_draft_forward():
 
     per_token, per_round = AdaptiveK(4, 8), AdaptiveK(4, 8)
     for i in range(20):  # 6 of 8 accepted, a dear draft forward, a cheap verify
-        kd = per_token(Round(i, 8, 6, 8, 0.2, 0.1 + 0.005 * 9, "draft"))
-        kb = per_round(Round(i, 8, 6, 8, 0.2, 0.1 + 0.005 * 9, "block"))
+        kd = ask(per_token, Round(i, 8, 6, 8, 0.2, 0.1 + 0.005 * 9, "draft"))
+        kb = ask(per_round, Round(i, 8, 6, 8, 0.2, 0.1 + 0.005 * 9, "block"))
     assert per_round.estimates["block"].draft_cost == pytest.approx(0.2)
     assert per_token.estimates["draft"].draft_cost == pytest.approx(0.2 / 8)
     assert kb == 6 and kd < kb  # position 7 was never accepted: drafting it does not pay
@@ -230,8 +239,8 @@ def test_a_block_round_costs_what_was_measured_at_its_k():
 
     policy = AdaptiveK(4, 8)
     for i in range(6):
-        policy(Round(2 * i, 2, 1, 2, 0.05, 0.11, "block"))
-        policy(Round(2 * i + 1, 8, 1, 8, 0.2, 0.14, "block"))
+        ask(policy, Round(2 * i, 2, 1, 2, 0.05, 0.11, "block"))
+        ask(policy, Round(2 * i + 1, 8, 1, 8, 0.2, 0.14, "block"))
     cost = policy.estimates["block"].round_cost()
     assert [round(cost(k), 4) for k in (2, 4, 8, 10)] == [0.05, 0.1, 0.2, 0.25]
 
@@ -244,7 +253,7 @@ def test_adaptive_k_for_a_block_uses_its_acceptance_per_position():
 
     policy = AdaptiveK(4, 8)
     for i in range(20):
-        k = policy(Round(i, 4, 1, 4, 0.02, 0.12, "block"))
+        k = ask(policy, Round(i, 4, 1, 4, 0.02, 0.12, "block"))
     est = policy.estimates["block"]
     assert est.alpha == pytest.approx(0.5, abs=0.05)
     assert est.expected(1) > 1.8 and est.expected(4) - est.expected(1) < 0.2

@@ -41,6 +41,7 @@ from tests.helpers import (
     GREEDY,
     PROMPT,
     RoundByRound,
+    Scripted,
     chi2_pvalue,
     gen,
     plain_ids,
@@ -379,7 +380,7 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
     prompt = s.ids[: s.prompt_len].tolist()
     script = [2, 0, 0, 0, 0, 2, 0, 0, 1, 2]
     plain_runs: list = []
-    real = loop.plain_run  # the loop calls it by the name it imported from edgespec.rounds
+    real = loop.plain_run  # speculate calls it by its module-level name
     monkeypatch.setattr(loop, "plain_run", lambda *a: plain_runs.append(1) or real(*a))
     runs = {}
     for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
@@ -398,7 +399,7 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
             40,
             sampling,
             drafter=drafter,
-            k_policy=policy,
+            k_policy=Scripted(policy),
         )
         runs[name] = (
             [(e.id, e.kind) for e in events if isinstance(e, Token)],

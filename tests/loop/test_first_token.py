@@ -10,6 +10,7 @@ from edgespec import cache
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Round, Token
 from edgespec.runtime import Engine
+from tests.helpers import Scripted
 
 PROMPT = "the river runs under the old bridge"
 GREEDY = SamplingConfig(temperature=0)
@@ -63,16 +64,14 @@ def test_a_first_plain_round_in_a_packed_batch_is_read_back_before_the_next_forw
     back (pipelined, like mlx-lm); with a packer (a server's batch) the first token is out after
     one forward, since a queued forward would wait for the others' turn."""
     engine = Engine(*tiny_models)
-    if packed:  # the packer of a batch of one: each forward as its own
-        engine._target.packer = lambda state, inputs, head_only: state.forward_alone(
-            inputs, head_only
-        )
+    if packed:  # states built with a shared forward (a batch of one: each forward as its own)
+        engine.swap_states(*engine.new_states(_alone))
     ids = engine.encode_raw(PROMPT)
     calls = _watch(engine, monkeypatch)
     config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft", adaptive=False), 6)
     seen = [
         len([c for c in calls if c[0] == "target"])
-        for e in engine.generate(ids, config, k_policy=lambda _last: 0)
+        for e in engine.generate(ids, config, k_policy=Scripted(lambda _last: 0))
         if isinstance(e, Token)
     ]
     assert seen[:2] == ([1, 3] if packed else [2, 3])
@@ -113,10 +112,9 @@ def test_output_with_the_merged_prompt_equals_plain_decoding(tiny_models, method
     assert not rounds[0].timed and all(r.timed for r in rounds[1:] if r.drafted)
 
 
-def _pack_alone(engine: Engine) -> None:
-    """The packer of a batch of one (each forward as its own), on both states."""
-    for state in (engine._target, engine._draft):
-        state.packer = lambda st, inputs, head_only: st.forward_alone(inputs, head_only)
+def _alone(state: cache.KVState, inputs, head_only: bool):
+    """The shared forward of a batch of one (cache.Forward): each forward as its own."""
+    return state.forward_alone(inputs, head_only)
 
 
 def test_in_a_packed_batch_the_draft_reads_the_prompt_when_it_first_drafts(
@@ -126,13 +124,13 @@ def test_in_a_packed_batch_the_draft_reads_the_prompt_when_it_first_drafts(
     read the prompt only before their first drafting round, and a warm draft cache that holds
     another conversation is cut back to what it shares with the prompt (not trusted as is)."""
     engine = Engine(*tiny_models)
+    engine.swap_states(*engine.new_states(_alone))
     other = engine.encode_raw("a different conversation about the sea")
     list(
         engine.generate(
             other, GenerationConfig(GREEDY, SpecConfig(k=3, method="draft", adaptive=False), 12)
         )
     )
-    _pack_alone(engine)
     ids = engine.encode_raw(PROMPT)
     plain = [
         e.id
@@ -145,7 +143,7 @@ def test_in_a_packed_batch_the_draft_reads_the_prompt_when_it_first_drafts(
     script = iter([0, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3])
     out, drafts_at_first_drafting = [], None
     config = GenerationConfig(GREEDY, SpecConfig(k=3, method="draft", adaptive=False), 24)
-    for event in engine.generate(ids, config, k_policy=lambda _last: next(script, 3)):
+    for event in engine.generate(ids, config, k_policy=Scripted(lambda _last: next(script, 3))):
         if isinstance(event, Token):
             out.append(event.id)
         elif isinstance(event, Round) and event.drafted and drafts_at_first_drafting is None:

@@ -18,7 +18,7 @@ from edgespec.drafting.ngram import NgramDrafter
 from edgespec.errors import ConfigError
 from edgespec.events import Round, Token
 from edgespec.runtime import Engine
-from tests.helpers import GREEDY, PROMPT, NeverDrafter, gen, token_ids, toks
+from tests.helpers import GREEDY, PROMPT, NeverDrafter, Scripted, gen, token_ids, toks
 
 
 class Fixed(Drafter):
@@ -102,7 +102,7 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
         ids = engine.encode_raw(PROMPT)
         # unigram lookups: matches abound
         spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6, adaptive=False)
-        events = gen(engine, ids, spec, 500, k_policy=lambda _last: policy_k)
+        events = gen(engine, ids, spec, 500, k_policy=Scripted(lambda _last: policy_k))
         committed = before = len(ids)  # tokens committed, and when the current round began
         for e in events:
             if isinstance(e, Token):
@@ -142,12 +142,17 @@ def test_plain_only_skips_every_lookup_and_decodes_as_plain(tiny_models):
     step, and the text is plain decoding's."""
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(PROMPT)
-    # matches abound
-    spec = SpecConfig(k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6, adaptive=False)
+    spec = SpecConfig(
+        k=1, method="hybrid", ngram_min=1, ngram_max=1, ngram_k=6, adaptive=False
+    )  # matches abound
     plain = token_ids(gen(engine, ids, SpecConfig(method="none"), 80))
-    lookups = [e for e in gen(engine, ids, spec, 80, k_policy=lambda _: 0) if isinstance(e, Round)]
+    lookups = [
+        e
+        for e in gen(engine, ids, spec, 80, k_policy=Scripted(lambda _: 0))
+        if isinstance(e, Round)
+    ]
     assert any(r.drafted > 0 for r in lookups)  # K = 0: lookups verified
-    events = gen(engine, ids, spec, 80, k_policy=lambda _: PLAIN_ONLY)
+    events = gen(engine, ids, spec, 80, k_policy=Scripted(lambda _: PLAIN_ONLY))
     rounds = [e for e in events if isinstance(e, Round)]
     assert rounds and all(r.drafted == 0 for r in rounds)
     assert token_ids(events) == plain

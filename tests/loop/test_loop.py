@@ -8,9 +8,11 @@ import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu.backend import draft_pairs
+from edgespec.drafting.adaptive import FixedK
 from edgespec.drafting.model import ModelDrafter
 from edgespec.events import Token
-from edgespec.loop import Chains, Limits, speculate
+from edgespec.loop import speculate
+from edgespec.rounds import Chains, Limits
 from tests.helpers import GREEDY, PROMPT, engine_state, gen, plain_ids, rounds_of, token_ids
 
 
@@ -90,7 +92,7 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
     drafter = ModelDrafter(d_state, GREEDY, vocab, draft_pairs())
     limits = Limits(12, frozenset(), 512)
     chains = Chains(t_state, drafter, GREEDY)
-    steps = list(speculate(t_state, chains, drafter, prompt, GREEDY, lambda _r: 2, limits))
+    steps = list(speculate(t_state, chains, drafter, prompt, GREEDY, FixedK(2), limits))
     rounds = " ".join(log).split("verify")  # what happened before each verify, and after the last
     assert len(rounds) - 1 == len(steps) >= 4
     assert rounds[0].split() == ["draft", "draft"]  # the first round waits for nothing

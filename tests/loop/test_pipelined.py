@@ -1,4 +1,4 @@
-"""Rounds with nothing drafted, pipelined like plain decoding (edgespec.rounds.plain_run): runs of
+"""Rounds with nothing drafted, pipelined like plain decoding (edgespec.loop.plain_run): runs of
 K = 0 rounds and of lookup misses, lookups made one token behind, and cancelling inside a run.
 Each pipelined step is the d = 0 round the loop would otherwise run, so tokens, kinds and Round
 records must equal the round-by-round path's, and the caches must stay consistent."""
@@ -18,6 +18,7 @@ from tests.helpers import (
     PROMPT,
     BehindOnce,
     RoundByRound,
+    Scripted,
     gen,
     plain_ids,
     rounds_of,
@@ -33,7 +34,7 @@ def _scripted(calls: list):
         calls.append(last)
         return SCRIPT[(len(calls) - 1) % len(SCRIPT)]
 
-    return policy
+    return Scripted(policy)
 
 
 class Recording:
@@ -78,7 +79,7 @@ def test_round_events_carry_the_policy_k(engine):
         engine.encode_raw(PROMPT),
         SpecConfig(k=2, method="draft", adaptive=False),
         30,
-        k_policy=policy,
+        k_policy=Scripted(policy),
     )
     rounds = rounds_of(events)
     assert [r.k for r in rounds] == [script[i % len(script)] for i in range(len(rounds))]
@@ -98,7 +99,7 @@ def test_k0_rounds_are_plain_steps_and_output_stays_exact(engine, method):
         ids,
         SpecConfig(k=3, method=method, adaptive=False),
         48,
-        k_policy=lambda last: 0 if next(calls) % 2 else 3,
+        k_policy=Scripted(lambda last: 0 if next(calls) % 2 else 3),
     )
     assert token_ids(events) == plain
     rounds = rounds_of(events)
@@ -171,8 +172,9 @@ def test_cancel_inside_a_pipelined_plain_run_leaves_consistent_caches(tiny_model
     assert t_tokens == committed[:-1] and d_tokens == committed[: len(d_tokens)]
     assert engine._draft.offset == len(d_tokens)
     plain = plain_ids(Engine(*tiny_models), ids, 60)
-    spec = SpecConfig(k=3, method="draft", adaptive=False)
-    assert token_ids(gen(engine, ids, spec, 60)) == plain  # the next request is exact
+    assert (
+        token_ids(gen(engine, ids, SpecConfig(k=3, method="draft", adaptive=False), 60)) == plain
+    )  # the next request is exact
 
 
 def test_drafts_one_token_behind_keep_greedy_output_and_caches(target_engine):

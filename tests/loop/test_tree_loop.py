@@ -120,11 +120,11 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, b
     the most frequent first, p(. | prompt, first) (EOS included: a round may end on it). With a
     planted bug (siblings tried against p instead of the residual) the same check must fail.
     "chain": a chain-shaped tree, drafted by the chain drafter and verified by the chain path."""
-    from edgespec.trees import loop as treeloop
+    from edgespec.trees import acceptance
     from edgespec.trees.acceptance import verify_tree
 
-    if bug:
-        monkeypatch.setattr(treeloop, "verify_tree", lambda *a: verify_tree(*a, bug=bug))
+    if bug:  # where the round's acceptance (acceptance.accept_tree) looks it up
+        monkeypatch.setattr(acceptance, "verify_tree", lambda *a: verify_tree(*a, bug=bug))
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(PROMPT)
     (eos,) = engine.tokenizer.eos_token_ids

@@ -10,8 +10,7 @@ import pytest
 
 from edgespec.bank import STEP, Bank, fits
 from edgespec.runtime import Engine
-from edgespec.server.batching import _install
-from edgespec.server.prefix import Slot
+from edgespec.server.packing import Packer
 from edgespec.server.worker import Done
 from tests.helpers.worker import answer_together, greedy, tiny_worker
 
@@ -77,7 +76,7 @@ def test_a_set_leaving_the_batch_takes_its_cache_out_of_the_bank(engine):
     banked, alone = prefilled(engine, [5, 9])
     bank = Bank(banked[0].model, engine.kernels)
     bank.take(banked)
-    _install(Slot(banked[0], None), None)  # its request ended: the set goes back to the pool
+    Packer(engine.kernels).release([banked[0], None])  # its request ended: back to the pool
     assert banked[0].bank is None and banked[0]._cache[0].keys is not None
     for a, b in zip(keys_of(banked[0]), keys_of(alone[0]), strict=True):
         assert mx.array_equal(a, b).item()

@@ -5,7 +5,7 @@ gated."""
 from __future__ import annotations
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.drafting.adaptive import AdaptiveK
+from edgespec.drafting.adaptive import AdaptiveK, FixedK
 from edgespec.drafting.base import PLAIN_ONLY
 from edgespec.events import Round
 from edgespec.server.batching import Batch
@@ -76,7 +76,7 @@ def test_one_request_is_never_gated():
 
 def test_only_adaptive_policies_are_gated_and_they_see_every_round():
     mode = BatchMode()
-    fixed = lambda _last: 3  # noqa: E731 - a fixed K, as a callable policy
+    fixed = FixedK(3)
     assert mode.gate(fixed) is fixed
     adaptive = AdaptiveK(k_init=3)
     gated = mode.gate(adaptive)

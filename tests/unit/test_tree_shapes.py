@@ -164,12 +164,12 @@ def _sim_path(rng, tree: Tree, rank1: float) -> int:
 
 
 def test_adaptive_picks_trees_where_wide_verifies_are_cheap():
-    shape = _trained(verify_slope=0.0, rank1=0.5)(None)
+    shape = _trained(verify_slope=0.0, rank1=0.5).decide()
     assert isinstance(shape, FixedShape) and shape.size > shape.depth  # a tree, not a chain
 
 
 def test_adaptive_falls_back_to_a_chain_where_wide_verifies_are_dear():
-    shape = _trained(verify_slope=0.3, rank1=0.5)(None)
+    shape = _trained(verify_slope=0.3, rank1=0.5).decide()
     assert shape.size == shape.depth  # a chain (or a plain step)
 
 
@@ -201,9 +201,9 @@ def test_chains_and_trees_are_priced_apart():
     assert dear._draft_cost("chain", 1) == pytest.approx(0.0125)  # tree rounds left it alone
     assert dear._verify_means("chain")[5] == pytest.approx(1.0)  # chains keep their own curve
     assert dear._verify_means("tree") == {9: pytest.approx(3.0), 17: pytest.approx(3.0)}
-    shape = cheap(None)
+    shape = cheap.decide()
     assert shape.size > shape.depth  # a tree
-    shape = dear(None)
+    shape = dear.decide()
     assert 0 < shape.size == shape.depth  # a chain
 
 
@@ -217,7 +217,7 @@ def test_one_slow_chain_sample_does_not_price_chains_out():
     for _ in range(3):
         policy.observe(_round(2, 1, 0.05, 1.6))  # trees of 2 candidates: 3 tokens, 1.6
     assert policy._verify_means("chain") == {2: 13.0}
-    shape = policy(None)
+    shape = policy.decide()
     assert 0 < shape.size == shape.depth  # a chain again (rank 1 is rarely accepted)
     assert policy._draft_cost("chain", 1) == pytest.approx(0.05)
 
