@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgespec.loading.catalog import load_catalog
     from edgespec.loading.load import resolve_model
     from edgespec.loading.pull import pull
+    from edgespec.loading.specs import load_catalog
 
     cat = load_catalog()
     folder = Path(args.name).expanduser()

@@ -47,7 +47,7 @@ ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of mem
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
 PROBE_EVERY = 8  # plain rounds before the first probe round
-# Methods whose drafting is one forward a round whatever K (a block draft, drafting/block.py):
+# Methods whose drafting is one forward a round whatever K (a block draft, architectures/block.py):
 # their cost is that forward's, d(K), measured per K (a line fitted between, as v(L); nearly flat
 # on a GPU, but on a CPU the output head over the vocabulary grows with K): T(K) = d(K) + v(K + 1).
 ROUND_COST = ("block",)

@@ -9,7 +9,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 
-from edgespec.metrics import expected_tokens_per_round
+from edgespec.events import expected_tokens_per_round
 
 COST_WINDOW = 5  # timings per cost estimate (their median): a single stall never moves it
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L

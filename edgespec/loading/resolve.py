@@ -13,13 +13,8 @@ from huggingface_hub.constants import is_offline_mode
 from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
 from edgespec.errors import DownloadError, ModelLoadError, ModelNotFoundError, one_line
-from edgespec.files import sha256_file
-from edgespec.loading import paths
-from edgespec.loading.catalog import Catalog, load_catalog
-from edgespec.loading.gguf import convert_gguf
-from edgespec.loading.progress import ProgressFn, report
-from edgespec.loading.pull import pull
-from edgespec.loading.specs import spec_kind
+from edgespec.loading import ProgressFn, paths, report
+from edgespec.loading.specs import Catalog, load_catalog, spec_kind
 
 _HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
 
@@ -40,11 +35,15 @@ def resolve_model(
 
 
 def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
+    from edgespec.files import sha256_file
+
     report(on_progress, f"hashing {path.name}")
     digest = sha256_file(path)
     out = paths.gguf_cache_dir(digest)
     if not (out / "config.json").is_file():
         report(on_progress, f"converting {path.name} to MLX (once)")
+        from edgespec.loading.gguf import convert_gguf  # only for a .gguf file
+
         try:
             convert_gguf(path, out, sha256=digest)
         except OSError as e:
@@ -57,6 +56,12 @@ def _resolve_catalogue(name: str, cat: Catalog, on_progress: ProgressFn | None) 
     entry = cat.model(name)
     if entry.local is not None:
         return entry.local
+    hit = paths.cached(name)
+    if hit is not None:  # already pulled: nothing of loading/pull.py is needed
+        report(on_progress, "cached", 1.0)
+        return hit
+    from edgespec.loading.pull import pull
+
     return pull(name, on_progress=on_progress, catalog=cat)
 
 

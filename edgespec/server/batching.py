@@ -29,9 +29,10 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from edgespec.cache import KVState
-from edgespec.cpu.switch import on_cpu
+from edgespec.cpu import on_cpu
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
+from edgespec.families import family_of
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.mode import BatchMode
 from edgespec.server.packing import ROUND, Packer, Park, Task
@@ -169,11 +170,12 @@ class Batch:
 def _install(slot: Slot, packer: Packer | None) -> None:
     """Route the set's forwards through `packer` (None: each its own forward again, and the
     set's caches out of any bank, so that a set back in the pool holds its own)."""
-    for state in (slot.target, slot.draft):
-        if isinstance(state, KVState):  # a fake engine's sets (tests) have no forwards
-            state.packer = packer
-            if packer is None and state.bank is not None:
-                state.bank.flush()
+    if not isinstance(slot.target, KVState):  # a fake engine's sets (tests) have no forwards
+        return
+    for state in [slot.target] + family_of(slot.draft).forwards(slot.draft):
+        state.packer = packer
+        if packer is None and state.bank is not None:
+            state.bank.flush()
 
 
 def advance(rounds: Rounds) -> WorkerEvent | None:

@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu.backend import draft_pairs
-from edgespec.drafting.model import ModelDrafter
+from edgespec.drafting.token import ModelDrafter
 from edgespec.events import Token
 from edgespec.loop import Chains, Limits, speculate
 from tests.helpers import GREEDY, PROMPT, engine_state, gen, plain_ids, rounds_of, token_ids
