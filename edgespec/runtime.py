@@ -191,7 +191,7 @@ class Engine:
         (speculative methods only), then exactly one Finished.
 
         config.spec.method "none" decodes plainly with the target (kind "target"); "draft",
-        "ngram" and "hybrid" pick the drafter (edgespec.drafting.build). `drafter` replaces it;
+        "ngram" and "hybrid" pick the drafter (edgespec.families.chain_drafter). `drafter` replaces it;
         `k_policy` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive): a rounds.Policy (shown every round once: observe / decide) or a
         callable `(newest round or None) -> K`; with a tree, a trees.loop.ShapePolicy.

@@ -114,7 +114,7 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
     assert longer_than_k > 0  # lookups are not held to the model's K
 
 
-def test_build_drafter_errors_and_choices(target_engine):
+def test_chain_drafter_errors_and_choices(target_engine):
     engine = target_engine
     assert isinstance(
         chain_drafter(SpecConfig(method="ngram"), GREEDY, NO_DRAFT, None, 10, "x"), NgramDrafter
