@@ -47,9 +47,9 @@ OnChunk = Callable[[int, int], object] | None
 class Family(Protocol):
     """What every family answers; the bodies are the empty family's (`NoDraft`). A family module
     imported by `family_of` answers it in full without importing this one (families/feature.py).
-    `name`: "none", "token", "feature" or "block". `reads_features`: its drafter reads the verify's features (FeatureInput); `own_head`: the
-    target's own MTP / next-n head (`--method mtp`); `blocks`: it drafts a whole block in one
-    forward (`--method block`)."""
+    `name`: "none", "token", "feature" or "block". `reads_features`: its drafter reads the
+    verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head (`--method
+    mtp`); `blocks`: it drafts a whole block in one forward (`--method block`)."""
 
     name: str
     reads_features: bool
