@@ -193,7 +193,7 @@ def target_features(
     multimodal config's `language_model`). `layers`: which hidden states, concatenated in that
     order: TOP (-1) is the top (final-normed) one, the trunk's output (`model.model`, or
     `model.language_model.model`), i >= 0 the output of layer i, recorded as the forward passes it
-    (no extra forward). A feature draft (edgespec/drafting/eagle.py) reads them."""
+    (no extra forward). A feature draft (edgespec/architectures/eagle.py) reads them."""
     owner = getattr(model, "language_model", model)
     trunk = owner.model
     blocks = trunk.layers
@@ -270,7 +270,7 @@ class KVState:
     @property
     def trims(self) -> bool:
         """Whether every layer goes back by trimming (no restore points): a drafter may then
-        trim the cache itself (drafting/model.py's draft steps in pairs)."""
+        trim the cache itself (drafting/token.py's draft steps in pairs)."""
         return self.layers.trims
 
     def check_speculation(self) -> None:
@@ -292,7 +292,7 @@ class KVState:
     def forward(self, inputs: mx.array, head_only: bool = False) -> mx.array:
         """inputs [L] int32 -> logits [L, V] (lazy). Appends L positions to the cache; the caller
         must `rewind` afterwards so that `tokens` matches again. `head_only`: a reduced-head draft's
-        logits over its head columns, [L, H] (see drafting/draft_model.DraftModel.head_logits).
+        logits over its head columns, [L, H] (see architectures/token_draft.DraftModel.head_logits).
         With a Forward (`run`), that runs it (the same logits)."""
         if self._run is not None:
             return self._run(self, inputs, head_only)

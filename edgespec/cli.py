@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from types import FrameType
 
 from edgespec.cpu.blas import reexec_with_blas
-from edgespec.distributed.launch import (
+from edgespec.errors import EdgeSpecError, GroupError, one_line
+from edgespec.launch import (
     env_rank,
     exit_when_ring_gives_up,
     launched_backend,
     share_threads,
 )
-from edgespec.errors import EdgeSpecError, GroupError, one_line
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

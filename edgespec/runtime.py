@@ -14,29 +14,29 @@ Threading: MLX streams belong to one thread; load and generate on the same threa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlx.core as mx
-
-import edgespec.calibration as calib
 from edgespec.cache import Forward, KVState, check_kv_bits, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu.backend import CpuBackend
-from edgespec.distributed.group import Agreement, Group, agreement_for, check_config
 from edgespec.drafting.base import Drafter
-from edgespec.drafting.features import EagleState
 from edgespec.errors import PromptError, check_context
-from edgespec.events import Event, Finished, Prefill, Round, Token
+from edgespec.events import Event, Finished, Prefill, Round, Token, generation_stats
+from edgespec.families import family_of
 from edgespec.loading.load import load_pair
-from edgespec.metrics import generation_stats
 from edgespec.rounds import Limits, Policy, Step, cancelled
-from edgespec.strategy import RoundFactory, cached_ids, new_states
-from edgespec.trees.forward import Kernels
+from edgespec.strategy import RoundFactory
+
+if TYPE_CHECKING:  # imported where used: a lone process on a token draft needs none of them
+    from edgespec.calibration import Calibration
+    from edgespec.distributed.group import Agreement, Group
+    from edgespec.trees.forward import Kernels
 
 ProgressFn = Callable[[str, float | None], None]
 
@@ -52,6 +52,8 @@ class Engine:
         self.kv_bits = check_kv_bits(kv_bits)
         self.tokenizer = target.tokenizer
         self.has_draft = draft is not None
+        # How the draft runs (edgespec/families/): its state, prefill and drafters. Chosen once.
+        self.family = family_of(draft)
         self.name = f"{target.name} + {draft.name}" if draft is not None else str(target.name)
         self.context_window = int(target.context_window)
         if draft is not None:
@@ -61,20 +63,27 @@ class Engine:
         # marked caches; draft steps in pairs; the sampling softmax.
         self.cpu = CpuBackend()
         self._pairs = self.cpu.draft_pairs
-        self._draft: KVState | EagleState | None
+        self._draft: Any  # the family's draft state, or None
         self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
-        # Each request's drafter, policy and rounds; the draft-tree forward's pieces (and the
-        # server's packed forward's, edgespec/packed.py) are the CPU's grouped attention and
-        # compiled blocks.
-        self.kernels = Kernels(self.cpu.masked_attention, self.cpu.block_parts)
-        self.factory = RoundFactory(self._vocab, self.name, self._pairs, self.kernels)
+        # Each request's drafter, policy and rounds (the tree forward's pieces: `kernels`).
+        self.factory = RoundFactory(
+            self._vocab, self.name, self.family, self._pairs, lambda: self.kernels
+        )
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
         # and the ranks compare what each step committed (Agreement). None: a lone process.
         self.group: Group | None = None
         self.agreement: Agreement | None = None
-        self.calibration: calib.Calibration | None = None  # set by warm_up: seeds adaptive K
+        self.calibration: Calibration | None = None  # set by warm_up: seeds adaptive K
+
+    @functools.cached_property
+    def kernels(self) -> Kernels:
+        """The draft-tree forward's pieces (and the server's packed forward's, edgespec/packed.py):
+        the CPU's grouped attention and compiled blocks. Made when first asked for."""
+        from edgespec.trees.forward import Kernels
+
+        return Kernels(self.cpu.masked_attention, self.cpu.block_parts)
 
     @classmethod
     def load(
@@ -112,6 +121,8 @@ class Engine:
         )
         engine = cls(t, d, kv_bits)
         if group is not None:
+            from edgespec.distributed.group import agreement_for
+
             engine.group, engine.agreement = group, agreement_for(group)
         return engine
 
@@ -179,7 +190,7 @@ class Engine:
         (speculative methods only), then exactly one Finished.
 
         config.spec.method "none" decodes plainly with the target (kind "target"); "draft",
-        "ngram" and "hybrid" pick the drafter (edgespec.drafting.build). `drafter` replaces it;
+        "ngram" and "hybrid" pick the drafter (edgespec.families.chain_drafter). `drafter` replaces it;
         `k_policy` picks K per round (default: config.spec.k, or AdaptiveK when
         config.spec.adaptive): a rounds.Policy (shown every round once: observe / decide); with
         a tree, a trees.loop.ShapePolicy. `gate(policy)`, if given, is the policy the rounds ask
@@ -189,6 +200,8 @@ class Engine:
         the generation finishes 'cancelled' with no token. Errors surface on the first next()."""
         prompt = self._check_prompt(prompt_ids)
         if self.group is not None and k_policy is None:
+            from edgespec.distributed.group import check_config
+
             check_config(config, self.group)
         return self._run(prompt, config, cancel, drafter, k_policy, on_prefill, gate)
 
@@ -252,7 +265,7 @@ class Engine:
         )
         yield Finished(reason, stats, detok.text)  # type: ignore[arg-type]
 
-    def warm_up(self, config: GenerationConfig, folder: Path | None = None) -> calib.Calibration:
+    def warm_up(self, config: GenerationConfig, folder: Path | None = None) -> Calibration:
         """Compile the shapes `config`'s loop will use and calibrate adaptive K (edgespec.calibration):
         short generations whose K cycles over 1..k_max twice (calibration.KCycle; a tree: one
         generation, its own shapes), their post-compile costs added to the calibration saved in `folder` (default
@@ -260,6 +273,9 @@ class Engine:
         adaptive requests start from the calibration's medians."""
         from importlib.metadata import version
 
+        import mlx.core as mx
+
+        import edgespec.calibration as calib
         from edgespec.loading.paths import home
 
         key = calib.calibration_key(self.name, str(mx.default_device()), {"mlx": version("mlx")})
@@ -289,16 +305,14 @@ class Engine:
 
     # ------------------------------------------------------------------ cache sets
 
-    def new_states(self, run: Forward | None = None) -> tuple[KVState, KVState | EagleState | None]:
-        """Empty caches for both models (target, draft or None), e.g. for one more conversation
-        kept aside (edgespec.server.prefix); `swap_states` installs them. `run`: who runs the
-        target's and a token draft's forwards (cache.Forward: a server's batch packs them;
-        None: each state its own)."""
-        return new_states(self.cpu, self.target, self.draft, self.kv_bits, run)
+    def new_states(self, run: Forward | None = None) -> tuple[KVState, Any]:
+        """Empty caches for both models (target, the draft family's state or None), e.g. for
+        one more conversation kept aside (edgespec.server.prefix); `swap_states` installs them.
+        `run`: who runs the target's and a token draft's forwards (cache.Forward: a server's
+        batch packs them; None: each state its own)."""
+        return self.family.new_states(self.cpu, self.target, self.draft, self.kv_bits, run)
 
-    def swap_states(
-        self, target: KVState, draft: KVState | EagleState | None
-    ) -> tuple[KVState, KVState | EagleState | None]:
+    def swap_states(self, target: KVState, draft: Any) -> tuple[KVState, Any]:
         """Hold these caches (from `new_states`, or returned by an earlier swap) from now on and
         return the ones held until now. The next request reuses the longest common prefix with
         what the new caches hold, as always."""
@@ -315,4 +329,4 @@ class Engine:
 
     def cached_tokens(self) -> tuple[list[int], list[int] | None]:
         """The token ids each KV cache holds (target, draft); for tests and the TUI's status."""
-        return list(self._target.tokens), cached_ids(self._draft)
+        return list(self._target.tokens), self.family.cached_ids(self._draft)

@@ -15,40 +15,33 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgespec.cache import PREFILL_CHUNK, Bound, Forward, KVState, quantized
-from edgespec.calibration import Calibration
-from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
+from edgespec.cache import KVState
+from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, FixedK, make_k_policy
-from edgespec.drafting.base import PLAIN_ONLY, Drafter, FeatureInput
-from edgespec.drafting.block import BlockModel
-from edgespec.drafting.block_draft import BlockState
-from edgespec.drafting.build import build_drafter
-from edgespec.drafting.eagle import EagleModel
-from edgespec.drafting.features import EagleState
-from edgespec.drafting.features import prefill as feature_prefill
-from edgespec.drafting.hybrid import HybridDrafter
-from edgespec.drafting.mtp import MtpModel
+from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter
+from edgespec.families import NO_DRAFT, Family, chain_drafter, tree_drafter
 from edgespec.loop import speculate
 from edgespec.rounds import Chains, Limits, Policy, Rounds, Step
-from edgespec.trees.build import build_tree_drafter, make_shape_policy
-from edgespec.trees.forward import PLAIN, Kernels
-from edgespec.trees.loop import ShapePolicy, Trees
+
+if TYPE_CHECKING:
+    from edgespec.calibration import Calibration
+    from edgespec.trees.forward import Kernels
 
 
 @dataclass(frozen=True)
 class Strategy:
     """One generation's parts. `rounds` None: plain decoding (rounds of K = 0, no drafter).
-    `feature_prefill`: the prompt's target features go to the feature draft's state;
-    `draft_prefill`: a token draft prefills its own cache."""
+    `draft_prefill`: the draft reads the prompt too (a token draft into its own cache, a feature
+    or block draft the target's features of it), as its family does it."""
 
     target: KVState
-    draft: KVState | EagleState | None
+    draft: Any  # the family's draft state, or None
+    family: Family = NO_DRAFT
     drafter: Drafter | None = None
     policy: Policy[Any] | None = None  # FixedK, AdaptiveK, a ShapePolicy
     rounds: Rounds | None = None
-    feature_prefill: bool = False
     draft_prefill: bool = False
 
     def prefill(
@@ -62,23 +55,9 @@ class Strategy:
         first forward (the first round's verify, or plain step), which gives the first token.
         `on_chunk` and `cancel`: KVState.prefill's, for the target's prefill (and `cancel` for a
         token draft's); a cancelled prefill leaves each cache holding a prefix of the prompt."""
-        if self.feature_prefill and isinstance(self.draft, EagleState):
-            return feature_prefill(self.target, self.draft, prompt, PREFILL_CHUNK)
-        prefilled = self.target.prefill(prompt, merge=True, cancel=cancel, on_chunk=on_chunk)
-        if (later := self._draft_later()) is not None:
-            later.keep_common(prompt)  # it reads the prompt when it first drafts (`steps`)
-        elif self.draft_prefill and isinstance(self.draft, KVState):
-            self.draft.prefill(prompt, cancel=cancel)
-        return prefilled
-
-    def _draft_later(self) -> KVState | None:
-        """The token draft whose prompt reading waits for its first drafting round: where the
-        target's forwards are shared (a server's batch, which may decode plainly for a while);
-        else None."""
-        draft = self.draft
-        if self.draft_prefill and isinstance(draft, KVState) and self.target.shared:
-            return draft
-        return None
+        return self.family.prefill(
+            self.target, self.draft, prompt, cancel, on_chunk, self.draft_prefill
+        )
 
     def steps(
         self,
@@ -96,7 +75,7 @@ class Strategy:
                 self.target, plain, drafter, prompt, sampling, FixedK(PLAIN_ONLY), limits, cancel
             )
             return (dataclasses.replace(step, round=None) for step in steps)
-        later = self._draft_later()
+        later = self.family.later(self.target, self.draft, self.draft_prefill)
         prepare = later.prefill if later is not None else None
         return speculate(
             self.target,
@@ -114,19 +93,21 @@ class Strategy:
 @dataclass(frozen=True)
 class RoundFactory:
     """What the factory knows of the loaded pair: the target's vocabulary, the pair's name (for
-    errors), draft steps in pairs (edgespec.cpu.draft_pairs), the backend's tree-forward pieces."""
+    errors), the draft's family, draft steps in pairs (edgespec.cpu.draft_pairs), and the
+    backend's tree-forward pieces (`kernels()`, asked for when a tree is first built)."""
 
     vocab: int
     name: str
+    family: Family = NO_DRAFT
     pairs: bool = False
-    kernels: Kernels = PLAIN
+    kernels: Callable[[], Kernels] | None = None
 
     def build(
         self,
         spec: SpecConfig,
         sampling: SamplingConfig,
         target: KVState,
-        draft: KVState | EagleState | None,
+        draft: Any,
         drafter: Drafter | None = None,
         k_policy: Policy[Any] | None = None,
         calibration: Calibration | None = None,
@@ -134,32 +115,37 @@ class RoundFactory:
         """The Strategy for `spec` over these states. `drafter` / `k_policy` replace the ones the
         spec asks for (with a tree, k_policy is a trees.loop.ShapePolicy); `calibration` seeds
         adaptive K. Raises ConfigError / CacheNotTrimmableError / TreeUnsupportedError."""
+        family = self.family
         if not spec.enabled:
-            return Strategy(target, draft)
+            return Strategy(target, draft, family)
         own = spec.uses_draft and drafter is None
         # Plain decoding rewinds nothing that cannot start over; speculation must rewind.
         target.check_speculation()
-        if spec.method in ("draft", "hybrid") and isinstance(draft, KVState):
-            draft.check_speculation()
-        if isinstance(draft, KVState):  # a tree's forward needs the draft's full cache
-            window = 0 if spec.tree else spec.draft_window
-            draft.bound = Bound(window, DRAFT_SINKS) if window else None
-            if draft.bound is None:
-                draft.unbind()
+        if draft is not None:
+            family.prepare(draft, spec)
         if spec.tree:  # draft trees (edgespec/trees/loop.py)
-            tree = build_tree_drafter(
-                spec, sampling, draft, self.vocab, self.name, self.kernels, self.pairs
-            )
-            shapes: ShapePolicy = k_policy or make_shape_policy(spec)  # type: ignore[assignment]
-            rounds: Rounds = Trees(target, tree, sampling, shapes, self.kernels)
-            return Strategy(target, draft, tree, shapes, rounds, own, own)
+            return self._trees(spec, sampling, target, draft, k_policy, own)
         if drafter is None:
-            drafter = build_drafter(spec, sampling, draft, self.vocab, self.name, pairs=self.pairs)
+            drafter = chain_drafter(
+                spec, sampling, family, draft, self.vocab, self.name, self.pairs
+            )
         policy = k_policy or self.k_policy(spec, drafter, calibration)
-        features = own or isinstance(drafter, FeatureInput)
-        return Strategy(
-            target, draft, drafter, policy, Chains(target, drafter, sampling), features, own
+        reads = family.reads_features and Capabilities.of(drafter).features is not None
+        rounds = Chains(target, drafter, sampling)
+        return Strategy(target, draft, family, drafter, policy, rounds, own or reads)
+
+    def _trees(self, spec, sampling, target, draft, k_policy, own) -> Strategy:
+        from edgespec.trees.build import make_shape_policy
+        from edgespec.trees.forward import PLAIN
+        from edgespec.trees.loop import ShapePolicy, Trees
+
+        kernels = self.kernels() if self.kernels is not None else PLAIN
+        tree = tree_drafter(
+            spec, sampling, self.family, draft, self.vocab, self.name, kernels, self.pairs
         )
+        shapes: ShapePolicy = k_policy or make_shape_policy(spec)  # type: ignore[assignment]
+        rounds: Rounds = Trees(target, tree, sampling, shapes, kernels)
+        return Strategy(target, draft, self.family, tree, shapes, rounds, own)
 
     def k_policy(
         self, spec: SpecConfig, drafter: Drafter, calibration: Calibration | None
@@ -167,7 +153,7 @@ class RoundFactory:
         """Fixed K, or AdaptiveK seeded from the calibration. Adaptive hybrid: K is the draft
         model's (from its estimates); a lookup sizes its own proposals from the lookup's
         estimates (AdaptiveK.lookup_k)."""
-        hybrid = drafter if isinstance(drafter, HybridDrafter) else None
+        hybrid = Capabilities.of(drafter).lookups
         model = hybrid.model.method if hybrid else None  # "draft", or "block"
         policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
         if hybrid is not None and isinstance(policy, AdaptiveK):
@@ -175,34 +161,3 @@ class RoundFactory:
         if calibration is not None and isinstance(policy, AdaptiveK):
             policy.seed(*calibration.medians())
         return policy
-
-
-def new_states(
-    cpu: Any, target: Any, draft: Any | None, kv_bits: int | None = None, run: Forward | None = None
-) -> tuple[KVState, KVState | EagleState | None]:
-    """Empty caches for a loaded target and draft (or None), over the backend `cpu`'s twins of
-    the models, its caches and sampling softmax (edgespec/cpu/backend.py): a block draft's
-    BlockState, a feature draft's EagleState (the target then returns the features it reads), a
-    token draft's KVState. `kv_bits` (8 or 4): the target's and a token draft's full-attention
-    layers are quantized caches (cache.quantized); a feature or block draft keeps its own, which
-    its own attention code reads. `run`: who runs the target's and a token draft's forwards
-    (KVState's; None: each state alone)."""
-    backend = (cpu.new_cache, cpu.softmax)
-    kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
-    state: KVState | EagleState | None = None
-    verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv, run)
-    if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
-        state = BlockState(draft.model, f"draft {draft.name}", *backend)
-        verifier.feature_layers = draft.model.feature_layers
-    elif draft is not None and isinstance(draft.model, EagleModel | MtpModel):  # features
-        state = EagleState(cpu.model(draft.model), f"draft {draft.name}", *backend)
-        verifier.feature_layers = draft.model.feature_layers  # what it reads
-    elif draft is not None:
-        state = KVState(cpu.model(draft.model), f"draft {draft.name}", *kv, run)
-    return verifier, state
-
-
-def cached_ids(draft: KVState | EagleState | None) -> list[int] | None:
-    """The token ids a draft state's KV cache holds (None without a draft)."""
-    kv = draft.kv if isinstance(draft, EagleState) else draft
-    return list(kv.tokens) if kv is not None else None

@@ -171,8 +171,8 @@ class MlxLmServer:
 
 def target_folder(target: str | None, pair: str | None) -> Path:
     """The local folder of the target EdgeSpec serves (`--target`, else the pair's)."""
-    from edgespec.loading.catalog import load_catalog
     from edgespec.loading.resolve import resolve_model
+    from edgespec.loading.specs import load_catalog
 
     cat = load_catalog()
     return resolve_model(target or cat.pair(pair).target, catalog=cat)

@@ -305,9 +305,8 @@ def known_window(target: str | None, draft: str | None, pair: str | None) -> tup
     before anything loads (the smaller of target's and draft's); None where a config is not on
     disk yet (a model still to download: the window is then checked once it has loaded)."""
     from edgespec.config import MTP_DRAFT
-    from edgespec.loading.catalog import load_catalog
     from edgespec.loading.paths import model_dir
-    from edgespec.loading.specs import pair_specs, spec_kind
+    from edgespec.loading.specs import load_catalog, pair_specs, spec_kind
 
     cat = load_catalog()
     target_spec, draft_spec, _ = pair_specs(target, draft, pair, cat)

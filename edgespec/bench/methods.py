@@ -18,8 +18,7 @@ from mlx_lm.sample_utils import make_sampler
 from edgespec.bench.plan import PEER_METHODS, SPEC_METHODS, TOKEN_METHODS
 from edgespec.bench.records import rounds_from_flags
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.events import Finished, Round, Token
-from edgespec.metrics import RoundTotals, fold_rounds
+from edgespec.events import Finished, Round, RoundTotals, Token, fold_rounds
 
 
 def one_stream() -> Any:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from edgespec.metrics import (
+from edgespec.events import (
     RoundTotals,
     add_hists,
     alpha_mle,

@@ -34,7 +34,7 @@ from edgespec.bench.records import (
     VariantSummary,
 )
 from edgespec.bench.runner import BenchResult
-from edgespec.metrics import predicted_speedup, verify_cost_line
+from edgespec.events import predicted_speedup, verify_cost_line
 
 SCHEMA_VERSION = 1
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from edgespec.architectures.token_draft import reduced_head
 from edgespec.bench.context import ContextPrompt
 from edgespec.bench.greedy import MismatchNote
 from edgespec.bench.methods import (
@@ -33,17 +34,10 @@ from edgespec.bench.methods import (
 from edgespec.bench.plan import BenchPlan
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord, bucket_rounds
-from edgespec.cache import KVState
-from edgespec.cpu import blas
+from edgespec.cpu import blas, on_cpu
 from edgespec.cpu.backend import Switches
-from edgespec.cpu.switch import on_cpu
-from edgespec.drafting.block import BlockModel
-from edgespec.drafting.draft_model import reduced_head
-from edgespec.drafting.eagle import EagleModel
-from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import ConfigError
-
-FEATURES = (EagleModel, BlockModel)  # drafts that read the target's features: not for mlx-lm
+from edgespec.families import family_of
 
 
 def check_methods(engine: Any, plan: BenchPlan) -> None:
@@ -53,13 +47,15 @@ def check_methods(engine: Any, plan: BenchPlan) -> None:
         raise ConfigError(
             f"methods {', '.join(missing)} need a draft model; pass --draft or drop them"
         )
+    family = engine.family
     blocks = [m for m in plan.methods if "block" in m.split("-")]
-    if blocks and not isinstance(engine.draft.model, BlockModel):
+    if blocks and not family.blocks:
         raise ConfigError(f"methods {', '.join(blocks)} need a block draft (DFlash-style)")
-    if "mtp" in plan.methods and not isinstance(engine.draft.model, MtpModel):
+    if "mtp" in plan.methods and not family.own_head:
         raise ConfigError("method mtp needs the target's own MTP head: pass --draft mtp")
     peer = mlx_lm_draft(engine)
-    if "mlx-lm" in plan.methods and peer is not None and isinstance(peer.model, FEATURES):
+    # a draft that reads the target's features (feature, block): not for mlx-lm
+    if "mlx-lm" in plan.methods and peer is not None and family_of(peer).reads_features:
         raise ConfigError(
             "mlx-lm's speculative decoding needs a token draft; this pair's draft is a feature "
             "draft (EAGLE-style): pass one with --peer-draft or drop mlx-lm from --methods"
@@ -101,7 +97,7 @@ def warm_kernels(engine: Any, lengths: Iterable[int]) -> None:
     its quantized matmuls with NVRTC, up to a minute each), so that no compile lands inside a
     timed run. A feature draft is left out (it needs features)."""
     target, draft = engine.new_states()
-    for state in [target] + ([draft] if isinstance(draft, KVState) else []):
+    for state in [target] + engine.family.forwards(draft):
         for n in lengths:
             inputs = mx.zeros((n,), dtype=mx.int32)
             outs = [state.forward(inputs)]

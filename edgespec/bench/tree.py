@@ -43,7 +43,7 @@ def variants(
 ) -> list[Variant]:
     """plain, chain (K = depth), one tree per shape (depth `depth` where the shape takes one),
     and the adaptive chain and tree policies. block: a block draft's, named "block" (chain) and
-    "block-tree <shape>" (method block: one draft forward a round, drafting/block_draft.py)."""
+    "block-tree <shape>" (method block: one draft forward a round, drafting/block.py)."""
     m, chain, tree = ("block", "block", "block-tree") if block else ("draft", "chain", "tree")
     out = [Variant("plain", None), Variant(chain, SpecConfig(k=depth, method=m, adaptive=False))]
     out += [Variant(f"{tree} {t}", SpecConfig(k=depth, method=m, tree=t)) for t in trees]

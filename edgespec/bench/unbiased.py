@@ -18,12 +18,8 @@ import mlx.core as mx
 import numpy as np
 
 from edgespec.acceptance import expected_acceptance, verify
-from edgespec.cache import target_features
 from edgespec.config import SamplingConfig
-from edgespec.drafting.block import BlockModel
-from edgespec.drafting.eagle import EagleModel
-from edgespec.drafting.model import fit_vocab
-from edgespec.errors import ConfigError
+from edgespec.families import model_family
 from edgespec.sampling import make_key, sample, split, warp
 
 CELLS = 2**22  # floats per batched chunk of rounds (keeps memory flat for a 49k vocabulary)
@@ -48,26 +44,8 @@ def last_distributions(
     target: Any, draft: Any, prompt: list[int], sampling: SamplingConfig
 ) -> tuple[mx.array, mx.array]:
     """Warped next-token distributions (p, q) [V] of both models after `prompt` (cache-free)."""
-    inputs = mx.array(prompt, dtype=mx.int32)[None]
-    if isinstance(draft, BlockModel):  # q_1 of a block after the prompt (its last token: anchor)
-        if len(prompt) < 2:
-            raise ConfigError("a block draft needs a prompt of at least two tokens")
-        feats, t_all = target_features(target, inputs[0], None, draft.feature_layers)
-        block = mx.array([[prompt[-1], draft.args.mask_token_id]], dtype=mx.int32)
-        q_logits = draft.logits(draft(block, draft.context(feats[None, :-1])))[0, 1]
-        return warp(t_all[-1], sampling), warp(q_logits, sampling)
-    if isinstance(draft, EagleModel):  # a feature draft reads the target's hidden states
-        if len(prompt) < 2:
-            raise ConfigError("a feature draft needs a prompt of at least two tokens")
-        feats, t_all = target_features(target, inputs[0], None)
-        t_logits = t_all[-1]
-        guess = draft(feats[None, :-1], inputs[:, 1:])[0, -1]
-        head = mx.full(t_logits.shape, -mx.inf, dtype=t_logits.dtype)
-        head[draft.head_ids] = draft.head_logits(guess).astype(t_logits.dtype)
-        return warp(t_logits, sampling), warp(head, sampling)
-    t_logits = target(inputs)[0, -1]
-    d_logits = fit_vocab(draft(inputs)[0, -1], t_logits.shape[-1])
-    return warp(t_logits, sampling), warp(d_logits, sampling)
+    t_logits, q_logits = model_family(draft).first_logits(target, draft, prompt)
+    return warp(t_logits, sampling), warp(q_logits, sampling)
 
 
 def simulate(p: mx.array, q: mx.array, k: int, rounds: int, seed: int) -> tuple[np.ndarray, int]:

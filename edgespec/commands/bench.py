@@ -241,11 +241,10 @@ def _token_side(engine: Any, plan: BenchPlan) -> bool:
     """Whether the token-draft methods of `plan` should run on the pair's token draft: the
     engine's own draft is a block draft (which drafts as a block whatever the method)."""
     from edgespec.bench.plan import TOKEN_METHODS
-    from edgespec.drafting.block import BlockModel
+    from edgespec.families import family_of
 
     draft = engine.draft if engine.has_draft else None
-    wanted = any(m in TOKEN_METHODS for m in plan.methods)
-    return wanted and draft is not None and isinstance(draft.model, BlockModel)
+    return any(m in TOKEN_METHODS for m in plan.methods) and family_of(draft).blocks
 
 
 def _warm_up(engine: Any, plan: BenchPlan, first: list[int], long: bool, quiet: bool) -> None:

@@ -66,10 +66,14 @@ def run(args: argparse.Namespace) -> int:
     draft = draft_from_args(args, config.spec)
     with_draft = config.spec.uses_draft
     check_pair(args.target, draft, args.pair, with_draft=with_draft)  # an unknown name: no import
-    from edgespec.distributed.group import init_group
+    from edgespec.launch import launched_backend
     from edgespec.runtime import Engine
 
-    group = init_group()  # None unless mlx.launch started this process
+    group = None  # a lone process: nothing of edgespec.distributed is imported
+    if launched_backend() is not None:  # one rank of an mlx.launch group
+        from edgespec.distributed.group import init_group
+
+        group = init_group()
     primary = group is None or group.is_primary  # rank 0 alone prints; the others follow
     config, note = fixed_k_for_group(config, group)
     if note and primary:

@@ -30,7 +30,7 @@ def _size(n: int) -> str:
 
 def pair_rows() -> list[dict[str, Any]]:
     """One record per pair: names, platform, and for target and draft presence/path/size."""
-    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.specs import load_catalog
     from edgespec.loading.status import model_status
 
     cat = load_catalog()

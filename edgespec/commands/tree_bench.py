@@ -66,12 +66,11 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, categories, args.limit)
     check_pair(args.target, args.draft, args.pair)  # an unknown model: before the imports
     from edgespec.bench.tree import iter_runs, summarise, variants
-    from edgespec.drafting.block import BlockModel
     from edgespec.runtime import Engine
 
     engine = Engine.load(args.target, args.draft, args.pair, draft_bits=args.draft_bits or None)
     encoded, skipped = encode_prompts(engine, prompts, args.max_tokens)
-    block = engine.draft is not None and isinstance(engine.draft.model, BlockModel)
+    block = engine.family.blocks
     plan = variants(args.depth, trees, adaptive=not args.no_adaptive, block=block)
     print(
         f"{engine.name}: {len(encoded)} prompts x {len(plan)} variants, depth {args.depth}, "

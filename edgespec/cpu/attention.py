@@ -28,7 +28,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from edgespec.cpu.switch import cpu_switch
+from edgespec.cpu import cpu_switch
 
 FLAG = "_edgespec_grouped"
 MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path

@@ -6,8 +6,8 @@ MLX's CPU backend. A GPU takes none of them (every switch is off there).
     state = KVState(fast, "target", cpu.new_cache)
     warp(logits, sampling, cpu.softmax)   # the sampling softmax (None: MLX's own)
 
-`model(m)` returns m's twin (edgespec/cpu/twin.py): new module objects over the same parameter
-arrays, with row padding when asked (rowpad.py), rotary tables (rope.py), lean Linear / RMSNorm
+`model(m)` returns m's twin (`twin`, at the end): new module objects over the same parameter
+arrays, with row padding when asked (rowpad.py, imported only then), rotary tables (rope.py), lean Linear / RMSNorm
 (leanops.py), compiled llama blocks (blocks.py) and attention modules that take the grouped path
 for marked caches (attention.py). The model it was given is left as it is: its classes, its
 modules, mlx-lm's functions. So the bench's mlx-lm peer, which runs `loaded.model`, runs mlx-lm's
@@ -16,7 +16,7 @@ test_leanops.py, test_blocks.py compare a twin with its model). The state the op
 keep (rotary tables, the rows and the causal mask of the latest forward, the compiled traces)
 belongs to this object and its twins, never to a module of EdgeSpec or mlx-lm.
 
-Switches: edgespec/cpu/switch.py (`EDGESPEC_CPU_OPT=0` turns everything off); the BLAS preload
+Switches: edgespec/cpu/__init__.py (`EDGESPEC_CPU_OPT=0` turns everything off); the BLAS preload
 is edgespec/cpu/blas.py. The decoding core (loop, cache, drafting, sampling) never imports this
 package: the Engine (edgespec/runtime.py) hands it these pieces.
 """
@@ -33,16 +33,14 @@ import mlx.nn as nn
 from mlx_lm.models import base
 from mlx_lm.models.cache import make_prompt_cache
 
-from edgespec.cpu import attention, blas, blocks, fastexp, leanops, rope, rowpad
-from edgespec.cpu.switch import cpu_switch, on_cpu
-from edgespec.cpu.twin import Memo, twin
+from edgespec.cpu import attention, blas, blocks, cpu_switch, fastexp, leanops, on_cpu, rope
 from edgespec.rewind import rewindable
 
 __all__ = ["CpuBackend", "Switches", "draft_pairs", "on_cpu"]
 
 
 def draft_pairs() -> bool:
-    """Whether draft steps run two positions instead of one (drafting/model.py ModelDrafter): on
+    """Whether draft steps run two positions instead of one (drafting/token.py ModelDrafter): on
     the CPU backend under Intel MKL (whose one-row products run on one thread; OpenBLAS's two-row
     ones are the slower), or everywhere on the CPU with EDGESPEC_DRAFT_PAIRS=1."""
     if not cpu_switch("EDGESPEC_DRAFT_PAIRS"):
@@ -64,7 +62,7 @@ class Switches:
 
     @classmethod
     def from_environment(cls) -> Switches:
-        """The switches in force in this process (edgespec/cpu/switch.py)."""
+        """The switches in force in this process (edgespec/cpu/__init__.py)."""
         return cls(
             grouped_attention=attention.enabled(),
             table_rope=rope.enabled(),
@@ -101,6 +99,11 @@ class CpuBackend:
         self.softmax: Callable[[mx.array, float], mx.array] | None = (
             fastexp.make_softmax() if self.switches.fast_exp else None
         )
+        self._rowpad: Any = None  # edgespec.cpu.rowpad, when its opt-in switch is on
+        if self.switches.pad_rows:
+            from edgespec.cpu import rowpad
+
+            self._rowpad = rowpad
 
     @property
     def draft_pairs(self) -> bool:
@@ -139,7 +142,7 @@ class CpuBackend:
         """The class `module`'s twin takes (None: its own)."""
         s = self.switches
         return (
-            (s.pad_rows and rowpad.twin_class(module))
+            (s.pad_rows and self._rowpad.twin_class(module))
             or (s.table_rope and rope.twin_class(key, module))
             or (s.lean_ops and leanops.twin_class(module))
             or (s.compiled_blocks and blocks.twin_class(module))
@@ -159,4 +162,63 @@ class CpuBackend:
         elif isinstance(module, blocks.CompiledBlock):
             module.attend = self._sdpa if self.switches.grouped_attention else self._original
         if self.switches.pad_rows:
-            rowpad.pad_head(module)
+            self._rowpad.pad_head(module)
+
+
+# ------------------------------------------------------------------ twins
+# A model's twin: new module objects over the very same parameter arrays, some of another class.
+#
+# The backend runs its optimised layers in a twin instead of changing the model it
+# was given: mlx-lm's model object keeps its classes, its modules and its functions, so anything
+# else that holds it (the bench's mlx-lm peer, a debugger, the caller) sees mlx-lm's model. The
+# twin has the model's tree (same keys, same nesting, the same arrays, so no memory is copied) and
+# each module's plain attributes (sizes, flags), and `pick(key, module)` names the class a module's
+# twin takes (None: the module's own). A plain attribute that names a module of a model twinned
+# with the same memo (an MTP head's `target`) is pointed at that module's twin.
+#
+#     twin(nn.Sequential(nn.Linear(2, 2)), lambda key, m: None, {})
+#         -> a new nn.Sequential whose new nn.Linear holds the same weight array
+
+Pick = Callable[[str, nn.Module], "type | None"]
+Memo = dict[int, tuple[nn.Module, nn.Module]]  # id(module) -> (module, its twin)
+
+
+def twin(model: nn.Module, pick: Pick, memo: Memo) -> nn.Module:
+    """The twin of `model` (module docstring). `memo` maps the modules twinned so far to their
+    twins; a module met again (shared, or twinned by an earlier call) keeps its first twin."""
+    made: list[tuple[nn.Module, nn.Module]] = []
+    out = _module("", model, pick, memo, made)
+    for original, copy in made:
+        for name, value in original.__dict__.items():
+            found = memo.get(id(value)) if isinstance(value, nn.Module) else None
+            if found is not None and found[0] is value:
+                copy.__dict__[name] = found[1]
+    return out
+
+
+def _module(key: str, module: nn.Module, pick: Pick, memo: Memo, made: list) -> nn.Module:
+    found = memo.get(id(module))
+    if found is not None and found[0] is module:
+        return found[1]
+    cls: Any = pick(key, module) or type(module)
+    copy = cls.__new__(cls)
+    copy.__dict__.update(module.__dict__)
+    copy.__dict__["_no_grad"] = set(module.__dict__.get("_no_grad", ()))
+    memo[id(module)] = (module, copy)
+    made.append((module, copy))
+    for name, value in module.items():
+        dict.__setitem__(copy, name, _value(name, value, pick, memo, made))
+    return copy
+
+
+def _value(key: str, value: Any, pick: Pick, memo: Memo, made: list) -> Any:
+    """A child's twin: modules twinned, containers rebuilt, arrays and the rest shared."""
+    if isinstance(value, nn.Module):
+        return _module(key, value, pick, memo, made)
+    if isinstance(value, list):
+        return [_value(key, v, pick, memo, made) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_value(key, v, pick, memo, made) for v in value)
+    if isinstance(value, dict):
+        return {k: _value(k, v, pick, memo, made) for k, v in value.items()}
+    return value

@@ -31,10 +31,9 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models import llama
 
-from edgespec.cpu import rope
+from edgespec.cpu import cpu_switch, rope
 from edgespec.cpu.attention import MAX_ROWS, NAME
 from edgespec.cpu.fastexp import compiler_works
-from edgespec.cpu.switch import cpu_switch
 
 MAX_LENGTH = MAX_ROWS  # longer forwards (prompt chunks) keep mlx-lm's code
 _FNS = "_edgespec_compiled"

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from edgespec.cpu.switch import cpu_switch
+from edgespec.cpu import cpu_switch
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; n * hi is exact in float32

@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from edgespec.cpu.switch import cpu_switch
+from edgespec.cpu import cpu_switch
 
 
 def enabled() -> bool:

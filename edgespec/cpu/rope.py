@@ -27,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from edgespec.cpu.switch import cpu_switch
+from edgespec.cpu import cpu_switch
 
 FIRST_TABLE = 4096  # positions; a table doubles when a forward reaches past its end
 

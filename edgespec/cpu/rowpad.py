@@ -66,7 +66,7 @@ def twin_class(module: Any) -> type | None:
 
 
 def pad_head(module: Any) -> None:
-    """Give a module with a `head_product` attribute (a feature draft's head, drafting/eagle.py;
+    """Give a module with a `head_product` attribute (a feature draft's head, architectures/eagle.py;
     in a twin) the padded product x @ w.T."""
     if hasattr(module, "head_product"):
         object.__setattr__(module, "head_product", _padded_product)

@@ -11,8 +11,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from edgespec.architectures.token_draft import MODEL_TYPE, DraftModel, build
 from edgespec.distill.shards import Sequence
-from edgespec.drafting.draft_model import MODEL_TYPE, DraftModel, build
 from edgespec.errors import ConfigError
 
 DEFAULT_LAYERS = "0,1,-2,-1"

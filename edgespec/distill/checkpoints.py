@@ -14,7 +14,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
-from edgespec.drafting.draft_model import DraftModel, build
+from edgespec.architectures.token_draft import DraftModel, build
 from edgespec.files import atomic_write_bytes
 
 

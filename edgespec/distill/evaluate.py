@@ -26,10 +26,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from edgespec.architectures.token_draft import reduced_head
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.data import SamplingPlan, answer
 from edgespec.distill.train import agreement_counts, head_index
-from edgespec.drafting.draft_model import reduced_head
 from edgespec.errors import ConfigError
 from edgespec.events import Finished
 from edgespec.runtime import Engine

@@ -11,7 +11,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from edgespec.drafting.draft_model import DraftModel, save_draft
+from edgespec.architectures.token_draft import DraftModel, save_draft
 
 GROUP_SIZE = 64
 DEFAULT_BITS = 8  # `edgespec distill --bits` offers 4, 6, 8

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.cpu.switch import on_cpu
+from edgespec.cpu import on_cpu
 from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint, load_checkpoint
 from edgespec.distill.data import generate_data
 from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
@@ -19,7 +19,7 @@ from edgespec.distill.shards import Meta, SamplingPlan
 from edgespec.distill.target import load_target, load_with_topk
 from edgespec.distill.train import TrainResult, agreement, head_index, split_data, train
 from edgespec.errors import ConfigError
-from edgespec.loading.weights import dequantize_model
+from edgespec.loading.folder import dequantize_model
 
 
 def train_config(a: argparse.Namespace) -> TrainConfig:

@@ -21,6 +21,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 
+from edgespec.architectures.token_draft import DraftModel
 from edgespec.distill.build import build_draft, choose_head, freeze_for_training, resolve_layers
 from edgespec.distill.checkpoints import (
     State,
@@ -33,7 +34,6 @@ from edgespec.distill.checkpoints import (
 from edgespec.distill.instructions import is_eval
 from edgespec.distill.shards import Meta, Sequence
 from edgespec.distill.target import load_with_topk
-from edgespec.drafting.draft_model import DraftModel
 from edgespec.errors import ConfigError
 from edgespec.files import atomic_write_bytes
 

@@ -31,8 +31,8 @@ from typing import Any
 import mlx.core as mx
 
 from edgespec.config import GenerationConfig
-from edgespec.distributed.launch import HOSTFILE, env_rank, launched_backend, lost_group
 from edgespec.errors import ConfigError, GroupError, one_line
+from edgespec.launch import HOSTFILE, env_rank, launched_backend, lost_group
 
 _MOD = 2_147_483_647  # 2**31 - 1: checksums fit an int32 all_gather
 

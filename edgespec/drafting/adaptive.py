@@ -48,7 +48,7 @@ ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of mem
 # K = 1..4 all come within a few % of each other at alpha ~0.8, where a wrong longer K lost up to
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
-# Methods whose drafting is one forward a round whatever K (a block draft, drafting/block.py):
+# Methods whose drafting is one forward a round whatever K (a block draft, architectures/block.py):
 # their cost is that forward's, d(K), measured per K (a line fitted between, as v(L); nearly flat
 # on a GPU, but on a CPU the output head over the vocabulary grows with K): T(K) = d(K) + v(K + 1).
 ROUND_COST = ("block",)

@@ -3,8 +3,8 @@ capabilities a drafter may add.
 
 A drafter needs only `method`, `propose(context, k, key)` and `commit(context)`: the loop
 (edgespec/loop.py) calls `propose` before each round and `commit` after it. A drafter may also
-offer any of three capabilities, each a protocol below that the loop looks for once per generation
-(`Capabilities.of`); nothing else of a drafter is read:
+offer capabilities, each a protocol below, which it names itself in `capabilities()` (asked once
+per generation, `Capabilities.of`); nothing else of a drafter is read:
 - FreeLookups, `propose_free(context, key)`: tokens that cost next to nothing (an n-gram lookup),
   made in rounds where the K policy chose K = 0.
 - LooksBehind, `propose_behind(context, k)`: point-mass proposals for the positions after
@@ -12,14 +12,17 @@ offer any of three capabilities, each a protocol below that the loop looks for o
   steps, edgespec/rounds.py). None ends the pipelined run.
 - FeatureInput, `take_features(context, start, features)`: the target's top hidden states of each
   round's committed positions start .. start + len(features) - 1, for a feature draft
-  (edgespec/drafting/eagle.py). A drafter that wraps another offers it when the inner one does
-  (HybridDrafter: `adopt_features`).
+  (edgespec/architectures/eagle.py). A drafter that wraps another offers it when the inner one
+  does (HybridDrafter: its `take_features` hands them on).
+- SizedLookups: a lookup in front of a draft model (HybridDrafter), whose lookups an adaptive K
+  policy sizes (edgespec/strategy.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol
 
 import mlx.core as mx
 
@@ -85,38 +88,41 @@ class Drafter:
     def commit(self, context: list[int]) -> None:
         """Called after every round with the committed context: roll back anything past it."""
 
+    def capabilities(self) -> Capabilities:
+        """What this drafter offers beyond propose / commit (none unless a subclass says so)."""
+        return Capabilities()
 
-@runtime_checkable
+
 class FreeLookups(Protocol):
     """A drafter with a proposal that costs next to nothing, for a round where K = 0 was chosen."""
 
     def propose_free(self, context: list[int], key: mx.array) -> Proposal: ...
 
 
-@runtime_checkable
 class LooksBehind(Protocol):
     """A drafter that can keep a pipelined plain run going (see the module docstring)."""
 
     def propose_behind(self, context: list[int], k: int) -> Proposal | None: ...
 
 
-@runtime_checkable
+class SizedLookups(Protocol):
+    """A lookup in front of a draft model whose lookups an adaptive K policy sizes: the policy
+    chooses K for `model` and sets `lookup_k` (AdaptiveK.lookup_k) for the lookups."""
+
+    model: Drafter
+    lookup_k: Callable[[str, int], int] | None
+
+
 class FeatureInput(Protocol):
     """A feature draft: the loop hands it the target's features of committed positions start.."""
 
     def take_features(self, context: list[int], start: int, features: mx.array) -> None: ...
 
 
-def adopt_features(wrapper: Any, inner: object) -> None:
-    """Give `wrapper` (a drafter around `inner`) inner's take_features when inner is a feature
-    draft, so that the wrapper is one exactly when what it wraps is."""
-    if isinstance(inner, FeatureInput):
-        wrapper.take_features = inner.take_features
-
-
 @dataclass(frozen=True)
 class Capabilities:
-    """What a drafter offers beyond propose / commit, looked up once per generation.
+    """What a drafter offers beyond propose / commit (`Drafter.capabilities`), looked up once per
+    generation. Each field is the object to call (usually the drafter itself), or None.
 
     Example: Capabilities.of(NgramDrafter()) has `behind` (its lookup one token behind) and
     neither `free` nor `features`; a drafter with only method, propose and commit has none.
@@ -125,11 +131,11 @@ class Capabilities:
     free: FreeLookups | None = None
     behind: LooksBehind | None = None
     features: FeatureInput | None = None
+    lookups: SizedLookups | None = None
 
     @classmethod
-    def of(cls, drafter: object) -> Capabilities:
-        return cls(
-            drafter if isinstance(drafter, FreeLookups) else None,
-            drafter if isinstance(drafter, LooksBehind) else None,
-            drafter if isinstance(drafter, FeatureInput) else None,
-        )
+    def of(cls, drafter: Drafter) -> Capabilities:
+        """The drafter's own `capabilities()`; none for a drafter without that method (one
+        written to the minimal protocol: method, propose, commit; docs/library.md)."""
+        offers = getattr(drafter, "capabilities", None)
+        return offers() if offers is not None else cls()

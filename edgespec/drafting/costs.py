@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
-from edgespec.metrics import expected_tokens_per_round
+from edgespec.events import expected_tokens_per_round
 
 COST_WINDOW = 5  # timings per cost estimate (their median): a single stall never moves it
 # Verify cost growth per extra token, relative to a 1-token forward, used until two different L

@@ -7,15 +7,21 @@ output is still distributed exactly as the target's. At temperature 0 it is a pl
 
 Cost: the index is incremental. Each committed token adds one entry per n (a dict write), and a
 lookup is at most n_max - n_min + 1 dict reads, so a round costs O(new tokens * n_max), not O(L^2).
+
+HybridDrafter (method "hybrid"): the lookup when the context has a match, the draft model
+otherwise. The draft model's cache always holds a prefix of the committed context: rounds drafted
+by the lookup do not touch it; the next model round feeds every token past its offset first
+(ModelDrafter.propose feeds context[offset:]), so it catches up lazily, in one forward, and only
+when it is actually used.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Callable
 
 import mlx.core as mx
 
-from edgespec.drafting.base import Drafter, Proposal, point_mass
+from edgespec.drafting.base import Capabilities, Drafter, Proposal, point_mass
 
 
 class NgramIndex:
@@ -104,6 +110,9 @@ class NgramDrafter(Drafter):
             k = max(k, self.long_k)
         return point_mass(self.index.tokens[pos + skip : pos + skip + k], self.method, n)
 
+    def capabilities(self) -> Capabilities:
+        return Capabilities(behind=self)  # its lookup one token behind
+
     def propose_behind(self, context: list[int], k: int, n_min: int | None = None) -> Proposal:
         """Up to k tokens for the positions after len(context), proposed while the token at
         len(context) is still being computed (pipelined plain steps, edgespec/rounds.py): the
@@ -117,56 +126,63 @@ class NgramDrafter(Drafter):
         return self.lookup(context, k, n_min, skip=1)
 
 
-def replay_rounds(
-    prompt: list[int],
-    answer: list[int],
-    k: int,
-    max_tokens: int,
-    n_min: int = 1,
-    n_max: int = 8,
-    long_n: int = 0,
-    long_k: int = 1,
-) -> list[tuple[int, int]]:
-    """The (drafted, accepted) of every round the loop runs for greedy n-gram drafting at a fixed
-    K, replayed on `answer`, the target's greedy continuation of `prompt` (at least max_tokens
-    long, or ended by the model). No model runs: at temperature 0 a proposal is accepted up to its
-    first token that differs from the answer, so the rounds follow from the lookups alone.
+# A one-token suffix match is a weak guess next to a trained draft: hybrid wants >= 2 tokens.
+HYBRID_MIN_MATCH = 2
 
-    Mirrors loop.speculate and loop.plain_run: a round looks up K tokens from the whole context;
-    a miss starts pipelined plain steps, each of which looks up one token behind
-    (NgramDrafter.propose_behind) while it computes, and the first such proposal is verified with
-    that step's token and ends the run. Used to choose the n-gram defaults on real answers (docs/drafting.md); the tests check it
-    against the loop."""
-    drafter = NgramDrafter(n_min, n_max, long_n, long_k)
-    end = min(max_tokens, len(answer))
-    rounds: list[tuple[int, int]] = []
-    pos, direct = 0, True
 
-    def verify(tokens: list[int]) -> None:
-        nonlocal pos
-        accepted = 0
-        for token in tokens:
-            if pos + accepted >= len(answer) or answer[pos + accepted] != token:
-                break
-            accepted += 1
-        rounds.append((len(tokens), accepted))
-        pos += accepted + 1
+class HybridDrafter(Drafter):
+    """Drafter: n-gram lookup when the last >= min_match tokens occurred before, else the model.
 
-    while pos < end:
-        context = prompt + answer[:pos]
-        if direct:
-            tokens = cast(list[int], drafter.propose(context, k).tokens.tolist())
-            if tokens:
-                verify(tokens)
-                continue
-        rounds.append((0, 0))  # a plain step computes answer[pos]; the lookup runs one behind
-        behind = (
-            cast(list[int], drafter.propose_behind(context, k).tokens.tolist())
-            if pos + 1 < end
-            else []
-        )
-        pos += 1
-        direct = bool(behind)
-        if behind:
-            verify(behind)
-    return rounds
+    Each proposal names who made it (Proposal.method "ngram" or "draft"). A lookup proposes up to
+    max(K, free_k) tokens (SpecConfig.ngram_k), or `lookup_k("ngram", free_k)` when an adaptive
+    policy sizes lookups (AdaptiveK.lookup_k). `propose_free` is the lookup alone: the loop uses
+    it in rounds where an adaptive K policy switched drafting off (K = 0), because a lookup costs
+    next to nothing and a match is often accepted.
+    """
+
+    def __init__(
+        self,
+        ngram: NgramDrafter,
+        model: Drafter,
+        min_match: int = HYBRID_MIN_MATCH,
+        free_k: int = 4,
+        lookup_k: Callable[[str, int], int] | None = None,
+    ):
+        self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
+        self.lookup_k = lookup_k
+        self._features = model.capabilities().features  # a feature draft's, handed on
+
+    def capabilities(self) -> Capabilities:
+        """Free lookups, lookups one token behind and lookups an adaptive policy sizes;
+        features when its model reads them."""
+        features = self if self._features is not None else None
+        return Capabilities(free=self, behind=self, features=features, lookups=self)
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
+        """Hand the verify's features to the model (a feature or block draft)."""
+        assert self._features is not None, "the hybrid's model reads no features"
+        self._features.take_features(context, start, features)
+
+    def _lookup_len(self, k: int) -> int:
+        return self.lookup_k("ngram", self.free_k) if self.lookup_k else max(k, self.free_k)
+
+    def propose_free(self, context: list[int], key: mx.array) -> Proposal:
+        return self.ngram.propose_min(context, self._lookup_len(0), self.min_match)
+
+    def propose_behind(self, context: list[int], k: int) -> Proposal | None:
+        """While drafting is off (K <= 0), the lookup one token behind
+        (NgramDrafter.propose_behind); None when the policy wants the model (K > 0): the
+        pipelined run ends so the model can draft from the full context."""
+        if k > 0:
+            return None
+        return self.ngram.propose_behind(context, self._lookup_len(0), self.min_match)
+
+    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
+        # A lookup may propose more than the model's k: it costs no draft steps (the loop cuts
+        # any proposal to the room left in the context window).
+        prop = self.ngram.propose_min(context, self._lookup_len(k), self.min_match)
+        return prop if prop.size > 0 else self.model.propose(context, k, key)
+
+    def commit(self, context: list[int]) -> None:
+        self.ngram.commit(context)
+        self.model.commit(context)  # keeps its cache a prefix of context (it may lag behind)

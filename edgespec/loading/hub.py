@@ -26,8 +26,8 @@ from huggingface_hub.errors import (
 
 from edgespec.errors import DownloadError, ModelNotFoundError, one_line
 from edgespec.files import sha256_file
-from edgespec.loading.catalog import Catalog
 from edgespec.loading.locks import pin, read_lock, write_lock
+from edgespec.loading.specs import Catalog
 
 PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
 PATTERNS += ["README.md"]

@@ -1,53 +1,71 @@
-"""Load a model for this backend, and a target with its draft as a pair that can speculate.
+"""Load a model for this backend, and a target with its draft as a pair that can speculate (the
+same tokenizer, caches that can go back to an earlier position: the checks at the end).
 
-Backend policy: edgespec/loading/weights.py (dequantized fp32 on the CPU backend, quantized on a
+Backend policy: edgespec/loading/folder.py (dequantized fp32 on the CPU backend, quantized on a
 GPU). Resolving a spec to a folder: edgespec/loading/resolve.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as mlx_load_model
 
+from edgespec.architectures import architecture_of
+from edgespec.architectures.token_draft import input_embedding, load_draft
+from edgespec.cache import check_trimmable as check_cache
+from edgespec.cache import common_prefix
 from edgespec.config import MTP_DRAFT
-from edgespec.cpu.switch import on_cpu
-from edgespec.distributed.group import Group
-from edgespec.drafting.block import is_block, load_block
-from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draft
-from edgespec.drafting.eagle import EagleModel, is_eagle, load_eagle
-from edgespec.errors import ConfigError, ModelLoadError, one_line
-from edgespec.loading.catalog import Catalog, load_catalog
-from edgespec.loading.checks import check_standalone, check_tokenizers, check_trimmable
-from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer, read_config
-from edgespec.loading.mtp import load_mtp_draft
-from edgespec.loading.progress import ProgressFn, report
-from edgespec.loading.resolve import resolve_model
-from edgespec.loading.shard import load_sharded
-from edgespec.loading.specs import check_draft_available, check_mlx_lm, pair_specs
-from edgespec.loading.weights import (
+from edgespec.cpu import on_cpu
+from edgespec.errors import ConfigError, ModelLoadError, TokenizerMismatchError, one_line
+from edgespec.families import family_of
+from edgespec.loading import ProgressFn, report
+from edgespec.loading.folder import (
     DTYPES,
+    LoadedModel,
     cast_floats,
+    context_window,
     dequantize_model,
     is_quantized,
+    load_tokenizer,
     quantize_model,
+    read_config,
 )
+from edgespec.loading.resolve import resolve_model
+from edgespec.loading.specs import (
+    Catalog,
+    check_draft_available,
+    check_mlx_lm,
+    load_catalog,
+    pair_specs,
+)
+
+if TYPE_CHECKING:
+    from edgespec.distributed.group import Group
 
 
 def _load_weights(
     path: Path, config: dict, embedding: nn.Module | None = None, target: nn.Module | None = None
 ) -> tuple[nn.Module, dict]:
-    """Build the module from config and load its weights; any failure names the folder."""
+    """Build the module from config and load its weights; any failure names the folder. Only
+    the architecture the config names is imported (edgespec/architectures/)."""
 
     if not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{path} has no *.safetensors weights")
     try:
-        if config.get("model_type") == MODEL_TYPE:
+        kind = architecture_of(config)
+        if kind == "token_draft":
             return load_draft(path, embedding)
-        if is_eagle(config):
+        if kind == "eagle":
+            from edgespec.architectures.eagle import load_eagle
+
             return load_eagle(path, target)
-        if is_block(config):
+        if kind == "block":
+            from edgespec.architectures.block import load_block
+
             return load_block(path, target)
         return mlx_load_model(path)
     except ConfigError:  # already one line a user can act on (e.g. a draft for another target)
@@ -83,7 +101,7 @@ def load_model(
     """Resolve and load one model for this backend.
 
     embedding: the target's input embedding, for an EdgeSpec draft that shares it.
-    target: the loaded target model, for a feature draft (edgespec.drafting.eagle: it uses the target's
+    target: the loaded target model, for a feature draft (edgespec.architectures.eagle: it uses the target's
     embedding and output head).
     quantize_bits: quantize an unquantized model to this many bits (GPU only; ignored when the
     model is dequantized for the CPU). dequantize: None = on the CPU backend only.
@@ -131,7 +149,7 @@ def load_token_draft(
     cat = load_catalog()
     check_draft_available(spec, None, cat)
     d = _load_draft(spec, target, cat, draft_bits, dtype)
-    if isinstance(d.model, EagleModel):
+    if family_of(d).reads_features:
         raise ConfigError(f"{spec} is a feature draft; a peer needs a token draft")
     check_trimmable(d.model, d.name)
     return d
@@ -190,6 +208,8 @@ def load_pair(
     if with_draft and draft_spec is not None:
         check_draft_available(draft_spec, pair_name, cat)
     if group is not None and group.size > 1:
+        from edgespec.loading.shard import load_sharded
+
         t = load_sharded(
             target_spec, group, shard, on_progress=on_progress, catalog=cat, dtype=dtype
         )
@@ -197,10 +217,75 @@ def load_pair(
         t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
     if not with_draft or draft_spec is None:
         return t, None
-    if draft_spec == MTP_DRAFT:  # the target's own MTP head (edgespec/drafting/mtp.py)
+    if draft_spec == MTP_DRAFT:  # the target's own MTP head (edgespec/architectures/mtp.py)
+        from edgespec.loading.mtp import load_mtp_draft
+
         d = load_mtp_draft(t, dtype)
     else:
         d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)
     check_trimmable(t.model, t.name)
     check_trimmable(d.model, d.name)
     return t, d
+
+
+# ------------------------------------------------------------------ whether a pair can speculate
+
+PROBES = (
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces\tand\ttabs\nnew line",
+    "def f(x):\n    return x ** 2  # 12345",
+    "Émile a mangé 3 crêpes à Paris. 東京は大きい。 Привет! 🙂",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>",
+)
+
+
+def _id_to_token(tokenizer: Any) -> dict[int, str]:
+    return {i: t for t, i in tokenizer.get_vocab().items()}
+
+
+def check_tokenizers(target: Any, draft: Any, probes: tuple[str, ...] = PROBES) -> None:
+    """Raise TokenizerMismatchError unless target and draft tokenize alike.
+
+    target, draft: LoadedModel-like records (tokenizer, name). Two checks: (1) the same ids for every probe string; (2) the same token at every id of the
+    shared vocabulary range (tables may be padded past the real vocabulary, so only
+    min(len_t, len_d) ids are compared)."""
+    tt, dt = target.tokenizer, draft.tokenizer
+    if tt is dt:  # a draft without tokenizer files shares its target's (loading.folder)
+        return
+    who = f"target {target.name!r} and draft {draft.name!r}"
+    for text in probes:
+        a, b = tt.encode(text, add_special_tokens=False), dt.encode(text, add_special_tokens=False)
+        if a != b:
+            i = common_prefix(a, b)
+            ta = tt.decode(a[i : i + 1]) if i < len(a) else "<end>"
+            tb = dt.decode(b[i : i + 1]) if i < len(b) else "<end>"
+            raise TokenizerMismatchError(
+                f"{who} tokenize {text[:30]!r} differently: token {i} is {ta!r} (id {a[i] if i < len(a) else '-'}) "
+                f"vs {tb!r} (id {b[i] if i < len(b) else '-'})"
+            )
+    va, vb = _id_to_token(tt), _id_to_token(dt)
+    for i in range(min(len(va), len(vb))):
+        if va.get(i) != vb.get(i):
+            raise TokenizerMismatchError(
+                f"{who} have different vocabularies: id {i} is {va.get(i)!r} vs {vb.get(i)!r}"
+            )
+
+
+def check_trimmable(model: nn.Module, name: str = "model") -> None:
+    """Raise CacheNotTrimmableError if the model's prompt cache has layers that can be neither
+    rewound nor restored (edgespec/rewind.py: attention, sliding-window and recurrent layers can)."""
+    check_cache(make_prompt_cache(model), name)
+
+
+def check_standalone(config: dict, where: Any) -> None:
+    """ConfigError for a folder that holds a drafter head rather than a model: Gemma 4's
+    `-assistant` drafters (model_type gemma4_assistant) predict from their target's activations
+    and KV cache, which mlx-lm does not load and EdgeSpec's drafts do not read."""
+    if config.get("model_type") == "gemma4_assistant":
+        raise ConfigError(
+            f"{where} is a Gemma 4 assistant (gemma4_assistant), a multi-token prediction head "
+            "that reads its target's activations and KV cache; EdgeSpec drafts with standalone "
+            "models: pass a smaller Gemma 4 as --draft (e.g. mlx-community/gemma-4-e2b-it-4bit) "
+            "or run with --no-spec"
+        )

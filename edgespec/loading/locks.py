@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.loading import paths
-from edgespec.loading.catalog import Catalog
+from edgespec.loading.specs import Catalog
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 

@@ -1,4 +1,4 @@
-"""A target's own MTP head as its draft (edgespec/drafting/mtp.py), and the conversion of an
+"""A target's own MTP head as its draft (edgespec/architectures/mtp.py), and the conversion of an
 original Hugging Face checkpoint that keeps it.
 
 `load_mtp_draft(target)` reads the MTP weights stored with a loaded target: a converted folder's
@@ -25,19 +25,18 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from edgespec.cpu.switch import on_cpu
-from edgespec.drafting.mtp import MTP_FILE
-from edgespec.drafting.nextn import (
+from edgespec.architectures.mtp import MTP_FILE
+from edgespec.architectures.nextn import (
     build_head,
     has_raw_head,
     head_layers,
     load_head,
     read_head,
 )
+from edgespec.cpu import on_cpu
 from edgespec.errors import ConfigError
 from edgespec.loading import paths
-from edgespec.loading.folder import LoadedModel, read_config
-from edgespec.loading.weights import DTYPES, cast_floats, dequantize_model
+from edgespec.loading.folder import DTYPES, LoadedModel, cast_floats, dequantize_model, read_config
 
 _SKIP = ("config.json", "model.safetensors.index.json")  # written anew, not copied
 SOURCE_FILE = "edgespec-source.json"

@@ -80,3 +80,21 @@ def atomic_dir(dest: Path, *, replace: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+SOURCE_FILE = "edgespec-source.json"  # written last: its presence marks a complete entry
+
+
+def is_complete(folder: Path) -> bool:
+    """A cache entry is complete when its provenance file, config and weights are all there."""
+    return (
+        (folder / SOURCE_FILE).is_file()
+        and (folder / "config.json").is_file()
+        and any(folder.glob("*.safetensors"))
+    )
+
+
+def cached(name: str) -> Path | None:
+    """The complete cache folder of catalogue model `name`, or None."""
+    folder = model_dir(name)
+    return folder if is_complete(folder) else None

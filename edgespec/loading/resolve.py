@@ -10,14 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgespec.errors import ModelLoadError
-from edgespec.files import sha256_file
-from edgespec.loading import paths
-from edgespec.loading.catalog import Catalog, load_catalog
-from edgespec.loading.gguf import convert_gguf
-from edgespec.loading.hub import fetch_snapshot
-from edgespec.loading.progress import ProgressFn, report
-from edgespec.loading.pull import pull
-from edgespec.loading.specs import spec_kind
+from edgespec.loading import ProgressFn, paths, report
+from edgespec.loading.specs import Catalog, load_catalog, spec_kind
 
 
 def resolve_model(
@@ -43,11 +37,15 @@ def resolve_model(
 
 
 def _resolve_gguf(path: Path, on_progress: ProgressFn | None) -> Path:
+    from edgespec.files import sha256_file
+
     report(on_progress, f"hashing {path.name}")
     digest = sha256_file(path)
     out = paths.gguf_cache_dir(digest)
     if not (out / "config.json").is_file():
         report(on_progress, f"converting {path.name} to MLX (once)")
+        from edgespec.loading.gguf import convert_gguf  # only for a .gguf file
+
         try:
             convert_gguf(path, out, sha256=digest)
         except OSError as e:
@@ -62,9 +60,17 @@ def _resolve_catalogue(
     entry = cat.model(name)
     if entry.local is not None:
         return entry.local
+    hit = None if update else paths.cached(name)
+    if hit is not None:  # already pulled: nothing of loading/pull.py is needed
+        report(on_progress, "cached", 1.0)
+        return hit
+    from edgespec.loading.pull import pull
+
     return pull(name, on_progress=on_progress, catalog=cat, update=update)
 
 
 def _resolve_hf(repo: str, cat: Catalog | None, update: bool) -> Path:
     """The hub snapshot at the repo's pinned commit (loading/hub.py); one-line typed errors."""
+    from edgespec.loading.hub import fetch_snapshot  # only for a hub repo id
+
     return fetch_snapshot(repo, cat or load_catalog(), update=update)

@@ -12,7 +12,7 @@ Pipeline parallel (`model.model.pipeline`: deepseek_v41, ministral3, qwen3_5, ..
 rank r holds a contiguous run of layers, hidden states pass rank to rank, and a final
 all_gather gives every rank the last rank's output.
 
-The backend policy is loading/weights.py's: on MLX's CPU backend quantized layers are dequantized to fp32
+The backend policy is loading/folder.py's: on MLX's CPU backend quantized layers are dequantized to fp32
 (lazily, before the split, so that a rank never materialises more than its share), on a GPU
 weights stay as stored. EdgeSpec's CPU rewrites then apply as on a whole model where they are
 exact: grouped attention and rotary tables work per local head, compiled llama blocks trace the
@@ -31,14 +31,20 @@ import mlx.nn as nn
 from mlx.utils import tree_map
 from mlx_lm.utils import load_model as mlx_load_model
 
-from edgespec.cpu.switch import on_cpu
+from edgespec.cpu import on_cpu
 from edgespec.distributed.group import Group
 from edgespec.errors import GroupError, ModelLoadError, one_line
-from edgespec.loading.catalog import Catalog
-from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer
-from edgespec.loading.progress import ProgressFn, report
+from edgespec.loading import ProgressFn, report
+from edgespec.loading.folder import (
+    DTYPES,
+    LoadedModel,
+    cast_floats,
+    context_window,
+    dense_twin,
+    load_tokenizer,
+)
 from edgespec.loading.resolve import resolve_model
-from edgespec.loading.weights import DTYPES, cast_floats, dense_twin
+from edgespec.loading.specs import Catalog
 
 MODES = ("tensor", "pipeline")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from huggingface_hub import try_to_load_from_cache
 
 from edgespec.loading import paths
-from edgespec.loading.catalog import Catalog, is_repo_id
 from edgespec.loading.locks import pin
-from edgespec.loading.pull import SOURCE_FILE, cached
+from edgespec.loading.paths import SOURCE_FILE, cached
+from edgespec.loading.specs import Catalog, is_repo_id
 
 
 @dataclass(frozen=True)

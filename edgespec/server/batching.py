@@ -30,9 +30,10 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from edgespec.cpu.switch import on_cpu
+from edgespec.cpu import on_cpu
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
+from edgespec.families import family_of
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.mode import BatchMode, Gate
 from edgespec.server.packing import ROUND, Packer, Park, Task
@@ -162,7 +163,8 @@ class Batch:
     def _end(self, run: Running) -> None:
         self.running.remove(run)
         if self.packer is not None:  # a set back in the pool holds its own caches
-            self.packer.release([run.slot.target, run.slot.draft])
+            draft = run.slot.draft
+            self.packer.release([run.slot.target, *family_of(draft).forwards(draft)])
         self.pool.release(run.slot)
 
 

@@ -34,6 +34,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import Forward, KVState, common_prefix
+from edgespec.families import family_of
 from edgespec.worker import ServedEngine
 
 # A set whose cached tokens go on for more than this past the prompt's match is copied, not taken.
@@ -42,7 +43,7 @@ FORK_TAIL = 32
 
 @dataclass
 class Slot:
-    """One conversation's cache set (target KVState, draft KVState / EagleState / None)."""
+    """One conversation's cache set (target KVState, its draft family's state or None)."""
 
     target: KVState
     draft: Any
@@ -54,14 +55,8 @@ class Slot:
 
     def nbytes(self) -> int:
         """Allocated bytes of both caches (and a feature draft's features)."""
-        total = cache_size(self.target)[1]
-        draft = self.draft
-        if draft is not None and hasattr(draft, "kv"):  # a feature draft (EagleState)
-            total += cache_bytes(draft.kv.cache)
-            total += 0 if draft.features is None else int(draft.features.nbytes)
-        elif draft is not None:
-            total += cache_bytes(draft.cache)
-        return total
+        caches, more = family_of(self.draft).memory(self.draft)
+        return cache_size(self.target)[1] + cache_bytes(caches) + more
 
 
 def cache_bytes(cache: list[Any]) -> int:
@@ -92,9 +87,11 @@ def positions(cache: list[Any]) -> int:
 
 def forkable(slot: Slot) -> bool:
     """Whether a set's prefix can be copied: plain mlx-lm KVCache layers (no rotating or
-    quantized ones) and a token draft (a feature draft also holds features)."""
-    states = [slot.target] + ([slot.draft] if slot.draft is not None else [])
-    return all(isinstance(s, KVState) and all(type(c) is KVCache for c in s.cache) for s in states)
+    quantized ones) and a draft whose family allows it (a token draft's; a feature draft also
+    holds features)."""
+    target = slot.target
+    plain = isinstance(target, KVState) and all(type(c) is KVCache for c in target.cache)
+    return plain and family_of(slot.draft).forkable(slot.draft)
 
 
 def copy_prefix(src: KVState, dst: KVState, n: int) -> None:

@@ -1,4 +1,4 @@
-"""Trees from a block draft (edgespec/drafting/block_draft.py): ONE draft forward per round.
+"""Trees from a block draft (edgespec/drafting/block.py): ONE draft forward per round.
 
 A block draft gives the distributions of every drafted depth at once: row i of its block is q_i,
 whatever tokens come before depth i. So a tree needs no further draft forward: the children of
@@ -25,7 +25,8 @@ import dataclasses
 import mlx.core as mx
 
 from edgespec.config import SamplingConfig
-from edgespec.drafting.block_draft import BlockState
+from edgespec.drafting.base import Capabilities
+from edgespec.drafting.block import BlockState
 from edgespec.trees.draft import ModelTreeDrafter
 from edgespec.trees.forward import PLAIN, Kernels
 from edgespec.trees.proposal import TreeDraft, TreeProposal, empty_tree
@@ -81,6 +82,9 @@ class BlockTreeDrafter(ModelTreeDrafter):
 
     def take_features(self, context: list[int], start: int, features: mx.array) -> None:
         self.block.set_features(context, start, features)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(features=self)  # it reads the verify's features
 
     def commit(self, context: list[int]) -> None:
         st = self.block

@@ -19,10 +19,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.draft_model import reduced_head
-from edgespec.drafting.model import ModelDrafter, fit_vocab
+from edgespec.drafting.token import ModelDrafter, fit_vocab
 from edgespec.sampling import uniforms, warp
 from edgespec.trees.acceptance import draw_siblings, top_siblings
 from edgespec.trees.dynamic import propose_dynamic
@@ -41,7 +41,7 @@ from edgespec.trees.shapes import DynamicShape, FixedShape, Shape, Tree
 class ModelTreeDrafter(TreeDrafter):
     """Trees from a token draft model and its own KV cache (module docstring).
 
-    `chains`: the chain drafter over the same state (drafting.model.ModelDrafter), which drafts
+    `chains`: the chain drafter over the same state (drafting.token.ModelDrafter), which drafts
     chain-shaped rounds exactly as the chain loop does (its steps in pairs on the CPU, no tree
     bookkeeping): an adaptive policy that settles on chains then costs what adaptive K does.
     The tokens are the same (the argmax, or the same uniform per node from the same key)."""

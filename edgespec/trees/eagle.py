@@ -1,14 +1,14 @@
 """Tree drafting with a feature draft (EAGLE-2 style): ModelTreeDrafter's depth-by-depth drafting
-over an EagleState (edgespec/drafting/features.py).
+over an FeatureState (edgespec/drafting/feature.py).
 
-The first forward is EagleDrafter's catch-up over true features; its last guess gives the root's
+The first forward is FeatureDrafter's catch-up over true features; its last guess gives the root's
 candidates. A node at depth d >= 2 is run with its parent's guess (the draft's chain "guess"; zeros
 for chain "zero") and its own token, under a tree mask, at the draft's position p - 1 + d (p =
 len(context) - 1 features known). Siblings share their parent's guess, so each depth is one
 forward over the nodes that get children.
 
 Cache: every position run on a guess is rolled back after the round (take_features / commit, as
-EagleDrafter does), so nothing of the tree is kept and `keep_path` has nothing to do.
+FeatureDrafter does), so nothing of the tree is kept and `keep_path` has nothing to do.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 import mlx.core as mx
 
 from edgespec.config import SamplingConfig
-from edgespec.drafting.features import EagleState
+from edgespec.drafting.base import Capabilities
+from edgespec.drafting.feature import FeatureState
 from edgespec.trees.draft import ModelTreeDrafter
 from edgespec.trees.forward import PLAIN, Kernels, check_tree_cache, run_layers, tree_layers
 from edgespec.trees.proposal import TreeDraft, TreeProposal
@@ -27,7 +28,7 @@ class EagleTreeDrafter(ModelTreeDrafter):
     """Trees from a feature draft (module docstring)."""
 
     def __init__(
-        self, state: EagleState, sampling: SamplingConfig, vocab: int, kernels: Kernels = PLAIN
+        self, state: FeatureState, sampling: SamplingConfig, vocab: int, kernels: Kernels = PLAIN
     ):
         tree_layers(state.model)
         check_tree_cache(state.kv.cache, state.kv.name)
@@ -80,6 +81,9 @@ class EagleTreeDrafter(ModelTreeDrafter):
 
     def take_features(self, context: list[int], start: int, features: mx.array) -> None:
         self.eagle.set_features(context, start, features)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(features=self)  # it reads the verify's features
 
     def commit(self, context: list[int]) -> None:
         kv = self.eagle.kv

@@ -208,7 +208,7 @@ def run_layers(
 def head_of(model: Any) -> Callable[[mx.array], mx.array]:
     """Features -> logits: a reduced-head draft's own head (over its head ids), a tied
     embedding, or the model's lm_head."""
-    if hasattr(model, "head_logits"):  # EdgeSpec's token draft (drafting/draft_model.py)
+    if hasattr(model, "head_logits"):  # EdgeSpec's token draft (architectures/token_draft.py)
         return model.lm_head
     if model.args.tie_word_embeddings:
         return model.model.embed_tokens.as_linear

@@ -18,7 +18,7 @@ from typing import cast
 import mlx.core as mx
 
 from edgespec.config import MAX_TREE_NODES
-from edgespec.drafting.base import adopt_features
+from edgespec.drafting.base import Capabilities
 from edgespec.drafting.ngram import NgramDrafter
 from edgespec.trees.proposal import TreeDrafter, TreeProposal
 from edgespec.trees.shapes import Shape, Tree
@@ -60,7 +60,7 @@ class NgramBranch(TreeDrafter):
     ):
         self.model, self.ngram = model, ngram
         self.min_match, self.lookup_k, self.vocab = min_match, lookup_k, vocab
-        adopt_features(self, model)  # a feature draft's features reach the model (FeatureInput)
+        self._features = model.capabilities().features  # a feature draft's, handed on
 
     def propose_tree(self, context: list[int], shape: Shape, key: mx.array) -> TreeProposal:
         prop = self.model.propose_tree(context, shape, key)
@@ -72,6 +72,15 @@ class NgramBranch(TreeDrafter):
 
     def keep_path(self, base: int, prop: TreeProposal, path: list[int]) -> None:
         self.model.keep_path(base, prop, path)
+
+    def capabilities(self) -> Capabilities:
+        """The features capability when the model it wraps reads them (a feature draft's)."""
+        return Capabilities(features=self if self._features is not None else None)
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
+        """Hand the verify's features to the wrapped feature draft."""
+        assert self._features is not None, "the wrapped drafter reads no features"
+        self._features.take_features(context, start, features)
 
     def commit(self, context: list[int]) -> None:
         self.ngram.commit(context)

@@ -18,7 +18,7 @@ class TreeProposal(Proposal):
     each was drawn from (None: all deterministic candidates, as at temperature 0), `tree` their
     topology, `fed[i]` the draft-cache position of node i when the draft ran it (-1 otherwise),
     `match` the n-gram suffix length behind a lookup branch (0: none). `in_place`: a chain the
-    draft ran as an ordinary chain right after the context (drafting.model.ModelDrafter.propose),
+    draft ran as an ordinary chain right after the context (drafting.token.ModelDrafter.propose),
     so its accepted nodes already sit in place in the draft's cache and `commit` keeps them."""
 
     method: str = "tree"

@@ -3,9 +3,9 @@
     python -m research.block_draft.export --run WORK/run --out research/block_draft/smollm2-135m-block --bits 4
 
 Writes config.json (model_type edgespec_block, with `quantization` when --bits is 4 or 8) and
-model.safetensors, plus the run's curve.csv; the folder loads with edgespec.drafting.block's
+model.safetensors, plus the run's curve.csv; the folder loads with edgespec.architectures.block's
 load_block beside its target. The draft scores only the run's training head (head_ids.npy, the
-tokens it was trained to predict: `head_size`, edgespec/drafting/block_head.py) unless
+tokens it was trained to predict: `head_size`, edgespec/architectures/block_head.py) unless
 --full-head.
 """
 
@@ -16,6 +16,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.nn as nn
     import numpy as np
 
-    from edgespec.drafting.block import BlockArgs, BlockModel, save_block
+    from edgespec.architectures.block import BlockArgs, BlockModel
 
     run = Path(a.run)
     cfg = json.loads((run / "config.json").read_text())
@@ -57,6 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(run / "curve.csv", out / "curve.csv")
     print(f"wrote {out} ({sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB)")
     return 0
+
+
+def save_block(model: Any, config: dict[str, Any], path: str | Path) -> None:
+    """Write a block draft (edgespec.architectures.block.BlockModel) as config.json +
+    model.safetensors (config must carry `quantization` if quantized)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

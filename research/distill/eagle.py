@@ -1,4 +1,4 @@
-"""Training a feature draft (edgespec.drafting.eagle) from the target's own answers.
+"""Training a feature draft (edgespec.architectures.eagle) from the target's own answers.
 
 Data: the distill data shards (prompt + target answer token ids). The target runs once over each
 sequence (teacher-forced) to record its top hidden states f_i; they are cached on disk as fp16
@@ -28,9 +28,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from edgespec.architectures.eagle import MODEL_TYPE, EagleModel, build
 from edgespec.cache import TOP, target_features
 from edgespec.distill.shards import Sequence, atomic_write_npz
-from edgespec.drafting.eagle import EagleModel, build, eagle_config, save_eagle
 from edgespec.files import atomic_write_bytes, sha256_file
 
 
@@ -322,3 +322,46 @@ def train_eagle(
             meta = {"step": step, "seen": seen, "curve": curve}
             atomic_write_bytes(state_path, json.dumps(meta).encode())
     return curve
+
+
+def save_eagle(model: EagleModel, config: dict[str, Any], path: str | Path) -> None:
+    """Write config.json + model.safetensors (config must carry `quantization` if quantized)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    if config.get("eagle_base"):  # only what the base draft does not hold
+        weights = {k: v for k, v in weights.items() if k.startswith("fc.")}
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def eagle_config(
+    target_config: dict[str, Any],
+    n_layers: int,
+    head_size: int,
+    own_head: bool = False,
+    chain: str = "guess",
+) -> dict[str, Any]:
+    """A feature draft's config.json for a llama target's config."""
+    keep = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "vocab_size",
+        "rope_theta",
+        "rope_scaling",
+        "max_position_embeddings",
+        "head_dim",
+        "attention_bias",
+        "mlp_bias",
+        "tie_word_embeddings",
+        "rope_traditional",
+    )
+    cfg = {k: target_config[k] for k in keep if k in target_config}
+    cfg.update(model_type=MODEL_TYPE, eagle_layers=n_layers, head_size=head_size)
+    cfg["eagle_head"] = "own" if own_head else "target"
+    cfg["eagle_chain"] = chain
+    cfg["num_hidden_layers"] = n_layers
+    return cfg

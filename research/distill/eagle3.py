@@ -1,4 +1,4 @@
-"""Training a feature draft along EAGLE-3's lines (the model: edgespec.drafting.eagle with several
+"""Training a feature draft along EAGLE-3's lines (the model: edgespec.architectures.eagle with several
 `feature_layers`; data, feature cache and training loop: research.distill.eagle).
 
 Two changes from the first feature draft:
@@ -26,9 +26,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from edgespec.architectures.eagle import EagleModel, build
+from edgespec.architectures.token_draft import read_weights
 from edgespec.cache import TOP
-from edgespec.drafting.draft_model import read_weights
-from edgespec.drafting.eagle import EagleModel, build
 from research.distill.eagle import Item, _num, make_batch, top_block
 
 

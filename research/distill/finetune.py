@@ -24,6 +24,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from edgespec.architectures.token_draft import EMBED, DraftModel, build
 from edgespec.distill.build import choose_head, freeze_for_training
 from edgespec.distill.checkpoints import (
     State,
@@ -42,9 +43,8 @@ from edgespec.distill.train import (
     train_step,
     write_curve,
 )
-from edgespec.drafting.draft_model import EMBED, DraftModel, build
 from edgespec.files import atomic_write_bytes
-from edgespec.loading.weights import dequantize_model
+from edgespec.loading.folder import dequantize_model
 from research.distill.qat import add_fake_quant, set_bits
 
 

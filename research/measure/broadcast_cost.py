@@ -17,9 +17,9 @@ import time
 
 import mlx.core as mx
 
+from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.distributed.group import init_group
-from edgespec.drafting.draft_model import reduced_head
 from edgespec.loading.load import load_pair
 
 

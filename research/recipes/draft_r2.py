@@ -97,8 +97,8 @@ def held_gpu(work: Path) -> list:
 
 def start_draft(srcs: list, head_size: int) -> tuple:
     """(target, (fp32 draft with its head re-chosen over the mix, config))."""
+    from edgespec.architectures.token_draft import input_embedding, load_draft
     from edgespec.distill.target import load_target
-    from edgespec.drafting.draft_model import input_embedding, load_draft
     from research.distill.finetune import mixed_head, regrow_head
 
     target = load_target(TARGET)
@@ -143,11 +143,11 @@ def cmd_export(a: argparse.Namespace) -> int:
     import numpy as np
     from mlx.utils import tree_flatten
 
+    from edgespec.architectures.token_draft import build, input_embedding, save_draft
     from edgespec.distill.checkpoints import latest_checkpoint
     from edgespec.distill.export import quantize
     from edgespec.distill.target import load_target
     from edgespec.distill.train import head_index
-    from edgespec.drafting.draft_model import build, input_embedding, save_draft
     from research.distill.finetune import evaluate, load_checkpoint_shared
     from research.distill.qat import add_fake_quant
 
@@ -266,10 +266,10 @@ def cmd_gpu_import(a: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from edgespec.architectures.token_draft import input_embedding, load_draft
     from edgespec.distill.target import load_target
     from edgespec.distill.train import head_index
-    from edgespec.drafting.draft_model import input_embedding, load_draft
-    from edgespec.loading.weights import dequantize_model
+    from edgespec.loading.folder import dequantize_model
     from research.distill.finetune import evaluate
 
     run = Path(a.run)

@@ -145,8 +145,7 @@ def train(a: argparse.Namespace) -> None:
 
 def export(a: argparse.Namespace) -> None:
     from edgespec.distill.export import quantize
-    from edgespec.drafting.eagle import save_eagle
-    from research.distill.eagle import load_trained
+    from research.distill.eagle import load_trained, save_eagle
     from research.distill.eagle3 import chain_agreement
 
     model, cfg, _, held = start(a)
@@ -164,11 +163,11 @@ def mtbench(a: argparse.Namespace) -> None:
     vocabulary): the token draft's first token, and each feature draft's tokens 1 .. --ttt."""
     import mlx.core as mx
 
+    from edgespec.architectures.eagle import load_eagle
     from edgespec.cache import target_features
     from edgespec.distill.data import SamplingPlan, answer
     from edgespec.distill.evaluate import find_prompt_file, load_prompts
     from edgespec.distill.train import agreement_counts, head_index
-    from edgespec.drafting.eagle import load_eagle
     from edgespec.runtime import Engine
     from research.distill.eagle import Item
     from research.distill.eagle3 import chain_agreement

@@ -1,4 +1,4 @@
-"""Train a feature draft (edgespec.drafting.eagle) for the embedded target on this machine, from the shipped
+"""Train a feature draft (edgespec.architectures.eagle) for the embedded target on this machine, from the shipped
 draft data (models/smollm2-135m-draft/data, the target's own answers as token ids).
 
 Three phases, each resumable (run it again to continue), selectable with --phase so that the
@@ -94,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--chunk and --until must be multiples of --eval-every (checkpoints)")
     from edgespec.distill.export import quantize
     from edgespec.distill.shards import read_shard
-    from edgespec.drafting.eagle import save_eagle
     from edgespec.runtime import Engine
     from research.distill.eagle import (
         EagleTrainConfig,
@@ -103,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         extract_features,
         load_items,
         load_trained,
+        save_eagle,
         train_eagle,
     )
 

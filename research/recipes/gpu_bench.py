@@ -90,8 +90,8 @@ def _pinned(name: str) -> str:
 
 
 def cmd_pack(a: argparse.Namespace) -> int:
-    from edgespec.loading.catalog import load_catalog  # here only: `run` has no EdgeSpec
     from edgespec.loading.paths import model_dir
+    from edgespec.loading.specs import load_catalog  # here only: `run` has no EdgeSpec
 
     root = Path(__file__).resolve().parents[2]
     target = Path(a.target) if a.target else model_dir(a.target_name)

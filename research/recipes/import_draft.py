@@ -7,7 +7,7 @@
 Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/cpu/blas.py):
 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python research/recipes/...
 
-Loads the fp16 trunk + head (mlx-lm names) into edgespec.drafting.draft_model with the target's own
+Loads the fp16 trunk + head (mlx-lm names) into edgespec.architectures.token_draft with the target's own
 embedding, measures greedy agreement on the held-out answers of the draft folder's data (fp32 and
 quantized, with the MLX target: the CPU's own numbers, not the GPU's), and exports through
 edgespec.distill.export (quantized, shared embedding, model card, curve.csv). With --gpu-data the
@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from edgespec.architectures.token_draft import build
 from edgespec.distill.build import draft_config
 from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
 from edgespec.distill.shards import (
@@ -36,8 +37,7 @@ from edgespec.distill.shards import (
 )
 from edgespec.distill.target import load_target, teacher_topk
 from edgespec.distill.train import agreement, head_index, split_data
-from edgespec.drafting.draft_model import build
-from edgespec.loading.weights import dequantize_model
+from edgespec.loading.folder import dequantize_model
 
 
 def curve_rows(reports: list[dict], column: int) -> list[dict[str, float]]:

@@ -14,8 +14,7 @@ from edgespec.bench.report import write_report
 from edgespec.bench.runner import check_methods
 from edgespec.bench.tree import variants
 from edgespec.errors import ConfigError
-from edgespec.events import Round
-from edgespec.metrics import fold_rounds, position_acceptance, position_counts
+from edgespec.events import Round, fold_rounds, position_acceptance, position_counts
 from edgespec.runtime import Engine
 from tests.helpers.bench import _bench, check_schema
 from tests.helpers.block_models import tiny_qwen3, write_dflash

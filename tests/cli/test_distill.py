@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from edgespec.architectures.token_draft import input_embedding, load_draft
 from edgespec.distill import data as D
 from edgespec.distill import shards as S
 from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint
@@ -19,7 +20,6 @@ from edgespec.distill.evaluate import load_prompts as load_eval_prompts
 from edgespec.distill.instructions import instructions, split
 from edgespec.distill.target import Target, load_target, load_with_topk
 from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data, train
-from edgespec.drafting.draft_model import input_embedding, load_draft
 from edgespec.errors import ConfigError
 from tests.helpers.prompt_sets import MT_BENCH, SPEC_BENCH, prompt_set
 from tests.helpers.tiny import make_tiny_pair

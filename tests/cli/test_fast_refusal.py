@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.errors import ModelLoadError, ModelNotFoundError
-from edgespec.loading.catalog import load_catalog
-from edgespec.loading.specs import check_pair, spec_kind
+from edgespec.loading.specs import check_pair, load_catalog, spec_kind
 from tests.helpers.cli import ROOT, mlx_lm_stopper, run_edgespec
 
 UNKNOWN = (

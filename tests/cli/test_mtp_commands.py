@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.architectures.mtp import MtpModel
 from edgespec.cache import text_model
 from edgespec.config import SpecConfig
-from edgespec.drafting.mtp import MtpModel
 from edgespec.errors import TreeUnsupportedError
 from edgespec.server.process import ServerProcess
 from edgespec.trees.forward import tree_layers

@@ -24,8 +24,8 @@ import pytest
 from edgespec.bench.unbiased import chi_square
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distributed.group import Agreement, Group, check_config, fold
-from edgespec.distributed.launch import env_rank, launched_backend, local_ranks, share_threads
 from edgespec.errors import ConfigError, GroupError
+from edgespec.launch import env_rank, launched_backend, local_ranks, share_threads
 from edgespec.loading.shard import check_shardable, divisible_sizes
 from tests.helpers.cli import ROOT, run_edgespec
 from tests.helpers.distributed import (
@@ -315,7 +315,7 @@ def test_embedded_target_n3_greedy_matches_single_process():
 
 RING_WATCH = """
 import os, sys, time
-from edgespec.distributed.launch import exit_when_ring_gives_up
+from edgespec.launch import exit_when_ring_gives_up
 exit_when_ring_gives_up("edgespec generate", grace=0.5)
 print("before", file=sys.stderr, flush=True)
 if sys.argv[1] == "hang":

@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 from edgespec.cache import KVState
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.cpu.backend import CpuBackend
-from edgespec.drafting.base import Drafter, Proposal, adopt_features, no_proposal, point_mass
+from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal, point_mass
 from edgespec.events import Event, Round, Token
 from edgespec.sampling import warp
 
@@ -108,13 +108,20 @@ class RoundByRound(Drafter):
     def __init__(self, inner: Drafter):
         self.inner = inner
         self.method = inner.method
-        adopt_features(self, inner)  # a feature draft's features reach it
+        self._features = inner.capabilities().features  # a feature draft's, handed on
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         return self.inner.propose(context, k, key)
 
     def propose_free(self, context: list[int], key: mx.array) -> Proposal:
         return no_proposal(self.method)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(free=self, features=self if self._features is not None else None)
+
+    def take_features(self, context: list[int], start: int, features: mx.array) -> None:
+        assert self._features is not None
+        self._features.take_features(context, start, features)
 
     def commit(self, context: list[int]) -> None:
         self.inner.commit(context)
@@ -141,6 +148,9 @@ class BehindOnce(Drafter):
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         return no_proposal(self.method)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(behind=self)
 
     def propose_behind(self, context: list[int], k: int) -> Proposal | None:
         self.calls += 1

@@ -26,9 +26,9 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from edgespec.architectures.mtp import MtpModel, text_config
+from edgespec.architectures.nextn import FAMILIES, NextnModel, build_head, layer_prefix
 from edgespec.cache import target_features
-from edgespec.drafting.mtp import MtpModel, text_config
-from edgespec.drafting.nextn import FAMILIES, NextnModel, build_head, layer_prefix
 from tests.helpers.tiny import make_tokenizer
 from tests.helpers.tiny_arch import (
     EOS,

@@ -114,7 +114,7 @@ def write_mtp_checkpoint(out: Path, family: str, seed: int = 0) -> Path:
     (tests/helpers/mtp_models.py make_checkpoint trains one); the layout is what is checked."""
     import mlx.core as mx
 
-    from edgespec.drafting.nextn import NextnModel, build_head
+    from edgespec.architectures.nextn import NextnModel, build_head
     from tests.helpers import mtp_models as m
     from tests.helpers.tiny import make_tokenizer
     from tests.helpers.tiny_arch import build, seed_weights

@@ -1,5 +1,5 @@
 """A numpy reference of one block-draft forward (DFlash), written from the architecture as
-published (docs/drafting.md, Block drafts) and sharing no code with edgespec/drafting/block.py:
+published (docs/drafting.md, Block drafts) and sharing no code with edgespec/architectures/block.py:
 explicit rotate-half RoPE, grouped heads repeated by hand, a softmax over every key."""
 
 from __future__ import annotations

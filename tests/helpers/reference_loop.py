@@ -25,7 +25,7 @@ import numpy as np
 
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import PLAIN_ONLY
-from edgespec.drafting.hybrid import HYBRID_MIN_MATCH
+from edgespec.drafting.ngram import HYBRID_MIN_MATCH
 from edgespec.events import Round
 from edgespec.sampling import make_key, round_keys, uniforms
 

@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from edgespec.drafting.eagle import eagle_config
+from research.distill.eagle import eagle_config
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
@@ -185,7 +185,7 @@ def make_tiny_eagle(
     head: int | None = None,
     feature_layers: tuple[int, ...] | None = None,
 ):
-    """Write a seeded feature draft (edgespec.drafting.eagle) for the tiny target at `target`: one llama
+    """Write a seeded feature draft (edgespec.architectures.eagle) for the tiny target at `target`: one llama
     layer, fc initialised to pass the feature through plus the token's embedding. `head`: score
     only that many token ids (every other one, from 0), so off-head tokens get q = 0.
     `feature_layers` (EAGLE-3, must hold -1): a fusion of those target layers, the identity on

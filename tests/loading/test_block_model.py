@@ -1,4 +1,4 @@
-"""The block draft model (edgespec/drafting/block.py): config formats, z-lab's file layout, the
+"""The block draft model (edgespec/architectures/block.py): config formats, z-lab's file layout, the
 context cache, the non-causal block, the training mask, and refusing a target it was not made for."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from edgespec.drafting.block import (
+from edgespec.architectures.block import (
     MODEL_TYPE,
     BlockArgs,
     BlockModel,
     is_block,
     load_block,
-    save_block,
 )
 from edgespec.loading.load import load_model
+from research.block_draft.export import save_block
 from tests.helpers.block_models import tiny_qwen3, write_dflash
 
 
@@ -150,7 +150,7 @@ def test_quantized_at_load_like_the_target(pair, tmp_path):
 
 
 def test_catalogue_block_pairs():
-    from edgespec.loading.catalog import load_catalog
+    from edgespec.loading.specs import load_catalog
 
     pairs = {n: p for n, p in load_catalog().pairs.items() if n.endswith("-dflash")}
     assert {"qwen3-4b-dflash", "qwen3-8b-dflash", "llama3.1-8b-dflash"} <= set(pairs)

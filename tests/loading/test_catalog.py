@@ -12,8 +12,8 @@ import pytest
 from edgespec.commands import models as models_cmd
 from edgespec.config import MTP_DRAFT
 from edgespec.errors import ModelNotFoundError
-from edgespec.loading import catalog
 from edgespec.loading import load as loading
+from edgespec.loading import specs as catalog
 from edgespec.loading.specs import check_pair, spec_kind
 from edgespec.loading.status import model_status
 from tests.helpers.hub import make_hub_cache

@@ -25,11 +25,10 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from edgespec.config import MTP_DRAFT, SpecConfig
-from edgespec.drafting.model import fit_vocab
+from edgespec.drafting.token import fit_vocab
 from edgespec.errors import TokenizerMismatchError
-from edgespec.loading.catalog import load_catalog
-from edgespec.loading.checks import check_tokenizers
-from edgespec.loading.load import load_model
+from edgespec.loading.load import check_tokenizers, load_model
+from edgespec.loading.specs import load_catalog
 from edgespec.runtime import Engine
 from tests.helpers.arch_models import generate
 from tests.helpers.tiny import make_tokenizer

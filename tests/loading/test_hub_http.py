@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.loading.catalog import load_catalog
+from edgespec.loading.specs import load_catalog
 from tests.helpers.block_models import write_dflash
 from tests.helpers.hub_server import StandInHub
 from tests.helpers.tiny_arch import make_family

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-from edgespec.drafting.draft_model import MODEL_TYPE, build, save_draft
+from edgespec.architectures.token_draft import MODEL_TYPE, build, save_draft
 from edgespec.errors import (
     CacheNotTrimmableError,
     ConfigError,
@@ -22,10 +22,10 @@ from edgespec.errors import (
     TokenizerMismatchError,
 )
 from edgespec.loading import load as loading
-from edgespec.loading.catalog import parse_catalog
-from edgespec.loading.checks import check_tokenizers, check_trimmable
+from edgespec.loading.folder import DTYPES, is_quantized, quantize_model
+from edgespec.loading.load import check_tokenizers, check_trimmable
 from edgespec.loading.resolve import resolve_model
-from edgespec.loading.weights import DTYPES, is_quantized, quantize_model
+from edgespec.loading.specs import parse_catalog
 from tests.helpers.gguf import write_tiny_gguf
 from tests.helpers.tiny import make_tiny_pair
 
@@ -313,8 +313,7 @@ def test_load_pair_rejects_mismatched_tokenizers(pair_dir, tmp_path):
 
 
 def test_pair_name_given_as_target_means_that_pair():
-    from edgespec.loading.catalog import load_catalog
-    from edgespec.loading.specs import pair_specs
+    from edgespec.loading.specs import load_catalog, pair_specs
 
     cat = load_catalog()
     assert pair_specs("smollm2-135m", None, None, cat) == (

@@ -14,7 +14,8 @@ import pytest
 
 from edgespec.commands import models as models_cmd
 from edgespec.errors import ConfigError, DownloadError, ModelNotFoundError
-from edgespec.loading import catalog, locks
+from edgespec.loading import locks
+from edgespec.loading import specs as catalog
 from edgespec.loading.hub import fetch_snapshot, git_blob_sha1, verify_snapshot
 from edgespec.loading.specs import check_mlx_lm, check_pair
 from tests.helpers.hub import REV, make_hub_cache

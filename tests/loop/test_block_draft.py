@@ -1,4 +1,4 @@
-"""Block drafts (edgespec/drafting/block_draft.py, trees/block.py) through the Engine: a tiny
+"""Block drafts (edgespec/drafting/block.py, trees/block.py) through the Engine: a tiny
 random DFlash-format draft (tests/helpers/block_models.py) for a tiny qwen3 target.
 
 Greedy output equals plain decoding (fixed K, K past the block, adaptive K, trees fixed and
@@ -17,7 +17,7 @@ import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafting.base import Proposal, no_proposal
-from edgespec.drafting.block_draft import BlockDrafter, BlockState
+from edgespec.drafting.block import BlockDrafter, BlockState
 from edgespec.errors import ConfigError
 from edgespec.loading.load import load_pair
 from edgespec.runtime import Engine
@@ -189,7 +189,7 @@ def test_block_tree_samples_follow_the_target(engine, tree, temp):
 
 def test_draws_follow_each_row():
     """draw_block: token i is the inverse-CDF sample of q_i at u_i (worked example)."""
-    from edgespec.drafting.block_draft import draw_block
+    from edgespec.drafting.block import draw_block
 
     logits = mx.log(mx.array([[0.7, 0.3], [0.2, 0.8]]))
     key = mx.random.key(0)
@@ -263,7 +263,7 @@ def test_adaptive_k_for_a_block_uses_its_acceptance_per_position():
 def test_a_catalogue_pair_with_a_hub_block_draft(offline_hub, tmp_path):
     """A pair whose draft is a repo id of a DFlash draft (no tokenizer of its own, as z-lab's):
     resolved from the hub cache, loaded as a block draft, greedy equal to plain."""
-    from edgespec.loading import catalog
+    from edgespec.loading import specs as catalog
     from tests.helpers.hub import make_hub_cache
 
     target = tiny_qwen3(tmp_path / "src")
@@ -383,10 +383,10 @@ def test_a_draft_that_reads_the_newest_context_stays_exact(tmp_path):
 
 
 def test_a_reduced_head_scores_its_tokens_alone_and_stays_exact(tmp_path):
-    """A draft that scores only head_ids (edgespec/drafting/block_head.py): its logits are the
+    """A draft that scores only head_ids (edgespec/architectures/block_head.py): its logits are the
     full head's on those ids and -inf elsewhere; greedy output equals plain; sampled first
     tokens follow the target at T = 1, though most tokens can never be drafted."""
-    from edgespec.drafting.block import load_block
+    from edgespec.architectures.block import load_block
 
     target = tiny_qwen3(tmp_path)
     full = write_dflash(target, tmp_path / "full", block=4)
@@ -407,7 +407,7 @@ def test_a_reduced_head_scores_its_tokens_alone_and_stays_exact(tmp_path):
 
 
 def test_head_rows_of_a_quantized_head_are_its_dequantized_rows():
-    from edgespec.drafting.block_head import head_rows
+    from edgespec.architectures.block_head import head_rows
 
     lin = nn.Linear(64, 96, bias=False)
     q = nn.QuantizedLinear.from_linear(lin, group_size=32, bits=4)

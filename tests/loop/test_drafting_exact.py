@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.drafting.model import ConfidentDrafter
 from edgespec.drafting.ngram import NgramDrafter
 from edgespec.runtime import Engine
 from tests.helpers import (
-    GREEDY,
     PROMPT,
     BehindOnce,
     binomial_close,
@@ -67,18 +65,6 @@ def test_greedy_output_equals_plain_decoding(engine, spec):
     # A tiny random target never continues a copy, so lookups here are rejected: accepted
     # lookups are tested with chosen drafts (test_drafts_one_token_behind_*, the point-mass test)
     # and with the real model (tests/real/test_embedded_pair.py).
-
-
-def test_confident_drafter_greedy_equals_plain_and_stops_early(engine):
-    ids = engine.encode_raw(PROMPT)
-    plain = plain_ids(engine, ids, 40)
-    drafter = ConfidentDrafter(engine._draft, GREEDY, engine._vocab, 0.5, engine._pairs)
-    events = gen(engine, ids, SpecConfig(k=6, method="draft", adaptive=False), 40, drafter=drafter)
-    assert token_ids(events) == plain
-    drafted = [r.drafted for r in rounds_of(events)]
-    assert min(drafted) < 6  # some rounds stopped early ...
-    assert max(drafted) > 0  # ... and some drafted
-    assert engine._draft.offset == len(engine._draft.tokens)
 
 
 # ---------------------------------------------------------------------------- T > 0

@@ -1,4 +1,4 @@
-"""Feature drafts (EAGLE-style, edgespec.drafting.eagle) on tiny seeded models.
+"""Feature drafts (EAGLE-style, edgespec.architectures.eagle) on tiny seeded models.
 
 Exactness the same way as for token drafts: greedy output identical to plain decoding (fixed K,
 adaptive, hybrid, multi-turn with cache reuse), and a chi-square test at T > 0 that the first two
@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from edgespec import loop
+from edgespec.architectures.eagle import EagleModel
 from edgespec.bench.plan import BenchPlan
 from edgespec.bench.runner import check_methods
 from edgespec.bench.unbiased import verify_pair
 from edgespec.cache import target_features
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.shards import Sequence
-from edgespec.drafting.eagle import EagleModel, save_eagle
-from edgespec.drafting.features import EagleDrafter, EagleState
+from edgespec.drafting.feature import FeatureDrafter, FeatureState
 from edgespec.errors import ConfigError, ModelLoadError
 from edgespec.events import Token
 from edgespec.loading.load import load_model, load_pair, load_token_draft
@@ -35,6 +35,7 @@ from research.distill.eagle import (
     extract_features,
     load_items,
     new_eagle,
+    save_eagle,
     train_eagle,
 )
 from tests.helpers import (
@@ -101,7 +102,7 @@ def test_loads_as_a_feature_draft_sharing_the_targets_embedding(tiny_dir):
     names = {k for k, _ in __import__("mlx.utils").utils.tree_flatten(d.model.parameters())}
     assert not any("embed" in n for n in names)  # never saved / trained as its own parameter
     engine = Engine(t, d)
-    assert isinstance(engine._draft, EagleState)
+    assert isinstance(engine._draft, FeatureState)
 
 
 def test_feature_draft_without_or_with_a_wrong_target_is_a_one_line_error(tiny_dir, tmp_path):
@@ -334,8 +335,8 @@ def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer
     """from_token_draft: fc = [0, I], so before training the feature draft predicts exactly what
     the token draft does one position later; export_grown stores the mixer and points at the base
     (checked by sha256), and loading it back gives the same model."""
+    from edgespec.architectures.token_draft import save_draft
     from edgespec.distill.build import build_draft
-    from edgespec.drafting.draft_model import save_draft
     from research.distill.eagle import export_grown, from_token_draft
 
     t = load_model(str(tiny_dir / "target"))
@@ -384,7 +385,7 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
     monkeypatch.setattr(loop, "plain_run", lambda *a: plain_runs.append(1) or real(*a))
     runs = {}
     for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
-        drafter = wrap(EagleDrafter(engine._draft, sampling, engine._vocab))
+        drafter = wrap(FeatureDrafter(engine._draft, sampling, engine._vocab))
         engine.reset()
         calls: list = []
 

@@ -1,5 +1,5 @@
 """EAGLE-3-style feature drafts on tiny seeded models: features fused from several target layers
-(edgespec.drafting.eagle `feature_layers`) and training-time test (research.distill.eagle3).
+(edgespec.architectures.eagle `feature_layers`) and training-time test (research.distill.eagle3).
 
 Exactness as for every draft (greedy output identical to plain decoding, chain and tree); the
 multi-layer features must be the target's own hidden states, taken from the verify forward; the
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from edgespec.architectures.eagle import EagleModel
 from edgespec.cache import TOP, target_features
 from edgespec.config import SpecConfig
 from edgespec.distill.shards import Sequence
-from edgespec.drafting.eagle import EagleModel, save_eagle
 from edgespec.errors import ConfigError
 from edgespec.events import Round
 from edgespec.loading.load import load_model, load_pair
@@ -29,6 +29,7 @@ from research.distill.eagle import (
     extract_features,
     load_items,
     make_batch,
+    save_eagle,
     train_eagle,
 )
 from research.distill.eagle3 import chain_agreement, ttt_loss, unroll, warm_start
@@ -135,7 +136,7 @@ def test_an_8_bit_fusion_fuses_as_the_float_one(tiny, items):
 
 def test_unroll_is_what_the_drafter_computes_in_the_loop(tiny, items):
     """Step s at position i = the draft run on true positions up to i - s, then on its own
-    guesses (its cache, as in EagleDrafter.propose)."""
+    guesses (its cache, as in FeatureDrafter.propose)."""
     m: EagleModel = load_pair(str(tiny / "target"), str(tiny / "eagle3"))[1].model
     f, t, _, _ = make_batch(items[:1])
     feats = m.fuse(f)

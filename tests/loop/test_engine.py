@@ -214,8 +214,8 @@ def test_untrimmable_cache_is_refused(tiny_models):
 @pytest.mark.slow
 def test_real_model_speculative_greedy_equals_plain():
     """SmolLM2-135M-Instruct as its own draft (separate caches): output unchanged, all accepted."""
-    from edgespec.loading.catalog import load_catalog
     from edgespec.loading.load import load_model
+    from edgespec.loading.specs import load_catalog
     from edgespec.loading.status import model_status
 
     name = load_catalog().pair().target

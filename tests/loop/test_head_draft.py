@@ -14,7 +14,7 @@ import pytest
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu.backend import draft_pairs
 from edgespec.distill.build import build_draft
-from edgespec.drafting.model import ConfidentDrafter, ModelDrafter
+from edgespec.drafting.token import ModelDrafter
 from edgespec.runtime import Engine
 from edgespec.sampling import make_key, round_keys
 from tests.helpers import engine_state, gen, plain_ids, token_ids
@@ -40,13 +40,13 @@ def head_pair(tiny_models):
     return target, record
 
 
-def _drafters(draft_model, vocab: int, sampling: SamplingConfig, prompt: list[int], cls, **kw):
+def _drafters(draft_model, vocab: int, sampling: SamplingConfig, prompt: list[int]):
     """The same draft twice: head-only (default) and forced through the full-width logits."""
     out = []
     for head_only in (True, False):
         state = engine_state(draft_model, "draft")  # as the Engine builds it
         state.prefill(prompt)
-        d = cls(state, sampling, vocab, **kw, pairs=draft_pairs())
+        d = ModelDrafter(state, sampling, vocab, pairs=draft_pairs())
         assert d.head_ids is not None  # the draft is detected as reduced-head
         if not head_only:
             d.head_ids = None
@@ -63,13 +63,11 @@ SAMPLINGS = [
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "t1", "top-p", "top-k-min-p"])
-@pytest.mark.parametrize("cls", [ModelDrafter, ConfidentDrafter])
-def test_head_only_proposals_equal_the_full_width_path(head_pair, sampling, cls):
+def test_head_only_proposals_equal_the_full_width_path(head_pair, sampling):
     target, draft = head_pair
     vocab = int(target.model.args.vocab_size)
     prompt = target.tokenizer.encode(PROMPT)
-    kw = {"stop_below": 0.0} if cls is ConfidentDrafter else {}
-    fast, full = _drafters(draft.model, vocab, sampling, prompt, cls, **kw)
+    fast, full = _drafters(draft.model, vocab, sampling, prompt)
     context, key = list(prompt), make_key(sampling.seed)
     for _ in range(6):
         key, draft_key, _ = round_keys(key)

@@ -1,6 +1,6 @@
-"""The hybrid drafter (edgespec.drafting.hybrid): a lookup when the context has a match, the draft
+"""The hybrid drafter (edgespec.drafting.ngram): a lookup when the context has a match, the draft
 model otherwise; each proposal names who made it. Its caches stay consistent across the switch
-(the draft catches up in one forward), its lookups fit the context window, and build_drafter picks
+(the draft catches up in one forward), its lookups fit the context window, and chain_drafter picks
 the drafter a SpecConfig asks for."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import pytest
 
 from edgespec.config import GenerationConfig, SpecConfig
 from edgespec.drafting.base import PLAIN_ONLY, Drafter, Proposal, point_mass
-from edgespec.drafting.build import build_drafter
-from edgespec.drafting.hybrid import HybridDrafter
-from edgespec.drafting.ngram import NgramDrafter
+from edgespec.drafting.ngram import HybridDrafter, NgramDrafter
 from edgespec.errors import ConfigError
 from edgespec.events import Round, Token
+from edgespec.families import NO_DRAFT, chain_drafter
 from edgespec.runtime import Engine
 from tests.helpers import GREEDY, PROMPT, NeverDrafter, Scripted, gen, token_ids, toks
 
@@ -117,10 +116,10 @@ def test_hybrid_lookups_stay_inside_the_context_window(tiny_models, policy_k):
     assert longer_than_k > 0  # lookups are not held to the model's K
 
 
-def test_build_drafter_errors_and_choices(target_engine):
+def test_chain_drafter_errors_and_choices(target_engine):
     engine = target_engine
     assert isinstance(
-        build_drafter(SpecConfig(method="ngram", adaptive=False), GREEDY, None, 10, "x"),
+        chain_drafter(SpecConfig(method="ngram", adaptive=False), GREEDY, NO_DRAFT, None, 10, "x"),
         NgramDrafter,
     )
     for method in ("draft", "hybrid"):

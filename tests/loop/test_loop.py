@@ -9,7 +9,7 @@ import pytest
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.cpu.backend import draft_pairs
 from edgespec.drafting.adaptive import FixedK
-from edgespec.drafting.model import ModelDrafter
+from edgespec.drafting.token import ModelDrafter
 from edgespec.events import Token
 from edgespec.loop import speculate
 from edgespec.rounds import Chains, Limits

@@ -1,4 +1,4 @@
-"""MTP drafts (edgespec/drafting/mtp.py): a Qwen3.5 target's own multi-token-prediction head.
+"""MTP drafts (edgespec/architectures/mtp.py): a Qwen3.5 target's own multi-token-prediction head.
 
 On a tiny qwen3_5 written as an original Hugging Face checkpoint with its `mtp.*` weights
 (tests/helpers/mtp_models.py; its MTP layer learnt the target's greedy answer to PROMPT): greedy
@@ -22,10 +22,7 @@ import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from edgespec.commands.common import draft_from_args
-from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.drafting.features import EagleState
-from edgespec.drafting.mtp import (
+from edgespec.architectures.mtp import (
     MTP_FILE,
     MtpModel,
     build,
@@ -33,11 +30,14 @@ from edgespec.drafting.mtp import (
     sanitize_hf,
     stack_experts,
 )
+from edgespec.commands.common import draft_from_args
+from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.drafting.feature import FeatureState
 from edgespec.errors import ConfigError
-from edgespec.loading.catalog import parse_catalog
 from edgespec.loading.load import load_pair
 from edgespec.loading.mtp import convert_checkpoint, converted_dir
 from edgespec.loading.pull import pull
+from edgespec.loading.specs import parse_catalog
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
 from tests.helpers import gen, rounds_of, token_ids
@@ -162,7 +162,7 @@ def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch)
         rows.append(warp(logits, sampling, softmax))
         return sample(warp(logits, SamplingConfig(temperature=4.0)), u[i])
 
-    monkeypatch.setattr("edgespec.drafting.features.pick_token", flat_pick)
+    monkeypatch.setattr("edgespec.drafting.feature.pick_token", flat_pick)
     # A biased answer may sample EOS early (the target makes it rare, not impossible): the PIT
     # values of the tokens emitted, as sampled_p_value computes them, at least 200 of them.
     ids, rng, values = engine.encode_raw(PROMPT), np.random.default_rng(1234), []
@@ -188,16 +188,16 @@ def test_a_head_fed_the_wrong_position_stays_exact_only_slower(engine, plain, mo
     spec = SpecConfig(k=3, method="mtp", adaptive=False)
     engine.reset()
     _, right = _greedy(engine, spec)
-    real, held = EagleState.set_features, {}
+    real, held = FeatureState.set_features, {}
 
-    def late(state: EagleState, context: list[int], start: int, new: mx.array) -> None:
+    def late(state: FeatureState, context: list[int], start: int, new: mx.array) -> None:
         if new.shape[0] > 0:
             before = held.get(start - 1, mx.zeros_like(new[:1]))
             held[start + new.shape[0] - 1] = new[-1:]
             new = mx.concatenate([before, new[:-1]])
         real(state, context, start, new)
 
-    monkeypatch.setattr(EagleState, "set_features", late)
+    monkeypatch.setattr(FeatureState, "set_features", late)
     engine.reset()
     tokens, wrong = _greedy(engine, spec)
     assert first_difference(tokens, plain) is None

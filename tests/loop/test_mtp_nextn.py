@@ -1,4 +1,4 @@
-"""Next-n MTP layers (edgespec/drafting/nextn.py): a GLM-4.5 (glm4_moe), MiMo (mimo) or DeepSeek-V3
+"""Next-n MTP layers (edgespec/architectures/nextn.py): a GLM-4.5 (glm4_moe), MiMo (mimo) or DeepSeek-V3
 (deepseek_v3) target's own head.
 
 On a tiny model of each family written as an original Hugging Face checkpoint, its MTP layer
@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.drafting.nextn import (
+from edgespec.architectures.nextn import (
     FAMILIES,
     NextnModel,
     build_head,
@@ -33,6 +32,7 @@ from edgespec.drafting.nextn import (
     read_head,
     sanitize_nextn,
 )
+from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
 from edgespec.loading.mtp import is_checkpoint_with_mtp
 from edgespec.runtime import Engine
@@ -163,7 +163,7 @@ def test_the_check_fails_on_a_q_that_did_not_draw_the_token(engine, monkeypatch)
         rows.append(warp(logits, sampling, softmax))
         return sample(warp(logits, SamplingConfig(temperature=4.0)), u[i])
 
-    monkeypatch.setattr("edgespec.drafting.features.pick_token", flat_pick)
+    monkeypatch.setattr("edgespec.drafting.feature.pick_token", flat_pick)
     ids, rng, values = engine.encode_raw(PROMPT), np.random.default_rng(1234), []
     engine.reset()
     for seed in range(6):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from edgespec.config import SpecConfig
-from edgespec.drafting.hybrid import HybridDrafter
-from edgespec.drafting.ngram import NgramDrafter, NgramIndex, replay_rounds
+from edgespec.drafting.ngram import HybridDrafter, NgramDrafter, NgramIndex
+from research.measure.ngram_replay import replay_rounds
 from tests.helpers import NeverDrafter, gen, plain_ids, rounds_of, token_ids, toks
 
 # ---------------------------------------------------------------------------- the index

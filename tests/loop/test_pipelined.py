@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.drafting.model import ModelDrafter
+from edgespec.drafting.token import ModelDrafter
 from edgespec.events import Finished, Round, Token
 from edgespec.runtime import Engine
 from tests.helpers import (

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edgespec.architectures.block import BlockModel
+from edgespec.architectures.block_head import ReducedHead
 from edgespec.config import SpecConfig
-from edgespec.drafting.block import BlockModel
-from edgespec.drafting.block_head import ReducedHead
 from edgespec.events import Finished
 from tests.helpers import token_ids
 from tests.helpers.pair import answer

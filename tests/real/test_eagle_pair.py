@@ -11,8 +11,8 @@ import json
 
 import pytest
 
+from edgespec.architectures.eagle import EagleModel
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.drafting.eagle import EagleModel
 from tests.helpers.cli import run_edgespec
 from tests.helpers.pair import assert_greedy_speculative_equals_plain, mt_bench_prompts
 

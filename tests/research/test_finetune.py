@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from edgespec.architectures.token_draft import build
 from edgespec.distill import data as D
 from edgespec.distill import shards as S
 from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint
 from edgespec.distill.export import quantize
 from edgespec.distill.target import Target, load_target, load_with_topk
 from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data
-from edgespec.drafting.draft_model import build
 from research.distill.finetune import Plan, Source, finetune, mixed_head, regrow_head
 from research.distill.qat import add_fake_quant, set_bits
 from tests.helpers.tiny import make_tiny_pair

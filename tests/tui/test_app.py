@@ -362,8 +362,7 @@ def test_the_live_histogram_has_the_rows_of_the_final_one() -> None:
     change when the final stats come."""
     from edgespec.tui.widgets import TurnMeter
 
-    from edgespec.events import Round
-    from edgespec.metrics import accepted_histogram
+    from edgespec.events import Round, accepted_histogram
 
     rounds = [Round(0, 3, 1, 3, 0.01, 0.02, "draft"), Round(1, 5, 2, 5, 0.01, 0.02, "draft")]
     rounds.append(Round(2, 0, 0, 0, 0.0, 0.02, "draft"))  # adaptive K chose a plain step

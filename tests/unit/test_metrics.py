@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from edgespec.bench.records import RunRecord, aggregate, rounds_from_flags, summarize_runs
-from edgespec.events import Round
-from edgespec.metrics import (
+from edgespec.events import (
+    Round,
     add_hists,
     alpha_mle,
     expected_tokens_per_round,

@@ -9,8 +9,7 @@ import pytest
 
 from edgespec.config import SpecConfig, parse_tree_spec
 from edgespec.errors import ConfigError
-from edgespec.events import Round
-from edgespec.metrics import expected_tokens_per_round
+from edgespec.events import Round, expected_tokens_per_round
 from edgespec.trees.policy import AcceptanceTable, AdaptiveTree, cost_key
 from edgespec.trees.shapes import (
     DynamicShape,

@@ -10,7 +10,7 @@ with h_t the target's hidden state before its final norm and x_{t+1} the token t
     y = shared_head.norm(layer(eh_proj(concat([e, h]))))    a decoder layer of the model's class
     logits = lm_head(y)                            the target's own head -> token t + 2
 
-the MTP contract of edgespec/drafting/mtp.py under other names, so a NextnModel is an MtpModel
+the MTP contract of edgespec/architectures/mtp.py under other names, so a NextnModel is an MtpModel
 (the same feature draft, the same `--method mtp`). The layer also stores `embed_tokens` and
 `shared_head.head`, copies of the target's embedding and head (shared by design): they are not
 kept. MiMo (`mimo`) stores the same thing as `model.mtp_layers.{i}` under its own names
@@ -34,8 +34,8 @@ import mlx.nn as nn
 from mlx_lm.models import deepseek_v3, glm4_moe, mimo
 from mlx_lm.models.base import create_attention_mask
 
+from edgespec.architectures import mtp
 from edgespec.cache import text_model
-from edgespec.drafting import mtp
 from edgespec.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
 """Feature drafts (EAGLE-style), the model and its files: one small llama layer that reads the
-target's own top hidden state (the drafter that runs it: edgespec/drafting/features.py).
+target's own top hidden state (the drafter that runs it: edgespec/drafting/feature.py).
 
 A token draft (draft_model.py) must rebuild from tokens alone what the target's 30 layers know; a
 feature draft starts from what they computed. At context position i the target's top hidden state
@@ -11,7 +11,7 @@ into logits for token i + 2. Further drafted tokens feed the draft its own guess
 Exactness does not depend on the drafter (the ratio test only needs the q it drafted from), so this is
 as lossless as any draft. The features come free: the verify forward computes them anyway.
 
-State across rounds (EagleState, kept by the Engine between generations):
+State across rounds (FeatureState, kept by the Engine between generations):
 - `features` [P, d]: f_0 .. f_{P-1} of `context` (the target's features of committed tokens; the
   newest committed token's feature is computed by the next verify, so P = len(context) - 1);
 - the draft's KV cache: position i holds (f_i, context[i + 1]) for i < kv.offset, always from true
@@ -32,16 +32,16 @@ from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
+from edgespec.architectures import EAGLE, architecture_of
+from edgespec.architectures.token_draft import quantize_as_stored, read_weights
 from edgespec.cache import TOP
-from edgespec.drafting.draft_model import quantize_as_stored, read_weights
 from edgespec.errors import ConfigError
 from edgespec.files import sha256_file
 
-MODEL_TYPE = "edgespec_eagle"
+MODEL_TYPE = EAGLE
 # What the draft reads in place of a feature for its 2nd, 3rd ... drafted token: its own guess
 # (EAGLE; needs the feature-regression loss) or zeros (a draft grown from a token draft: later
 # tokens then run on the token path alone).
@@ -51,6 +51,8 @@ CHAINS = ("guess", "zero")
 class EagleModel(nn.Module):
     """fc(concat(f_i, emb(t_{i+1}))) -> llama blocks -> norm = guess of f_{i+1}; with several
     `feature_layers` (EAGLE-3), f_i = fuse(the target's hidden states of those layers)."""
+
+    draft_family = "feature"  # run by edgespec/families/feature.py
 
     def __init__(
         self,
@@ -173,7 +175,7 @@ def check_layers(layers: tuple[int, ...], n_layers: int) -> None:
 
 
 def is_eagle(config: dict[str, Any]) -> bool:
-    return config.get("model_type") == MODEL_TYPE
+    return architecture_of(config) == "eagle"
 
 
 def build(config: dict[str, Any]) -> EagleModel:
@@ -225,46 +227,3 @@ def base_weights(path: Path, config: dict[str, Any]) -> dict[str, mx.array]:
         elif k.startswith("lm_head.") or k == "head_ids":
             renamed[k] = v
     return renamed
-
-
-def save_eagle(model: EagleModel, config: dict[str, Any], path: str | Path) -> None:
-    """Write config.json + model.safetensors (config must carry `quantization` if quantized)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    weights = dict(tree_flatten(model.parameters()))
-    if config.get("eagle_base"):  # only what the base draft does not hold
-        weights = {k: v for k, v in weights.items() if k.startswith("fc.")}
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def eagle_config(
-    target_config: dict[str, Any],
-    n_layers: int,
-    head_size: int,
-    own_head: bool = False,
-    chain: str = "guess",
-) -> dict[str, Any]:
-    """A feature draft's config.json for a llama target's config."""
-    keep = (
-        "hidden_size",
-        "intermediate_size",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "rms_norm_eps",
-        "vocab_size",
-        "rope_theta",
-        "rope_scaling",
-        "max_position_embeddings",
-        "head_dim",
-        "attention_bias",
-        "mlp_bias",
-        "tie_word_embeddings",
-        "rope_traditional",
-    )
-    cfg = {k: target_config[k] for k in keep if k in target_config}
-    cfg.update(model_type=MODEL_TYPE, eagle_layers=n_layers, head_size=head_size)
-    cfg["eagle_head"] = "own" if own_head else "target"
-    cfg["eagle_chain"] = chain
-    cfg["num_hidden_layers"] = n_layers
-    return cfg

@@ -1,6 +1,6 @@
-"""Running a feature draft (edgespec/drafting/eagle.py): its state across rounds and its drafter.
+"""Running a feature draft (edgespec/architectures/eagle.py): its state across rounds and its drafter.
 
-State across rounds (EagleState, kept by the Engine between generations):
+State across rounds (FeatureState, kept by the Engine between generations):
 - `features` [P, d]: f_0 .. f_{P-1} of `context` (the target's features of committed tokens; the
   newest committed token's feature is computed by the next verify, so P = len(context) - 1);
 - the draft's KV cache: position i holds (f_i, context[i + 1]) for i < kv.offset, always from true
@@ -15,16 +15,16 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from edgespec.architectures.eagle import EagleModel
+from edgespec.architectures.mtp import MtpModel
 from edgespec.cache import KVState, common_prefix
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Drafter, Proposal, no_proposal
-from edgespec.drafting.eagle import EagleModel
-from edgespec.drafting.model import full_q, pick_token
-from edgespec.drafting.mtp import MtpModel
+from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
+from edgespec.drafting.token import full_q, pick_token
 from edgespec.sampling import Softmax, uniforms
 
 
-class EagleState:
+class FeatureState:
     """A feature draft's KV cache plus the target features of the context it follows.
 
     Invariants: features[i] was computed from context[: i + 1]; draft cache position i holds
@@ -98,7 +98,7 @@ class EagleState:
         self.context, self.features = [], None
 
 
-def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -> int:
+def prefill(target: KVState, state: FeatureState, prompt: list[int], chunk: int) -> int:
     """KVState.prefill for a target driving a feature draft: the target's cache ends up holding
     prompt[:-1] and `state` the features of those positions. Reuses what both still hold.
     Returns the number of prompt tokens that will be run (as KVState.prefill)."""
@@ -118,8 +118,8 @@ def prefill(target: KVState, state: EagleState, prompt: list[int], chunk: int) -
     return len(prompt) - keep
 
 
-class EagleDrafter(Drafter):
-    """Drafter over an EagleState. Head-only like ModelDrafter's reduced-head path: argmax / warp /
+class FeatureDrafter(Drafter):
+    """Drafter over an FeatureState. Head-only like ModelDrafter's reduced-head path: argmax / warp /
     sample over the H head columns, q scattered to the vocabulary once per round.
 
     propose(context): one catch-up forward over the draft positions not yet run (the n + 1 tokens
@@ -128,13 +128,16 @@ class EagleDrafter(Drafter):
     to `take_features`, which also rolls back the positions drafted on guesses.
     """
 
-    def __init__(self, state: EagleState, sampling: SamplingConfig, vocab: int):
+    def __init__(self, state: FeatureState, sampling: SamplingConfig, vocab: int):
         self.state, self.sampling, self.vocab = state, sampling, vocab
         self.head_ids = state.model.head_ids
         self._valid = state.kv.offset
 
     def take_features(self, context: list[int], start: int, new: mx.array) -> None:
         self.state.set_features(context, start, new)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(features=self)  # it reads the verify's features
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         st, kv = self.state, self.state.kv

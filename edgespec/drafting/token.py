@@ -1,20 +1,15 @@
-"""Drafting with a small model and its own KV cache: ModelDrafter, and ConfidentDrafter, which
-stops a round early when the draft is unsure.
-
-ConfidentDrafter is still exact: how many tokens are drafted depends only on the draft's own
-information, and the acceptance test does not depend on how K was chosen.
-"""
+"""Drafting with a token draft: a small model with its own KV cache (ModelDrafter), and the
+helpers the feature and block drafters share (pick_token, full_q, fit_vocab)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
+from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Drafter, Proposal, no_proposal
-from edgespec.drafting.draft_model import reduced_head
-from edgespec.errors import ConfigError
+from edgespec.drafting.base import Drafter, Proposal
 from edgespec.sampling import Softmax, sample, uniforms, warp
 
 
@@ -121,49 +116,3 @@ def full_q(rows: list[mx.array], head_ids: mx.array | None, vocab: int) -> mx.ar
     full = mx.zeros((q.shape[0], vocab), dtype=q.dtype)
     full[:, head_ids] = q
     return full
-
-
-class ConfidentDrafter(ModelDrafter):
-    """ModelDrafter that stops drafting at the first token whose top draft probability is below
-    `stop_below` (that token is not proposed; a round may then draft nothing). At temperature 0
-    the confidence is the softmax of the raw logits (the warped q is one-hot there).
-
-    Costs one host read per drafted token (the stop decision), which the plain ModelDrafter avoids.
-    """
-
-    def __init__(
-        self,
-        state: KVState,
-        sampling: SamplingConfig,
-        vocab: int,
-        stop_below: float,
-        pairs: bool = False,
-    ):
-        super().__init__(state, sampling, vocab, pairs)
-        if not 0.0 <= stop_below < 1.0:
-            raise ConfigError(f"the early-stop threshold must be in [0, 1), got {stop_below}")
-        self.stop_below = stop_below
-
-    def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
-        inputs = mx.array(context[self.state.offset :], dtype=mx.int32)
-        u = None if self.sampling.greedy else uniforms(key, k)
-        tokens: list[mx.array] = []
-        rows: list[mx.array] = []
-        for i in range(k):
-            logits = self._logits(inputs)
-            if u is None:
-                q = mx.softmax(logits.astype(mx.float32))
-            else:
-                q = warp(logits, self.sampling, self.state.softmax)
-            if float(mx.max(q).item()) < self.stop_below:  # type: ignore[arg-type]
-                break
-            tok = mx.argmax(logits).astype(mx.int32) if u is None else sample(q, u[i])
-            if self.head_ids is not None:
-                tok = self.head_ids[tok]
-            if u is not None:
-                rows.append(q)
-            tokens.append(tok)
-            inputs = tok.reshape(1)
-        if not tokens:
-            return no_proposal()
-        return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)

@@ -10,10 +10,10 @@ state BEFORE its final norm (the output of its last layer) and x_{t+1} the token
     logits = lm_head(y)                             the target's own head -> token t + 2
 
 Further drafted tokens run the same layer recursively: its output y replaces h_t and the token it
-just proposed replaces x_{t+1}. That is the feature-draft contract of edgespec/drafting/eagle.py
+just proposed replaces x_{t+1}. That is the feature-draft contract of edgespec/architectures/eagle.py
 (draft cache position i holds (f_i, context[i + 1])), with f_i the last layer's output instead of
-the top hidden state, so an MtpModel runs in an EagleState under the EagleDrafter
-(edgespec/drafting/features.py): features come from the verify forward, q per position from the
+the top hidden state, so an MtpModel runs in an FeatureState under the FeatureDrafter
+(edgespec/drafting/feature.py): features come from the verify forward, q per position from the
 target's head, and exactness from the ratio test like any draft.
 
 Weights: `mtp.fc.weight` [d, 2d] (embedding half first), `mtp.pre_fc_norm_embedding.weight`,
@@ -56,6 +56,8 @@ class MtpModel(nn.Module):
 
     Example: a target with 32 layers -> feature_layers (31,): the verify forward records layer
     31's output, which `__call__` reads beside the embedding of the token after it."""
+
+    draft_family = "mtp"  # a feature draft that is the target's own head (families/feature.py)
 
     def __init__(self, args: Any, family: str = "qwen3_5"):
         super().__init__()
@@ -234,11 +236,6 @@ def quantize_as_stored(model: MtpModel, config: dict[str, Any], weights: dict) -
         bits=int(quant["bits"]),
         class_predicate=lambda p, m: f"{p}.scales" in weights,
     )
-
-
-def load_mtp(path: Path, config: dict[str, Any], target: nn.Module) -> MtpModel:
-    """The MTP head stored with the target at `path`, attached to the loaded `target`."""
-    return fill(build(config), read_mtp(path, config), config, path, target)
 
 
 def fill(

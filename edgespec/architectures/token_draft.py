@@ -23,7 +23,9 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
-MODEL_TYPE = "edgespec_draft"
+from edgespec.architectures import TOKEN_DRAFT
+
+MODEL_TYPE = TOKEN_DRAFT
 
 
 class DraftModel(nn.Module):

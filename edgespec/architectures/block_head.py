@@ -1,4 +1,4 @@
-"""A block draft's reduced head (edgespec/drafting/block.py, `head_size`): the target head's rows
+"""A block draft's reduced head (edgespec/architectures/block.py, `head_size`): the target head's rows
 of the tokens the draft was trained on, scored alone. Scoring 8,192 of SmolLM2's 49,152 tokens
 reads a sixth of the head's weights, which on a CPU cost about as much as a whole target step
 for a block of drafted positions. Every other token gets -inf, so its draft probability is 0:
@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from edgespec.drafting.draft_model import onto_vocab
+from edgespec.architectures.token_draft import onto_vocab
 
 
 class ReducedHead:

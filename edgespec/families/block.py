@@ -1,0 +1,58 @@
+"""The block family: DFlash-style block drafts, a whole block in one forward over the target's
+chosen layer outputs (edgespec/drafting/block.py; its trees: edgespec/trees/block.py). It drafts
+as a block whatever the chain method (draft, hybrid or block)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from edgespec.cache import target_features
+from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.drafting.base import Drafter
+from edgespec.drafting.block import BlockDrafter, BlockState
+from edgespec.errors import ConfigError
+from edgespec.families.feature import FeatureFamily
+
+if TYPE_CHECKING:
+    from edgespec.trees.forward import Kernels
+    from edgespec.trees.proposal import TreeDrafter
+
+
+class BlockFamily(FeatureFamily):
+    """A BlockState (FeatureState's bookkeeping over the block draft's contexts): the feature
+    family's prefill, memory and refusals, its own drafters. Its model runs as loaded (no CPU
+    twin: its attention is its own)."""
+
+    name = "block"
+    blocks = True
+
+    def _draft_state(self, cpu: Any, draft: Any) -> BlockState:
+        return BlockState(draft.model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
+
+    def drafter(
+        self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
+        name: str, pairs: bool = False,
+    ) -> Drafter:  # fmt: skip
+        return BlockDrafter(state, sampling, vocab)
+
+    def tree_drafter(
+        self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
+        name: str, kernels: Kernels, pairs: bool = False,
+    ) -> TreeDrafter:  # fmt: skip
+        from edgespec.trees.block import BlockTreeDrafter
+
+        return BlockTreeDrafter(state, sampling, vocab, kernels)  # one block forward a round
+
+    def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
+        """q_1 of a block after the prompt (its last token is the anchor)."""
+        if len(prompt) < 2:
+            raise ConfigError("a block draft needs a prompt of at least two tokens")
+        inputs = mx.array(prompt, dtype=mx.int32)
+        feats, t_all = target_features(target, inputs, None, draft.feature_layers)
+        block = mx.array([[prompt[-1], draft.args.mask_token_id]], dtype=mx.int32)
+        return t_all[-1], draft.logits(draft(block, draft.context(feats[None, :-1])))[0, 1]
+
+
+BLOCK = BlockFamily()

@@ -1,0 +1,124 @@
+"""The feature family: EAGLE, EAGLE-3, MTP and next-n heads, fed the target's hidden states
+(edgespec/drafting/feature.py; its trees: edgespec/trees/eagle.py). The verify forward returns
+the features the draft reads (the target's `feature_layers`); the prompt's prefill records them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized, target_features
+from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.drafting.base import Drafter
+from edgespec.drafting.feature import FeatureDrafter, FeatureState, prefill
+from edgespec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edgespec.trees.forward import Kernels
+    from edgespec.trees.proposal import TreeDrafter
+
+
+class FeatureFamily:
+    """A FeatureState: the draft's own KV cache plus the target's features of the context. It
+    keeps its own cache layout (full precision, never bounded); nothing drafted on guesses
+    outlives a round, so it needs no rewind check. Answers edgespec.families.Family in full
+    (that module picks this one, so this one does not import it)."""
+
+    name = "feature"
+    reads_features = True
+    blocks = False
+
+    def __init__(self, own_head: bool = False):
+        self.own_head = own_head
+
+    def new_states(
+        self,
+        cpu: Any,
+        target: Any,
+        draft: Any,
+        kv_bits: int | None = None,
+        run: Forward | None = None,
+    ) -> tuple[KVState, FeatureState]:
+        """The target's KVState (its cache quantized with `kv_bits`, returning the features the
+        draft reads) and the draft's state, on its own full-precision caches."""
+        kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
+        verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv, run)
+        verifier.feature_layers = draft.model.feature_layers  # what the draft reads
+        return verifier, self._draft_state(cpu, draft)
+
+    def _draft_state(self, cpu: Any, draft: Any) -> FeatureState:
+        model = cpu.model(draft.model)
+        return FeatureState(model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
+
+    def prepare(self, state: FeatureState, spec: SpecConfig) -> None:
+        """Nothing to check: positions drafted on guesses are rolled back every round."""
+        return None
+
+    def later(self, target: KVState, state: FeatureState, draft_too: bool) -> None:
+        return None  # its prefill is the target's
+
+    def prefill(
+        self,
+        target: KVState,
+        state: FeatureState,
+        prompt: list[int],
+        cancel: threading.Event | None,
+        on_chunk: Callable[[int, int], object] | None,
+        draft_too: bool,
+    ) -> int:
+        """With `draft_too` the target's prefill records the prompt's features (the whole
+        prompt but its last token, which the first verify reads)."""
+        if draft_too:
+            return prefill(target, state, prompt, PREFILL_CHUNK)
+        return target.prefill(prompt, merge=True, cancel=cancel, on_chunk=on_chunk)
+
+    def drafter(
+        self, spec: SpecConfig, sampling: SamplingConfig, state: FeatureState, vocab: int,
+        name: str, pairs: bool = False,
+    ) -> Drafter:  # fmt: skip
+        return FeatureDrafter(state, sampling, vocab)
+
+    def tree_drafter(
+        self, spec: SpecConfig, sampling: SamplingConfig, state: FeatureState, vocab: int,
+        name: str, kernels: Kernels, pairs: bool = False,
+    ) -> TreeDrafter:  # fmt: skip
+        if spec.method in ("block", "block-tree"):
+            raise ConfigError(f"--method {spec.method} needs a block draft (DFlash-style)")
+        from edgespec.trees.eagle import EagleTreeDrafter
+
+        return EagleTreeDrafter(state, sampling, vocab, kernels)
+
+    def cached_ids(self, state: FeatureState) -> list[int]:
+        return list(state.kv.tokens)
+
+    def memory(self, state: FeatureState) -> tuple[list[Any], int]:
+        features = 0 if state.features is None else int(state.features.nbytes)
+        return state.kv.cache, features
+
+    def forwards(self, state: FeatureState) -> list[KVState]:
+        return []  # its forwards read features: never packed with others'
+
+    def forkable(self, state: FeatureState) -> bool:
+        return False  # it also holds features, which a copied prefix would not bring
+
+    def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
+        """The draft reads the target's features of the prompt but its last token."""
+        if len(prompt) < 2:
+            raise ConfigError("a feature draft needs a prompt of at least two tokens")
+        inputs = mx.array(prompt, dtype=mx.int32)
+        feats, t_all = target_features(target, inputs, None, draft.feature_layers)
+        t_logits = t_all[-1]
+        guess = draft(draft.fuse(feats[None, :-1]), inputs[None, 1:])[0, -1]
+        logits = draft.head_logits(guess).astype(t_logits.dtype)
+        if draft.head_ids is None:  # the target's own head: the whole vocabulary
+            return t_logits, logits
+        head = mx.full(t_logits.shape, -mx.inf, dtype=t_logits.dtype)
+        head[draft.head_ids] = logits
+        return t_logits, head
+
+
+FEATURE = FeatureFamily()
+OWN_HEAD = FeatureFamily(own_head=True)  # the target's own MTP / next-n head
