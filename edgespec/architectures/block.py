@@ -5,7 +5,7 @@ The target's hidden states of a few chosen layers (`target_layer_ids`: the OUTPU
 concatenated and fused by one linear layer: ctx = hidden_norm(fc(raw)) [S, d]. Every draft layer
 reads that context as extra keys and values. The block is the target embedding of
 [anchor, mask, ..., mask] (anchor: the newest committed token; `mask_token_id` fills the rest);
-each block query attends to ALL context keys and ALL block keys (no causal mask), so one forward
+each block query sees ALL context keys and ALL block keys (bar `causal_layers`), so one forward
 gives a distribution for every masked position at once. Positions: the context sits at its own
 positions 0..S-1 and the block follows, S..S+L-1 (the anchor is token S, the one whose features
 the target has not computed yet). Output: normed hidden states, scored by the TARGET's head;
@@ -41,7 +41,9 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from edgespec.architectures import BLOCK, architecture_of
 from edgespec.architectures.block_head import ReducedHead, head_rows
+from edgespec.architectures.block_mask import block_mask, causal_layers
 from edgespec.architectures.token_draft import quantize_as_stored, read_weights
+from edgespec.architectures.weight_keys import load_checked
 
 MODEL_TYPE = BLOCK
 
@@ -51,7 +53,8 @@ class BlockArgs:
     """A block draft's shape. `num_target_layers` (0: not recorded) is the layer count of the
     target it was made for; attach checks it when set. `layer_types` (empty: all
     "full_attention") may make layers "sliding_attention": a block query then sees the keys
-    less than `sliding_window` positions away. `input_context` (ours): every block row's input
+    less than `sliding_window` positions away; a layer of `causal_layers` (block_mask.py) hides
+    the block rows after each query. `input_context` (ours): every block row's input
     also gets ctx_in(c), c the context of the newest context position (EAGLE-style fusion)."""
 
     hidden_size: int
@@ -73,6 +76,7 @@ class BlockArgs:
     num_target_layers: int = 0
     sliding_window: int = 0
     layer_types: tuple[str, ...] = ()
+    causal_layers: tuple[bool, ...] = ()
     input_context: bool = False
     head_size: int = 0  # ours: score only head_ids (0: the whole vocabulary)
 
@@ -91,6 +95,7 @@ class BlockArgs:
         flat["target_layer_ids"] = tuple(int(i) for i in flat["target_layer_ids"])
         flat.setdefault("num_target_layers", 0)
         flat.update(_rope(flat), **_windows(flat))
+        flat["causal_layers"] = causal_layers(flat, flat["layer_types"], flat["num_hidden_layers"])
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in flat.items() if k in names})
 
@@ -99,6 +104,7 @@ class BlockArgs:
         cfg = {f.name: getattr(self, f.name) for f in fields(self)}
         cfg["target_layer_ids"] = list(self.target_layer_ids)
         cfg["layer_types"] = list(self.layer_types)
+        cfg["causal_layers"] = list(self.causal_layers)
         return {"model_type": MODEL_TYPE, **cfg}
 
 
@@ -135,10 +141,8 @@ def _windows(flat: dict[str, Any]) -> dict[str, Any]:
 
 def unsupported(flat: dict[str, Any]) -> str:
     """The first option of a DFlash config that this model does not implement ("" if none):
-    causal draft layers, layer types other than full and sliding attention, an input embedding
-    scale, an output multiplier or a logit soft cap (refused rather than run as another model)."""
-    if flat.get("is_causal"):
-        return "causal draft layers (is_causal)"
+    layer types other than full and sliding attention, an input embedding scale, an output
+    multiplier or a logit soft cap (refused rather than run as another model)."""
     kinds = ("full_attention", "sliding_attention")
     if any(t not in kinds for t in flat.get("layer_types") or []):
         return "draft layers other than full or sliding attention (layer_types)"
@@ -151,11 +155,11 @@ def unsupported(flat: dict[str, Any]) -> str:
 class BlockAttention(nn.Module):
     """Queries from the block; keys/values from the context (cached) and the block (never)."""
 
-    def __init__(self, args: BlockArgs, window: int = 0):
+    def __init__(self, args: BlockArgs, window: int = 0, causal: bool = False):
         super().__init__()
         d, hd, bias = args.hidden_size, args.head_dim, args.attention_bias
         self.n_heads, self.n_kv = args.num_attention_heads, args.num_key_value_heads
-        self.window = window  # a sliding-window layer's width (0: every key)
+        self.window, self.causal = window, causal  # width of a sliding window (0: every key)
         self.scale = hd**-0.5
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
@@ -198,23 +202,9 @@ class BlockAttention(nn.Module):
         v = self._heads(self.v_proj(x), self.n_kv, None)
         keys = mx.concatenate([ck, k], axis=2)
         values = mx.concatenate([cv, v], axis=2)
-        if self.window and pos + L > self.window:
-            mask = _in_window(mask, pos, L, self.window)
+        mask = block_mask(mask, pos, L, self.window, self.causal)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
-
-
-def _in_window(mask: mx.array | None, pos: int, length: int, window: int) -> mx.array:
-    """`mask` (boolean or additive, or None) also hiding the keys `window` or more positions
-    from a block query (queries at pos..pos + length - 1, keys at 0..pos + length - 1)."""
-    q = mx.arange(pos, pos + length)[:, None]
-    k = mx.arange(pos + length)[None, :]
-    near = mx.abs(q - k) < window
-    if mask is None:
-        return near
-    if mask.dtype == mx.bool_:
-        return mask & near
-    return mask + mx.where(near, 0.0, -mx.inf).astype(mask.dtype)
 
 
 class BlockMLP(nn.Module):
@@ -229,10 +219,10 @@ class BlockMLP(nn.Module):
 
 
 class BlockLayer(nn.Module):
-    def __init__(self, args: BlockArgs, window: int = 0):
+    def __init__(self, args: BlockArgs, window: int = 0, causal: bool = False):
         super().__init__()
         d = args.hidden_size
-        self.self_attn = BlockAttention(args, window)
+        self.self_attn = BlockAttention(args, window, causal)
         self.mlp = BlockMLP(d, args.intermediate_size)
         self.input_layernorm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(d, eps=args.rms_norm_eps)
@@ -257,7 +247,8 @@ class BlockModel(nn.Module):
         self.hidden_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         types = args.layer_types or ("full_attention",) * args.num_hidden_layers
         slide = [args.sliding_window if t == "sliding_attention" else 0 for t in types]
-        self.layers = [BlockLayer(args, w) for w in slide]
+        causal = args.causal_layers or (False,) * args.num_hidden_layers
+        self.layers = [BlockLayer(args, w, c) for w, c in zip(slide, causal, strict=True)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         if args.input_context:
             self.ctx_in = nn.Linear(d, d, bias=False)
@@ -381,12 +372,11 @@ def load_block(path: str | Path, target: nn.Module | None) -> tuple[BlockModel, 
     or head of its own). ValueError on a missing target or a target it was not made for."""
     if target is None:
         raise ValueError("this is a block draft; load it together with its target")
-    path = Path(path)
-    config = json.loads((path / "config.json").read_text())
+    config = json.loads((Path(path) / "config.json").read_text())
     model = BlockModel(BlockArgs.from_config(config))
-    weights = model.sanitize(read_weights(path))
+    weights = model.sanitize(read_weights(Path(path)))
     quantize_as_stored(model, config, weights)
-    model.load_weights(list(weights.items()), strict=True)
+    load_checked(model, weights)
     model.attach(target)
     mx.eval(model.parameters())
     return model, config

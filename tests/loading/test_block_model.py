@@ -166,10 +166,6 @@ def test_catalogue_block_pairs():
     "extra, words",
     [
         ({"layer_types": ["full_attention", "linear_attention"]}, "other than full or sliding"),
-        (
-            {"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0], "is_causal": True}},
-            "causal",
-        ),
         ({"output_multiplier": 2.0}, "output_multiplier"),
     ],
 )
@@ -221,7 +217,8 @@ def test_forward_matches_a_numpy_reference(pair):
 
 def test_transformers_5_rope_and_sliding_window_layers(pair, tmp_path):
     """rope_parameters (transformers 5) and sliding-window layers (z-lab's Qwen3.5 drafts carry
-    use_sliding_window): read as transformers reads them, run as the numpy reference does."""
+    use_sliding_window): read as transformers reads them, run as the numpy reference does (the
+    sliding layer causal within the block: the config has no is_causal, block_mask.py)."""
     import json
 
     import numpy as np
@@ -240,6 +237,7 @@ def test_transformers_5_rope_and_sliding_window_layers(pair, tmp_path):
     args = BlockArgs.from_config(json.loads((folder / "config.json").read_text()))
     assert args.rope_theta == 10000.0 and args.rope_scaling is None
     assert args.layer_types == ("full_attention", "sliding_attention") and args.sliding_window == 3
+    assert args.causal_layers == (False, True)
     default = {**cfg, "max_window_layers": 28}  # transformers' default: no draft layer slides
     assert (
         BlockArgs.from_config({**args.to_config(), "layer_types": [], **default}).layer_types == ()
@@ -253,11 +251,11 @@ def test_transformers_5_rope_and_sliding_window_layers(pair, tmp_path):
     embed = np.array(target.model.embed_tokens.weight, dtype=np.float64)
     raw = np.random.default_rng(4).standard_normal((6, 2 * 64))
     full = {**json.loads((folder / "config.json").read_text()), "rope_theta": 10000.0}
-    want = block_logits(w, full, [9, 5, 5], raw, embed, embed, windows={1: 3})
+    want = block_logits(w, full, [9, 5, 5], raw, embed, embed, windows={1: 3}, causal={1})
     ctx = model.context(mx.array(raw, dtype=mx.float32)[None])
     got = np.array(model.logits(model(mx.array([[9, 5, 5]]), ctx))[0])
     assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
-    unwindowed = block_logits(w, full, [9, 5, 5], raw, embed, embed)
+    unwindowed = block_logits(w, full, [9, 5, 5], raw, embed, embed, causal={1})
     assert np.abs(got - unwindowed).max() > 1e-2 * np.abs(want).max()  # the window mattered
 
 
