@@ -6,10 +6,12 @@ edgespec/families/).
 - eagle.py: EAGLE / EAGLE-3 feature drafts (one layer over the target's hidden states);
 - mtp.py: a Qwen3.5 / Qwen3-Next checkpoint's own multi-token-prediction layer;
 - nextn.py: DeepSeek-V3, GLM-4.5 and MiMo next-n layers (the MTP contract under other names);
-- block.py and block_head.py: DFlash-style block drafts and their reduced output head.
+- block.py and block_head.py: DFlash-style block drafts and their reduced output head
+  (block_mask.py: which keys a block query sees; weight_keys.py: one-line weight-key errors);
+- dflash2.py: DFlash2 block drafts (DFlash's layers with convolutions, a candidate selector).
 
-Each model class names the draft family that runs it (`draft_family`: "feature", "mtp" or
-"block"; a model without one, such as any mlx-lm model, is a token draft).
+Each model class names the draft family that runs it (`draft_family`: "feature", "mtp",
+"block" or "dflash2"; a model without one, such as any mlx-lm model, is a token draft).
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ TOKEN_DRAFT = "edgespec_draft"  # model_type of token_draft.py's drafts
 EAGLE = "edgespec_eagle"  # model_type of eagle.py's feature drafts
 BLOCK = "edgespec_block"  # model_type of our block drafts
 DFLASH = "DFlashDraftModel"  # the architecture of z-lab's published block drafts
+DFLASH2 = "DFlash2DraftModel"  # z-lab's and Inco AI's DFlash2 block drafts
 
 
 def architecture_of(config: dict[str, Any]) -> str:
     """Which of these files builds the model of a folder's config.json: "token_draft",
-    "eagle", "block", or "" (a model mlx-lm builds itself). Reads the config alone, so that
+    "eagle", "block", "dflash2", or "" (a model mlx-lm builds itself). Reads the config alone, so that
     loading a token draft imports none of the other architectures."""
     kind = config.get("model_type")
     if kind == TOKEN_DRAFT:
         return "token_draft"
     if kind == EAGLE:
         return "eagle"
+    if DFLASH2 in (config.get("architectures") or []):
+        return "dflash2"
     if kind == BLOCK or DFLASH in config.get("architectures", []):
         return "block"
     return ""

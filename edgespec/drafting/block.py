@@ -50,6 +50,11 @@ class BlockState(FeatureState):
         """The draft's logits [k', V] for the k' = min(k, block_size - 1) positions after the
         anchor context[-1] (lazy), from one forward that also caches the context positions it
         lacked; None when the features do not cover context[:-1] (a one-token prompt)."""
+        hidden = self.block_hidden(context, k)
+        return None if hidden is None else self.block.logits(hidden)
+
+    def block_hidden(self, context: list[int], k: int) -> mx.array | None:
+        """block_logits' rows before the head: the draft's normed hidden states [k', d]."""
         if not self.covers(context):
             return None
         p = self.n_features
@@ -63,7 +68,7 @@ class BlockState(FeatureState):
         last = self.features[p - 1][None]  # covers(): p >= 1
         hidden = self.block(toks[None], new, cache=self.kv.cache, last=last)[0, 1:]
         self.kv.tokens = list(context[:p])
-        return self.block.logits(hidden)
+        return hidden
 
 
 def draw_block(

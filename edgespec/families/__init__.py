@@ -13,7 +13,8 @@ Engine, the round factory, the server, the bench) asks the family, never the dra
   any mlx-lm model);
 - feature (families/feature.py): EAGLE, EAGLE-3, MTP and next-n heads fed the target's hidden
   states (`own_head`: the target's own MTP / next-n head, `--method mtp`);
-- block (families/block.py): DFlash-style block drafts, a whole block in one forward.
+- block (families/block.py): DFlash-style block drafts, a whole block in one forward (DFlash2
+  drafts, model class `draft_family` "dflash2", are its variant whose chains walk a selector).
 
 The methods "ngram" and "hybrid" are choices over a family (`chain_drafter`, `tree_drafter`): a
 lookup alone, or a lookup in front of the family's model drafter. Which family runs a model is
@@ -253,10 +254,10 @@ def model_family(model: Any) -> Family:
         from edgespec.families.feature import FEATURE, OWN_HEAD
 
         return OWN_HEAD if kind == "mtp" else FEATURE
-    if kind == "block":
-        from edgespec.families.block import BLOCK
+    if kind in ("block", "dflash2"):
+        from edgespec.families.block import BLOCK, DFLASH2
 
-        return BLOCK
+        return DFLASH2 if kind == "dflash2" else BLOCK
     raise ValueError(f"unknown draft family {kind!r}")
 
 

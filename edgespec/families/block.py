@@ -1,6 +1,8 @@
 """The block family: DFlash-style block drafts, a whole block in one forward over the target's
 chosen layer outputs (edgespec/drafting/block.py; its trees: edgespec/trees/block.py). It drafts
-as a block whatever the chain method (draft, hybrid or block)."""
+as a block whatever the chain method (draft, hybrid or block). DFlash2 drafts
+(edgespec/architectures/dflash2.py) are run by its variant `DFLASH2`: the same state and trees,
+chains whose tokens the draft's candidate selector walks (edgespec/drafting/dflash2.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from edgespec.cache import target_features
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.block import BlockDrafter, BlockState
+from edgespec.drafting.dflash2 import DFlash2Drafter
 from edgespec.errors import ConfigError
 from edgespec.families.feature import FeatureFamily
 
@@ -56,3 +59,17 @@ class BlockFamily(FeatureFamily):
 
 
 BLOCK = BlockFamily()
+
+
+class DFlash2Family(BlockFamily):
+    """A DFlash2 draft: the block family's state, prefill and trees (which branch on the draft's
+    rows, output scalars included, and do not run the selector); chains walk its selector."""
+
+    def drafter(
+        self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
+        name: str, pairs: bool = False,
+    ) -> Drafter:  # fmt: skip
+        return DFlash2Drafter(state, sampling, vocab)
+
+
+DFLASH2 = DFlash2Family()

@@ -67,6 +67,10 @@ def _load_weights(
             from edgespec.architectures.block import load_block
 
             return load_block(path, target)
+        if kind == "dflash2":
+            from edgespec.architectures.dflash2 import load_dflash2
+
+            return load_dflash2(path, target)
         return mlx_load_model(path)
     except ConfigError:  # already one line a user can act on (e.g. a draft for another target)
         raise
