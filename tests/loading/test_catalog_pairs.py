@@ -77,7 +77,8 @@ def test_every_mac_pair_declares_its_tokenizer_and_widths():
             assert cat.model(pair.target).hf_repo, name
             continue
         assert pair.target.startswith("mlx-community/")
-        assert pair.draft.startswith("z-lab/" if name.endswith("-dflash") else "mlx-community/")
+        dflash = name.endswith(("-dflash", "-dflash2"))  # z-lab's DFlash and DFlash2 drafts
+        assert pair.draft.startswith("z-lab/" if dflash else "mlx-community/")
     assert mac["gemma3-12b"].vocab.target_rows != mac["gemma3-12b"].vocab.draft_rows
 
 
