@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from edgespec.architectures.gemma4_assistant import Gemma4Assistant
 from edgespec.cache import PREFILL_CHUNK, Bound, KVState, quantized
 from edgespec.calibration import Calibration
 from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, make_k_policy
+from edgespec.drafting.assistant import AssistantState
 from edgespec.drafting.base import Drafter, FeatureInput
 from edgespec.drafting.block import BlockModel
 from edgespec.drafting.block_draft import BlockState
@@ -185,6 +187,8 @@ def new_states(
     if draft is not None and isinstance(draft.model, BlockModel):  # a block draft
         state = BlockState(draft.model, f"draft {draft.name}", *backend)
         verifier.feature_layers = draft.model.feature_layers
+    elif draft is not None and isinstance(draft.model, Gemma4Assistant):  # reads the target's
+        state = AssistantState(draft.model, verifier, f"draft {draft.name}", cpu.softmax)
     elif draft is not None and isinstance(draft.model, EagleModel | MtpModel):  # features
         state = EagleState(cpu.model(draft.model), f"draft {draft.name}", *backend)
         verifier.feature_layers = draft.model.feature_layers  # what it reads

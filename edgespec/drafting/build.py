@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.drafting.assistant import AssistantDrafter, AssistantState
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.block_draft import BlockDrafter, BlockState
 from edgespec.drafting.features import EagleDrafter, EagleState
@@ -32,6 +33,8 @@ def build_drafter(
     """
     if spec.method == "ngram":
         return NgramDrafter(spec.ngram_min, spec.ngram_max, spec.long_match, spec.ngram_long_k)
+    if spec.method == "mtp" and isinstance(draft, AssistantState):  # Gemma 4's MTP-style head
+        return AssistantDrafter(draft, sampling, vocab)
     if spec.method == "mtp":
         if not isinstance(draft, EagleState) or not isinstance(draft.model, MtpModel):
             raise ConfigError(
@@ -52,6 +55,8 @@ def build_drafter(
     model: Drafter
     if isinstance(draft, BlockState):  # a block draft (also for --method draft / hybrid)
         model = BlockDrafter(draft, sampling, vocab)
+    elif isinstance(draft, AssistantState):
+        model = AssistantDrafter(draft, sampling, vocab)
     elif isinstance(draft, EagleState):
         model = EagleDrafter(draft, sampling, vocab)
     elif stop_below > 0:

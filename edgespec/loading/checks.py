@@ -10,7 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import check_trimmable as check_cache
 from edgespec.cache import common_prefix
-from edgespec.errors import ConfigError, TokenizerMismatchError
+from edgespec.errors import TokenizerMismatchError
 
 PROBES = (
     "Hello, world!",
@@ -58,16 +58,3 @@ def check_trimmable(model: nn.Module, name: str = "model") -> None:
     """Raise CacheNotTrimmableError if the model's prompt cache has layers that can be neither
     rewound nor restored (edgespec/rewind.py: attention, sliding-window and recurrent layers can)."""
     check_cache(make_prompt_cache(model), name)
-
-
-def check_standalone(config: dict, where: Any) -> None:
-    """ConfigError for a folder that holds a drafter head rather than a model: Gemma 4's
-    `-assistant` drafters (model_type gemma4_assistant) predict from their target's activations
-    and KV cache, which mlx-lm does not load and EdgeSpec's drafts do not read."""
-    if config.get("model_type") == "gemma4_assistant":
-        raise ConfigError(
-            f"{where} is a Gemma 4 assistant (gemma4_assistant), a multi-token prediction head "
-            "that reads its target's activations and KV cache; EdgeSpec drafts with standalone "
-            "models: pass a smaller Gemma 4 as --draft (e.g. mlx-community/gemma-4-e2b-it-4bit) "
-            "or run with --no-spec"
-        )

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx_lm.utils import load_model as mlx_load_model
 
+from edgespec.architectures.gemma4_assistant import Gemma4Assistant, is_assistant, load_assistant
 from edgespec.config import MTP_DRAFT
 from edgespec.cpu.switch import on_cpu
 from edgespec.distributed.group import Group
@@ -19,7 +20,7 @@ from edgespec.drafting.draft_model import MODEL_TYPE, input_embedding, load_draf
 from edgespec.drafting.eagle import EagleModel, is_eagle, load_eagle
 from edgespec.errors import ConfigError, ModelLoadError, one_line
 from edgespec.loading.catalog import Catalog, load_catalog
-from edgespec.loading.checks import check_standalone, check_tokenizers, check_trimmable
+from edgespec.loading.checks import check_tokenizers, check_trimmable
 from edgespec.loading.folder import LoadedModel, context_window, load_tokenizer, read_config
 from edgespec.loading.mtp import load_mtp_draft
 from edgespec.loading.progress import ProgressFn, report
@@ -49,6 +50,8 @@ def _load_weights(
             return load_eagle(path, target)
         if is_block(config):
             return load_block(path, target)
+        if is_assistant(config):  # Gemma 4's `-assistant` drafters read their target's states
+            return load_assistant(path, config, target)
         return mlx_load_model(path)
     except ConfigError:  # already one line a user can act on (e.g. a draft for another target)
         raise
@@ -85,7 +88,6 @@ def load_model(
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     report(on_progress, f"loading {spec}")
     config = read_config(path)
-    check_standalone(config, spec)
     model, config = _load_weights(path, config, embedding, target)
     tokenizer = load_tokenizer(path, config, tokenizer_fallback)
     if on_cpu() if dequantize is None else dequantize:
@@ -189,5 +191,6 @@ def load_pair(
     else:
         d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)
     check_trimmable(t.model, t.name)
-    check_trimmable(d.model, d.name)
+    if not isinstance(d.model, Gemma4Assistant):  # an assistant has no cache: it reads the target's
+        check_trimmable(d.model, d.name)
     return t, d

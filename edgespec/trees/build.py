@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig, spec_widths
+from edgespec.drafting.assistant import AssistantState
 from edgespec.drafting.block_draft import BlockState
 from edgespec.drafting.features import EagleState
 from edgespec.drafting.hybrid import HYBRID_MIN_MATCH
 from edgespec.drafting.model import ModelDrafter
 from edgespec.drafting.ngram import NgramDrafter
-from edgespec.errors import ConfigError
+from edgespec.errors import ConfigError, TreeUnsupportedError
 from edgespec.trees.block import BlockTreeDrafter
 from edgespec.trees.draft import ModelTreeDrafter
 from edgespec.trees.eagle import EagleTreeDrafter
@@ -59,6 +60,11 @@ def build_tree_drafter(
         model = BlockTreeDrafter(draft, sampling, vocab, kernels)
     elif spec.method in ("block", "block-tree"):
         raise ConfigError(f"--method {spec.method} needs a block draft (DFlash-style)")
+    elif isinstance(draft, AssistantState):
+        raise TreeUnsupportedError(
+            "a Gemma 4 assistant drafts chains only (and the tree forward runs no Gemma 4 "
+            "target); drop --tree"
+        )
     elif isinstance(draft, EagleState):
         model = EagleTreeDrafter(draft, sampling, vocab, kernels)
     else:
