@@ -2,13 +2,14 @@
 tests/helpers/tiny_arch.py (`gemma4`: mlx-community's multimodal config, 4 layers, the last two
 KV-shared, a window of 16, keys as values on the global layers).
 
-`make_assistant(root)` writes `root/target` (make_family's 4-bit folder) and `root/assistant`:
+`make_assistant(root)` writes `root/target` (make_family's 4-bit folder), `root/assistant`:
 config.json with the full key set of Google's `-assistant` configs (`assistant_config`, sizes
 scaled down) and model.safetensors under the checkpoint's own tensor names
 (edgespec/architectures/gemma4_assistant.py lists them), no tokenizer files (the target's is
 used). Its weights are trained for a few hundred steps on the target's greedy answer to PROMPT,
-two draft steps deep, so that drafts are accepted often enough for a planted bug to show.
-`ordered=True` adds the centroid-routed head of the E2B / E4B assistants (`masked_embedding.*`).
+two draft steps deep, so that drafts are accepted often enough for a planted bug to show; and
+`root/assistant-ordered`, the same weights with the centroid-routed head of the E2B / E4B
+assistants (`masked_embedding.*`).
 """
 
 from __future__ import annotations
