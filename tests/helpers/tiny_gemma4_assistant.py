@@ -154,12 +154,15 @@ def save(model: Gemma4Assistant, config: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def make_assistant(root: Path, steps: int = 40, length: int = 300) -> tuple[Path, Path, Path]:
-    """Write `root/target`, `root/assistant` (trained: module docstring) and
-    `root/assistant-ordered` (the same weights with a centroid-routed head: seeded centroids, a
-    seeded token ordering); return their paths."""
-    target_path, _ = make_family(root, "gemma4")
-    target_config = json.loads((target_path / "config.json").read_text())["text_config"]
+def make_assistant(
+    root: Path, steps: int = 40, length: int = 300, family: str = "gemma4"
+) -> tuple[Path, Path, Path]:
+    """Write `root/target` (a tiny_arch `family`: gemma4, or gemma4_moe for 26B-A4B's form),
+    `root/assistant` (trained: module docstring) and `root/assistant-ordered` (the same weights
+    with a centroid-routed head: seeded centroids, a seeded token ordering); return their paths."""
+    target_path, _ = make_family(root, family)
+    target_config = json.loads((target_path / "config.json").read_text())
+    target_config = target_config.get("text_config", target_config)
     loaded = load_model(str(target_path), dequantize=True)
     config = assistant_config(target_config)
     model = Gemma4Assistant(config, assistant_args(config, "tiny"))

@@ -135,6 +135,19 @@ def test_every_target_cache_kind_is_read_in_position_order():
     assert float(mx.abs(_held(packed, 400)[1] - keys).max()) < 0.05
 
 
+@pytest.mark.slow  # another tiny target and assistant to make (tests/loading/test_gemma4.py's way)
+def test_a_26b_a4b_style_target_with_experts_and_no_shared_layers(tmp_path_factory):
+    """gemma4_moe: every layer stores keys (no KV-shared ones), experts beside each MLP; the
+    assistant reads its last sliding and last full layer and drafts exactly."""
+    root = tmp_path_factory.mktemp("gemma4-moe-assistant")
+    target, head, _ = make_assistant(root, length=120, family="gemma4_moe")
+    engine = Engine.load(target=str(target), draft=str(head))
+    ids = engine.encode_raw(PROMPT)
+    plain = generate(engine, ids, SpecConfig(method="none"), 120)[0]
+    tokens, acceptance = _greedy(engine, SpecConfig(k=3, method="draft"), 120)
+    assert first_difference(tokens, plain) is None and acceptance > 0.3
+
+
 def test_the_cli_picks_the_assistant_and_answers_as_no_spec(folders):
     """No --method: the command line's default (hybrid) drafts with the assistant."""
     args = ["generate", PROMPT, "--target", str(folders[0]), "--draft", str(folders[1])]
