@@ -237,6 +237,13 @@ def test_a_changed_or_missing_key_is_a_one_line_error_naming_it(folders, tmp_pat
     assert NAMED[case] in str(err.value) and "\n" not in str(err.value)
 
 
+def test_method_mtp_on_a_gemma4_target_points_to_its_assistant(folders):
+    """--method mtp loads the target's own head (draft "mtp"); Gemma 4's is a checkpoint apart."""
+    with pytest.raises(ConfigError, match="-assistant") as err:
+        load_pair(str(folders[0]), "mtp")
+    assert "\n" not in str(err.value)
+
+
 def test_an_assistant_given_as_the_target_is_a_one_line_error(folders):
     with pytest.raises(ConfigError, match="--draft") as err:
         load_model(str(folders[1]))
