@@ -6,10 +6,12 @@ edgespec/families/).
 - eagle.py: EAGLE / EAGLE-3 feature drafts (one layer over the target's hidden states);
 - mtp.py: a Qwen3.5 / Qwen3-Next checkpoint's own multi-token-prediction layer;
 - nextn.py: DeepSeek-V3, GLM-4.5 and MiMo next-n layers (the MTP contract under other names);
-- block.py and block_head.py: DFlash-style block drafts and their reduced output head.
+- block.py and block_head.py: DFlash-style block drafts and their reduced output head;
+- gemma4_assistant.py: Google's Gemma 4 `-assistant` drafters (heads over the target's states
+  and KV cache).
 
-Each model class names the draft family that runs it (`draft_family`: "feature", "mtp" or
-"block"; a model without one, such as any mlx-lm model, is a token draft).
+Each model class names the draft family that runs it (`draft_family`: "feature", "mtp",
+"block" or "assistant"; a model without one, such as any mlx-lm model, is a token draft).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ TOKEN_DRAFT = "edgespec_draft"  # model_type of token_draft.py's drafts
 EAGLE = "edgespec_eagle"  # model_type of eagle.py's feature drafts
 BLOCK = "edgespec_block"  # model_type of our block drafts
 DFLASH = "DFlashDraftModel"  # the architecture of z-lab's published block drafts
+ASSISTANTS = ("gemma4_assistant", "gemma4_unified_assistant")  # Google's Gemma 4 drafters
 
 
 def architecture_of(config: dict[str, Any]) -> str:
     """Which of these files builds the model of a folder's config.json: "token_draft",
-    "eagle", "block", or "" (a model mlx-lm builds itself). Reads the config alone, so that
+    "eagle", "block", "gemma4_assistant", or "" (a model mlx-lm builds itself). Reads the config alone, so that
     loading a token draft imports none of the other architectures."""
     kind = config.get("model_type")
     if kind == TOKEN_DRAFT:
@@ -33,4 +36,13 @@ def architecture_of(config: dict[str, Any]) -> str:
         return "eagle"
     if kind == BLOCK or DFLASH in config.get("architectures", []):
         return "block"
+    if kind in ASSISTANTS:
+        return "gemma4_assistant"
     return ""
+
+
+def head_apart(config: dict[str, Any]) -> bool:
+    """Whether a target's own multi-token head ships as a checkpoint of its own rather than in
+    the target's weights: a Gemma 4's is Google's `-assistant` (gemma4_assistant.py)."""
+    kind = str(config.get("model_type", ""))
+    return kind.startswith("gemma4") and kind not in ASSISTANTS

@@ -13,7 +13,9 @@ Engine, the round factory, the server, the bench) asks the family, never the dra
   any mlx-lm model);
 - feature (families/feature.py): EAGLE, EAGLE-3, MTP and next-n heads fed the target's hidden
   states (`own_head`: the target's own MTP / next-n head, `--method mtp`);
-- block (families/block.py): DFlash-style block drafts, a whole block in one forward.
+- block (families/block.py): DFlash-style block drafts, a whole block in one forward;
+- assistant (families/assistant.py): Gemma 4's `-assistant` heads, which read the target's top
+  hidden state and its KV cache (no cache of their own); also `--method mtp`.
 
 The methods "ngram" and "hybrid" are choices over a family (`chain_drafter`, `tree_drafter`): a
 lookup alone, or a lookup in front of the family's model drafter. Which family runs a model is
@@ -47,14 +49,16 @@ OnChunk = Callable[[int, int], object] | None
 class Family(Protocol):
     """What every family answers; the bodies are the empty family's (`NoDraft`). A family module
     imported by `family_of` answers it in full without importing this one (families/feature.py).
-    `name`: "none", "token", "feature" or "block". `reads_features`: its drafter reads the
-    verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head (`--method
-    mtp`); `blocks`: it drafts a whole block in one forward (`--method block`)."""
+    `name`: "none", "token", "feature", "block" or "assistant". `reads_features`: its drafter
+    reads the verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head
+    (`--method mtp`); `blocks`: it drafts a whole block in one forward (`--method block`);
+    `reads_target_cache`: it keeps no cache of its own (nothing of it to check for rewinding)."""
 
     name: str
     reads_features: bool
     own_head: bool
     blocks: bool
+    reads_target_cache: bool
 
     def new_states(
         self,
@@ -143,6 +147,7 @@ class NoDraft(Family):
     reads_features = False
     own_head = False
     blocks = False
+    reads_target_cache = False
 
 
 NO_DRAFT = NoDraft()
@@ -257,6 +262,10 @@ def model_family(model: Any) -> Family:
         from edgespec.families.block import BLOCK
 
         return BLOCK
+    if kind == "assistant":
+        from edgespec.families.assistant import ASSISTANT
+
+        return ASSISTANT
     raise ValueError(f"unknown draft family {kind!r}")
 
 
