@@ -280,6 +280,11 @@ def load_assistant(
             "as --draft beside its Gemma 4 target"
         )
     model = Gemma4Assistant(config, assistant_args(config, path))
+    if "k_proj" in model.model.layers[0].self_attn:  # mlx-lm < 0.31.3 gives every layer keys
+        raise ConfigError(
+            f"{path}: a Gemma 4 assistant needs mlx-lm >= 0.31.3 (KV-shared layers without key "
+            "weights); pip install -U mlx-lm"
+        )
     check_target(model, target, path)
     fill(model, read_weights(path), config, path)
     model.attach(target)

@@ -15,8 +15,10 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx_lm.models import gemma4_text
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from scipy.stats import kstest
 
@@ -295,3 +297,20 @@ def test_the_cache_free_first_logits_are_the_first_draft_steps(engine):
     plain_logits = engine.target.model(mx.array(ids)[None])[0, -1]
     assert mx.allclose(t_logits, plain_logits)
     engine.reset()
+
+
+def test_an_mlx_lm_whose_shared_layers_hold_keys_is_named(folders, monkeypatch):
+    """mlx-lm before 0.31.3 gave KV-shared Gemma 4 layers key weights, which an assistant's
+    checkpoint lacks: one line naming the release it needs, not a missing key."""
+    base = gemma4_text.DecoderLayer
+
+    class Old(base):  # type: ignore[misc, valid-type]
+        def __init__(self, args, layer_idx):
+            super().__init__(args, layer_idx)
+            if args.num_kv_shared_layers == args.num_hidden_layers:  # the assistant's layers
+                self.self_attn.k_proj = nn.Linear(args.hidden_size, args.head_dim, bias=False)
+
+    monkeypatch.setattr(gemma4_text, "DecoderLayer", Old)
+    with pytest.raises(ConfigError, match=r"mlx-lm >= 0\.31\.3") as err:
+        load_pair(str(folders[0]), str(folders[1]))
+    assert "\n" not in str(err.value)
