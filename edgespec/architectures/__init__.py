@@ -8,10 +8,13 @@ edgespec/families/).
 - nextn.py: DeepSeek-V3, GLM-4.5 and MiMo next-n layers (the MTP contract under other names);
 - block.py and block_head.py: DFlash-style block drafts and their reduced output head
   (block_mask.py: which keys a block query sees; weight_keys.py: one-line weight-key errors);
-- dflash2.py: DFlash2 block drafts (DFlash's layers with convolutions, a candidate selector).
+- dflash2.py: DFlash2 block drafts (DFlash's layers with convolutions, a candidate selector);
+- gemma4_assistant.py: Google's Gemma 4 `-assistant` drafters (heads over the target's states
+  and KV cache).
 
 Each model class names the draft family that runs it (`draft_family`: "feature", "mtp",
-"block" or "dflash2"; a model without one, such as any mlx-lm model, is a token draft).
+"block", "dflash2" or "assistant"; a model without one, such as any mlx-lm model, is a token
+draft).
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ EAGLE = "edgespec_eagle"  # model_type of eagle.py's feature drafts
 BLOCK = "edgespec_block"  # model_type of our block drafts
 DFLASH = "DFlashDraftModel"  # the architecture of z-lab's published block drafts
 DFLASH2 = "DFlash2DraftModel"  # z-lab's and Inco AI's DFlash2 block drafts
+ASSISTANTS = ("gemma4_assistant", "gemma4_unified_assistant")  # Google's Gemma 4 drafters
 
 
 def architecture_of(config: dict[str, Any]) -> str:
     """Which of these files builds the model of a folder's config.json: "token_draft",
-    "eagle", "block", "dflash2", or "" (a model mlx-lm builds itself). Reads the config alone, so that
-    loading a token draft imports none of the other architectures."""
+    "eagle", "block", "dflash2", "gemma4_assistant", or "" (a model mlx-lm builds itself). Reads
+    the config alone, so that loading a token draft imports none of the other architectures."""
     kind = config.get("model_type")
     if kind == TOKEN_DRAFT:
         return "token_draft"
@@ -38,4 +42,13 @@ def architecture_of(config: dict[str, Any]) -> str:
         return "dflash2"
     if kind == BLOCK or DFLASH in config.get("architectures", []):
         return "block"
+    if kind in ASSISTANTS:
+        return "gemma4_assistant"
     return ""
+
+
+def head_apart(config: dict[str, Any]) -> bool:
+    """Whether a target's own multi-token head ships as a checkpoint of its own rather than in
+    the target's weights: a Gemma 4's is Google's `-assistant` (gemma4_assistant.py)."""
+    kind = str(config.get("model_type", ""))
+    return kind.startswith("gemma4") and kind not in ASSISTANTS

@@ -231,6 +231,12 @@ def build_head(config: dict[str, Any]) -> mtp.MtpModel:
     family = config.get("model_type", "")
     if is_nextn(config):
         return build_nextn(config)
+    if family.startswith("gemma4"):  # its head is a checkpoint of its own
+        raise ConfigError(
+            "a Gemma 4 target's MTP-style head is Google's -assistant checkpoint: use a "
+            "gemma4-*-assistant pair (--method mtp, draft or hybrid) or pass it as --draft "
+            "(e.g. google/gemma-4-31B-it-assistant) with --method draft or hybrid"
+        )
     if family not in mtp.FAMILIES:
         raise ConfigError(
             "--method mtp runs Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5 and MiMo targets "

@@ -14,7 +14,9 @@ Engine, the round factory, the server, the bench) asks the family, never the dra
 - feature (families/feature.py): EAGLE, EAGLE-3, MTP and next-n heads fed the target's hidden
   states (`own_head`: the target's own MTP / next-n head, `--method mtp`);
 - block (families/block.py): DFlash-style block drafts, a whole block in one forward (DFlash2
-  drafts, model class `draft_family` "dflash2", are its variant whose chains walk a selector).
+  drafts, model class `draft_family` "dflash2", are its variant whose chains walk a selector);
+- assistant (families/assistant.py): Gemma 4's `-assistant` heads, which read the target's top
+  hidden state and its KV cache (no cache of their own); also `--method mtp`.
 
 The methods "ngram" and "hybrid" are choices over a family (`chain_drafter`, `tree_drafter`): a
 lookup alone, or a lookup in front of the family's model drafter. Which family runs a model is
@@ -48,14 +50,16 @@ OnChunk = Callable[[int, int], object] | None
 class Family(Protocol):
     """What every family answers; the bodies are the empty family's (`NoDraft`). A family module
     imported by `family_of` answers it in full without importing this one (families/feature.py).
-    `name`: "none", "token", "feature" or "block". `reads_features`: its drafter reads the
-    verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head (`--method
-    mtp`); `blocks`: it drafts a whole block in one forward (`--method block`)."""
+    `name`: "none", "token", "feature", "block" or "assistant". `reads_features`: its drafter
+    reads the verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head
+    (`--method mtp`); `blocks`: it drafts a whole block in one forward (`--method block`);
+    `reads_target_cache`: it keeps no cache of its own (nothing of it to check for rewinding)."""
 
     name: str
     reads_features: bool
     own_head: bool
     blocks: bool
+    reads_target_cache: bool
 
     def new_states(
         self,
@@ -144,6 +148,7 @@ class NoDraft(Family):
     reads_features = False
     own_head = False
     blocks = False
+    reads_target_cache = False
 
 
 NO_DRAFT = NoDraft()
@@ -258,6 +263,10 @@ def model_family(model: Any) -> Family:
         from edgespec.families.block import BLOCK, DFLASH2
 
         return DFLASH2 if kind == "dflash2" else BLOCK
+    if kind == "assistant":
+        from edgespec.families.assistant import ASSISTANT
+
+        return ASSISTANT
     raise ValueError(f"unknown draft family {kind!r}")
 
 

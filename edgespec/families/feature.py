@@ -30,6 +30,7 @@ class FeatureFamily:
     name = "feature"
     reads_features = True
     blocks = False
+    reads_target_cache = False
 
     def __init__(self, own_head: bool = False):
         self.own_head = own_head

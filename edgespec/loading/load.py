@@ -14,7 +14,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as mlx_load_model
 
-from edgespec.architectures import architecture_of
+from edgespec.architectures import architecture_of, head_apart
 from edgespec.architectures.token_draft import input_embedding, load_draft
 from edgespec.cache import check_trimmable as check_cache
 from edgespec.cache import common_prefix
@@ -71,6 +71,10 @@ def _load_weights(
             from edgespec.architectures.dflash2 import load_dflash2
 
             return load_dflash2(path, target)
+        if kind == "gemma4_assistant":  # Gemma 4's `-assistant` drafters read their target's states
+            from edgespec.architectures.gemma4_assistant import load_assistant
+
+            return load_assistant(path, config, target)
         return mlx_load_model(path)
     except ConfigError:  # already one line a user can act on (e.g. a draft for another target)
         raise
@@ -119,7 +123,6 @@ def load_model(
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     report(on_progress, f"loading {spec}")
     config = read_config(path)
-    check_standalone(config, spec)
     model, config = _load_weights(path, config, embedding, target)
     tokenizer = load_tokenizer(path, config, tokenizer_fallback)
     if on_cpu() if dequantize is None else dequantize:
@@ -184,6 +187,30 @@ def _load_draft(
     return d
 
 
+def _own_head(
+    t: LoadedModel,
+    pair_name: str | None,
+    cat: Catalog,
+    draft_bits: int | None,
+    dtype: str | None,
+    on_progress: ProgressFn | None,
+) -> LoadedModel:
+    """The draft "mtp": the target's own MTP head (edgespec/architectures/mtp.py), or, for a
+    target whose head ships apart (a Gemma 4's `-assistant`), the pair's draft when it is one."""
+    own = cat.pair(pair_name).draft if pair_name is not None else MTP_DRAFT
+    if not head_apart(t.config) or own == MTP_DRAFT:
+        from edgespec.loading.mtp import load_mtp_draft
+
+        return load_mtp_draft(t, dtype)  # a Gemma 4 target without such a pair: one line why
+    d = _load_draft(own, t, cat, draft_bits, dtype, on_progress)
+    if not family_of(d).own_head:
+        raise ConfigError(
+            f"--method mtp: pair {pair_name!r} drafts with {own}, not the target's own head "
+            "(a Gemma 4 -assistant); use --method draft or hybrid"
+        )
+    return d
+
+
 def load_pair(
     target: str | None = None,
     draft: str | None = None,
@@ -221,14 +248,13 @@ def load_pair(
         t = load_model(target_spec, on_progress=on_progress, catalog=cat, dtype=dtype)
     if not with_draft or draft_spec is None:
         return t, None
-    if draft_spec == MTP_DRAFT:  # the target's own MTP head (edgespec/architectures/mtp.py)
-        from edgespec.loading.mtp import load_mtp_draft
-
-        d = load_mtp_draft(t, dtype)
+    if draft_spec == MTP_DRAFT:  # the target's own MTP head
+        d = _own_head(t, pair_name, cat, draft_bits, dtype, on_progress)
     else:
         d = _load_draft(draft_spec, t, cat, draft_bits, dtype, on_progress)
     check_trimmable(t.model, t.name)
-    check_trimmable(d.model, d.name)
+    if not family_of(d).reads_target_cache:  # a draft with a cache of its own
+        check_trimmable(d.model, d.name)
     return t, d
 
 
@@ -280,16 +306,3 @@ def check_trimmable(model: nn.Module, name: str = "model") -> None:
     """Raise CacheNotTrimmableError if the model's prompt cache has layers that can be neither
     rewound nor restored (edgespec/rewind.py: attention, sliding-window and recurrent layers can)."""
     check_cache(make_prompt_cache(model), name)
-
-
-def check_standalone(config: dict, where: Any) -> None:
-    """ConfigError for a folder that holds a drafter head rather than a model: Gemma 4's
-    `-assistant` drafters (model_type gemma4_assistant) predict from their target's activations
-    and KV cache, which mlx-lm does not load and EdgeSpec's drafts do not read."""
-    if config.get("model_type") == "gemma4_assistant":
-        raise ConfigError(
-            f"{where} is a Gemma 4 assistant (gemma4_assistant), a multi-token prediction head "
-            "that reads its target's activations and KV cache; EdgeSpec drafts with standalone "
-            "models: pass a smaller Gemma 4 as --draft (e.g. mlx-community/gemma-4-e2b-it-4bit) "
-            "or run with --no-spec"
-        )

@@ -23,6 +23,8 @@ UNUSED = {
     "eagle",
     "mtp",
     "nextn",
+    "assistant",  # Gemma 4 assistant drafts (families/, drafting/assistant.py)
+    "gemma4_assistant",
     "gguf",  # GGUF conversion
     "shard",  # sharded targets
     "distributed",  # mlx.launch groups

@@ -43,6 +43,7 @@ MAC_PAIRS = {
     "gemma3-12b",
     "qwen3.5-9b",
     "gemma4-31b",
+    "gemma4-31b-assistant",
 }
 
 # Family -> (tokenizer size, special tokens at their ids): what the made-up configs mimic.
@@ -77,6 +78,9 @@ def test_every_mac_pair_declares_its_tokenizer_and_widths():
             assert cat.model(pair.target).hf_repo, name
             continue
         assert pair.target.startswith("mlx-community/")
+        if name.endswith("-assistant"):  # Google's own drafters, as published (bf16)
+            assert pair.draft.startswith("google/gemma-4-") and pair.draft.endswith("-assistant")
+            continue
         dflash = name.endswith(("-dflash", "-dflash2"))  # z-lab's DFlash and DFlash2 drafts
         assert pair.draft.startswith("z-lab/" if dflash else "mlx-community/")
     assert mac["gemma3-12b"].vocab.target_rows != mac["gemma3-12b"].vocab.draft_rows
