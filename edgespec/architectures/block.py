@@ -317,9 +317,7 @@ class BlockModel(nn.Module):
         """tokens [B, L], ctx [B, S, d] (from `context`) -> normed hidden states [B, L, d].
         With a cache, ctx is appended at cache offset and the block follows it. `last` [B, d]:
         the newest context position's context, required by an `input_context` draft."""
-        if self.embedding is None:
-            raise ValueError("a block draft runs with its target; attach(target) first")
-        h = self.embedding(tokens)
+        h = self.embed(tokens)
         if "ctx_in" in self:
             if last is None:
                 raise ValueError("this block draft reads the newest context position (last)")
@@ -329,6 +327,12 @@ class BlockModel(nn.Module):
         for layer, c in zip(self.layers, layer_caches, strict=True):
             h = layer(h, ctx, c, mask)
         return self.norm(h)
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """tokens [B, L] -> [B, L, d] through the target's embedding."""
+        if self.embedding is None:
+            raise ValueError("a block draft runs with its target; attach(target) first")
+        return self.embedding(tokens)
 
     def logits(self, hidden: mx.array) -> mx.array:
         """[..., d] -> logits [..., V] through the target's head."""

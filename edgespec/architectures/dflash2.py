@@ -189,23 +189,9 @@ class DFlash2Model(BlockModel):
             args.hidden_size, args.vocab_size, args.selector_rank, args.selector_top_k
         )
 
-    def __call__(
-        self,
-        tokens: mx.array,
-        ctx: mx.array,
-        cache: list | None = None,
-        mask: mx.array | None = None,
-        last: mx.array | None = None,
-    ) -> mx.array:
-        """BlockModel's forward over the embedding times input_embedding_scale."""
-        if self.embedding is None:
-            raise ValueError("a block draft runs with its target; attach(target) first")
-        h = self.embedding(tokens) * self.args.input_embedding_scale
-        ctx = ctx.astype(h.dtype)
-        layer_caches = cache if cache is not None else [None] * len(self.layers)
-        for layer, c in zip(self.layers, layer_caches, strict=True):
-            h = layer(h, ctx, c, mask)
-        return self.norm(h)
+    def embed(self, tokens: mx.array) -> mx.array:
+        """BlockModel's embedding times input_embedding_scale."""
+        return super().embed(tokens) * self.args.input_embedding_scale
 
     def logits(self, hidden: mx.array) -> mx.array:
         """The target's head times output_multiplier, soft-capped (float32)."""
