@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import TOP, Forward, KVState, quantized, target_features
+from edgespec.cache import TOP, KVState, target_features
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.assistant import AssistantDrafter, AssistantState, shared_kv
 from edgespec.drafting.base import Drafter
@@ -35,21 +35,10 @@ class AssistantFamily(FeatureFamily):
     def __init__(self) -> None:
         super().__init__(own_head=True)
 
-    def new_states(
-        self,
-        cpu: Any,
-        target: Any,
-        draft: Any,
-        kv_bits: int | None = None,
-        run: Forward | None = None,
-    ) -> tuple[KVState, AssistantState]:
-        """The target's KVState (returning its top hidden state) and the assistant's state
-        over it (the keys and values each round reads)."""
-        kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
-        verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv, run)
-        verifier.feature_layers = draft.model.feature_layers
-        state = AssistantState(draft.model, verifier, f"draft {draft.name}", cpu.softmax)
-        return verifier, state
+    def _draft_state(self, cpu: Any, draft: Any, verifier: KVState) -> AssistantState:
+        """The assistant's state over the target's (the keys and values each round reads, its
+        top hidden state); the model runs as loaded (no CPU twin of its own)."""
+        return AssistantState(draft.model, verifier, f"draft {draft.name}", cpu.softmax)
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,

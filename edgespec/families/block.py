@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import target_features
+from edgespec.cache import KVState, target_features
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.block import BlockDrafter, BlockState
@@ -31,7 +31,7 @@ class BlockFamily(FeatureFamily):
     name = "block"
     blocks = True
 
-    def _draft_state(self, cpu: Any, draft: Any) -> BlockState:
+    def _draft_state(self, cpu: Any, draft: Any, verifier: KVState) -> BlockState:
         return BlockState(draft.model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
 
     def drafter(

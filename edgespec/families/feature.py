@@ -48,9 +48,11 @@ class FeatureFamily:
         kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
         verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv, run)
         verifier.feature_layers = draft.model.feature_layers  # what the draft reads
-        return verifier, self._draft_state(cpu, draft)
+        return verifier, self._draft_state(cpu, draft, verifier)
 
-    def _draft_state(self, cpu: Any, draft: Any) -> FeatureState:
+    def _draft_state(self, cpu: Any, draft: Any, verifier: KVState) -> FeatureState:
+        """The draft's state on its own caches (`verifier`: the target's, for a draft that
+        reads them)."""
         model = cpu.model(draft.model)
         return FeatureState(model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
 
