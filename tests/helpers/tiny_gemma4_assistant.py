@@ -154,6 +154,23 @@ def save(model: Gemma4Assistant, config: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def write_assistant(target: Path, out: Path, ordered: bool = False, unified: bool = False) -> Path:
+    """An untrained (seeded) assistant of the published layout for the tiny Gemma 4 folder
+    `target`: `ordered`, the E2B / E4B centroid-routed head; `unified`, the 12B's model type
+    (gemma4_unified_assistant, beside a gemma4_unified target). Drafts are rarely accepted;
+    exactness and the layout are what it checks."""
+    target_config = json.loads((target / "config.json").read_text())
+    config = assistant_config(target_config.get("text_config", target_config), ordered)
+    model = Gemma4Assistant(config, assistant_args(config, "tiny"))
+    seed_weights(model, 7, scale=1.0)
+    if ordered:
+        order = np.random.default_rng(3).permutation(model.args.vocab_size).astype(np.int32)
+        model.masked_embedding.token_ordering = mx.array(order)
+    if unified:
+        config["model_type"] = "gemma4_unified_assistant"
+    return save(model, config, out)
+
+
 def make_assistant(
     root: Path, steps: int = 40, length: int = 300, family: str = "gemma4"
 ) -> tuple[Path, Path, Path]:
