@@ -73,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
     folder = Path(args.name).expanduser()
     if args.name not in cat.models and args.name not in cat.pairs and folder.is_dir():
         return _convert(folder, args.mtp_bits)  # an original checkpoint with its MTP head
-    if args.name in cat.models:
-        names = [args.name]
-    elif args.name in cat.pairs:
+    if args.name in cat.pairs:  # a pair named as its draft (smollm2-135m-eagle): both models
         pair = cat.pair(args.name)
         names = [pair.target] + ([] if pair.draft == MTP_DRAFT else [pair.draft])
+    elif args.name in cat.models:
+        names = [args.name]
     else:
         known = ", ".join(sorted({*cat.models, *cat.pairs}))
         raise ModelNotFoundError(f"no catalogue model or pair named {args.name!r} (known: {known})")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.config import MTP_DRAFT
-from edgespec.loading.specs import Catalog, Pair, load_catalog
+from edgespec.loading.specs import Catalog, Pair, load_catalog, parse_catalog
 from tests.helpers.hub_layouts import World, layout_of
 from tests.helpers.hub_server import StandInHub
 
@@ -115,6 +115,17 @@ def test_every_pair_has_a_published_layout():
             assert CAT.model(pair.draft).available, CAT.model(pair.draft).missing()
 
 
+def test_a_repo_without_a_layout_has_none(tmp_path):
+    """What makes the test above fail for a new pair: a repo no pattern of LAYOUTS matches."""
+    vocab = {"tokenizer": "qwen3", "target_rows": 151936, "draft_rows": 151936}
+    pair = {"target": "org/Qwen9-4B-4bit", "draft": "mlx-community/Qwen3-0.6B-4bit", "vocab": vocab}
+    cat = parse_catalog({"models": {}, "pairs": {"new": pair}}, tmp_path)
+    assert [(p.repo, p.layout) for p in needs(cat.pair("new"), cat)] == [
+        ("org/Qwen9-4B-4bit", None),
+        ("mlx-community/Qwen3-0.6B-4bit", "mlx-qwen3-published"),
+    ]
+
+
 @pytest.fixture(scope="module")
 def hub() -> Iterator[StandInHub]:
     server = StandInHub().start()
@@ -186,28 +197,32 @@ def events(result: dict, kind: str) -> list[dict]:
 
 
 def check_family(tmp: Path, hub: StandInHub, world: World, fam: str, real: Path | None) -> None:
-    """Pull each pair of `fam` over HTTP, then (offline) generate with its draft and without."""
+    """Pull each pair of `fam` over HTTP, then (offline) generate with its draft, and without
+    one on each target."""
     served = publish(hub, world, fam, real)
     names = sorted(n for n, p in CAT.pairs.items() if family(p) == fam)
+    plain = {CAT.pair(n).target: n for n in reversed(names)}  # one pair per target
     commands = [{"argv": ["pull", n, "--quiet"]} for n in names]
     commands += [
         {"argv": generate(n, "--method", method(CAT.pair(n))), "offline": True} for n in names
     ]
-    commands += [{"argv": generate(n, "--no-spec")} for n in names]
+    commands += [{"argv": generate(n, "--no-spec")} for n in plain.values()]
     results = run_batch(tmp, hub, commands)
-    pulls, spec, plain = (
-        results[: len(names)],
-        results[len(names) : 2 * len(names)],
-        results[2 * len(names) :],
-    )
+    pulls, spec = results[: len(names)], results[len(names) : 2 * len(names)]
+    plain_ids = {
+        target: [e["id"] for e in events(result, "token")]
+        for target, result in zip(plain, results[2 * len(names) :], strict=True)
+    }
     for name, pulled in zip(names, pulls, strict=True):
         assert pulled["rc"] == 0, f"pull {name}: {pulled['stderr'][-2000:]}"
         for pub in needs(CAT.pair(name)):
             assert f" at {served[pub.repo]} (" in pulled["stdout"], (name, pulled["stdout"])
-    for name, s, p in zip(names, spec, plain, strict=True):
-        ids = [e["id"] for e in events(s, "token")]
-        assert len(ids) == TOKENS and ids == [e["id"] for e in events(p, "token")], name
-        rounds = events(s, "round")
+    for repo, commit in served.items():  # fetched over HTTP, at the commit served
+        assert [r for r in hub.requests if r[1].startswith(f"/{repo}/resolve/{commit}/")], repo
+    for name, result in zip(names, spec, strict=True):
+        ids = [e["id"] for e in events(result, "token")]
+        assert len(ids) == TOKENS and ids == plain_ids[CAT.pair(name).target], name
+        rounds = events(result, "round")
         assert {r["method"] for r in rounds} == {drafter(CAT.pair(name))}, (name, rounds)
         assert sum(r["drafted"] for r in rounds) > 0, name
 
