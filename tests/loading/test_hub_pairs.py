@@ -65,7 +65,8 @@ def repo_of(spec: str, cat: Catalog = CAT) -> str | None:
 
 
 def needs(pair: Pair, cat: Catalog = CAT) -> list[Published]:
-    """The repos `pair` pulls from the Hub, each with the layout LAYOUTS gives it."""
+    """The repos `pair` pulls from the Hub, each with the layout LAYOUTS gives it and its role
+    (one per repo, whichever pair names it)."""
     rows = [p.vocab for p in cat.pairs.values() if p.vocab and family(p) == family(pair)]
     fewest = min([r.target_rows for r in rows] + [r.draft_rows for r in rows], default=0)
     target, draft = repo_of(pair.target, cat), repo_of(pair.draft, cat)
@@ -74,9 +75,11 @@ def needs(pair: Pair, cat: Catalog = CAT) -> list[Published]:
         extra = pair.vocab.target_rows - fewest if pair.vocab else 0
         layout = "real:smollm2" if target == SMOLLM2_REPO else layout_of(target)
         out.append(Published(target, layout, "target", extra))
-    if draft is not None:
+    if draft is not None:  # a target of another pair (Gemma 4 E2B) is built as a target
         extra = pair.vocab.draft_rows - fewest if pair.vocab else 0
-        out.append(Published(draft, layout_of(draft), "draft", extra, target))
+        targets = {repo_of(p.target, cat) for p in cat.pairs.values()}
+        role = "target" if draft in targets else "draft"
+        out.append(Published(draft, layout_of(draft), role, extra, target))
     return out
 
 
@@ -104,12 +107,12 @@ FAMILIES = sorted({family(p) for p in CAT.pairs.values()})
 def test_every_pair_has_a_published_layout():
     """Each catalogue pair's repos have a layout (a builder), in a family tested below; an
     in-repository draft is there; a repo is published in one layout whichever pair names it."""
-    seen: dict[str, tuple[str | None, int]] = {}
+    seen: dict[str, tuple[str | None, str, int]] = {}
     for name, pair in CAT.pairs.items():
         assert family(pair) in FAMILIES
         for pub in needs(pair):
             assert pub.layout is not None, f"pair {name}: no published layout for {pub.repo}"
-            key = (pub.layout, pub.extra_rows)
+            key = (pub.layout, pub.role, pub.extra_rows)
             assert seen.setdefault(pub.repo, key) == key, f"{pub.repo}: two layouts"
         if repo_of(pair.draft) is None and pair.draft != MTP_DRAFT:
             assert CAT.model(pair.draft).available, CAT.model(pair.draft).missing()
