@@ -259,7 +259,7 @@ class AdaptiveK:
             k = best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE)
         self._on = k > 0
         if k > 0:
-            self._probes.drafting()
+            self._probes.won()
             return k
         if not self._probes.probe():
             return 0

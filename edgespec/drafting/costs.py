@@ -1,8 +1,10 @@
-"""The cost model of choosing K or a tree shape, one for the chain and the tree policies
-(AdaptiveK, drafting/adaptive.py; AdaptiveTree, trees/policy.py): timings kept as recent medians
-(Timings), the verify cost v(L) as measured points and a fitted line (verify_curve), the probe
-schedule while drafting is off (Probes), and the chain's choice itself (best_k): the K that
-maximises expected tokens per second.
+"""The cost model of choosing K, a tree shape or whether a server batch drafts, one for the chain,
+the tree and the server policies (AdaptiveK, drafting/adaptive.py; AdaptiveTree, trees/policy.py;
+BatchMode, server/mode.py): measurements kept as recent medians (Timings: a round's seconds, a
+batch's tokens per second), the verify cost v(L) as measured points and a fitted line
+(verify_curve), the schedule that measures the losing choice again now and then (Probes), a
+batch's rate measured over a window of turns (Window), and the chain's choice itself (best_k):
+the K that maximises expected tokens per second.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ COST_WINDOW = 5  # timings per cost estimate (their median): a single stall neve
 PRIOR_VERIFY_SLOPE = 0.1
 PROBE_EVERY = 8  # plain rounds before the first probe round (Probes)
 PROBE_MAX = 64  # longest gap between probes
+# A server batch's rates (server/mode.py): its tokens/s in one mode, measured over windows of turns.
+WINDOW = 16  # turns per measured rate
+SETTLE = 2  # turns after a change left out (rounds already under way, a pipelined run starting)
+# A window ends early once it has EARLY turns and trails its rival's rate by MARGIN or more:
+# measuring the slower mode costs the batch, and the requests may leave before a whole window.
+EARLY, MARGIN = 4, 0.2
+RETRY_EVERY = 16  # windows in the better mode before the other is measured again (Probes)
 Key = TypeVar("Key", bound=Hashable)
 
 
@@ -110,13 +119,14 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
 
 
 class RecentMedian:
-    """The median of the last COST_WINDOW timings (None before the first)."""
+    """The median of the last COST_WINDOW measurements (None before the first): one stall never
+    moves it."""
 
     def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=COST_WINDOW)
 
-    def add(self, seconds: float) -> None:
-        self.samples.append(seconds)
+    def add(self, value: float) -> None:
+        self.samples.append(value)
 
     @property
     def value(self) -> float | None:
@@ -124,34 +134,73 @@ class RecentMedian:
 
 
 class Timings(dict[Key, RecentMedian]):
-    """Recent timings by what was timed (verified tokens L; a tree's (kind, width)): a
-    RecentMedian each."""
+    """Recent measurements by what was measured, a RecentMedian each: seconds per verified-token
+    count L (the chain), per a tree's (kind, width), a server batch's tokens per second per
+    (running requests, plain)."""
 
-    def add(self, key: Key, seconds: float) -> None:
-        self.setdefault(key, RecentMedian()).add(seconds)
+    def add(self, key: Key, value: float) -> None:
+        self.setdefault(key, RecentMedian()).add(value)
 
     def medians(self) -> dict[Key, float]:
-        """Each key's median, for the keys timed so far."""
+        """Each key's median, for the keys measured so far."""
         return {k: m.value for k, m in self.items() if m.value is not None}
+
+    def median(self, key: Key) -> float | None:
+        """The key's median (None: not measured)."""
+        m = self.get(key)
+        return None if m is None else m.value
 
 
 class Probes:
-    """While plain steps win, a probe round (drafting) every few rounds, so the estimates can see
-    the draft become useful again: after PROBE_EVERY plain rounds, the gap doubling up to
-    PROBE_MAX while drafting keeps losing, back to PROBE_EVERY once drafting wins.
-    Example: 8 plain rounds, a probe, 16 plain rounds, a probe, ..."""
+    """While one choice wins, a probe of the other now and then, so the estimates can see it
+    become the better one again: after `every` rounds of the winner, the gap doubling up to
+    `most` while the probed choice keeps losing, back to `every` once it wins (`won`). The chain
+    and tree policies probe drafting while plain steps win, rounds apart (PROBE_EVERY, PROBE_MAX:
+    8 plain rounds, a probe, 16 plain rounds, a probe, ...); a server batch the mode that lost,
+    windows apart (RETRY_EVERY each time: a window is already WINDOW turns)."""
 
-    def __init__(self) -> None:
-        self.plain_run, self.gap = 0, PROBE_EVERY
+    def __init__(self, every: int = PROBE_EVERY, most: int = PROBE_MAX) -> None:
+        self.every, self.most = every, most
+        self.run, self.gap = 0, every
 
-    def drafting(self) -> None:
-        """Drafting won this round."""
-        self.plain_run, self.gap = 0, PROBE_EVERY
+    def won(self) -> None:
+        """The probed choice won (drafting, for the chain): the gap back to `every`."""
+        self.run, self.gap = 0, self.every
 
     def probe(self) -> bool:
-        """Plain steps won this round: whether it should be a probe instead."""
-        self.plain_run += 1
-        if self.plain_run <= self.gap:
+        """The winner won this round: whether it should be a probe instead."""
+        self.run += 1
+        if self.run <= self.gap:
             return False
-        self.plain_run, self.gap = 0, min(2 * self.gap, PROBE_MAX)
+        self.run, self.gap = 0, min(2 * self.gap, self.most)
         return True
+
+
+class Window:
+    """A server batch's tokens per second in one mode, measured over turns: SETTLE turns left
+    out, then WINDOW turns, or only EARLY once the rate trails its rival's by MARGIN or more.
+    A new Window settles; one that ended goes on measuring at once (the mode is kept).
+
+        w = Window()
+        rate = w.add(tokens=11, seconds=0.09, rival=100.0)   # None until the window ends
+    """
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds, self.turns = 0, 0.0, -SETTLE
+
+    def add(self, tokens: int, seconds: float, rival: float | None = None) -> float | None:
+        """One turn; the window's rate when it ends with it (then it starts over, unsettled)."""
+        if self.turns < 0:  # settling
+            self.turns += 1
+            return None
+        self.tokens, self.seconds, self.turns = (
+            self.tokens + tokens,
+            self.seconds + seconds,
+            self.turns + 1,
+        )
+        rate = self.tokens / max(self.seconds, 1e-9)
+        behind = rival is not None and self.turns >= EARLY and rate < (1 - MARGIN) * rival
+        if self.turns < WINDOW and not behind:
+            return None
+        self.tokens, self.seconds, self.turns = 0, 0.0, 0
+        return rate

@@ -11,6 +11,11 @@ every turn, and a turn costs about one request's round, not one per request. A r
 between two turns (its first turn runs its prefill, reusing its cached prefix), and one that
 ends, is cancelled or fails leaves without touching the others' caches.
 
+Peak memory: after each turn the batch reads MLX's peak and measures anew, and a request's
+usage reports the highest of its turns' (from the end of the turn before it joined, or its
+start where none ran). MLX's peak is the process's, so with requests batched it is theirs
+together (the weights, every running request's caches and forwards), not one request's share.
+
 Exactness: a request runs the computation it would run alone (its caches, its keys, its K
 policy); its target rows are computed beside others' (edgespec/packed.py: the same bits with a
 row-exact BLAS), so its T = 0 text, and its seeded T > 0 text, are the ones it gets alone.
@@ -28,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgespec.cpu import on_cpu
 from edgespec.errors import EdgeSpecError, one_line
@@ -40,19 +45,21 @@ from edgespec.server.packing import ROUND, Packer, Park, Task
 from edgespec.server.prefix import ConversationPool, Slot
 from edgespec.server.responses import Usage
 from edgespec.server.stops import Segment, StopScanner
-from edgespec.worker import ServedEngine
+from edgespec.worker import ServedEngine, peak_memory, reset_peak_memory
 
 Rounds = Generator[None, None, WorkerEvent]
 
 
 @dataclass
 class Running:
-    """A request being answered: its job, its cache set, its rounds and the bytes it may use."""
+    """A request being answered: its job, its cache set, its rounds, the bytes it may use and
+    the process's peak memory in its turns so far (bytes)."""
 
     job: Job
     slot: Slot
     task: Task
     need: float
+    peak: int = 0
 
 
 class Batch:
@@ -99,6 +106,8 @@ class Batch:
 
     def start(self, job: Job) -> Failed | None:
         """Hold a cache set for the job and add it; its prefill runs on its first turn."""
+        if not self.running:
+            reset_peak_memory()  # alone: its peak from here, not the server's since it loaded
         try:
             slot = self.pool.acquire(job.prompt)
         except Exception as exc:  # noqa: BLE001 - the backend failed; the server goes on
@@ -109,7 +118,8 @@ class Batch:
 
     def turn(self) -> list[tuple[Job, WorkerEvent]]:
         """One round of every running request, in the order they joined, their forwards
-        packed; returns the ended requests with their outcome (their sets are released).
+        packed; returns the ended requests with their outcome (their sets are released, their
+        usage carries their peak memory).
 
         Draft steps run first: while any request still drafts, only the parked draft forwards
         run, and the target forwards wait, so that requests drafting different K still verify
@@ -117,6 +127,7 @@ class Batch:
         ended = []
         t0, tokens0, running = time.perf_counter(), self._tokens(), len(self.running)
         self.mode.begin(running)
+        ran = list(self.running)
         resume: list[Running] = list(self.running)
         held: list[tuple[Running, Park]] = []
         while resume or held:
@@ -132,15 +143,19 @@ class Batch:
                     held.append((run, msg))
                 elif msg is not ROUND:  # the request ended
                     self._end(run)
-                    ended.append((run.job, msg))
+                    ended.append((run, msg))
             drafts = [pair for pair in held if pair[1].state is not pair[0].slot.target]
             targets = [pair for pair in held if pair[1].state is pair[0].slot.target]
             now, held = (drafts, targets) if drafts else (targets, [])
             self._forward(now, targets=not drafts)
             resume = [run for run, _ in now]
-        tokens = self._tokens() + sum(job.tokens for job, _ in ended) - tokens0
+        tokens = self._tokens() + sum(run.job.tokens for run, _ in ended) - tokens0
         self.mode.observe(running, tokens, time.perf_counter() - t0)
-        return ended
+        peak = peak_memory()  # since the last turn, every request's (MLX's is process-wide)
+        reset_peak_memory()
+        for run in ran:
+            run.peak = max(run.peak, peak)
+        return [(run.job, with_peak(msg, run.peak)) for run, msg in ended]
 
     def _tokens(self) -> int:
         return sum(run.job.tokens for run in self.running)
@@ -178,6 +193,13 @@ def advance(rounds: Rounds) -> WorkerEvent | None:
         rounds.close()
         return failure(exc)
     return None
+
+
+def with_peak(outcome: WorkerEvent, peak: int) -> WorkerEvent:
+    """A Done's usage with the request's peak memory (bytes); any other outcome as it is."""
+    if isinstance(outcome, Done):
+        return replace(outcome, usage=replace(outcome.usage, peak_memory=peak))
+    return outcome
 
 
 def failure(exc: Exception) -> Failed:

@@ -17,6 +17,11 @@ machines, or with a draft that is accepted more often, drafting wins. Only measu
 
 A request with a fixed K (adaptive off) keeps it: the gate wraps AdaptiveK policies only. A
 batch of one is left to its policy. Exact either way: the gate only chooses K.
+
+The cost model is the chain and tree policies' one (drafting/costs.py): each (batch size, mode)'s
+rate is the median of its recent windows (Timings), a window is costs.Window (settling turns, an
+early end when it trails), and the losing mode is measured again on a Probes schedule. This
+module says what the batch measures (its turns' tokens and seconds) and what it decides.
 """
 
 from __future__ import annotations
@@ -26,14 +31,9 @@ from typing import Any
 
 from edgespec.drafting.adaptive import AdaptiveK
 from edgespec.drafting.base import PLAIN_ONLY
+from edgespec.drafting.costs import RETRY_EVERY, Probes, Timings, Window
 from edgespec.events import Round
 
-WINDOW = 16  # turns per measurement of a mode
-SETTLE = 2  # turns after a change left out (rounds already under way, a pipelined run starting)
-RETRY_EVERY = 16  # windows in the better mode before the other is measured again
-# A window ends early once it has EARLY turns and trails the other mode's rate by MARGIN or more:
-# measuring the slower mode costs the batch, and the requests may leave before a whole window.
-EARLY, MARGIN = 4, 0.2
 Gate = Callable[[Any], Any]  # a generation's round policy -> the policy its rounds ask
 
 
@@ -55,9 +55,10 @@ class Gated:
 
 class BatchMode:
     """The batch's choice, drafting or plain (`plain`), from tokens/s measured in windows of
-    WINDOW turns of each (after SETTLE turns; a window that trails the other mode's rate by
-    MARGIN ends after EARLY turns): the likelier one first, then the other, then the better one,
-    the other measured again every RETRY_EVERY windows. The rates are kept per number of running
+    turns of each (costs.Window: WINDOW turns after SETTLE, only EARLY where it trails the other
+    mode's rate by MARGIN): the likelier one first, then the other, then the better one, the
+    other measured again after RETRY_EVERY windows of the better one (costs.Probes). A mode's
+    rate is the median of its recent windows (costs.Timings), kept per number of running
     requests: a batch of a size seen before starts in the mode that was faster at that size.
     Where a size has not had both measured, the sizes that have decide: plain where plain won at
     a smaller size (a drafted row costs more, the more requests share each forward), drafting
@@ -68,40 +69,63 @@ class BatchMode:
     def __init__(self, prefer_plain: bool = False) -> None:
         self.prefer_plain = prefer_plain
         self._running = 0
-        self._by_size: dict[int, dict[bool, float]] = {}  # running requests -> their rates
+        # (running requests, plain) -> its recent windows' tokens/s
+        self.estimates: Timings[tuple[int, bool]] = Timings()
         self._reset()
 
+    @property
+    def rates(self) -> dict[bool, float]:
+        """Tokens/s by mode (plain or not) at this size, for the modes measured at it."""
+        return self._rates(self._running)
+
+    def _rates(self, running: int) -> dict[bool, float]:
+        return {plain: r for (n, plain), r in self.estimates.medians().items() if n == running}
+
     def _reset(self) -> None:
-        self.rates: dict[bool, float] = self._by_size.setdefault(self._running, {})
+        """This size's mode, as a batch of it starts (the class docstring)."""
+        rates = self.rates
+        self._window = Window()
+        # The better mode, and when the other is measured again (after RETRY_EVERY windows)
+        self._best: bool | None = None
+        self._probes = Probes(RETRY_EVERY, RETRY_EVERY)
         # Whether the mode was inferred from other sizes' verdicts: the other one is then left
         # unmeasured until RETRY_EVERY windows have passed.
         self._inferred = False
         if self._running < 2:
             self.plain = False  # a request alone: left to its own policy
-        elif len(self.rates) == 2:
-            self.plain = self.rates[True] > self.rates[False]
+        elif len(rates) == 2:
+            self.plain = self._choose(rates[True] > rates[False])
         else:
             inferred = self._infer()
-            measured = next(iter(self.rates), None)  # the one mode measured at this size
+            measured = next(iter(rates), None)  # the one mode measured at this size
             if inferred is not None and measured in (None, inferred):
-                self.plain, self._inferred = inferred, True
+                self.plain, self._inferred = self._choose(inferred), True
             elif measured is not None:  # seen before, one mode measured: the other now
                 self.plain = not measured
             else:
                 self.plain = self.prefer_plain
-        self._tokens, self._seconds, self._turns = 0, 0.0, -SETTLE
-        self._windows = 0  # windows since the last change of mode
 
     def _infer(self) -> bool | None:
         """The likelier mode at this size from the sizes where both were measured: plain where
         plain won at a smaller size (a drafted row costs more, the more requests share each
         forward), drafting where drafting won at a larger one; None where neither holds."""
-        won = {n: r[True] > r[False] for n, r in self._by_size.items() if len(r) == 2}
+        by_size: dict[int, dict[bool, float]] = {}
+        for (n, plain), rate in self.estimates.medians().items():
+            by_size.setdefault(n, {})[plain] = rate
+        won = {n: r[True] > r[False] for n, r in by_size.items() if len(r) == 2}
         if any(plain for n, plain in won.items() if n <= self._running):
             return True
         if any(not plain for n, plain in won.items() if n >= self._running):
             return False
         return None
+
+    def _choose(self, best: bool) -> bool:
+        """The next window's mode where `best` (plain or not) is the better one: itself, or the
+        other once RETRY_EVERY windows of it have passed (a probe)."""
+        if best != self._best:
+            self._best = best
+            self._probes.won()
+        return not best if self._probes.probe() else best
 
     def gate(self, policy: Any) -> Any:
         """`policy` under this mode (an AdaptiveK), or as it is."""
@@ -119,23 +143,17 @@ class BatchMode:
         self.begin(running)
         if running < 2:
             return
-        if self._turns < 0:  # settling
-            self._turns += 1
+        other = not self.plain
+        rate = self._window.add(tokens, seconds, rival=self.estimates.median((running, other)))
+        if rate is None:
             return
-        self._tokens, self._seconds, self._turns = (
-            self._tokens + tokens,
-            self._seconds + seconds,
-            self._turns + 1,
-        )
-        rate, other = self._tokens / max(self._seconds, 1e-9), not self.plain
-        behind = self._turns >= EARLY and rate < (1 - MARGIN) * self.rates.get(other, 0.0)
-        if self._turns < WINDOW and not behind:
-            return
-        self.rates[self.plain] = rate
-        self._tokens, self._seconds, self._turns = 0, 0.0, 0
-        self._windows += 1
-        unmeasured = other not in self.rates and not self._inferred
-        ahead = self.rates.get(other, 0.0) > rate
-        if unmeasured or ahead or self._windows >= RETRY_EVERY:
-            self.plain, self._windows, self._turns = other, 0, -SETTLE
-            self._inferred = False
+        self.estimates.add((running, self.plain), rate)
+        rates = self.rates
+        if other not in rates and not self._inferred:
+            mode = other  # not measured at this size yet
+        elif len(rates) == 2:
+            mode = self._choose(rates[True] > rates[False])
+        else:  # inferred, the other not measured yet
+            mode = self._choose(self.plain)
+        if mode != self.plain:
+            self.plain, self._window, self._inferred = mode, Window(), False

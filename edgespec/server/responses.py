@@ -1,8 +1,8 @@
 """OpenAI response bodies (chat and text completions, their stream chunks, usage, errors).
 
 Shapes follow the OpenAI API so the official client parses them unchanged; EdgeSpec's additions
-are extra keys the client keeps (`usage.prefilled_tokens`, `usage.speculation`, a chunk choice's
-`provenance`). Plain dicts at this edge only: they are JSON on the wire.
+are extra keys the client keeps (`usage.prefilled_tokens`, `usage.peak_memory_bytes`,
+`usage.speculation`, a chunk choice's `provenance`). Plain dicts at this edge only: they are JSON on the wire.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ class Usage:
     cached_tokens: int  # prompt tokens whose KV came from the prefix cache
     stats: Stats  # the engine's summary (its `tokens` counts any generated past a stop string)
     method: str
+    # The most memory MLX held at once in the server's process during the request's turns, in
+    # bytes (server/batching.py): process-wide, so with requests batched theirs together
+    peak_memory: int = 0
 
     @classmethod
     def of(cls, stats: Stats, completion_tokens: int, method: str) -> Usage:
@@ -33,7 +36,8 @@ class Usage:
 
 
 def usage_json(u: Usage) -> dict[str, Any]:
-    """OpenAI's usage object plus `prefilled_tokens` and a `speculation` object."""
+    """OpenAI's usage object plus `prefilled_tokens`, `peak_memory_bytes` and a `speculation`
+    object."""
     s = u.stats
     return {
         "prompt_tokens": u.prompt_tokens,
@@ -41,6 +45,7 @@ def usage_json(u: Usage) -> dict[str, Any]:
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
         "prefilled_tokens": s.prefilled_tokens,
+        "peak_memory_bytes": u.peak_memory,
         "speculation": {
             "method": u.method,
             "generated_tokens": s.tokens,

@@ -197,7 +197,7 @@ class AdaptiveTree:
         floor = best * (1 - TIE_TOLERANCE) * (1 - 1e-12)
         shape = min((s for r, s in drafting if r >= floor), key=lambda s: (s.size, s.depth))
         if plain[0] < best * (1 + TIE_TOLERANCE):
-            self._probes.drafting()
+            self._probes.won()
             return shape
         # a probe: refresh the acceptance and the draft's cost
         return shape if self._probes.probe() else plain[1]

@@ -121,6 +121,26 @@ def test_a_joining_request_and_a_leaving_one_leave_the_others_alone(tiny_pair, s
     assert ends[2].usage.cached_tokens >= len(a_ids) - 1
 
 
+def test_usage_reports_the_peak_memory_of_the_requests_turns(tiny_pair):
+    """usage.peak_memory: MLX's peak in the server's process, measured anew after every turn, the
+    highest of the request's turns. A short request after a long one reports less than the long
+    one's prefill took; requests submitted together each report at least both models' weights."""
+    weights = sum(f.stat().st_size for d in tiny_pair for f in d.glob("*.safetensors"))
+    w = unstarted(tiny_pair, max_batch=2, budget_bytes=1 << 30)
+    w.start()
+    try:
+        long, short = ids(w, "the cat and the dog " * 60), ids(w, PROMPTS[3])
+        alone = [run(w, prompt, config(8)).events[-1].usage.peak_memory for prompt in (long, short)]
+        outs = [Collect(), Collect()]
+        for prompt, out in zip((short, ids(w, PROMPTS[1])), outs, strict=True):
+            w.submit(Job(prompt, config(8), (), out))
+        batched = [out.wait().usage.peak_memory for out in outs]
+    finally:
+        w.shutdown()
+    assert weights <= alone[1] < alone[0]
+    assert all(weights <= peak for peak in batched)
+
+
 def once(fn):
     """A callback that calls `fn` the first time only."""
     done = threading.Event()

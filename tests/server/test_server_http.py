@@ -111,6 +111,20 @@ def test_include_usage_in_a_stream(server):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_usage_reports_the_peak_memory_streaming_and_not(server, tiny_pair):
+    """usage.peak_memory_bytes: the most memory MLX held in the server's process while the
+    request ran, which holds both models' weights at least."""
+    weights = sum(f.stat().st_size for d in tiny_pair for f in d.glob("*.safetensors"))
+    assert weights > 0
+    whole = chat(server, "the owl", temperature=0).usage.model_extra["peak_memory_bytes"]
+    _, chunks = streamed(server, "the owl", stream_options={"include_usage": True})
+    stream = chunks[-1].usage.model_extra["peak_memory_bytes"]
+    text = client(server).completions.create(model="target", prompt="the owl", max_tokens=4)
+    raw = text.usage.model_extra["peak_memory_bytes"]
+    for peak in (whole, stream, raw):
+        assert isinstance(peak, int) and weights <= peak < 1 << 30
+
+
 def test_per_request_speculation_options(server):
     plain = chat(server, "the moon", temperature=0, extra_body={"edgespec": {"method": "none"}})
     spec = chat(

@@ -7,17 +7,10 @@ from __future__ import annotations
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, FixedK
 from edgespec.drafting.base import PLAIN_ONLY
+from edgespec.drafting.costs import EARLY, MARGIN, RETRY_EVERY, SETTLE, WINDOW
 from edgespec.events import Round
 from edgespec.server.batching import Batch
-from edgespec.server.mode import (
-    EARLY,
-    MARGIN,
-    RETRY_EVERY,
-    SETTLE,
-    WINDOW,
-    BatchMode,
-    Gated,
-)
+from edgespec.server.mode import BatchMode, Gated
 from tests.helpers.worker import answer_together, tiny_worker
 
 
@@ -50,6 +43,33 @@ def test_the_other_mode_is_measured_again():
     for _ in range(WINDOW):
         mode.observe(2, 60, 1.0)
     assert mode.plain  # the RETRY_EVERY-th window: plain measured again
+    for _ in range(SETTLE + EARLY):
+        mode.observe(2, 40, 1.0)
+    assert not mode.plain  # plain trailed: drafting again, and again for RETRY_EVERY windows
+    for _ in range(SETTLE + (RETRY_EVERY - 1) * WINDOW):
+        mode.observe(2, 60, 1.0)
+    assert not mode.plain
+    for _ in range(WINDOW):
+        mode.observe(2, 60, 1.0)
+    assert mode.plain  # the gap does not grow: a window is already WINDOW turns
+
+
+def test_one_stalled_turn_does_not_switch_the_batch():
+    """A mode's rate is the median of its recent windows (drafting/costs.py, as the chain's
+    timings are): a window slowed by one stalled turn does not hand the batch to the slower
+    mode, which a slowdown that lasts does."""
+    mode = BatchMode()
+    window(mode, 60)
+    window(mode, 40)  # drafting 60, plain 40: drafting kept
+    for _ in range(SETTLE + 2 * WINDOW):
+        mode.observe(2, 60, 1.0)
+    mode.observe(2, 60, 20.0)  # a stall: that window's rate trails plain's
+    for _ in range(2 * WINDOW):
+        mode.observe(2, 60, 1.0)
+    assert not mode.plain and mode.rates == {False: 60, True: 40}
+    for _ in range(WINDOW):
+        mode.observe(2, 30, 1.0)  # slower for good: the median follows
+    assert mode.plain and mode.rates[True] == 40
 
 
 def test_a_new_batch_size_starts_over_and_a_known_one_where_it_was_faster():
