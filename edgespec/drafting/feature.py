@@ -82,7 +82,7 @@ class FeatureState:
         features do not cover context[:-1] (a one-token prompt: a plain target step). More than
         PREFILL_CHUNK such positions (a long prompt's): all but the last chunk are run here, a
         chunk at a time, as the target's prefill is (one forward over all of them would hold
-        attention scores of their number squared: 16 GB for 32K positions and 4 heads)."""
+        their number squared of attention scores per head: 32K positions, 4 GiB of float32)."""
         if not self.covers(context):
             return None
         p = self.n_features

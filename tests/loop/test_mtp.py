@@ -221,8 +221,8 @@ def test_the_same_prompt_again_is_not_read_again(engine):
 
 def test_a_long_prompt_is_read_by_the_head_a_chunk_at_a_time(engine, monkeypatch):
     """After a prompt three chunks long, the head's catch-up runs it PREFILL_CHUNK positions at a
-    time (one forward over all of it would hold attention scores of its length squared: 16 GB
-    at 32K tokens), and the answer is still plain decoding's."""
+    time (one forward over all of it would hold its length squared of attention scores per
+    head), and the answer is still plain decoding's."""
     state = engine._draft
     head, lengths = state.model, []
 
