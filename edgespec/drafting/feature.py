@@ -17,7 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.architectures.eagle import EagleModel
 from edgespec.architectures.mtp import MtpModel
-from edgespec.cache import KVState, common_prefix
+from edgespec.cache import PREFILL_CHUNK, KVState, common_prefix
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.token import full_q, pick_token
@@ -79,7 +79,10 @@ class FeatureState:
     def first_input(self, context: list[int]) -> tuple[mx.array, mx.array] | None:
         """The draft's next input after `context`: the (features, tokens) of the positions its
         cache does not hold yet, at least one (its output is the first guess); None when the
-        features do not cover context[:-1] (a one-token prompt: a plain target step)."""
+        features do not cover context[:-1] (a one-token prompt: a plain target step). More than
+        PREFILL_CHUNK such positions (a long prompt's): all but the last chunk are run here, a
+        chunk at a time, as the target's prefill is (one forward over all of them would hold
+        their number squared of attention scores per head: 32K positions, 4 GiB of float32)."""
         if not self.covers(context):
             return None
         p = self.n_features
@@ -87,6 +90,12 @@ class FeatureState:
             self.rewind(p - 1)
         start = self.kv.offset
         assert self.features is not None
+        while p - start > PREFILL_CHUNK:
+            stop = start + PREFILL_CHUNK
+            toks = mx.array(context[start + 1 : stop + 1], dtype=mx.int32)[None]
+            self.model(self.features[start:stop][None], toks, cache=self.kv.cache)
+            mx.eval([c.state for c in self.kv.cache])
+            start = stop
         toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
         return self.features[start:p][None], toks
 
@@ -101,7 +110,9 @@ class FeatureState:
 def prefill(target: KVState, state: FeatureState, prompt: list[int], chunk: int) -> int:
     """KVState.prefill for a target driving a feature draft: the target's cache ends up holding
     prompt[:-1] and `state` the features of those positions. Reuses what both still hold.
-    Returns the number of prompt tokens that will be run (as KVState.prefill)."""
+    Returns the number of prompt tokens that will be run (as KVState.prefill). A recurrent
+    target keeps a restore point at prompt[:-1] (as KVState.prefill does), so that a request
+    repeating the prompt, or ending inside the last answer, is not read from the start again."""
     keep = min(common_prefix(target.tokens, prompt), len(prompt) - 1, state.reusable(prompt))
     target.rewind(target.tokens, keep)
     keep = target.offset  # keep, or earlier: a recurrent cache lands on a restore point
@@ -112,6 +123,7 @@ def prefill(target: KVState, state: FeatureState, prompt: list[int], chunk: int)
         mx.eval(feats, [c.state for c in target.cache])
         parts.append(feats)
     target.tokens = list(prompt[:-1])
+    target.layers.mark_anchor()
     width = len(state.model.feature_layers) * state.model.args.hidden_size
     new = mx.concatenate(parts) if parts else mx.zeros((0, width))
     state.set_features(prompt, keep, new)

@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.architectures.mtp import MtpModel, text_config
@@ -38,6 +38,7 @@ from tests.helpers.tiny_arch import (
     calibrate,
     family_config,
     rare_eos,
+    save_quantized,
     seed_weights,
 )
 
@@ -156,13 +157,16 @@ def mimo(vocab: int) -> dict[str, Any]:
     }
 
 
-def checkpoint_config(family: str, vocab: int) -> dict[str, Any]:
+def checkpoint_config(
+    family: str, vocab: int, layers: int = LAYERS, context: int | None = None
+) -> dict[str, Any]:
     """The tiny config of `family` (qwen3_5, qwen3_next, glm4_moe, mimo or deepseek_v3) with one
-    MTP layer declared where the original configs declare it (Qwen3.5: in its text_config)."""
+    MTP layer declared where the original configs declare it (Qwen3.5: in its text_config).
+    `layers`, `context` (a context window, tests/helpers/tiny_long.py): Qwen3.5 / Qwen3-Next's."""
     made = {"glm4_moe": glm4_moe, "mimo": mimo, "deepseek_v3": deepseek_v3}.get(family)
     if made is not None:
         return made(vocab)
-    config = family_config(family, vocab, LAYERS)
+    config = family_config(family, vocab, layers, context)
     text_config(config)["mtp_num_hidden_layers"] = 1
     return config
 
@@ -261,17 +265,21 @@ def make_checkpoint(
     steps: int = 150,
     family: str = "qwen3_5",
     chat: bool = False,
+    *,
+    layers: int = LAYERS,
+    context: int | None = None,
 ) -> Path:
     """Write `root/checkpoint` (original layout, MTP kept) of the tiny `family` model whose MTP
     layer learnt the target's greedy answers (`length` tokens) to `prompts`: raw text, or with
     `chat` each prompt as a user turn through the chat template (as the server and the chat
-    send it), so that the head has seen the very answers those commands decode."""
+    send it), so that the head has seen the very answers those commands decode. `layers`,
+    `context`: checkpoint_config's (Qwen3.5 / Qwen3-Next only)."""
     from mlx_lm.utils import load_tokenizer
 
     tok_dir = root / "tokenizer"
     vocab = make_tokenizer(tok_dir, seed=0)
     tokenizer = load_tokenizer(tok_dir)
-    config = checkpoint_config(family, vocab)
+    config = checkpoint_config(family, vocab, layers, context)
     model = build(config)
     seed_weights(model, 0)
     calibrate(model, SPREAD)
@@ -301,6 +309,29 @@ def make_checkpoint(
     for name in _TOKENIZER_FILES:
         shutil.copyfile(tok_dir / name, path / name)
     return path
+
+
+def attention_draft(checkpoint: Path, out: Path) -> Path:
+    """Write `out`: a token draft for the tiny Qwen3.5 / Qwen3-Next `checkpoint` of
+    make_checkpoint, one layer of attention only (full_attention_interval 1: a KVCache, which a
+    draft's attention bound turns into a window, where the target's recurrent layers hold an
+    ArraysCache) with the weights of the target's last layer (an attention layer), its
+    embedding, final norm and head; 4-bit, mlx-lm's layout, the checkpoint's tokenizer."""
+    from mlx_lm.utils import load_model
+
+    target, config = load_model(checkpoint)
+    config = json.loads(json.dumps(config))
+    text = text_config(config)
+    last = int(text["num_hidden_layers"]) - 1
+    text |= {"num_hidden_layers": 1, "full_attention_interval": 1, "mtp_num_hidden_layers": 0}
+    draft = build(config)
+    have = dict(tree_flatten(target.parameters()))
+    names = [name for name, _ in tree_flatten(draft.parameters())]
+    draft.update(
+        tree_unflatten([(n, have[n.replace("layers.0.", f"layers.{last}.")]) for n in names])
+    )
+    mx.eval(draft.parameters())
+    return save_quantized(draft, config, out, checkpoint)
 
 
 def strip_mtp(src: Path, dst: Path) -> Path:

@@ -27,6 +27,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from tests.helpers import tiny_gemma4
 from tests.helpers.tiny import SPECIALS, make_tokenizer
+from tests.helpers.tiny_long import long_context
 
 HIDDEN = 64
 EOS = SPECIALS.index("<|im_end|>")
@@ -340,24 +341,33 @@ def save_quantized(
     return path
 
 
-def family_config(family: str, vocab: int, layers: int) -> dict:
-    """The tiny config of `family` (a FAMILIES key) with this vocabulary and layer count."""
+def family_config(family: str, vocab: int, layers: int, context: int | None = None) -> dict:
+    """The tiny config of `family` (a FAMILIES key) with this vocabulary and layer count;
+    `context`: a context window of that many tokens (tests/helpers/tiny_long.py)."""
     made = FAMILIES.get(family) or MORE.get(family)
     if made is None:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
-    return made(vocab, layers)
+    config = made(vocab, layers)
+    return config if context is None else long_context(config, context)
 
 
 def make_family(
-    root: str | Path, family: str, seed: int = 0, *, draft: str = "subset"
+    root: str | Path,
+    family: str,
+    seed: int = 0,
+    *,
+    draft: str = "subset",
+    layers: int = TARGET_LAYERS,
+    context: int | None = None,
 ) -> tuple[Path, Path]:
-    """Write `root/target` (TARGET_LAYERS layers) and `root/draft` of one family, 4-bit; return
+    """Write `root/target` (`layers` layers) and `root/draft` of one family, 4-bit; return
     their paths. draft="subset": DRAFT_LAYERS layers holding the target's first layers, embedding
-    and head; "self": the target again (every drafted token is accepted at temperature 0)."""
+    and head; "self": the target again (every drafted token is accepted at temperature 0).
+    `context`: both models' context window, rope as long-context checkpoints ship it."""
     root = Path(root)
     tok_dir = root / "tokenizer"
     vocab = make_tokenizer(tok_dir, seed=seed)
-    tcfg = family_config(family, vocab, TARGET_LAYERS)
+    tcfg = family_config(family, vocab, layers, context)
     target = build(tcfg)
     seed_weights(target, seed)
     tiny_gemma4.boost_attention(target, family)
@@ -367,7 +377,7 @@ def make_family(
         dcfg, dmodel = tcfg, build(tcfg)
         dmodel.update(target.parameters())
     elif draft == "subset":
-        dcfg = family_config(family, vocab, DRAFT_LAYERS)
+        dcfg = family_config(family, vocab, DRAFT_LAYERS, context)
         dmodel = build(dcfg)
         seed_weights(dmodel, seed + 1000)
         tiny_gemma4.boost_attention(dmodel, family)

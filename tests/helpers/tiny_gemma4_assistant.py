@@ -30,7 +30,7 @@ from edgespec.cache import TOP, target_features, text_model
 from edgespec.loading.load import load_model
 from tests.helpers.arch_models import PROMPT
 from tests.helpers.mtp_models import greedy_answer
-from tests.helpers.tiny_arch import EOS, make_family, seed_weights
+from tests.helpers.tiny_arch import EOS, TARGET_LAYERS, make_family, seed_weights
 
 HIDDEN = 32  # the assistant's own width (the target's is 64: backbone_hidden_size)
 
@@ -172,12 +172,19 @@ def write_assistant(target: Path, out: Path, ordered: bool = False, unified: boo
 
 
 def make_assistant(
-    root: Path, steps: int = 40, length: int = 300, family: str = "gemma4"
+    root: Path,
+    steps: int = 40,
+    length: int = 300,
+    family: str = "gemma4",
+    *,
+    layers: int = TARGET_LAYERS,
+    context: int | None = None,
 ) -> tuple[Path, Path, Path]:
-    """Write `root/target` (a tiny_arch `family`: gemma4, or gemma4_moe for 26B-A4B's form),
-    `root/assistant` (trained: module docstring) and `root/assistant-ordered` (the same weights
-    with a centroid-routed head: seeded centroids, a seeded token ordering); return their paths."""
-    target_path, _ = make_family(root, family)
+    """Write `root/target` (a tiny_arch `family`: gemma4, or gemma4_moe for 26B-A4B's form, of
+    `layers` layers and a context window of `context` tokens, make_family's), `root/assistant`
+    (trained: module docstring) and `root/assistant-ordered` (the same weights with a
+    centroid-routed head: seeded centroids, a seeded token ordering); return their paths."""
+    target_path, _ = make_family(root, family, layers=layers, context=context)
     target_config = json.loads((target_path / "config.json").read_text())
     target_config = target_config.get("text_config", target_config)
     loaded = load_model(str(target_path), dequantize=True)

@@ -30,6 +30,7 @@ from edgespec.architectures.mtp import (
     sanitize_hf,
     stack_experts,
 )
+from edgespec.cache import PREFILL_CHUNK
 from edgespec.commands.common import draft_from_args
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.feature import FeatureState
@@ -202,6 +203,45 @@ def test_a_head_fed_the_wrong_position_stays_exact_only_slower(engine, plain, mo
     tokens, wrong = _greedy(engine, spec)
     assert first_difference(tokens, plain) is None
     assert wrong < right, (wrong, right)
+
+
+def test_the_same_prompt_again_is_not_read_again(engine):
+    """The prefill leaves the target a restore point at the prompt's end (its recurrent layers
+    cannot be trimmed back to it), so a request repeating the prompt runs only its last token
+    and answers as before."""
+    spec = SpecConfig(k=3, method="mtp", adaptive=False)
+    ids = engine.encode_raw(PROMPT)
+    engine.reset()
+    first = gen(engine, ids, spec, 30)
+    again = gen(engine, ids, spec, 30)
+    assert first[-1].stats.prefilled_tokens == len(ids)
+    assert again[-1].stats.prefilled_tokens == 1
+    assert token_ids(again) == token_ids(first)
+
+
+def test_a_long_prompt_is_read_by_the_head_a_chunk_at_a_time(engine, monkeypatch):
+    """After a prompt three chunks long, the head's catch-up runs it PREFILL_CHUNK positions at a
+    time (one forward over all of it would hold its length squared of attention scores per
+    head), and the answer is still plain decoding's."""
+    state = engine._draft
+    head, lengths = state.model, []
+
+    class Counting:
+        def __getattr__(self, name: str):
+            return getattr(head, name)
+
+        def __call__(self, features: mx.array, tokens: mx.array, cache=None) -> mx.array:
+            lengths.append(int(tokens.shape[1]))
+            return head(features, tokens, cache=cache)
+
+    monkeypatch.setattr(state, "model", Counting())
+    rng = np.random.default_rng(5)
+    ids = [int(t) for t in rng.integers(3, engine._vocab, size=3 * PREFILL_CHUNK)]
+    want = generate(engine, ids, SpecConfig(method="none"), 20)[0]
+    engine.reset()
+    got = token_ids(gen(engine, ids, SpecConfig(k=3, method="mtp", adaptive=False), 20))
+    assert got == want
+    assert max(lengths) == PREFILL_CHUNK and sum(lengths) >= len(ids) - 1
 
 
 def test_a_folder_without_mtp_weights_is_a_one_line_error(checkpoint, tmp_path):
