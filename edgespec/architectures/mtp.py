@@ -2,7 +2,8 @@
 
 Qwen3.5 and Qwen3-Next checkpoints carry `mtp.*` weights beside the model: one more decoder layer
 trained to predict the token after next. At context position t, with h_t the target's hidden
-state BEFORE its final norm (the output of its last layer) and x_{t+1} the token that followed:
+state as its family feeds the head (`feed`: AFTER the final norm for Qwen3.5 / Qwen3-Next, the
+tensor the target's own head scores) and x_{t+1} the token that followed:
 
     e = pre_fc_norm_embedding(embed(x_{t+1}))      the target's own embedding
     h = pre_fc_norm_hidden(h_t)
@@ -11,10 +12,15 @@ state BEFORE its final norm (the output of its last layer) and x_{t+1} the token
 
 Further drafted tokens run the same layer recursively: its output y replaces h_t and the token it
 just proposed replaces x_{t+1}. That is the feature-draft contract of edgespec/architectures/eagle.py
-(draft cache position i holds (f_i, context[i + 1])), with f_i the last layer's output instead of
-the top hidden state, so an MtpModel runs in an FeatureState under the FeatureDrafter
-(edgespec/drafting/feature.py): features come from the verify forward, q per position from the
-target's head, and exactness from the ratio test like any draft.
+(draft cache position i holds (f_i, context[i + 1])), so an MtpModel runs in an FeatureState under
+the FeatureDrafter (edgespec/drafting/feature.py): features come from the verify forward, q per
+position from the target's head, and exactness from the ratio test like any draft.
+
+The feed is the family's, as its reference implementation gives it (FEEDS; the sources are in
+docs/architectures.md): POST_NORM reads the target's top hidden state (feature_layers (TOP,)),
+PRE_NORM the output of its last layer (feature_layers (n - 1,)). Either is recorded by the verify
+forward as it passes (edgespec/cache.py target_features): the target's logits do not change. An
+RMSNorm in the head absorbs the scale, so a wrong feed never looks broken: only acceptance drops.
 
 Weights: `mtp.fc.weight` [d, 2d] (embedding half first), `mtp.pre_fc_norm_embedding.weight`,
 `mtp.pre_fc_norm_hidden.weight`, `mtp.layers.0.*` (names of the model's own decoder layer, experts
@@ -38,7 +44,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask
 
-from edgespec.cache import output_head, text_model
+from edgespec.cache import TOP, output_head, text_model
 from edgespec.errors import ConfigError
 
 MTP_FILE = "mtp.safetensors"  # a converted folder's MTP layer, beside its model.safetensors
@@ -49,13 +55,34 @@ FAMILIES: dict[str, tuple[Any, Any]] = {
     "qwen3_5_moe": (qwen3_5.TextModelArgs, qwen3_5.DecoderLayer),
     "qwen3_next": (qwen3_next.ModelArgs, qwen3_next.Qwen3NextDecoderLayer),
 }
+# Which hidden state the head reads: the target's after its final norm, or before it.
+POST_NORM, PRE_NORM = "post-norm", "pre-norm"
+# model_type (these and the next-n families of nextn.py) -> the feed of its reference
+# implementation, vLLM's: its Qwen3-Next (and Qwen3.5), DeepSeek-V2/V3 and GLM-4.5 models return
+# the final-normed state to the MTP proposer, its MiMo model (Xiaomi's) the unnormed one
+# (docs/architectures.md names the files).
+FEEDS: dict[str, str] = {family: POST_NORM for family in FAMILIES} | {
+    "deepseek_v3": POST_NORM,
+    "glm4_moe": POST_NORM,
+    "mimo": PRE_NORM,
+}
+
+
+def feed_layers(feed: str, n_layers: int) -> tuple[int, ...]:
+    """The target hidden states (feature_layers) a head with `feed` reads: POST_NORM the top,
+    final-normed one (TOP), PRE_NORM the output of the last layer. Example: (PRE_NORM, 32) ->
+    (31,)."""
+    if feed not in (POST_NORM, PRE_NORM):
+        raise ValueError(f"unknown MTP feed {feed!r} (want {POST_NORM!r} or {PRE_NORM!r})")
+    return (TOP,) if feed == POST_NORM else (n_layers - 1,)
 
 
 class MtpModel(nn.Module):
     """The MTP layer of a Qwen3.5 / Qwen3-Next target, run as a feature draft (module docstring).
 
-    Example: a target with 32 layers -> feature_layers (31,): the verify forward records layer
-    31's output, which `__call__` reads beside the embedding of the token after it."""
+    Example: a Qwen3.5 target (feed POST_NORM) -> feature_layers (TOP,): the verify forward
+    records its final-normed top hidden state, which `__call__` reads beside the embedding of the
+    token after it."""
 
     draft_family = "mtp"  # a feature draft that is the target's own head (families/feature.py)
 
@@ -71,7 +98,8 @@ class MtpModel(nn.Module):
         attention = args.full_attention_interval - 1  # a full-attention layer index
         self.layers = [layer(args, attention)]
         self.norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
-        self.feature_layers = (args.num_hidden_layers - 1,)
+        self.feed = FEEDS[family]
+        self.feature_layers = feed_layers(self.feed, args.num_hidden_layers)
         self.head_ids = None  # the target's full head: q is over the whole vocabulary
         self.chain = "guess"  # later tokens read the layer's own output
         object.__setattr__(self, "target", None)  # not a parameter: shared, never saved
@@ -82,7 +110,7 @@ class MtpModel(nn.Module):
         object.__setattr__(self, "target", target)
 
     def fuse(self, raw: mx.array) -> mx.array:
-        """The features as recorded: the last layer's output, read as is."""
+        """The features as recorded (the hidden state of `feed`), read as is."""
         return raw
 
     def __call__(self, features: mx.array, tokens: mx.array, cache: Any = None) -> mx.array:

@@ -3,7 +3,8 @@
 A DeepSeek-V3 or GLM-4.5 checkpoint (`model_type` deepseek_v3, glm4_moe) stores its MTP layer as
 one more decoder layer after the model's own, `model.layers.{num_hidden_layers}`
 (`num_nextn_predict_layers: 1` in its config), with five extra modules. At context position t,
-with h_t the target's hidden state before its final norm and x_{t+1} the token that followed:
+with h_t the target's hidden state as its family feeds the head (`mtp.FEEDS`) and x_{t+1} the
+token that followed:
 
     e = enorm(embed(x_{t+1}))                      the target's own embedding
     h = hnorm(h_t)
@@ -15,7 +16,11 @@ the MTP contract of edgespec/architectures/mtp.py under other names, so a NextnM
 `shared_head.head`, copies of the target's embedding and head (shared by design): they are not
 kept. MiMo (`mimo`) stores the same thing as `model.mtp_layers.{i}` under its own names
 (token_layernorm, hidden_layernorm, input_proj, final_layernorm; a Qwen2 block) and feeds
-[h, e], hidden state first, to its projection (`Layout`). DeepSeek-V3's layer goes through
+[h, e], hidden state first, to its projection (`Layout`). The feed is each family's reference
+implementation's (docs/architectures.md): DeepSeek-V3 and GLM-4.5 read the target's hidden state
+AFTER its final norm (vLLM's DeepseekV2Model and Glm4MoeModel return it normed to the proposer),
+MiMo the state BEFORE it (Xiaomi's MiMoModel in vLLM returns the residual stream unnormed and
+norms only for its own logits). DeepSeek-V3's layer goes through
 mlx-lm's own deepseek_v3 sanitize (fp8 weights, the MLA `kv_b_proj` split). mlx-lm's sanitize
 drops these layers, so an mlx-community folder has no head; `edgespec pull FOLDER` converts an
 original checkpoint keeping it (edgespec/loading/mtp.py).
@@ -112,8 +117,9 @@ class NextnModel(mtp.MtpModel):
     """The next-n layer of a DeepSeek-V3, GLM-4.5 or MiMo target, run as a feature draft (module
     docstring).
 
-    Example: a target with 46 layers -> the layer `model.layers.46` of its checkpoint, reading
-    layer 45's output beside the embedding of the token after it."""
+    Example: a GLM-4.5 target with 46 layers -> the layer `model.layers.46` of its checkpoint,
+    reading the target's final-normed top hidden state beside the embedding of the token after
+    it; a MiMo target with 36 layers -> `model.mtp_layers.0`, reading layer 35's output."""
 
     def __init__(self, args: Any, family: str = "glm4_moe"):
         nn.Module.__init__(self)
@@ -127,7 +133,8 @@ class NextnModel(mtp.MtpModel):
         self.hidden_first = FAMILIES[family].hidden_first
         self.mask_array = FAMILIES[family].mask_array
         self.shared_head = SharedHead(d, eps)
-        self.feature_layers = (args.num_hidden_layers - 1,)
+        self.feed = mtp.FEEDS[family]
+        self.feature_layers = mtp.feed_layers(self.feed, args.num_hidden_layers)
         self.head_ids = None
         self.chain = "guess"
         object.__setattr__(self, "target", None)

@@ -11,6 +11,9 @@ MTP layer as the checkpoint's next-n layer (`model.layers.{num_hidden_layers}` w
 the embedding and head it carries; MiMo's `model.mtp_layers.0`), norms as they are, MLA weights
 merged back into `kv_b_proj`.
 `strip_mtp(src, dst)` writes the same model without its MTP weights, as mlx-community ships it.
+`make_checkpoint(..., feed=PRE_NORM, norm_spread=1.0)` trains the head on a feed other than its
+family's, on a target whose final norm has per-channel weights (as trained models' do: with all
+ones, the two feeds differ by a scale the head's own RMSNorm removes, and could not be told apart).
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from edgespec.architectures.mtp import MtpModel, text_config
+from edgespec.architectures.mtp import MtpModel, feed_layers, text_config
 from edgespec.architectures.nextn import FAMILIES, NextnModel, build_head, layer_prefix
 from edgespec.cache import target_features
 from tests.helpers.tiny import make_tokenizer
@@ -258,6 +262,16 @@ def train_mtp(model: nn.Module, mtp: MtpModel, seqs: list[list[int]], steps: int
     return float(loss.item())
 
 
+def spread_final_norm(model: nn.Module, spread: float, seed: int) -> None:
+    """Give the target's final norm seeded per-channel weights exp(spread * N(0, 1))."""
+    params = dict(tree_flatten(model.parameters()))
+    name = next(k for k in params if "layers." not in k and k.endswith("model.norm.weight"))
+    rng = np.random.default_rng(seed)
+    w = np.exp(spread * rng.standard_normal(params[name].shape)).astype(np.float32)
+    model.update(tree_unflatten([(name, mx.array(w))]))
+    mx.eval(model.parameters())
+
+
 def make_checkpoint(
     root: Path,
     prompts: list[str],
@@ -268,24 +282,35 @@ def make_checkpoint(
     *,
     layers: int = LAYERS,
     context: int | None = None,
+    feed: str | None = None,
+    norm_spread: float = 0.0,
+    seed: int = 0,
 ) -> Path:
     """Write `root/checkpoint` (original layout, MTP kept) of the tiny `family` model whose MTP
     layer learnt the target's greedy answers (`length` tokens) to `prompts`: raw text, or with
     `chat` each prompt as a user turn through the chat template (as the server and the chat
     send it), so that the head has seen the very answers those commands decode. `layers`,
-    `context`: checkpoint_config's (Qwen3.5 / Qwen3-Next only)."""
+    `context`: checkpoint_config's (Qwen3.5 / Qwen3-Next only). `feed`: the
+    hidden state the head is trained on (None: its family's); `norm_spread` > 0: the target's
+    final norm gets per-channel weights (spread_final_norm); `seed`: the target's weights (the
+    head's: seed + 1)."""
     from mlx_lm.utils import load_tokenizer
 
     tok_dir = root / "tokenizer"
     vocab = make_tokenizer(tok_dir, seed=0)
     tokenizer = load_tokenizer(tok_dir)
     config = checkpoint_config(family, vocab, layers, context)
+    mx.random.seed(seed)  # the weights seed_weights leaves at mlx-lm's draws (A_log)
     model = build(config)
-    seed_weights(model, 0)
+    seed_weights(model, seed)
+    if norm_spread > 0:
+        spread_final_norm(model, norm_spread, seed)
     calibrate(model, SPREAD)
     rare_eos(model)
     mtp = build_head(config)
-    seed_weights(mtp, 1)
+    seed_weights(mtp, seed + 1)
+    if feed is not None:
+        mtp.feed, mtp.feature_layers = feed, feed_layers(feed, LAYERS)
     mtp.attach(model)
     turns = [[{"role": "user", "content": p}] for p in prompts]
     encoded = (

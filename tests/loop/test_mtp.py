@@ -30,7 +30,7 @@ from edgespec.architectures.mtp import (
     sanitize_hf,
     stack_experts,
 )
-from edgespec.cache import PREFILL_CHUNK
+from edgespec.cache import PREFILL_CHUNK, TOP
 from edgespec.commands.common import draft_from_args
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.feature import FeatureState
@@ -83,8 +83,8 @@ def _greedy(engine: Engine, spec: SpecConfig, n: int = TOKENS) -> tuple[list[int
 
 def test_the_head_loads_from_the_checkpoint_as_a_feature_draft(engine, checkpoint):
     model = engine.draft.model
-    assert isinstance(model, MtpModel) and model.feature_layers == (3,)
-    assert engine._target.feature_layers == (3,)  # the verify records the last layer
+    assert isinstance(model, MtpModel) and model.feature_layers == (TOP,)
+    assert engine._target.feature_layers == (TOP,)  # the verify records the final-normed state
     raw = mx.load(str(checkpoint / "model.safetensors"))
     norm = raw["mtp.norm.weight"]
     assert mx.allclose(model.norm.weight, norm + 1.0)  # stored as offsets from 1

@@ -32,6 +32,7 @@ from edgespec.architectures.nextn import (
     read_head,
     sanitize_nextn,
 )
+from edgespec.cache import TOP
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
 from edgespec.loading.mtp import is_checkpoint_with_mtp
@@ -71,10 +72,12 @@ def plain(engine: Engine) -> list[int]:
 
 def test_the_next_n_layer_loads_under_its_own_names(engine, checkpoint):
     model = engine.draft.model
-    assert isinstance(model, NextnModel) and model.feature_layers == (3,)
-    assert engine._target.feature_layers == (3,)
     raw = stored(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
+    # the feed of the family's reference implementation: MiMo's is the last layer's output
+    fed = (3,) if config["model_type"] == "mimo" else (TOP,)
+    assert isinstance(model, NextnModel) and model.feature_layers == fed
+    assert engine._target.feature_layers == fed
     prefix, names = layer_prefix(config), FAMILIES[config["model_type"]].names
     assert mx.array_equal(model.enorm.weight, raw[f"{prefix}{names['enorm']}.weight"])
     assert mx.array_equal(model.eh_proj.weight, raw[f"{prefix}{names['eh_proj']}.weight"])
