@@ -16,8 +16,9 @@ import argparse
 import time
 from collections import defaultdict
 
-from edgespec import Engine, GenerationConfig, SamplingConfig, SpecConfig, Token
-from edgespec.events import Round
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.events import Round, Token
+from edgespec.runtime import Engine
 
 PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
