@@ -85,10 +85,17 @@ class FeatureState:
         p = self.n_features
         if self.kv.offset >= p:  # feed at least one position
             self.rewind(p - 1)
-        start = self.kv.offset
+        start = self.kv.catch_up(context[:p], lambda a, b: self.read(context, a, b))
         assert self.features is not None
         toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
         return self.features[start:p][None], toks
+
+    def read(self, context: list[int], start: int, stop: int) -> None:
+        """Feed draft positions start..stop - 1 (true features, the tokens after them) into the
+        cache, lazily: a bounded draft's sinks (KVState.catch_up)."""
+        assert self.features is not None
+        toks = mx.array(context[start + 1 : stop + 1], dtype=mx.int32)[None]
+        self.model(self.features[start:stop][None], toks, cache=self.kv.cache)
 
     def rewind(self, keep: int) -> None:
         self.kv.rewind(self.context, keep)
