@@ -5,8 +5,10 @@ The assistant keeps no cache: each round it reads the target's. AssistantState h
 KVState and one feature: the target's final-normed top hidden state at position n - 1 of the
 committed context x_0..x_n (the verify that committed x_n computed it). A round (propose) reads the
 keys and values of the target's last sliding and last full cache layer as they hold x_0..x_{n-1}
-(the loop's invariant), then runs K draft steps at position n - 1, each on the token drafted
-before it (x_n first) and the hidden state the step before returned (the feature first).
+(the loop's invariant; with the draft's attention bound, cache.Bound, past its start only the
+full layer's sinks and last window of them), then runs K draft steps at position n - 1, each on
+the token drafted before it (x_n first) and the hidden state the step before returned (the
+feature first).
 
 Exact like any draft: at T > 0 token i is drawn from q_i = warp(logits_i) with the round's
 uniform u_i and the ratio test min(1, p_i / q_i) judges it against that same q_i; at T = 0 it is
