@@ -320,11 +320,6 @@ class Rewinder:
         the cache `skip`."""
         return bool(self.windows) and len(self.windows) == len(self.layers)
 
-    def positions(self) -> mx.array:
-        """The positions of the keys it holds, in their order: the sinks in front, then the rest."""
-        lead = mx.arange(self._lead(self.sinks, self.start))
-        return mx.concatenate([lead, mx.arange(self.start, self.offset)])
-
     def skip(self, to: int) -> None:
         """Jump every (window) layer to position `to` without computing the positions between
         (WindowKVCache.skip); forgets nothing else: such a cache has no restore points."""
