@@ -83,7 +83,7 @@ def _greedy_matches_plain(engine: Engine, prompt: list[int], n: int) -> None:
     assert token_ids(events) == plain_ids(engine, prompt, n) and len(token_ids(events)) >= n // 2
 
 
-@pytest.mark.slow  # a 32K-token prefill recording features: about a minute on a 2-core CPU
+@pytest.mark.slow  # a 32K-token prefill recording features: about 90 s on a 2-core CPU
 def test_greedy_output_equals_plain_at_32k_tokens_with_a_bounded_eagle_draft(engines):
     engine = engines["eagle"]
     _greedy_matches_plain(engine, _prompt(engine, LONG - 64), 40)
