@@ -26,9 +26,8 @@ PREFILL_CHUNK = 512
 # much longer tail costs more in head rows than the separate forward saves (measured:
 # docs/measurements/2026-11-27-first-token.md).
 MERGE_MAX = 32
-# A bounded draft's catch-up reads the last READ_WINDOWS windows of what it has not read (and its
-# sinks), skipping the rest (Bound, KVState.catch_up). At least window - 1 + DEPTH positions, so
-# that the draft's rewinds after it are trims.
+# A bounded draft's catch-up reads its sinks and the last READ_WINDOWS windows of what it has not
+# read (Bound, KVState.catch_up): at least window - 1 + DEPTH positions, so its rewinds are trims.
 READ_WINDOWS = 2
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
 # Who runs a state's forwards besides itself (a server's batch packs several sequences' into one,
@@ -124,8 +123,8 @@ def quantized(new_cache: CacheFactory, bits: int | None) -> CacheFactory:
     `bits` (8 or 4) instead; `new_cache` itself for None. Other layers (sliding windows,
     recurrent) keep their own kinds: mlx-lm quantizes only full ones. Each position's keys and
     values are quantized on their own as they are written, so a trimmed cache holds exactly what
-    it held before (a rewind is a trim, as for KVCache), and a draft's attention bound
-    (Bound.windowed) leaves these layers as they are: a quantized draft is never bounded."""
+    it held before (a rewind is a trim), and a draft's attention bound (Bound.windowed) leaves
+    these layers as they are: a quantized draft is never bounded."""
     kv_bits = check_kv_bits(bits)
     if kv_bits is None:
         return new_cache
@@ -364,11 +363,11 @@ class KVState:
         self.layers.mark_anchor()
         return len(prompt) - first
 
-    def catch_up(self, context: list[int]) -> int:
+    def catch_up(self, context: list[int], read: Callable[[int, int], Any] | None = None) -> int:
         """Before reading context[offset:]: a `bound` draft past its start turns its full cache
-        into windows (Bound.windowed), and one far behind reads only its sinks and its last
-        READ_WINDOWS windows: the positions between are never attended to again
-        (WindowKVCache.skip). Returns the offset to feed from (unchanged without a bound)."""
+        into windows (Bound.windowed), and one far behind reads only its sinks (`read(a, b)` feeds
+        positions a..b - 1: their tokens unless given) and its last READ_WINDOWS windows, skipping
+        the rest (WindowKVCache.skip). Returns the offset to feed from (unchanged without a bound)."""
         bound = self.bound
         if bound is None or len(context) <= bound.start:
             return self.offset
@@ -378,8 +377,9 @@ class KVState:
         reach = READ_WINDOWS * bound.window
         if not self.layers.all_windows or len(context) - self.offset <= reach + bound.sinks:
             return self.offset
+        read = read or (lambda a, b: self.forward(mx.array(context[a:b], dtype=mx.int32)))
         if self.offset < bound.sinks:  # the sinks are read first, once
-            self.forward(mx.array(context[self.offset : bound.sinks], dtype=mx.int32))
+            read(self.offset, bound.sinks)
             mx.eval([c.state for c in self.cache])
         to = len(context) - reach
         self.layers.skip(to)

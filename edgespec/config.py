@@ -11,10 +11,11 @@ from edgespec.errors import ConfigError
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
 # round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
 MAX_K = 64
-# A token draft's attention bound (SpecConfig.draft_window, cache.Bound): the window, in
-# positions, and the first positions every draft position also sees (attention sinks). On this
-# project's measurements a window of 256 to 1024 kept the draft's acceptance at 2K tokens of
-# context (docs/measurements/2026-11-28-long-context-draft.md); 1024 leaves room to spare.
+# A draft's attention bound (SpecConfig.draft_window, cache.Bound): the window, in positions,
+# and the first positions every draft position also sees (attention sinks). On this project's
+# measurements a window of 256 to 1024 kept a token draft's acceptance at 2K tokens of context
+# (docs/measurements/2026-11-28-long-context-draft.md); 1024 leaves room to spare. Feature, block
+# and assistant drafts take the same (docs/measurements/2026-11-29-long-context-drafts.md).
 DRAFT_WINDOW = 1024
 DRAFT_SINKS = 4
 MIN_DRAFT_WINDOW = 2 * (MAX_K + 2)  # twice what a rewind may drop (rewind.DEPTH)
@@ -125,10 +126,11 @@ class SpecConfig:
     # Draft trees (docs/drafting.md, Trees): "" for chains (the default loop), else "chain", a
     # width list such as "3,2,1,1", "dynamic" or "auto" (the adaptive policy's choice per round).
     tree: str = ""
-    # A token draft's attention bound (cache.Bound): past 2 * draft_window tokens of context it
-    # attends to its first DRAFT_SINKS positions and its last draft_window ones, so a draft step
-    # costs the same at any length; 0 attends to the whole context. Drafts only: the target
-    # verifies every token over the whole context, so output is unchanged either way.
+    # A draft's attention bound (cache.Bound; token, feature and block drafts' own attention, a
+    # Gemma 4 assistant's reading of the target's full layer): past 2 * draft_window tokens of
+    # context it attends to its first DRAFT_SINKS positions and its last draft_window ones, so a
+    # draft step costs the same at any length; 0 attends to the whole context. Drafts only: the
+    # target verifies every token over the whole context, so output is unchanged either way.
     draft_window: int = DRAFT_WINDOW
 
     def __post_init__(self) -> None:

@@ -164,6 +164,11 @@ class WindowKVCache(_BaseCache):
         keys = mx.concatenate([mx.arange(lead), mx.arange(start, self.offset + n)])[None]
         return (keys <= queries) & ((keys > queries - window) | (keys < self.sinks))
 
+    def positions(self) -> mx.array:
+        """The positions of the keys it holds, in their order: the sinks in front, then the rest."""
+        lead = mx.arange(self._lead(self.sinks, self.start))
+        return mx.concatenate([lead, mx.arange(self.start, self.offset)])
+
     def skip(self, to: int) -> None:
         """Jump to position `to` without the positions before it: a bounded draft's catch-up
         (cache.KVState.catch_up), whose later queries never attend to them. The sinks stay;

@@ -191,18 +191,18 @@ class BlockAttention(nn.Module):
             return cache.update_and_fetch(keys, values)
         if cache.offset == 0:
             return keys, values
-        return cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
+        return cache.keys[..., : cache.size(), :], cache.values[..., : cache.size(), :]
 
     def __call__(self, x: mx.array, ctx: mx.array, cache: Any, mask: mx.array | None) -> mx.array:
         B, L, _ = x.shape
         ck, cv = self._context_kv(ctx, cache)
-        pos = int(ck.shape[2])  # the block follows every context position
+        pos = int(ck.shape[2]) if cache is None else cache.offset  # the block follows the context
         q = self.rope(self._heads(self.q_proj(x), self.n_heads, "q_norm"), offset=pos)
         k = self.rope(self._heads(self.k_proj(x), self.n_kv, "k_norm"), offset=pos)
         v = self._heads(self.v_proj(x), self.n_kv, None)
         keys = mx.concatenate([ck, k], axis=2)
         values = mx.concatenate([cv, v], axis=2)
-        mask = block_mask(mask, pos, L, self.window, self.causal)
+        mask = block_mask(mask, pos, L, self.window, self.causal, cache)
         out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 

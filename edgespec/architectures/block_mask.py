@@ -29,18 +29,26 @@ def causal_layers(flat: dict[str, Any], layer_types: tuple[str, ...], n: int) ->
 
 
 def block_mask(
-    mask: mx.array | None, pos: int, length: int, window: int, causal: bool
+    mask: mx.array | None, pos: int, length: int, window: int, causal: bool, cache: Any = None
 ) -> mx.array | None:
     """`mask` (boolean or additive, or None) also hiding from each block query (queries at
     pos..pos + length - 1, keys at 0..pos + length - 1) the keys `window` or more positions away
-    (window > 0) and, when `causal`, the keys after it; `mask` itself when neither hides one."""
-    if not causal and not (window and pos + length > window):
+    (window > 0) and, when `causal`, the keys after it; `mask` itself when neither hides one.
+    A `cache` made by a draft's attention bound (a window cache marked `bounded`, cache.Bound)
+    holds only some context keys (its `positions()`): each block query sees those of its sinks
+    and of its last `cache.window` positions (as a bounded token draft's query would), and every
+    block key."""
+    bound = cache if getattr(cache, "bounded", False) else None
+    if bound is None and not causal and not (window and pos + length > window):
         return mask
     q = mx.arange(pos, pos + length)[:, None]
-    k = mx.arange(pos + length)[None, :]
-    keep = mx.abs(q - k) < window if window else mx.ones((length, pos + length), dtype=mx.bool_)
+    held = mx.arange(pos) if bound is None else bound.positions()
+    k = mx.concatenate([held, mx.arange(pos, pos + length)])[None, :]
+    keep = mx.abs(q - k) < window if window else mx.ones((length, k.shape[1]), dtype=mx.bool_)
     if causal:
         keep = keep & (k <= q)
+    if bound is not None:
+        keep = keep & ((k >= pos) | (k > q - bound.window) | (k < bound.sinks))
     if mask is None:
         return keep
     if mask.dtype == mx.bool_:

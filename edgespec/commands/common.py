@@ -66,7 +66,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 WINDOW_HELP = (
-    f"past 2N tokens of context a token draft attends to its first {DRAFT_SINKS} positions and "
+    f"past 2N tokens of context a draft attends to its first {DRAFT_SINKS} positions and "
     f"its last N only, so its steps cost the same at any length (0: the whole context; default "
     f"{SpecConfig.draft_window}; output is unchanged)"
 )

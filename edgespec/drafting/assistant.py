@@ -5,8 +5,10 @@ The assistant keeps no cache: each round it reads the target's. AssistantState h
 KVState and one feature: the target's final-normed top hidden state at position n - 1 of the
 committed context x_0..x_n (the verify that committed x_n computed it). A round (propose) reads the
 keys and values of the target's last sliding and last full cache layer as they hold x_0..x_{n-1}
-(the loop's invariant), then runs K draft steps at position n - 1, each on the token drafted
-before it (x_n first) and the hidden state the step before returned (the feature first).
+(the loop's invariant; with the draft's attention bound, cache.Bound, past its start only the
+full layer's sinks and last window of them), then runs K draft steps at position n - 1, each on
+the token drafted before it (x_n first) and the hidden state the step before returned (the
+feature first).
 
 Exact like any draft: at T > 0 token i is drawn from q_i = warp(logits_i) with the round's
 uniform u_i and the ratio test min(1, p_i / q_i) judges it against that same q_i; at T = 0 it is
@@ -22,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from edgespec.architectures.gemma4_assistant import KV, Gemma4Assistant
-from edgespec.cache import KVState, text_model
+from edgespec.cache import Bound, KVState, text_model
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.feature import FeatureState
@@ -77,35 +79,43 @@ class AssistantState(FeatureState):
         self.context, self.features, self.at = [], None, -1
 
 
-def _held(layer: Any, n: int) -> tuple[mx.array, mx.array]:
-    """A target cache layer's keys and values of its held positions before `n`, oldest first."""
+def _held(layer: Any, n: int, bound: Bound | None = None) -> tuple[mx.array, mx.array]:
+    """A target cache layer's keys and values of its held positions before `n`, oldest first;
+    with a `bound` (a draft's attention bound, cache.Bound) past its start, only those of its
+    sinks and of the last `bound.window` positions (a full layer's: a window holds no more)."""
     if isinstance(layer, WindowKVCache):  # positions layer.start.. (a target's has no sinks)
-        n = layer.size()
-    if isinstance(layer, QuantizedKVCache):  # --kv-bits: (packed, scales, biases) each
-        group, bits = layer.group_size, layer.bits
+        n, bound = layer.size(), None
+    spans = [(0, n)]
+    if bound is not None and n > bound.start:
+        spans = [(0, bound.sinks), (n - bound.window, n)]
 
-        def dense(part: Any) -> mx.array:
-            packed, scales, biases = (a[..., :n, :] for a in part)
+    def held(part: Any, a: int, b: int) -> mx.array:
+        if isinstance(layer, QuantizedKVCache):  # --kv-bits: (packed, scales, biases) each
+            packed, scales, biases = (x[..., a:b, :] for x in part)
+            group, bits = layer.group_size, layer.bits
             return mx.dequantize(packed, scales, biases, group_size=group, bits=bits)
+        return part[..., a:b, :]
 
-        return dense(layer.keys), dense(layer.values)
-    if isinstance(layer, WindowKVCache | KVCache):
-        keys, values = layer.keys, layer.values
-        assert keys is not None and values is not None
-        return keys[..., :n, :], values[..., :n, :]
-    raise TypeError(f"a Gemma 4 assistant cannot read a {type(layer).__name__} cache")
+    if not isinstance(layer, QuantizedKVCache | WindowKVCache | KVCache):
+        raise TypeError(f"a Gemma 4 assistant cannot read a {type(layer).__name__} cache")
+    assert layer.keys is not None and layer.values is not None
+    keys, values = ([held(part, a, b) for a, b in spans] for part in (layer.keys, layer.values))
+    if len(spans) == 1:
+        return keys[0], values[0]
+    return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
 
 
-def shared_kv(target: KVState, window: int) -> KV:
+def shared_kv(target: KVState, window: int, bound: Bound | None = None) -> KV:
     """Per layer kind, the keys and values a draft query at position target.offset - 1 sees:
     those of the target's last cache layer of that kind (what its KV-shared layers read too),
-    all positions (full) or the last `window` (sliding)."""
+    all positions (full; with a `bound`, the draft's attention bound, its sinks and last window
+    past its start) or the last `window` (sliding)."""
     cache = target.cache
     kinds = text_model(target.model).args.layer_types[: len(cache)]
     last = {kind: layer for kind, layer in zip(kinds, cache, strict=True)}
     out: KV = {}
     for kind, layer in last.items():
-        keys, values = _held(layer, target.offset)
+        keys, values = _held(layer, target.offset, bound)
         if kind == "sliding_attention":
             keys, values = keys[..., -window:, :], values[..., -window:, :]
         out[kind] = (keys, values)
@@ -130,7 +140,7 @@ class AssistantDrafter(Drafter):
         if not st.covers(context) or st.target.offset != len(context) - 1:
             return no_proposal()  # no feature for this context yet: a plain target step
         model = st.assistant
-        kv = shared_kv(st.target, model.window)
+        kv = shared_kv(st.target, model.window, st.kv.bound)  # prepare set the bound
         assert st.features is not None
         hidden = st.features[None]
         token = mx.array([context[-1]], dtype=mx.int32)

@@ -62,6 +62,7 @@ class BlockState(FeatureState):
         if k < 1:
             return None
         assert self.features is not None
+        self.kv.catch_up(context[:p], lambda a, b: self.read(context, a, b))  # a bounded draft
         new = self.features[self.kv.offset : p][None]
         self.kv.layers.before_forward(int(new.shape[1]))
         toks = mx.array([context[-1]] + [self.block.args.mask_token_id] * k, dtype=mx.int32)
@@ -69,6 +70,13 @@ class BlockState(FeatureState):
         hidden = self.block(toks[None], new, cache=self.kv.cache, last=last)[0, 1:]
         self.kv.tokens = list(context[:p])
         return hidden
+
+    def read(self, context: list[int], start: int, stop: int) -> None:
+        """Cache the context keys and values of positions start..stop - 1, lazily (a bounded
+        draft's sinks, KVState.catch_up): a block forward whose block rows nothing reads."""
+        assert self.features is not None
+        toks = mx.array([[self.block.args.mask_token_id]], dtype=mx.int32)
+        self.block(toks, self.features[start:stop][None], self.kv.cache, last=self.features[:1])
 
 
 def draw_block(

@@ -23,6 +23,8 @@ from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.token import full_q, pick_token
 from edgespec.sampling import Softmax, uniforms
 
+FEATURE_ROOM = 256  # rows a fresh feature buffer holds at least
+
 
 class FeatureState:
     """A feature draft's KV cache plus the target features of the context it follows.
@@ -41,11 +43,19 @@ class FeatureState:
         self.model = model
         self.kv = KVState(model, name, new_cache, softmax)
         self.context: list[int] = []
-        self.features: mx.array | None = None  # [P, d]
+        self.features = None  # [P, d]: the first P rows of a buffer with room for more
+
+    @property
+    def features(self) -> mx.array | None:
+        return None if self._buffer is None else self._buffer[: self._held]
+
+    @features.setter
+    def features(self, value: mx.array | None) -> None:
+        self._buffer, self._held = value, 0 if value is None else int(value.shape[0])
 
     @property
     def n_features(self) -> int:
-        return 0 if self.features is None else int(self.features.shape[0])
+        return 0 if self._buffer is None else self._held
 
     def reusable(self, prompt: list[int]) -> int:
         """How many of `prompt`'s features are already known (feature i depends on tokens <= i)."""
@@ -60,15 +70,23 @@ class FeatureState:
         common = common_prefix(self.context, context)
         if start > min(self.n_features, common):
             raise ValueError(f"feature gap: {min(self.n_features, common)} known, next at {start}")
-        old = self.features[:start] if self.features is not None and start > 0 else None
-        if old is None:
-            self.features = new
-        elif new.shape[0] > 0:
-            self.features = mx.concatenate([old, new])
-        else:
-            self.features = old
+        self._write(start, new)
         self.context = list(context)
         self.rewind(min(self.kv.offset, start, max(common - 1, 0)))
+
+    def _write(self, start: int, new: mx.array) -> None:
+        """features[start:] = new, in a buffer that doubles when full: a round writes its few
+        rows without copying the whole context's (as mlx-lm's KVCache grows)."""
+        end, buffer = start + int(new.shape[0]), self._buffer
+        if buffer is None or start == 0 or buffer.shape[1:] != new.shape[1:]:
+            buffer = None  # a fresh one (the rows before start, if any, are kept below)
+        if buffer is None or end > buffer.shape[0]:
+            grown = mx.zeros((max(FEATURE_ROOM, 2 * end), *new.shape[1:]), dtype=new.dtype)
+            if buffer is not None:
+                grown[:start] = buffer[:start]
+            buffer = grown
+        buffer[start:end] = new.astype(buffer.dtype)
+        self._buffer, self._held = buffer, end
 
     def covers(self, context: list[int]) -> bool:
         """Whether the features are those of context[:-1] exactly (at least one): what a draft
@@ -88,7 +106,7 @@ class FeatureState:
         p = self.n_features
         if self.kv.offset >= p:  # feed at least one position
             self.rewind(p - 1)
-        start = self.kv.offset
+        start = self.kv.catch_up(context[:p], lambda a, b: self.read(context, a, b))
         assert self.features is not None
         while p - start > PREFILL_CHUNK:
             stop = start + PREFILL_CHUNK
@@ -98,6 +116,13 @@ class FeatureState:
             start = stop
         toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
         return self.features[start:p][None], toks
+
+    def read(self, context: list[int], start: int, stop: int) -> None:
+        """Feed draft positions start..stop - 1 (true features, the tokens after them) into the
+        cache, lazily: a bounded draft's sinks (KVState.catch_up)."""
+        assert self.features is not None
+        toks = mx.array(context[start + 1 : stop + 1], dtype=mx.int32)[None]
+        self.model(self.features[start:stop][None], toks, cache=self.kv.cache)
 
     def rewind(self, keep: int) -> None:
         self.kv.rewind(self.context, keep)

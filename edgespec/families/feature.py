@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized, target_features
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.cache import PREFILL_CHUNK, Bound, Forward, KVState, quantized, target_features
+from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.feature import FeatureDrafter, FeatureState, prefill
 from edgespec.errors import ConfigError
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 class FeatureFamily:
     """A FeatureState: the draft's own KV cache plus the target's features of the context. It
-    keeps its own cache layout (full precision, never bounded); nothing drafted on guesses
-    outlives a round, so it needs no rewind check. Answers edgespec.families.Family in full
-    (that module picks this one, so this one does not import it)."""
+    keeps its own cache layout (full precision), bounded past a length like a token draft's
+    (`prepare`); nothing drafted on guesses outlives a round, so it needs no rewind check.
+    Answers edgespec.families.Family in full (that module picks this one, so this one does not
+    import it)."""
 
     name = "feature"
     reads_features = True
@@ -57,8 +58,15 @@ class FeatureFamily:
         return FeatureState(model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
 
     def prepare(self, state: FeatureState, spec: SpecConfig) -> None:
-        """Nothing to check: positions drafted on guesses are rolled back every round."""
-        return None
+        """Bound the draft's own attention to `spec`'s window as a token draft's (cache.Bound;
+        off for trees, whose forward needs the full cache): past the bound's start its cache
+        holds its sinks and last window, and it reads only those of a long prompt
+        (FeatureState.first_input). Nothing to check: positions drafted on guesses are rolled
+        back every round."""
+        window = 0 if spec.tree else spec.draft_window
+        state.kv.bound = Bound(window, DRAFT_SINKS) if window else None
+        if state.kv.bound is None:
+            state.kv.unbind()
 
     def later(self, target: KVState, state: FeatureState, draft_too: bool) -> None:
         return None  # its prefill is the target's

@@ -29,13 +29,16 @@ def write_dflash(
     layer_ids: tuple[int, ...] = (0, 2),
     layers: int = 2,
     block: int = 4,
+    width: int = 64,
     **overrides: object,
 ) -> Path:
     """A seeded DFlash-format draft for the target folder `target` (its width, vocabulary and
-    layer count; `overrides` replace config fields, e.g. to make a mismatched draft)."""
+    layer count; `overrides` replace config fields, e.g. to make a mismatched draft). `width`:
+    the draft's hidden size (the target's must match), in heads of 16."""
     tcfg = json.loads((target / "config.json").read_text())
     tcfg = tcfg.get("text_config", tcfg)  # a multimodal target's text part (Qwen3.5)
-    d, heads, kv, hd = 64, 4, 2, 16
+    d, hd = width, 16
+    heads, kv = d // hd, d // (2 * hd)
     inter = 2 * d
     cfg = {
         "architectures": ["DFlashDraftModel"],
