@@ -9,6 +9,7 @@ samples its caller says the check needs, instead of returning early on too few.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -200,6 +201,43 @@ def chi2_pvalue(samples: Sequence[int], p: np.ndarray, min_samples: int) -> floa
     keep = exp > 0
     assert keep.sum() >= 2, "p puts (almost) all its mass on one token: nothing to compare"
     return float(chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
+
+
+def first_two_p_value(
+    engine: Any,
+    ids: list[int],
+    sampling: SamplingConfig,
+    spec: SpecConfig,
+    kinds: set[str],
+    min_firsts: int,
+    min_seconds: int,
+) -> Any:
+    """A p_value(seeds) for tests.helpers.stats.assert_follows: one 2-token answer to `ids` per
+    seed; the first tokens tested against p(. | ids), the second tokens after the commonest first
+    against p(. | ids, first) (chi2_pvalue), the smaller p-value returned. An end of turn drawn
+    first counts as a first token with no second. Adds each token's kind to `kinds`."""
+    model = engine.target.model
+    (eos,) = engine.tokenizer.eos_token_ids
+
+    def p_value(seeds: range) -> float:
+        firsts: list[int] = []
+        seconds: dict[int, list[int]] = {}
+        for seed in seeds:
+            cfg = GenerationConfig(replace(sampling, seed=seed), spec, max_tokens=2)
+            events = list(engine.generate(ids, cfg))
+            toks = token_ids(events)
+            if events[-1].reason == "stop":  # an end of turn was drawn (it is not emitted)
+                toks.append(eos)
+            kinds.update(e.kind for e in events if hasattr(e, "kind"))
+            firsts.append(toks[0])
+            if toks[0] != eos:
+                seconds.setdefault(toks[0], []).append(toks[1])
+        p1 = chi2_pvalue(firsts, target_probs(model, ids, sampling), min_samples=min_firsts)
+        top = max(seconds, key=lambda t: len(seconds[t]))
+        p = target_probs(model, ids + [top], sampling)
+        return min(p1, chi2_pvalue(seconds[top], p, min_samples=min_seconds))
+
+    return p_value
 
 
 def binomial_close(hits: int, n: int, rate: float, sigmas: float = 4.0) -> bool:

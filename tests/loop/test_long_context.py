@@ -4,8 +4,6 @@ and reads; adaptive K prices rounds with costs measured at the current context l
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -13,10 +11,10 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import KVState
-from edgespec.config import DRAFT_SINKS, GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
 from edgespec.rewind import WindowKVCache
 from edgespec.runtime import Engine
-from tests.helpers import chi2_pvalue, gen, plain_ids, rounds_of, target_probs, token_ids
+from tests.helpers import first_two_p_value, gen, plain_ids, rounds_of, token_ids
 from tests.helpers.stats import assert_follows
 from tests.helpers.tiny import make_tiny_pair
 
@@ -126,26 +124,8 @@ def test_sampled_tokens_follow_the_target_distribution_with_the_bound_on(long_se
     ids = _prompt(engine, 1_200, seed=4)
     sampling = SamplingConfig(temperature=2.0)
     spec = SpecConfig(k=2, method="draft", draft_window=512, adaptive=False)
-    model, kinds = engine.target.model, set()
-    (eos,) = engine.tokenizer.eos_token_ids
-
-    def p_value(seeds: range) -> float:
-        firsts, seconds = [], {}
-        for seed in seeds:
-            cfg = GenerationConfig(replace(sampling, seed=seed), spec, max_tokens=2)
-            events = list(engine.generate(ids, cfg))
-            toks = token_ids(events)
-            if events[-1].reason == "stop":  # an end of turn was drawn (it is not emitted)
-                toks.append(eos)
-            kinds.update(e.kind for e in events if hasattr(e, "kind"))
-            firsts.append(toks[0])
-            if toks[0] != eos:
-                seconds.setdefault(toks[0], []).append(toks[1])
-        p1 = chi2_pvalue(firsts, target_probs(model, ids, sampling), min_samples=N_SEEDS)
-        top = max(seconds, key=lambda t: len(seconds[t]))
-        p = target_probs(model, ids + [top], sampling)
-        return min(p1, chi2_pvalue(seconds[top], p, min_samples=MIN_SECONDS))
-
+    kinds: set[str] = set()
+    p_value = first_two_p_value(engine, ids, sampling, spec, kinds, N_SEEDS, MIN_SECONDS)
     assert_follows(p_value, range(N_SEEDS), "bounded draft")
     assert {"accepted", "corrected"} <= kinds
     assert all(isinstance(layer, WindowKVCache) for layer in engine._draft.cache)

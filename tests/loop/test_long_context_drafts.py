@@ -7,7 +7,6 @@ distribution with the bound on."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,11 @@ from mlx_lm.models.cache import KVCache
 
 from edgespec.architectures.block_mask import block_mask
 from edgespec.cache import Bound
-from edgespec.config import DRAFT_SINKS, GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
 from edgespec.drafting import assistant
 from edgespec.rewind import WindowKVCache
 from edgespec.runtime import Engine
-from tests.helpers import chi2_pvalue, gen, plain_ids, rounds_of, target_probs, token_ids
+from tests.helpers import first_two_p_value, gen, plain_ids, rounds_of, token_ids
 from tests.helpers.block_models import write_dflash
 from tests.helpers.stats import assert_follows
 from tests.helpers.tiny import make_tiny_eagle, make_tiny_pair
@@ -227,26 +226,8 @@ def test_sampled_tokens_follow_the_target_distribution_with_the_bound_on(engines
     ids = _prompt(engine, 1_200, seed=5)
     sampling = SamplingConfig(temperature=2.0)
     spec = _spec(512, k=2)
-    model, kinds = engine.target.model, set()
-    (eos,) = engine.tokenizer.eos_token_ids
-
-    def p_value(seeds: range) -> float:
-        firsts, seconds = [], {}
-        for seed in seeds:
-            cfg = GenerationConfig(replace(sampling, seed=seed), spec, max_tokens=2)
-            events = list(engine.generate(ids, cfg))
-            toks = token_ids(events)
-            if events[-1].reason == "stop":  # an end of turn was drawn (it is not emitted)
-                toks.append(eos)
-            kinds.update(e.kind for e in events if hasattr(e, "kind"))
-            firsts.append(toks[0])
-            if toks[0] != eos:
-                seconds.setdefault(toks[0], []).append(toks[1])
-        p1 = chi2_pvalue(firsts, target_probs(model, ids, sampling), min_samples=N_SEEDS)
-        top = max(seconds, key=lambda t: len(seconds[t]))
-        p = target_probs(model, ids + [top], sampling)
-        return min(p1, chi2_pvalue(seconds[top], p, min_samples=MIN_SECONDS))
-
+    kinds: set[str] = set()
+    p_value = first_two_p_value(engine, ids, sampling, spec, kinds, N_SEEDS, MIN_SECONDS)
     assert_follows(p_value, range(N_SEEDS), f"bounded {name} draft")
     assert {"accepted", "corrected"} <= kinds
     _assert_bounded(engine, 512)
