@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from edgespec.config import KV_BITS, MIN_DRAFT_WINDOW
+from edgespec.config import DRAFT_SINKS, KV_BITS, MIN_DRAFT_WINDOW
 from edgespec.errors import CacheNotTrimmableError, ConfigError
 from edgespec.rewind import DEPTH, REFEED, Rewinder, WindowKVCache, rewindable
 from edgespec.sampling import Softmax
@@ -386,11 +386,11 @@ class KVState:
         self.tokens = list(context[:to])
         return to
 
-    def unbind(self) -> None:
-        """No bound from now on; a cache turned into windows starts over (a draft tree needs a
-        full one)."""
-        self.bound = None
-        if any(getattr(layer, "bounded", False) for layer in self.layers.layers):
+    def bind(self, window: int) -> None:
+        """A draft's attention bound from now on: `window` positions and DRAFT_SINKS sinks (Bound);
+        0: none, and a cache turned into windows starts over (a draft tree needs a full one)."""
+        self.bound = Bound(window, DRAFT_SINKS) if window else None
+        if not window and any(getattr(layer, "bounded", False) for layer in self.layers.layers):
             self.reset()
 
     def reset(self) -> None:

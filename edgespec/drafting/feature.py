@@ -109,11 +109,9 @@ class FeatureState:
         start = self.kv.catch_up(context[:p], lambda a, b: self.read(context, a, b))
         assert self.features is not None
         while p - start > PREFILL_CHUNK:
-            stop = start + PREFILL_CHUNK
-            toks = mx.array(context[start + 1 : stop + 1], dtype=mx.int32)[None]
-            self.model(self.features[start:stop][None], toks, cache=self.kv.cache)
+            self.read(context, start, start + PREFILL_CHUNK)
             mx.eval([c.state for c in self.kv.cache])
-            start = stop
+            start += PREFILL_CHUNK
         toks = mx.array(context[start + 1 : p + 1], dtype=mx.int32)[None]
         return self.features[start:p][None], toks
 

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from edgespec.cache import Bound, Forward, KVState, quantized
-from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
+from edgespec.cache import Forward, KVState, quantized
+from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.ngram import HYBRID_MIN_MATCH, HybridDrafter, NgramDrafter
 from edgespec.drafting.token import ModelDrafter, fit_vocab
@@ -176,10 +176,7 @@ class TokenFamily(NoDraft):
     def prepare(self, state: KVState, spec: SpecConfig) -> None:
         if spec.method in ("draft", "hybrid"):
             state.check_speculation()
-        window = 0 if spec.tree else spec.draft_window  # a tree's forward needs the full cache
-        state.bound = Bound(window, DRAFT_SINKS) if window else None
-        if state.bound is None:
-            state.unbind()
+        state.bind(0 if spec.tree else spec.draft_window)  # a tree's forward needs the full cache
 
     def prefill(
         self,

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import PREFILL_CHUNK, Bound, Forward, KVState, quantized, target_features
-from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
+from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized, target_features
+from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.feature import FeatureDrafter, FeatureState, prefill
 from edgespec.errors import ConfigError
@@ -63,10 +63,7 @@ class FeatureFamily:
         holds its sinks and last window, and it reads only those of a long prompt
         (FeatureState.first_input). Nothing to check: positions drafted on guesses are rolled
         back every round."""
-        window = 0 if spec.tree else spec.draft_window
-        state.kv.bound = Bound(window, DRAFT_SINKS) if window else None
-        if state.kv.bound is None:
-            state.kv.unbind()
+        state.kv.bind(0 if spec.tree else spec.draft_window)
 
     def later(self, target: KVState, state: FeatureState, draft_too: bool) -> None:
         return None  # its prefill is the target's
