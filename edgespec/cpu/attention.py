@@ -18,6 +18,12 @@ modules are subclasses of mlx-lm's whose methods call `grouped_sdpa` where mlx-l
 as they are), and only for caches that EdgeSpec marks (`mark(cache)`, the backend's new_cache
 does on the CPU). mlx-lm's own model object, and any other caller of mlx-lm in the process (the
 bench's mlx-lm peer), keep mlx-lm's attention. `EDGESPEC_GROUPED_ATTENTION=0` turns it off.
+
+At long contexts the softmax itself is the cost (MLX's CPU exp runs element by element): with
+NumPy's softmax on (vecsoftmax.py, `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees FROM_KEYS
+keys or more, in a one-token step, a verify or a prompt chunk alike, takes NumPy's vectorised
+softmax; rows that see fewer keep MLX's, so short contexts run as before and each row is
+computed the same way whatever forward it is part of.
 """
 
 from __future__ import annotations
@@ -31,8 +37,11 @@ import mlx.core as mx
 from edgespec.cpu import cpu_switch
 
 FLAG = "_edgespec_grouped"
-MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path
+MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path, unless NumPy's softmax is on
+FROM_KEYS = 1024  # a row that sees this many keys takes NumPy's softmax, when it is on
+PIECE = 1 << 22  # scores per NumPy softmax call (16 MB): a prompt chunk goes in pieces of rows
 NAME = "scaled_dot_product_attention"  # mlx-lm's function, as its model modules name it
+Rows = Callable[[mx.array, int], mx.array]  # (scores [.., R * L, S], L) -> weights: vecsoftmax
 
 
 def enabled() -> bool:
@@ -70,13 +79,19 @@ def grouped_attention(
     scale: float,
     causal: bool,
     masks: Masks | None = None,
+    rows: Rows | None = None,
 ) -> mx.array:
     """softmax(q k^T * scale [+ causal mask]) v with the query heads of each KV head as rows of one
     product. queries [B, H, L, D], keys / values [B, G, S, D] (H a multiple of G, S >= L; the L
     queries are the last L positions) -> [B, H, L, D]. `masks` keeps the causal mask between
-    layers (default: a fresh one)."""
+    layers (default: a fresh one); `rows`, when given, computes the masked softmax of float32
+    scores (vecsoftmax.softmax) in place of MLX's."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
+    if rows is not None and queries.dtype == keys.dtype == mx.float32:
+        split = numpy_from(s, length, causal)
+        if split < length:
+            return _split(queries, keys, values, scale, causal, masks, rows, split)
     r = h // g
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = q @ keys.swapaxes(-1, -2)  # [B, G, R * L, S]
@@ -89,14 +104,68 @@ def grouped_attention(
     return (weights @ values).reshape(b, h, length, d)
 
 
+def numpy_from(s: int, length: int, causal: bool) -> int:
+    """The first of a forward's `length` query rows (the last positions of `s` keys) that sees
+    FROM_KEYS keys or more: it and the rows after it take NumPy's softmax (`length`: none do).
+
+        numpy_from(1026, 5, True) -> 2   # rows 0..4 see 1022..1026 keys
+    """
+    if not causal:
+        return 0 if s >= FROM_KEYS else length
+    return min(length, max(0, FROM_KEYS - (s - length) - 1))
+
+
+def _split(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    causal: bool,
+    masks: Masks | None,
+    rows: Rows,
+    split: int,
+) -> mx.array:
+    """grouped_attention whose query rows from `split` on (numpy_from) take `rows` as their
+    softmax, PIECE scores at a time: a prompt chunk's rows against a long context would otherwise
+    hold several arrays of rows x keys at once. Each part reads only the keys its last row may
+    see under the causal mask (hidden keys are exact zeros either way, so each row keeps its
+    bits); the rows before `split` keep MLX's softmax, as one-token steps there do."""
+    b, h, length, d = queries.shape
+    g, s = keys.shape[1], keys.shape[2]
+    r = h // g
+    outs = []
+    if split > 0:
+        end = s - length + split
+        part = (queries[:, :, :split], keys[:, :, :end], values[:, :, :end])
+        outs.append(grouped_attention(*part, scale, causal, masks))
+    step = max(1, PIECE // (h * s))
+    for start in range(split, length, step):
+        stop = min(start + step, length)
+        end = s - length + stop if causal else s
+        q = queries[:, :, start:stop] * mx.array(scale, queries.dtype)
+        scores = q.reshape(b, g, r * (stop - start), d) @ keys[:, :, :end].swapaxes(-1, -2)
+        weights = rows(scores, stop - start if causal else 1)
+        outs.append((weights @ values[:, :, :end]).reshape(b, h, stop - start, d))
+        if step < length - split:
+            mx.eval(outs[-1])  # let this piece's scores and weights go before the next
+    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+
+
 def masked_attention(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float, allowed: mx.array, cache: Any
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    allowed: mx.array,
+    cache: Any,
+    rows: Rows | None = None,
 ) -> mx.array:
     """Attention under an explicit boolean mask allowed [L, S] (a draft tree's, edgespec/trees/),
     computed as a causal forward on the same cache would be: grouped where the cache is marked
     and the forward has 2..MAX_ROWS rows (the same products, the mask in place of the causal one,
-    so a chain-shaped tree keeps the chain's bits), else MLX's kernel with the mask.
-    queries [1, H, L, D], keys / values [1, G, S, D] -> [1, H, L, D]."""
+    so a chain-shaped tree keeps the chain's bits; with `rows`, its softmax of float32 scores,
+    whose hidden scores become exact zeros as under the causal mask), else MLX's kernel with the
+    mask. queries [1, H, L, D], keys / values [1, G, S, D] -> [1, H, L, D]."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
     if not (getattr(cache, FLAG, False) and 1 < length <= MAX_ROWS) or h % g:
@@ -107,13 +176,25 @@ def masked_attention(
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = (q @ keys.swapaxes(-1, -2)).reshape(b, g, r, length, s)
     scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
-    weights = mx.softmax(scores.reshape(b, g, r * length, s), axis=-1, precise=True)
-    return (weights @ values).reshape(b, h, length, d)
+    split = length if rows is None or scores.dtype != mx.float32 else numpy_from(s, length, True)
+    parts = []
+    if split > 0:
+        parts.append(mx.softmax(scores[:, :, :, :split], axis=-1, precise=True))
+    if split < length and rows is not None:
+        later = scores[:, :, :, split:].reshape(b, g, r * (length - split), s)
+        parts.append(rows(later, 1).reshape(b, g, r, length - split, s))
+    weights = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=3)
+    return (weights.reshape(b, g, r * length, s) @ values).reshape(b, h, length, d)
 
 
-def grouped_sdpa(original: Callable[..., mx.array], masks: Masks) -> Callable[..., mx.array]:
+def grouped_sdpa(
+    original: Callable[..., mx.array], masks: Masks, rows: Rows | None = None
+) -> Callable[..., mx.array]:
     """mlx-lm's `scaled_dot_product_attention` (`original`, same signature) that takes the grouped
-    path for a marked cache's forwards of 2..MAX_ROWS rows with no mask or a causal one."""
+    path for a marked cache's forwards of 2..MAX_ROWS rows with no mask or a causal one. With
+    `rows` (the NumPy softmax) a marked cache's float32 forwards of every length take it once
+    they reach FROM_KEYS keys, one-token steps and prompt chunks included: a row that sees that
+    many keys has its softmax computed by NumPy whatever the forward's length."""
 
     def scaled_dot_product_attention(
         queries: mx.array,
@@ -125,14 +206,18 @@ def grouped_sdpa(original: Callable[..., mx.array], masks: Masks) -> Callable[..
         sinks: Any = None,
     ) -> mx.array:
         length = queries.shape[2]
+        every = rows is not None and keys.shape[2] >= FROM_KEYS
         if (
             getattr(cache, FLAG, False)
-            and 1 < length <= MAX_ROWS
+            and (1 < length <= MAX_ROWS or (every and queries.dtype == keys.dtype == mx.float32))
             and sinks is None
             and (mask is None or (isinstance(mask, str) and mask == "causal"))
             and queries.shape[1] % keys.shape[1] == 0
         ):
-            return grouped_attention(queries, keys, values, scale, mask is not None, masks)
+            causal = mask is not None
+            return grouped_attention(
+                queries, keys, values, scale, causal, masks, rows if every else None
+            )
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     return scaled_dot_product_attention

@@ -33,7 +33,17 @@ import mlx.nn as nn
 from mlx_lm.models import base
 from mlx_lm.models.cache import make_prompt_cache
 
-from edgespec.cpu import attention, blas, blocks, cpu_switch, fastexp, leanops, on_cpu, rope
+from edgespec.cpu import (
+    attention,
+    blas,
+    blocks,
+    cpu_switch,
+    fastexp,
+    leanops,
+    on_cpu,
+    rope,
+    vecsoftmax,
+)
 from edgespec.rewind import rewindable
 
 __all__ = ["CpuBackend", "Switches", "draft_pairs", "on_cpu"]
@@ -53,6 +63,7 @@ class Switches:
     """Which rewrites a backend applies (all off: a GPU, or EDGESPEC_CPU_OPT=0)."""
 
     grouped_attention: bool = False
+    numpy_softmax: bool = False
     table_rope: bool = False
     lean_ops: bool = False
     compiled_blocks: bool = False
@@ -65,6 +76,7 @@ class Switches:
         """The switches in force in this process (edgespec/cpu/__init__.py)."""
         return cls(
             grouped_attention=attention.enabled(),
+            numpy_softmax=attention.enabled() and vecsoftmax.enabled(),
             table_rope=rope.enabled(),
             lean_ops=leanops.enabled(),
             compiled_blocks=blocks.enabled(),
@@ -93,7 +105,8 @@ class CpuBackend:
         self.masks = attention.Masks()
         original = getattr(base, attention.NAME)
         self._original = original
-        self._sdpa = attention.grouped_sdpa(original, self.masks)
+        self._rows = vecsoftmax.softmax if self.switches.numpy_softmax else None
+        self._sdpa = attention.grouped_sdpa(original, self.masks, self._rows)
         self._attending: dict[type, type | None] = {}
         self._twins: Memo = {}
         self.softmax: Callable[[mx.array, float], mx.array] | None = (
@@ -136,7 +149,20 @@ class CpuBackend:
     # The draft-tree forward's pieces (the Engine hands them to edgespec/trees/forward.py): a
     # compiled llama block's parts around the attention, and the grouped attention under a mask.
     block_parts = staticmethod(blocks.parts)
-    masked_attention = staticmethod(attention.masked_attention)
+
+    def masked_attention(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        scale: float,
+        allowed: mx.array,
+        cache: Any,
+    ) -> mx.array:
+        """attention.masked_attention with this backend's softmax."""
+        return attention.masked_attention(
+            queries, keys, values, scale, allowed, cache, rows=self._rows
+        )
 
     def _pick(self, key: str, module: nn.Module) -> type | None:
         """The class `module`'s twin takes (None: its own)."""

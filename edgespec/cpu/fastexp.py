@@ -13,10 +13,9 @@ exactly 0: a token masked by top-k keeps probability 0.
 
 `sampling.warp` uses it on the CPU backend only (GPUs have fast kernels; the Engine hands over
 its CPU backend's `softmax`, edgespec/cpu/backend.py), only where MLX can compile a fused kernel (`compiler_works`),
-and not with `EDGESPEC_FAST_EXP=0`. The attention's softmax keeps MLX's: there the rows are short
-(a few hundred scores), the gain was small, and a one-token step and a verify must compute their rows alike (so that greedy
-speculative output stays bit for bit plain decoding's where the BLAS is row-exact), which
-forced the slower grouped path on one-token steps too.
+and not with `EDGESPEC_FAST_EXP=0`. The attention's softmax does not use it: over short rows (a
+few hundred keys) the gain was small, and from a thousand keys on NumPy's vectorised exp is
+faster still (vecsoftmax.py).
 """
 
 from __future__ import annotations

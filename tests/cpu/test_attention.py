@@ -50,7 +50,10 @@ def _tiny_llama():
     return model
 
 
-def test_only_marked_caches_take_the_grouped_path(monkeypatch):
+@pytest.mark.parametrize("numpy_softmax", ["0", "1"])
+def test_only_marked_caches_take_the_grouped_path(monkeypatch, numpy_softmax):
+    monkeypatch.setenv("EDGESPEC_NUMPY_SOFTMAX", numpy_softmax)
+    monkeypatch.setattr(attention, "FROM_KEYS", 22)  # rows that see 22 keys or more
     calls = []
     real = attention.grouped_attention
 
@@ -69,7 +72,10 @@ def test_only_marked_caches_take_the_grouped_path(monkeypatch):
     assert calls == [3, 3]  # a 3-token forward, both layers
     calls.clear()
     state.forward(mx.array([6], dtype=mx.int32))
-    assert calls == []  # one-token steps keep MLX's path
+    # one-token steps keep MLX's path, unless NumPy computes the softmax of the rows that see
+    # FROM_KEYS keys: then they take the grouped path too (this one sees 22)
+    assert calls == ([1, 1] if numpy_softmax == "1" else [])
+    calls.clear()
     other = make_prompt_cache(model)  # somebody else's cache (mlx-lm's own generate)
     state.model(mx.array([[1, 2, 3]]), cache=other)
     model(mx.array([[1, 2, 3]]), cache=make_prompt_cache(model))  # the model itself

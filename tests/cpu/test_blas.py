@@ -136,9 +136,11 @@ from tests.helpers.tiny import llama_config, random_llama_weights
 config = llama_config(vocab_size=4096, layers=2, hidden=576)
 model = llama.Model(llama.ModelArgs.from_dict(config))
 model.load_weights([(k, mx.array(v)) for k, v in random_llama_weights(config, seed=3).items()])
+from edgespec.cpu import attention
+attention.FROM_KEYS = 134  # the rows below see 131..138 keys: NumPy from the 4th on
 cpu = CpuBackend()
 st = KVState(cpu.model(model), new_cache=cpu.new_cache)  # as the Engine builds it
-prompt = list(range(1, 40)); st.prefill(prompt)
+prompt = list(range(1, 132)); st.prefill(prompt)  # rows at 131..138 keys
 toks = [5, 77, 123, 99, 42, 7, 8, 9]
 full = np.array(st.forward(mx.array(toks, dtype=mx.int32))); st.rewind(prompt, len(prompt) - 1)
 one = np.stack([np.array(st.forward(mx.array([t], dtype=mx.int32)))[0] for t in toks])
@@ -146,9 +148,10 @@ print("identical" if np.array_equal(full, one) else "differs")
 """
 
 
-def _bits(mode: str) -> str:
+def _bits(mode: str, numpy_softmax: str = "1") -> str:
     """Run BITS in a subprocess under EDGESPEC_BLAS=mode (the BLAS is fixed at process start)."""
     env = {k: v for k, v in os.environ.items() if k not in (blas._MARK, "LD_PRELOAD")}
+    env["EDGESPEC_NUMPY_SOFTMAX"] = numpy_softmax
     chosen = blas.plan(mode)
     if chosen is not None:
         env.update(chosen[2], LD_PRELOAD=chosen[1])
@@ -171,9 +174,12 @@ def test_mkl_exact_mode_makes_an_l_token_forward_equal_l_one_token_forwards_on_i
         assert not blas.rows_exact("mkl")  # the claim is not made where it does not hold
 
 
-def test_the_reference_blas_is_row_exact():
-    """The unoptimised BLAS (EDGESPEC_BLAS=system) computes each row alike on any CPU."""
-    assert _bits("system") == "identical" and blas.rows_exact("reference")
+@pytest.mark.parametrize("numpy_softmax", ["1", "0"])
+def test_the_reference_blas_is_row_exact(numpy_softmax):
+    """The unoptimised BLAS (EDGESPEC_BLAS=system) computes each row alike on any CPU, with the
+    attention's softmax in NumPy for the rows that see FROM_KEYS keys (edgespec/cpu/vecsoftmax.py)
+    or in MLX."""
+    assert _bits("system", numpy_softmax) == "identical" and blas.rows_exact("reference")
 
 
 def test_cpu_model_reads_the_first_processor_block(monkeypatch, tmp_path):
