@@ -205,11 +205,12 @@ def grouped_sdpa(
         mask: Any,
         sinks: Any = None,
     ) -> mx.array:
+        if not getattr(cache, FLAG, False):  # (a quantized cache's keys are not an array)
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         length = queries.shape[2]
         every = rows is not None and keys.shape[2] >= FROM_KEYS
         if (
-            getattr(cache, FLAG, False)
-            and (1 < length <= MAX_ROWS or (every and queries.dtype == keys.dtype == mx.float32))
+            (1 < length <= MAX_ROWS or (every and queries.dtype == keys.dtype == mx.float32))
             and sinks is None
             and (mask is None or (isinstance(mask, str) and mask == "causal"))
             and queries.shape[1] % keys.shape[1] == 0
