@@ -48,6 +48,7 @@ ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of mem
 # K = 1..4 all come within a few % of each other at alpha ~0.8, where a wrong longer K lost up to
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
+LOOKUP = "ngram"  # the method of a hybrid drafter's lookups (drafting/ngram.py HybridDrafter)
 # Methods whose drafting is one forward a round whatever K (a block draft, architectures/block.py):
 # their cost is that forward's, d(K), measured per K (a line fitted between, as v(L); nearly flat
 # on a GPU, but on a CPU the output head over the vocabulary grows with K): T(K) = d(K) + v(K + 1).
@@ -185,6 +186,8 @@ class AdaptiveK:
         self._on = True  # drafting is on by the policy's own choice (not a probe)
         self._probes = Probes()
         self._observed = False  # a round was observed: the first round's K is k_init
+        self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
+        self._lookup_probes = Probes()
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -270,11 +273,35 @@ class AdaptiveK:
         method = self.model or self._method
         k = self.choose(method if self._observed else None)
         self.chosen.append(k)
+        if self.model is not None:
+            self._lookups_on = self.lookups_pay(LOOKUP)
         return k
+
+    def lookups_pay(self, method: str) -> bool:
+        """Whether a free drafter's proposals (`method`, the hybrid's lookup) should go on this
+        round: a lookup costs no draft steps, but each token it proposes is one more verify row,
+        and at a long context on a CPU a row costs a good part of a plain step, so a lookup that
+        is seldom accepted (a sampled answer) is slower than plain decoding. Off by the draft
+        model's rule (plain must win by the tolerance, and at the optimistic alpha too), with a
+        probe now and then (Probes) so that its estimate can see it pay again. Once a round."""
+        args = self._inputs(method)
+        if args is None or not self.allow_plain:
+            return True
+        est = self.estimates[method]
+        pays = best_k(*args, k_min=0, tolerance=TIE_TOLERANCE) > 0 or (
+            best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE) > 0
+        )
+        if pays:
+            self._lookup_probes.won()
+            return True
+        return self._lookup_probes.probe()
 
     def lookup_k(self, method: str, default: int) -> int:
         """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best
-        K >= 1 from its own estimates, `default` until its costs are measured. No side effects."""
+        K >= 1 from its own estimates, `default` until its costs are measured, 0 in a round
+        where lookups do not pay (lookups_pay, decided in `decide`). No side effects."""
+        if not self._lookups_on:
+            return 0
         args = self._inputs(method)
         return default if args is None else best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
 

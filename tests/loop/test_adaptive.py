@@ -293,6 +293,31 @@ def test_adaptive_k_for_a_hybrid_gives_the_model_its_own_k_and_the_lookup_its_ow
     assert ask(free, _round(20, 4, 4, 4, 1e-5, 0.13, method="ngram")) > 1
 
 
+def _lookup_rounds(policy: AdaptiveK, two_rows: float, rounds: int = 40) -> list[int]:
+    """Show a hybrid's policy plain steps of 0.10 s and one-token lookups accepted one time in
+    four (a sampled answer) whose 2-row verify takes `two_rows` s; the lookup lengths it sets."""
+    lengths = []
+    for i in range(rounds):
+        if i % 2:
+            ask(policy, _round(i, 0, 0, 0, 0.0, 0.10))
+        else:
+            ask(policy, _round(i, 1, int(i % 8 == 0), 1, 1e-5, two_rows, method="ngram"))
+        lengths.append(policy.lookup_k("ngram", 4))
+    return lengths
+
+
+def test_a_hybrids_lookups_stop_where_their_verify_rows_cost_more_than_they_bring():
+    # At 8K tokens on a CPU a 2-row verify costs ~1.8 plain steps: a lookup accepted 1 time in 4
+    # brings 1.25 tokens for 1.8 steps, and proposing it anyway ran a sampled chat at 0.84x plain.
+    long = _lookup_rounds(AdaptiveK(1, 8, model="draft"), two_rows=0.18)
+    assert long[-1] == 0 and 0 < sum(n > 0 for n in long[10:]) <= 8  # off, save for probes
+    # A short context: the second row is nearly free (1.05 steps), so the same lookups pay.
+    short = _lookup_rounds(AdaptiveK(1, 8, model="draft"), two_rows=0.105)
+    assert all(n > 0 for n in short)
+    # Without K = 0 allowed, lookups are never switched off either.
+    assert all(_lookup_rounds(AdaptiveK(1, 8, allow_plain=False, model="draft"), 0.18))
+
+
 # ---------------------------------------------------------------------------- in the loop
 
 

@@ -1,0 +1,109 @@
+"""A hybrid's lookups priced against plain steps (AdaptiveK.lookups_pay) or always on (the policy
+before 2026-11-29), paired in one process on the embedded pair: per prompt and seed, plain
+decoding, the default with lookups always on and the default as it is, interleaved; long
+prompts are prefilled once and reused (the engine keeps the prompt's cache between runs).
+
+    python -m research.measure.lookup_policy_ab --short 4 --context 4k,8k --kinds chat,code \\
+        --temp 0.7 --seeds 3
+
+Prints every run (decode tok/s, rounds, lookup rounds) and per prompt the two defaults' decode
+rate over plain's (sums over the seeds), then over all prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+from edgespec.bench.context import build_prompts, parse_lengths
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.drafting.adaptive import AdaptiveK
+from edgespec.events import Round, Token
+from edgespec.runtime import Engine
+from research.measure.round_timeline import PROMPTS
+
+PRICED = AdaptiveK.lookups_pay
+VARIANTS = ("plain", "always", "priced")
+
+
+def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, max_tokens: int):
+    """(decode seconds, tokens after the first, rounds, lookup rounds) of one generation."""
+    AdaptiveK.lookups_pay = PRICED if variant == "priced" else (lambda self, method: True)  # type: ignore[method-assign]
+    spec = SpecConfig(method="none" if variant == "plain" else "hybrid", adaptive=True)
+    sampling = SamplingConfig(temperature=temp, seed=seed)
+    config = GenerationConfig(sampling=sampling, spec=spec, max_tokens=max_tokens)
+    times, rounds = [], []
+    for event in engine.generate(ids, config):
+        if isinstance(event, Token):
+            times.append(time.perf_counter())
+        elif isinstance(event, Round):
+            rounds.append(event)
+    lookups = sum(r.method == "ngram" and r.drafted > 0 for r in rounds)
+    return times[-1] - times[0], len(times) - 1, len(rounds), lookups
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--short", type=int, default=4, help="how many short built-in prompts")
+    ap.add_argument("--context", default="", help="long-context lengths, e.g. 4k,8k")
+    ap.add_argument("--kinds", default="chat,code")
+    ap.add_argument("--temp", type=float, default=0.7)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+    engine = Engine.load()
+    prompts = [
+        (f"short{i}", engine.encode_chat([{"role": "user", "content": p}]))
+        for i, p in enumerate(PROMPTS[: args.short])
+    ]
+    if args.context:
+        for p in build_prompts(
+            args.kinds.split(","), parse_lengths(args.context), engine.encode_chat
+        ):
+            prompts.append((f"{p.kind}@{p.length // 1000}k", list(p.ids)))
+    run(engine, prompts[0][1], "priced", args.temp, 0, 16)  # warm-up (and compiles)
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for label, ids in prompts:
+        for seed in range(args.seeds):
+            order = VARIANTS if seed % 2 == 0 else tuple(reversed(VARIANTS))
+            for variant in order:
+                seconds, tokens, rounds, lookups = run(
+                    engine, ids, variant, args.temp, seed, args.max_tokens
+                )
+                totals[(label, variant)][0] += seconds
+                totals[(label, variant)][1] += tokens
+                print(
+                    f"{label:8s} seed {seed} {variant:6s} {tokens / seconds:6.2f} tok/s"
+                    f"  rounds {rounds:3d}  lookup rounds {lookups:3d}",
+                    flush=True,
+                )
+    AdaptiveK.lookups_pay = PRICED  # type: ignore[method-assign]
+    overall: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for label, _ in prompts:
+        rate = {v: totals[(label, v)][1] / totals[(label, v)][0] for v in VARIANTS}
+        print(
+            f"{label:8s} plain {rate['plain']:6.2f} tok/s  always {rate['always'] / rate['plain']:.3f}x"
+            f"  priced {rate['priced'] / rate['plain']:.3f}x"
+        )
+        for v in VARIANTS:
+            overall[v][0] += totals[(label, v)][0]
+            overall[v][1] += totals[(label, v)][1]
+    print(
+        "geometric mean of per-prompt ratios: "
+        + "  ".join(
+            f"{v} {_geo([totals[(p, v)][1] / totals[(p, v)][0] / (totals[(p, 'plain')][1] / totals[(p, 'plain')][0]) for p, _ in prompts]):.3f}x"
+            for v in ("always", "priced")
+        )
+    )
+
+
+def _geo(xs: list[float]) -> float:
+    product = 1.0
+    for x in xs:
+        product *= x
+    return product ** (1 / len(xs))
+
+
+if __name__ == "__main__":
+    main()
