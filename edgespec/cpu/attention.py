@@ -33,10 +33,12 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 from edgespec.cpu import cpu_switch
 
 FLAG = "_edgespec_grouped"
+ROWS_FLAG = "_edgespec_numpy_rows"  # a plain KV layer: its rows may take NumPy's softmax
 MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path, unless NumPy's softmax is on
 FROM_KEYS = 1024  # a row that sees this many keys takes NumPy's softmax, when it is on
 PIECE = 1 << 22  # scores per NumPy softmax call (16 MB): a prompt chunk goes in pieces of rows
@@ -173,6 +175,7 @@ def masked_attention(
             queries, keys, values, scale=scale, mask=allowed
         )
     r = h // g
+    rows = rows if getattr(cache, ROWS_FLAG, False) else None
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = (q @ keys.swapaxes(-1, -2)).reshape(b, g, r, length, s)
     scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
@@ -208,7 +211,7 @@ def grouped_sdpa(
         if not getattr(cache, FLAG, False):  # (a quantized cache's keys are not an array)
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         length = queries.shape[2]
-        every = rows is not None and keys.shape[2] >= FROM_KEYS
+        every = rows is not None and getattr(cache, ROWS_FLAG, False) and keys.shape[2] >= FROM_KEYS
         if (
             (1 < length <= MAX_ROWS or (every and queries.dtype == keys.dtype == mx.float32))
             and sinks is None
@@ -260,10 +263,14 @@ def _with_global(fn: types.FunctionType, sdpa: Callable[..., mx.array]) -> types
 
 
 def mark(cache: list[Any]) -> None:
-    """Let these cache layers' short multi-token forwards take the grouped path (when enabled)."""
+    """Let these cache layers' short multi-token forwards take the grouped path (when enabled),
+    and plain KV layers' rows take NumPy's softmax from FROM_KEYS keys on (ROWS_FLAG): a window
+    layer's forwards attend under masks of its own (an array for a verify, none for a step),
+    which would take them down different paths, so its rows keep MLX's softmax throughout."""
     if not enabled():
         return
     for layer in cache:
         if hasattr(layer, "bits"):  # a quantized cache has its own attention
             continue
         setattr(layer, FLAG, True)
+        setattr(layer, ROWS_FLAG, isinstance(layer, KVCache))

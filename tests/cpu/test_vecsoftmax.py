@@ -92,6 +92,7 @@ def test_a_chain_shaped_tree_mask_is_the_causal_forward(monkeypatch):
 
     cache = Marked()
     setattr(cache, attention.FLAG, True)
+    setattr(cache, attention.ROWS_FLAG, True)
     q, k, v = _qkv(6, 102, seed=5)
     allowed = mx.arange(102)[None, :] <= mx.arange(96, 102)[:, None]
     tree = attention.masked_attention(q, k, v, 0.25, allowed, cache, rows=vecsoftmax.softmax)
@@ -117,3 +118,16 @@ def test_the_switch_turns_it_off(monkeypatch):
     assert Switches.from_environment().numpy_softmax  # the tests run on the CPU backend
     monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")  # it rides on the grouped path
     assert not Switches.from_environment().numpy_softmax
+
+
+def test_only_plain_kv_layers_take_numpy_rows():
+    """A window layer attends under its own masks (an array for a verify, none for a one-token
+    step), so NumPy's softmax would reach its steps and not its verifies: it keeps MLX's."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    from edgespec.rewind import WindowKVCache
+
+    layers = [KVCache(), RotatingKVCache(max_size=2048), WindowKVCache(2048)]
+    attention.mark(layers)
+    assert [getattr(c, attention.FLAG, False) for c in layers] == [True, True, True]
+    assert [getattr(c, attention.ROWS_FLAG, False) for c in layers] == [True, False, False]
