@@ -24,6 +24,7 @@ package: the Engine (edgespec/runtime.py) hands it these pieces.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -107,6 +108,8 @@ class CpuBackend:
         self._original = original
         self._rows = vecsoftmax.softmax if self.switches.numpy_softmax else None
         self._sdpa = attention.grouped_sdpa(original, self.masks, self._rows)
+        # the draft-tree forward's attention under a mask, with this backend's softmax
+        self.masked_attention = functools.partial(attention.masked_attention, rows=self._rows)
         self._attending: dict[type, type | None] = {}
         self._twins: Memo = {}
         self.softmax: Callable[[mx.array, float], mx.array] | None = (
@@ -147,22 +150,8 @@ class CpuBackend:
         return cache
 
     # The draft-tree forward's pieces (the Engine hands them to edgespec/trees/forward.py): a
-    # compiled llama block's parts around the attention, and the grouped attention under a mask.
+    # compiled llama block's parts around the attention (and `masked_attention`, set in __init__).
     block_parts = staticmethod(blocks.parts)
-
-    def masked_attention(
-        self,
-        queries: mx.array,
-        keys: mx.array,
-        values: mx.array,
-        scale: float,
-        allowed: mx.array,
-        cache: Any,
-    ) -> mx.array:
-        """attention.masked_attention with this backend's softmax."""
-        return attention.masked_attention(
-            queries, keys, values, scale, allowed, cache, rows=self._rows
-        )
 
     def _pick(self, key: str, module: nn.Module) -> type | None:
         """The class `module`'s twin takes (None: its own)."""
