@@ -10,8 +10,8 @@
   re-executing itself before MLX loads. This package's __init__ imports nothing at import time
   (its `on_cpu` imports MLX when called), so that `edgespec.cpu.blas` can run before MLX is
   imported.
-- attention.py (grouped verify attention), vecsoftmax.py (the attention's softmax in NumPy for
-  rows that see a thousand keys or more), rope.py (rotary tables), leanops.py (lean Linear /
+- attention.py (grouped verify attention, and the attention's softmax in NumPy for rows that
+  see a thousand keys or more), rope.py (rotary tables), leanops.py (lean Linear /
   RMSNorm), blocks.py (compiled llama blocks), rowpad.py (one-row products as two rows, opt-in),
   fastexp.py (a faster, more accurate softmax for sampling).
 

@@ -20,7 +20,7 @@ does on the CPU). mlx-lm's own model object, and any other caller of mlx-lm in t
 bench's mlx-lm peer), keep mlx-lm's attention. `EDGESPEC_GROUPED_ATTENTION=0` turns it off.
 
 At long contexts the softmax itself is the cost (MLX's CPU exp runs element by element): with
-NumPy's softmax on (vecsoftmax.py, `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees FROM_KEYS
+NumPy's softmax on (`numpy_softmax`, below; `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees FROM_KEYS
 keys or more, in a one-token step, a verify or a prompt chunk alike, takes NumPy's vectorised
 softmax; rows that see fewer keep MLX's, so short contexts run as before and each row is
 computed the same way whatever forward it is part of.
@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from edgespec.cpu import cpu_switch
@@ -43,7 +44,7 @@ MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path, unless NumPy's
 FROM_KEYS = 1024  # a row that sees this many keys takes NumPy's softmax, when it is on
 PIECE = 1 << 22  # scores per NumPy softmax call (16 MB): a prompt chunk goes in pieces of rows
 NAME = "scaled_dot_product_attention"  # mlx-lm's function, as its model modules name it
-Rows = Callable[[mx.array, int], mx.array]  # (scores [.., R * L, S], L) -> weights: vecsoftmax
+Rows = Callable[[mx.array, int], mx.array]  # (scores [.., R * L, S], L) -> weights: numpy_softmax
 
 
 def enabled() -> bool:
@@ -87,7 +88,7 @@ def grouped_attention(
     product. queries [B, H, L, D], keys / values [B, G, S, D] (H a multiple of G, S >= L; the L
     queries are the last L positions) -> [B, H, L, D]. `masks` keeps the causal mask between
     layers (default: a fresh one); `rows`, when given, computes the masked softmax of float32
-    scores (vecsoftmax.softmax) in place of MLX's."""
+    scores (numpy_softmax) in place of MLX's."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
     if rows is not None and queries.dtype == keys.dtype == mx.float32:
@@ -274,3 +275,70 @@ def mark(cache: list[Any]) -> None:
             continue
         setattr(layer, FLAG, True)
         setattr(layer, ROWS_FLAG, isinstance(layer, KVCache))
+
+
+# ------------------------------------------------------------------ NumPy's softmax
+# MLX's CPU `exp` runs element by element (~13 ns a score on an AMD EPYC); NumPy's float32 `exp`
+# is vectorised (AVX2 / AVX-512, ~0.5 ns). The attention's softmax takes one exp per query row
+# and key, so past a few thousand keys it is most of a forward (docs/cpu-backend.md).
+# `numpy_softmax(scores, length)` evaluates the scores, computes the softmax in NumPy and hands
+# MLX the weights: a graph break per layer, cheaper than the exps it replaces from about a
+# thousand keys on. It computes each row alike whatever the forward's length, so that a verify's
+# rows keep the bits of one-token steps where the BLAS is row-exact:
+# - the causal mask is applied to the last `length` columns only (the rows' own block), as exact
+#   zeros after the exp, and the row's maximum is taken over the keys it may see;
+# - the row sums do not depend on trailing zeros: `lane_total` adds a row's keys in LANES running
+#   sums, block by block from the first key, then the LANES sums in a fixed order, so a verify row
+#   (its later keys masked to 0) sums exactly as the one-token step over its own keys does.
+#   NumPy's `sum` over a row would not: its pairwise summation splits a row where its length says.
+# Only float32 scores take it (the CPU backend runs models in float32).
+
+LANES = 64  # running sums per row: wide enough that NumPy's inner loop is long
+
+
+def numpy_enabled() -> bool:
+    """NumPy's softmax for long rows: on for the CPU backend unless EDGESPEC_NUMPY_SOFTMAX=0."""
+    return cpu_switch("EDGESPEC_NUMPY_SOFTMAX")
+
+
+def lane_total(e: np.ndarray) -> np.ndarray:
+    """The sums of e [..., S] over its last axis, kept as [..., 1], computed so that appending
+    zeros to a row leaves its sum's bits alone: LANES running sums fed block by block (a
+    reduction over the blocks' axis, which NumPy runs block after block), the tail added to the
+    first lanes, then the LANES sums added in one fixed order.
+
+        lane_total(np.array([[1.0, 2.0]], np.float32)) -> [[3.0]]
+    """
+    s = e.shape[-1]
+    full = s - s % LANES
+    lanes = e[..., :full].reshape(*e.shape[:-1], full // LANES, LANES).sum(axis=-2)
+    if full < s:
+        lanes[..., : s - full] += e[..., full:]
+    return lanes.sum(axis=-1, keepdims=True)
+
+
+def numpy_softmax(scores: mx.array, length: int) -> mx.array:
+    """softmax over the last axis of float32 `scores` [..., S], whose rows come in runs of
+    `length` query rows for the last `length` positions (the grouped layout: [B, G, R * L, S]);
+    with length > 1 the causal mask applies (row i of a run sees keys j <= S - length + i).
+
+        numpy_softmax(mx.array([[0.0, 0.0]]), 1) -> [[0.5, 0.5]]
+    """
+    a = np.asarray(scores)
+    s = a.shape[-1]
+    rows = a.reshape(-1, length, s)
+    if length > 1:
+        hidden = ~np.tri(length, dtype=bool)  # [L, L]: True where a row may not look
+        block = rows[..., s - length :]
+        top = np.where(hidden, -np.inf, block).max(axis=-1, keepdims=True)
+        if s > length:
+            top = np.maximum(top, rows[..., : s - length].max(axis=-1, keepdims=True))
+    else:
+        top = rows.max(axis=-1, keepdims=True)
+    e = np.subtract(rows, top)
+    with np.errstate(over="ignore"):  # a hidden score above the row's maximum: zeroed below
+        np.exp(e, out=e)
+    if length > 1:
+        e[..., s - length :][:, hidden] = 0.0
+    e /= lane_total(e)
+    return mx.array(e.reshape(a.shape))

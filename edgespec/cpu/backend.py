@@ -43,7 +43,6 @@ from edgespec.cpu import (
     leanops,
     on_cpu,
     rope,
-    vecsoftmax,
 )
 from edgespec.rewind import rewindable
 
@@ -77,7 +76,7 @@ class Switches:
         """The switches in force in this process (edgespec/cpu/__init__.py)."""
         return cls(
             grouped_attention=attention.enabled(),
-            numpy_softmax=attention.enabled() and vecsoftmax.enabled(),
+            numpy_softmax=attention.enabled() and attention.numpy_enabled(),
             table_rope=rope.enabled(),
             lean_ops=leanops.enabled(),
             compiled_blocks=blocks.enabled(),
@@ -106,7 +105,7 @@ class CpuBackend:
         self.masks = attention.Masks()
         original = getattr(base, attention.NAME)
         self._original = original
-        self._rows = vecsoftmax.softmax if self.switches.numpy_softmax else None
+        self._rows = attention.numpy_softmax if self.switches.numpy_softmax else None
         self._sdpa = attention.grouped_sdpa(original, self.masks, self._rows)
         # the draft-tree forward's attention under a mask, with this backend's softmax
         self.masked_attention = functools.partial(attention.masked_attention, rows=self._rows)

@@ -15,7 +15,7 @@ exactly 0: a token masked by top-k keeps probability 0.
 its CPU backend's `softmax`, edgespec/cpu/backend.py), only where MLX can compile a fused kernel (`compiler_works`),
 and not with `EDGESPEC_FAST_EXP=0`. The attention's softmax does not use it: over short rows (a
 few hundred keys) the gain was small, and from a thousand keys on NumPy's vectorised exp is
-faster still (vecsoftmax.py).
+faster still (attention.py, numpy_softmax).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The attention's softmax in NumPy (edgespec/cpu/vecsoftmax.py) against MLX's, paired in one
+"""The attention's softmax in NumPy (edgespec/cpu/attention.py) against MLX's, paired in one
 process: two engines on the embedded pair, one built with EDGESPEC_NUMPY_SOFTMAX=0 and one with
 it on (the switch is read when an engine's CPU backend is built), plain decoding and the default
 method on each, interleaved prompt by prompt (the order of the two engines alternates).

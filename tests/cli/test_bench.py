@@ -279,6 +279,7 @@ def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
     rewrites = doc["environment"]["cpu_rewrites"]  # which CPU graph rewrites ran
     assert set(rewrites) == {
         "grouped_attention",
+        "numpy_softmax",
         "table_rope",
         "lean_ops",
         "compiled_blocks",

@@ -177,7 +177,7 @@ def test_mkl_exact_mode_makes_an_l_token_forward_equal_l_one_token_forwards_on_i
 @pytest.mark.parametrize("numpy_softmax", ["1", "0"])
 def test_the_reference_blas_is_row_exact(numpy_softmax):
     """The unoptimised BLAS (EDGESPEC_BLAS=system) computes each row alike on any CPU, with the
-    attention's softmax in NumPy for the rows that see FROM_KEYS keys (edgespec/cpu/vecsoftmax.py)
+    attention's softmax in NumPy for the rows that see FROM_KEYS keys (edgespec/cpu/attention.py)
     or in MLX."""
     assert _bits("system", numpy_softmax) == "identical" and blas.rows_exact("reference")
 

@@ -1,4 +1,4 @@
-"""The attention's softmax in NumPy (edgespec.cpu.vecsoftmax) and the grouped attention rows that
+"""The attention's softmax in NumPy (edgespec.cpu.attention.numpy_softmax) and the grouped attention rows that
 take it (edgespec.cpu.attention, from FROM_KEYS keys on): MLX's values, every row computed alike
 whatever forward it is part of (tests/cpu/test_blas.py checks a whole forward's bits under the
 reference BLAS), prompt chunks in pieces, a chain-shaped tree as the chain."""
@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from edgespec.cpu import attention, vecsoftmax
+from edgespec.cpu import attention
 
 
 @pytest.mark.parametrize("n", [1, 7, 63, 64, 65, 127, 128, 129, 300, 1000, 4099])
@@ -20,8 +20,8 @@ def test_a_row_sums_alike_with_trailing_zeros(n):
     row = rng.random((3, n), dtype=np.float32)
     for zeros in (1, 5, 64, 200, 1000):
         padded = np.concatenate([row, np.zeros((3, zeros), np.float32)], axis=-1)
-        assert np.array_equal(vecsoftmax.lane_total(row), vecsoftmax.lane_total(padded))
-    np.testing.assert_allclose(vecsoftmax.lane_total(row)[:, 0], row.sum(-1), rtol=1e-5)
+        assert np.array_equal(attention.lane_total(row), attention.lane_total(padded))
+    np.testing.assert_allclose(attention.lane_total(row)[:, 0], row.sum(-1), rtol=1e-5)
 
 
 def test_pairwise_summation_would_not_do():
@@ -35,7 +35,7 @@ def test_pairwise_summation_would_not_do():
 def test_softmax_is_mlx_softmax_under_the_causal_mask(length, keys):
     rng = np.random.default_rng(length * keys)
     scores = (rng.standard_normal((1, 3, 3 * length, keys)) * 6).astype(np.float32)
-    got = np.array(vecsoftmax.softmax(mx.array(scores), length))
+    got = np.array(attention.numpy_softmax(mx.array(scores), length))
     shaped = mx.array(scores.reshape(1, 3, 3, length, keys))
     allowed = mx.arange(keys)[None, :] <= mx.arange(keys - length, keys)[:, None]
     want = mx.softmax(mx.where(allowed, shaped, -mx.inf), axis=-1, precise=True)
@@ -44,7 +44,9 @@ def test_softmax_is_mlx_softmax_under_the_causal_mask(length, keys):
     for i in range(length):  # a row of a run: its own keys' softmax, bit for bit, then zeros
         seen = keys - length + i + 1
         alone = np.array(
-            vecsoftmax.softmax(mx.array(scores.reshape(-1, length, keys)[:, i, :seen].copy()), 1)
+            attention.numpy_softmax(
+                mx.array(scores.reshape(-1, length, keys)[:, i, :seen].copy()), 1
+            )
         )
         assert np.array_equal(runs[:, i, :seen], alone)
         assert not runs[:, i, seen:].any()
@@ -67,7 +69,7 @@ def test_grouped_rows_across_from_keys_are_mlx_attention(monkeypatch, length):
     q, k, v = _qkv(length, 120)
     mask = "causal" if length > 1 else None
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
-    got = attention.grouped_attention(q, k, v, 0.25, length > 1, None, vecsoftmax.softmax)
+    got = attention.grouped_attention(q, k, v, 0.25, length > 1, None, attention.numpy_softmax)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
 
 
@@ -77,9 +79,9 @@ def test_pieces_keep_each_rows_bits(monkeypatch):
     piece against many, same keys)."""
     monkeypatch.setattr(attention, "FROM_KEYS", 0)
     q, k, v = _qkv(40, 200, seed=3)
-    whole = attention.grouped_attention(q, k, v, 0.25, True, None, vecsoftmax.softmax)
+    whole = attention.grouped_attention(q, k, v, 0.25, True, None, attention.numpy_softmax)
     monkeypatch.setattr(attention, "PIECE", 9 * 200 * 3)
-    pieces = attention.grouped_attention(q, k, v, 0.25, True, None, vecsoftmax.softmax)
+    pieces = attention.grouped_attention(q, k, v, 0.25, True, None, attention.numpy_softmax)
     np.testing.assert_allclose(np.array(pieces), np.array(whole), rtol=1e-6, atol=1e-6)
 
 
@@ -95,8 +97,8 @@ def test_a_chain_shaped_tree_mask_is_the_causal_forward(monkeypatch):
     setattr(cache, attention.ROWS_FLAG, True)
     q, k, v = _qkv(6, 102, seed=5)
     allowed = mx.arange(102)[None, :] <= mx.arange(96, 102)[:, None]
-    tree = attention.masked_attention(q, k, v, 0.25, allowed, cache, rows=vecsoftmax.softmax)
-    chain = attention.grouped_attention(q, k, v, 0.25, True, None, vecsoftmax.softmax)
+    tree = attention.masked_attention(q, k, v, 0.25, allowed, cache, rows=attention.numpy_softmax)
+    chain = attention.grouped_attention(q, k, v, 0.25, True, None, attention.numpy_softmax)
     np.testing.assert_allclose(np.array(tree), np.array(chain), rtol=1e-6, atol=1e-6)
 
 
