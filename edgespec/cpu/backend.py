@@ -34,16 +34,7 @@ import mlx.nn as nn
 from mlx_lm.models import base
 from mlx_lm.models.cache import make_prompt_cache
 
-from edgespec.cpu import (
-    attention,
-    blas,
-    blocks,
-    cpu_switch,
-    fastexp,
-    leanops,
-    on_cpu,
-    rope,
-)
+from edgespec.cpu import attention, blas, blocks, cpu_switch, fastexp, leanops, on_cpu, rope
 from edgespec.rewind import rewindable
 
 __all__ = ["CpuBackend", "Switches", "draft_pairs", "on_cpu"]
