@@ -13,6 +13,7 @@ rate over plain's (sums over the seeds), then over all prompts.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections import defaultdict
 
@@ -79,30 +80,19 @@ def main() -> None:
                     flush=True,
                 )
     AdaptiveK.lookups_pay = PRICED  # type: ignore[method-assign]
-    overall: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    ratios: dict[str, list[float]] = defaultdict(list)
     for label, _ in prompts:
         rate = {v: totals[(label, v)][1] / totals[(label, v)][0] for v in VARIANTS}
+        for v in ("always", "priced"):
+            ratios[v].append(rate[v] / rate["plain"])
         print(
-            f"{label:8s} plain {rate['plain']:6.2f} tok/s  always {rate['always'] / rate['plain']:.3f}x"
-            f"  priced {rate['priced'] / rate['plain']:.3f}x"
+            f"{label:8s} plain {rate['plain']:6.2f} tok/s  always {ratios['always'][-1]:.3f}x"
+            f"  priced {ratios['priced'][-1]:.3f}x"
         )
-        for v in VARIANTS:
-            overall[v][0] += totals[(label, v)][0]
-            overall[v][1] += totals[(label, v)][1]
     print(
         "geometric mean of per-prompt ratios: "
-        + "  ".join(
-            f"{v} {_geo([totals[(p, v)][1] / totals[(p, v)][0] / (totals[(p, 'plain')][1] / totals[(p, 'plain')][0]) for p, _ in prompts]):.3f}x"
-            for v in ("always", "priced")
-        )
+        + "  ".join(f"{v} {statistics.geometric_mean(r):.3f}x" for v, r in ratios.items())
     )
-
-
-def _geo(xs: list[float]) -> float:
-    product = 1.0
-    for x in xs:
-        product *= x
-    return product ** (1 / len(xs))
 
 
 if __name__ == "__main__":
