@@ -1,7 +1,7 @@
 """Long contexts with the draft's attention bound (SpecConfig.draft_window, cache.Bound) on feature
 drafts (EAGLE; MTP and next-n heads share its state, drafting/feature.py), block drafts (DFlash,
-DFlash2) and Gemma 4 assistants, on tiny seeded models: greedy output equals plain decoding at long
-context (every draft kind here at 32K tokens), the bounded draft holds and reads only its sinks and last
+DFlash2) and Gemma 4 assistants, on tiny seeded models: greedy output equals plain decoding at
+32K tokens of context for each of them, the bounded draft holds and reads only its sinks and last
 windows, a bounded block draft attends as the bound says, and sampled tokens follow the target's
 distribution with the bound on."""
 
