@@ -20,10 +20,10 @@ does on the CPU). mlx-lm's own model object, and any other caller of mlx-lm in t
 bench's mlx-lm peer), keep mlx-lm's attention. `EDGESPEC_GROUPED_ATTENTION=0` turns it off.
 
 At long contexts the softmax itself is the cost (MLX's CPU exp runs element by element): with
-NumPy's softmax on (`numpy_softmax`, below; `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees FROM_KEYS
-keys or more, in a one-token step, a verify or a prompt chunk alike, takes NumPy's vectorised
-softmax; rows that see fewer keep MLX's, so short contexts run as before and each row is
-computed the same way whatever forward it is part of.
+NumPy's softmax on (`numpy_softmax`, below; `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees
+FROM_KEYS keys or more, in a one-token step, a verify or a prompt chunk alike, takes NumPy's
+vectorised softmax; rows that see fewer keep MLX's, so short contexts run as before and each row
+is computed the same way whatever forward it is part of.
 """
 
 from __future__ import annotations

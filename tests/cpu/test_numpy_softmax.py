@@ -1,5 +1,5 @@
-"""The attention's softmax in NumPy (edgespec.cpu.attention.numpy_softmax) and the grouped attention rows that
-take it (edgespec.cpu.attention, from FROM_KEYS keys on): MLX's values, every row computed alike
+"""The attention's softmax in NumPy (edgespec.cpu.attention.numpy_softmax) and the grouped
+attention rows that take it (from FROM_KEYS keys on): MLX's values, every row computed alike
 whatever forward it is part of (tests/cpu/test_blas.py checks a whole forward's bits under the
 reference BLAS), prompt chunks in pieces, a chain-shaped tree as the chain."""
 
