@@ -221,7 +221,8 @@ class FakeEngine:
             if cancel is not None and cancel.is_set():
                 reason = "cancelled"
                 break
-            if self.script.hold_after is not None and rounds >= self.script.hold_after:
+            hold = self.script.hold_after
+            if hold is not None and rounds >= hold and not self.release.is_set():
                 while not self.release.wait(0.01):
                     if cancel is not None and cancel.is_set():
                         break

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from edgespec.tui.fake import FakeEngine, FakeScript
@@ -159,24 +161,46 @@ def test_new_chat_clears_view_and_resets_engine(tmp_path: Path) -> None:
 def test_garbage_is_collected_between_answers_not_during_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, idle: bool
 ) -> None:
-    """The command line's app (`collect_when_idle`) runs the garbage collector IDLE_COLLECT
-    seconds after an answer ends, and not when the next answer is already streaming by then;
-    an app made without it never does."""
+    """The command line's app (`collect_when_idle`) schedules the garbage collector IDLE_COLLECT
+    seconds after each answer ends, and the collection is skipped when the next answer is
+    streaming by then; an app made without it never schedules one. The test holds the timers
+    and fires them itself, so a slow machine cannot move one across an answer."""
     from edgespec.tui import app as tui_app
 
-    app, loader = make_app(tmp_path, FakeScript(round_delay=0.05))
+    app, loader = make_app(tmp_path, FakeScript(hold_after=2))  # held unless `release` is set
     app.collect_when_idle = idle
     calls: list[bool] = []  # app.generating at each collection
-    monkeypatch.setattr(tui_app, "IDLE_COLLECT", 0.2)
     monkeypatch.setattr(tui_app.gc, "collect", lambda *args: calls.append(app.generating))
+    held: list[tuple[float, Callable[[], object]]] = []  # the collection timers, unfired
+    set_timer = app.set_timer
+
+    def hold(delay: float, callback: Callable[[], object] | None = None, **kwargs: Any) -> Any:
+        if callback == app._collect:
+            held.append((delay, callback))
+            return None
+        return set_timer(delay, callback, **kwargs)
+
+    monkeypatch.setattr(app, "set_timer", hold)
 
     async def scenario() -> None:
         async with app.run_test() as pilot:
+            await wait_for(pilot, lambda: app.ready)
+            assert loader.engine is not None
+            loader.engine.release.set()
             await ask(pilot, app, "first")
-            app.query_one("#prompt", Input).value = "second"  # sent at once, not typed:
-            await pilot.press("enter")  # the first's collection comes while it streams
+            assert [d for d, _ in held] == ([tui_app.IDLE_COLLECT] if idle else [])
+            loader.engine.release.clear()  # the second answer streams until released
+            app.query_one("#prompt", Input).value = "second"  # sent at once, not typed
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.generating)
+            for _, fire in held:  # the first answer's timer comes due while the second streams
+                fire()
+            assert calls == []
+            loader.engine.release.set()
             await wait_for(pilot, lambda: app._turn == 2 and not app.generating)
-            await pilot.pause(0.5)
+            assert len(held) == (2 if idle else 0)
+            for _, fire in held[1:]:  # the second's, with nothing streaming
+                fire()
 
     run(scenario)
     assert calls == ([False] if idle else [])
