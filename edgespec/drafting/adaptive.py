@@ -6,9 +6,11 @@ seconds, where c is one draft step and v(L) a target forward verifying L tokens 
 plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is a plain target step
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
-while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
-runs such K = 0 rounds pipelined (loop.plain_run), as fast as plain decoding; the policy then
-decides a round before the previous one is read back. The loop hands it every round once, in order
+while drafting keeps losing) so the estimates can notice the draft becoming useful again; while
+drafting wins by little, a price check now and then turns it off for a few rounds to time the plain
+step it is weighed against (PRICE_EDGE). The loop runs such K = 0 rounds pipelined
+(loop.plain_run), as fast as plain decoding; the policy then decides a round before the previous
+one is read back. The loop hands it every round once, in order
 (`observe`, rounds.Plans), and asks for each K (`decide`).
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
@@ -48,8 +50,9 @@ ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of mem
 # spans +-0.14 at alpha 0.3 and kept a draft that lost 10% at 8K tokens on for a whole answer.
 SLOW_DECAY = 0.98
 # Price checks: while drafting is predicted to beat plain steps by less than PRICE_EDGE and no
-# plain step was timed in the last RECHECK rounds, PRICE_STEPS plain steps are run to time one
-# (a pipelined run times all but its first and last). Until then a plain step is priced from
+# plain step was timed in the last RECHECK rounds, PRICE_STEPS rounds have the draft model off to
+# time a plain step (a pipelined run times all but its first and last; a hybrid's lookups go on
+# where they pay, so a copied passage keeps them, and its plain steps are timed between them). Until then a plain step is priced from
 # the shortest verify (costs.verify_curve), right at a short context but, on a CPU at 8K tokens,
 # where a 2-row verify costs ~1.3 plain steps, ~20% too dear, so the draft stayed on at 0.9x.
 PRICE_EDGE = 1.25
@@ -320,14 +323,12 @@ class AdaptiveK:
         return best * verify(1)
 
     def decide(self) -> int:
-        """The next round's K (recorded in `chosen`); a hybrid's lookups go off for a price
-        check's plain steps."""
+        """The next round's K (recorded in `chosen`)."""
         method = self.model or self._method
         k = self.choose(method if self._observed else None)
         self.chosen.append(k)
         if self.model is not None:
-            checking = k == 0 and self._on
-            self._lookups_on = not checking and self.lookups_pay(LOOKUP)
+            self._lookups_on = self.lookups_pay(LOOKUP)
         return k
 
     def lookups_pay(self, method: str) -> bool:

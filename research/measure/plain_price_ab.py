@@ -7,8 +7,8 @@ interleaved; long prompts are prefilled once and reused (the engine keeps the pr
     python -m research.measure.plain_price_ab --short 4 --context 1k,8k --kinds doc,code,chat \\
         --temp 0.7 --seeds 3
 
-Prints every run (decode tok/s, its ratio over the same seed's plain run, drafting and plain
-rounds), per prompt the two defaults' decode rate over plain's (sums over the seeds), the
+Prints every run (decode tok/s, tokens, its ratio over the same seed's plain run, rounds by
+kind: the draft model's, lookups', plain steps'), per prompt the two defaults' decode rate over plain's (sums over the seeds), the
 geometric means and each default's worst single run.
 """
 
@@ -46,7 +46,8 @@ def use(variant: str) -> None:
 
 
 def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, max_tokens: int):
-    """(decode seconds, tokens after the first, drafting rounds, plain rounds) of one run."""
+    """(decode seconds, tokens after the first, draft model rounds, lookup rounds, plain rounds)
+    of one run."""
     use(variant)
     spec = SpecConfig(method="none" if variant == "plain" else "hybrid", adaptive=True)
     sampling = SamplingConfig(temperature=temp, seed=seed)
@@ -57,8 +58,9 @@ def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, ma
             times.append(time.perf_counter())
         elif isinstance(event, Round):
             rounds.append(event)
-    drafting = sum(r.drafted > 0 for r in rounds)
-    return times[-1] - times[0], len(times) - 1, drafting, len(rounds) - drafting
+    model = sum(r.drafted > 0 and r.method != "ngram" for r in rounds)
+    lookups = sum(r.drafted > 0 and r.method == "ngram" for r in rounds)
+    return times[-1] - times[0], len(times) - 1, model, lookups, len(rounds) - model - lookups
 
 
 def main() -> None:
@@ -88,7 +90,7 @@ def main() -> None:
             order = VARIANTS if seed % 2 == 0 else tuple(reversed(VARIANTS))
             rates = {}
             for variant in order:
-                seconds, tokens, drafting, plain = run(
+                seconds, tokens, model, lookups, plain = run(
                     engine, ids, variant, args.temp, seed, args.max_tokens
                 )
                 totals[(label, variant)][0] += seconds
@@ -96,7 +98,8 @@ def main() -> None:
                 rates[variant] = tokens / seconds
                 print(
                     f"{label:8s} seed {seed} {variant:6s} {rates[variant]:6.2f} tok/s"
-                    f"  drafting rounds {drafting:3d}  plain rounds {plain:3d}",
+                    f"  tokens {tokens + 1:4d}  rounds: draft {model:3d} lookup {lookups:3d}"
+                    f" plain {plain:3d}",
                     flush=True,
                 )
             for v in VARIANTS[1:]:

@@ -75,15 +75,19 @@ def test_a_price_check_keeps_a_draft_that_pays_on_and_is_repeated_only_after_rec
     assert all(k > 0 for k in chosen[plain[0] + PRICE_STEPS : plain[0] + RECHECK])
 
 
-def test_a_hybrids_lookups_stay_off_during_a_price_check() -> None:
+def test_a_hybrids_lookups_stay_on_during_a_price_check() -> None:
+    # A copied passage: its lookups pay far more than the draft model; a price check of the
+    # draft model's rounds must not cost their rounds too.
     policy = AdaptiveK(1, 4, model="draft")
     last = None
     for i in range(10):  # the draft's costs become known, then a price check begins
         if ask(policy, last) == 0:
             break
         last = Round(i, 1, i % 3 == 0, 1, 0.01, 0.13)
+        if i % 2:
+            last = Round(i, 4, 4, 4, 1e-5, 0.16, method="ngram")
     assert policy.chosen[-1] == 0 and policy._pricing > 0, policy.chosen
-    assert policy.lookup_k("ngram", 4) == 0  # the plain steps are timed without lookup rows
+    assert policy.lookup_k("ngram", 4) == 4
 
 
 def test_a_price_check_that_times_nothing_is_not_repeated_at_once() -> None:
