@@ -46,8 +46,8 @@ def use(variant: str) -> None:
 
 
 def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, max_tokens: int):
-    """(decode seconds, tokens after the first, draft model rounds, lookup rounds, plain rounds)
-    of one run."""
+    """(decode seconds, tokens after the first, draft model rounds, lookup rounds, plain rounds,
+    the draft model's acceptance) of one run."""
     use(variant)
     spec = SpecConfig(method="none" if variant == "plain" else "hybrid", adaptive=True)
     sampling = SamplingConfig(temperature=temp, seed=seed)
@@ -58,9 +58,11 @@ def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, ma
             times.append(time.perf_counter())
         elif isinstance(event, Round):
             rounds.append(event)
-    model = sum(r.drafted > 0 and r.method != "ngram" for r in rounds)
-    lookups = sum(r.drafted > 0 and r.method == "ngram" for r in rounds)
-    return times[-1] - times[0], len(times) - 1, model, lookups, len(rounds) - model - lookups
+    drafts = [r for r in rounds if r.drafted > 0 and r.method != "ngram"]
+    model, lookups = len(drafts), sum(r.drafted > 0 and r.method == "ngram" for r in rounds)
+    accepted = sum(r.accepted for r in drafts) / max(1, sum(r.drafted for r in drafts))
+    plain = len(rounds) - model - lookups
+    return times[-1] - times[0], len(times) - 1, model, lookups, plain, accepted
 
 
 def main() -> None:
@@ -90,7 +92,7 @@ def main() -> None:
             order = VARIANTS if seed % 2 == 0 else tuple(reversed(VARIANTS))
             rates = {}
             for variant in order:
-                seconds, tokens, model, lookups, plain = run(
+                seconds, tokens, model, lookups, plain, accepted = run(
                     engine, ids, variant, args.temp, seed, args.max_tokens
                 )
                 totals[(label, variant)][0] += seconds
@@ -99,7 +101,7 @@ def main() -> None:
                 print(
                     f"{label:8s} seed {seed} {variant:6s} {rates[variant]:6.2f} tok/s"
                     f"  tokens {tokens + 1:4d}  rounds: draft {model:3d} lookup {lookups:3d}"
-                    f" plain {plain:3d}",
+                    f" plain {plain:3d}  draft acceptance {accepted:.2f}",
                     flush=True,
                 )
             for v in VARIANTS[1:]:
