@@ -6,11 +6,9 @@ seconds, where c is one draft step and v(L) a target forward verifying L tokens 
 plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is a plain target step
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
-while drafting keeps losing) so the estimates can notice the draft becoming useful again; while
-drafting wins by little, a price check now and then turns it off for a few rounds to time the plain
-step it is weighed against (PRICE_EDGE). The loop runs such K = 0 rounds pipelined
-(loop.plain_run), as fast as plain decoding; the policy then decides a round before the previous
-one is read back. The loop hands it every round once, in order
+while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
+runs such K = 0 rounds pipelined (loop.plain_run), as fast as plain decoding; the policy then
+decides a round before the previous one is read back. The loop hands it every round once, in order
 (`observe`, rounds.Plans), and asks for each K (`decide`).
 
 AdaptiveK keeps the three inputs as running estimates from the Round events it is fed:
@@ -40,24 +38,11 @@ from edgespec.drafting.costs import (
     fit_verify_line,
     verify_curve,
 )
-from edgespec.events import Round, expected_tokens_per_round
+from edgespec.events import Round
 
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
 PRIOR_WEIGHT = 2.0
 ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of memory)
-# The slower acceptance estimate (~50 rounds of memory) whose upper bound a draft must fail
-# before it is switched off (DrafterEstimate.alpha_upper): the fast one's bound, on ~10 rounds,
-# spans +-0.14 at alpha 0.3 and kept a draft that lost 10% at 8K tokens on for a whole answer.
-SLOW_DECAY = 0.98
-# Price checks: while drafting is predicted to beat plain steps by less than PRICE_EDGE and no
-# plain step was timed in the last RECHECK rounds, PRICE_STEPS rounds have the draft model off to
-# time a plain step (a pipelined run times all but its first and last; a hybrid's lookups go on
-# where they pay, so a copied passage keeps them, and its plain steps are timed between them). Until then a plain step is priced from
-# the shortest verify (costs.verify_curve), right at a short context but, on a CPU at 8K tokens,
-# where a 2-row verify costs ~1.3 plain steps, ~20% too dear, so the draft stayed on at 0.9x.
-PRICE_EDGE = 1.25
-PRICE_STEPS = 5
-RECHECK = 128
 # The policy takes the shortest round predicted within this share of the best: its inputs are
 # medians of a few noisy timings, and on a 2-core CPU (verify of 2 tokens ~1 step, of 4 ~1.65)
 # K = 1..4 all come within a few % of each other at alpha ~0.8, where a wrong longer K lost up to
@@ -79,8 +64,6 @@ class DrafterEstimate:
 
     accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT
     trials: float = PRIOR_WEIGHT
-    slow_accepted: float = PRIOR_ALPHA * PRIOR_WEIGHT  # the same counts decayed by SLOW_DECAY
-    slow_trials: float = PRIOR_WEIGHT
     step_costs: RecentMedian = field(default_factory=RecentMedian)
     per_round: bool = False  # the cost is per round (ROUND_COST), not per drafted token
     # Per drafted position, for per_round methods: decayed rounds that drafted it with the
@@ -94,17 +77,11 @@ class DrafterEstimate:
         return self.accepted / self.trials
 
     @property
-    def slow_alpha(self) -> float:
-        """The acceptance over the last ~50 rounds (SLOW_DECAY): steadier than `alpha`."""
-        return self.slow_accepted / self.slow_trials
-
-    @property
     def alpha_upper(self) -> float:
-        """slow_alpha plus one standard error (its decayed trials as the sample size), at most 1:
-        how good the draft may still be, given the last ~50 rounds.
-        Example: 0.3 over 50 trials -> 0.3 + sqrt(0.21 / 50) = 0.365."""
-        a = self.slow_alpha
-        return min(1.0, a + math.sqrt(a * (1 - a) / self.slow_trials))
+        """alpha plus one standard error (the decayed trials as the sample size), at most 1: how
+        good the draft may still be, given the little the last rounds showed."""
+        a = self.alpha
+        return min(1.0, a + math.sqrt(a * (1 - a) / self.trials))
 
     @property
     def draft_cost(self) -> float | None:
@@ -127,8 +104,6 @@ class DrafterEstimate:
         failure = 1.0 if r.accepted < r.drafted else 0.0
         self.accepted = ALPHA_DECAY * self.accepted + r.accepted
         self.trials = ALPHA_DECAY * self.trials + r.accepted + failure
-        self.slow_accepted = SLOW_DECAY * self.slow_accepted + r.accepted
-        self.slow_trials = SLOW_DECAY * self.slow_trials + r.accepted + failure
         cost = r.t_draft if self.per_round else r.t_draft / r.drafted
         known = self.draft_cost
         if timed or (bound and known is not None and cost < known):
@@ -213,10 +188,6 @@ class AdaptiveK:
         self._observed = False  # a round was observed: the first round's K is k_init
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
         self._lookup_probes = Probes()
-        self._rounds = 0  # rounds observed
-        # The round count when a plain step was last timed or a price check began.
-        self._priced_at: int | None = None
-        self._pricing = 0  # plain steps left in a price check
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -234,7 +205,6 @@ class AdaptiveK:
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
         self._observed = True
-        self._rounds += 1
         if r.drafted > 0:
             self._method = r.method
         long = self.long_match > 0 and r.match >= self.long_match
@@ -255,8 +225,6 @@ class AdaptiveK:
             return
         length = r.drafted + 1  # the pending token + the drafts
         self.verify_costs.add(length, r.t_verify)
-        if length == 1:
-            self._priced_at = self._rounds
 
     @property
     def verify_means(self) -> dict[int, float]:
@@ -278,9 +246,6 @@ class AdaptiveK:
         return est.alpha, est.draft_cost, verify, self.k_max
 
     def choose(self, method: str | None) -> int:
-        if self._pricing:
-            self._pricing -= 1
-            return 0
         args = self._inputs(method)
         if args is None:
             return self.k_init
@@ -290,37 +255,18 @@ class AdaptiveK:
         tokens = est.expected if est.per_round else None
         k = best_k(*args, k_min=0 if may_stop else 1, tolerance=TIE_TOLERANCE, expected=tokens)
         if k == 0 and self._on:
-            # Switching the draft off: only if plain still wins at the optimistic alpha of the
-            # last ~50 rounds (alpha_upper). Off, its acceptance is seen only in rare probes, so
-            # one unlucky streak (alpha's estimate remembers ~10 rounds) kept a draft that pays
-            # ~10% off for a whole answer. (A probe does not switch it back on: only the estimate
-            # itself does.) No tie tolerance on top: the bound is the margin, and with both a
-            # draft losing 9% to plain steps stayed on.
-            k = best_k(est.alpha_upper, *args[1:], k_min=0)
+            # Switching the draft off: only if plain still wins at the optimistic alpha. Off, its
+            # acceptance is seen only in rare probes, so one unlucky streak (alpha's estimate
+            # remembers ~10 rounds) kept a draft that pays ~10% off for a whole answer. (A probe
+            # does not switch it back on: only the estimate itself does.)
+            k = best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE)
         self._on = k > 0
         if k > 0:
             self._probes.won()
-            if may_stop and self._plain_stale() and self._edge(est, args) < PRICE_EDGE:
-                self._pricing, self._priced_at = PRICE_STEPS - 1, self._rounds
-                return 0
             return k
         if not self._probes.probe():
             return 0
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
-
-    def _plain_stale(self) -> bool:
-        """No plain step was timed, nor a price check begun, in the last RECHECK rounds (a seeded
-        timing does not count: it was taken at another context length)."""
-        return self._priced_at is None or self._rounds - self._priced_at > RECHECK
-
-    def _edge(self, est: DrafterEstimate, args: tuple[float, float, Callable[[int], float], int]):
-        """The predicted rate of the best drafting round over a plain step's (best_k's inputs, at
-        the steadier slow_alpha: a dip of the fast estimate is no reason to time plain steps)."""
-        _, cost, verify, k_max = args
-        count = est.expected if est.per_round else None
-        count = count or (lambda k: expected_tokens_per_round(est.slow_alpha, k))
-        best = max(count(k) / (k * cost + verify(k + 1)) for k in range(1, k_max + 1))
-        return best * verify(1)
 
     def decide(self) -> int:
         """The next round's K (recorded in `chosen`)."""

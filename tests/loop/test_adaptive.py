@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SpecConfig
-from edgespec.drafting.adaptive import PRICE_STEPS, TIE_TOLERANCE, AdaptiveK, DrafterEstimate
+from edgespec.drafting.adaptive import TIE_TOLERANCE, AdaptiveK, DrafterEstimate
 from edgespec.drafting.costs import best_k, fit_verify_line, verify_curve
 from edgespec.events import Round, expected_tokens_per_round
 from tests.helpers import PROMPT, ask, gen, rounds_of
@@ -138,12 +138,9 @@ def test_an_unlucky_streak_does_not_switch_a_paying_draft_off(monkeypatch):
             k = ask(policy, _round(i, k, min(acc, k), k, 0.012 * k, 0.1 if k else 0.092))
         return policy.chosen
 
-    chosen = run()
-    # Its only plain steps are one price check (an edge under PRICE_EDGE, no plain step timed).
-    plain = [i for i, k in enumerate(chosen) if k == 0]
-    assert plain == list(range(plain[0], plain[0] + PRICE_STEPS)) and plain[0] < 10, chosen
+    assert 0 not in run()
     monkeypatch.setattr(DrafterEstimate, "alpha_upper", DrafterEstimate.alpha)
-    assert 0 in run()[-8:]  # on the estimate alone, the streak switches it off
+    assert 0 in run()  # on the estimate alone, the streak switches it off
 
 
 def test_adaptive_k_turns_drafting_back_on_when_probes_succeed():
