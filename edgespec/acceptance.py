@@ -91,16 +91,19 @@ def accept(
     cfg: SamplingConfig,
     key: mx.array,
     softmax: Softmax | None = None,
-) -> tuple[mx.array, mx.array]:
+) -> tuple[mx.array, mx.array, mx.array | None]:
     """The acceptance step of one round on the target's logits [K + 1, V] of the pending token and
-    the K drafted ones x (q: verify's): (n_accepted, next_token), lazy; K = 0 is a plain target
+    the K drafted ones x (q: verify's): (n_accepted, next_token, p), lazy; K = 0 is a plain target
     step. The one place temperature 0 is decided: there the longest prefix agreeing with the
-    target's argmax (verify_greedy, what `verify` gives on warp's one-hot rows, without them);
-    else the ratio test on warp(logits) (`softmax`: the target's, KVState.softmax) with
-    uniforms(key, K + 1), the key schedule's verify key (sampling.round_keys)."""
+    target's argmax (verify_greedy, what `verify` gives on warp's one-hot rows, without them) and
+    p None; else the ratio test on p = warp(logits) (`softmax`: the target's, KVState.softmax)
+    with uniforms(key, K + 1), the key schedule's verify key (sampling.round_keys). p is returned
+    for a caller that wants the probability of what was sampled (a plain step's p[0, next]: the
+    review of an idle draft, drafting/review.py)."""
     if cfg.greedy:
-        return verify_greedy(x, logits)
-    return verify(x, q, warp(logits, cfg, softmax), uniforms(key, x.shape[-1] + 1))
+        return (*verify_greedy(x, logits), None)
+    p = warp(logits, cfg, softmax)
+    return (*verify(x, q, p, uniforms(key, x.shape[-1] + 1)), p)
 
 
 def expected_acceptance(p: mx.array, q: mx.array) -> mx.array:

@@ -28,7 +28,16 @@ import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, Proposal, no_proposal
+from edgespec.drafting.adaptive import LOOKUP
+from edgespec.drafting.base import (
+    PLAIN_ONLY,
+    Capabilities,
+    Drafter,
+    Proposal,
+    SizedLookups,
+    no_proposal,
+)
+from edgespec.drafting.review import PendingReview, Review
 from edgespec.events import Round
 from edgespec.rounds import (
     Limits,
@@ -71,8 +80,8 @@ def speculate(
     Example: speculate(target, Chains(target, drafter, cfg), drafter, prompt, cfg, FixedK(4),
     limits) drafts K = 4 tokens a round (rounds.Chains, drafting.adaptive.FixedK)."""
     run = Progress(list(prompt), make_key(cfg.seed), limits)
-    plans: Plans[Plan] = Plans(policy)
     caps, first = rounds.caps, target.shared
+    plans: Plans[Plan] = Plans(policy, reviews=caps.reviews is not None)
     try:
         while run.index < limits.max_tokens and not run.stopped:
             if is_set(cancel):
@@ -105,11 +114,13 @@ def speculate(
 
 @dataclass(frozen=True)
 class Queued:
-    """A step whose forward is queued: its proposal, lazy output and features (verify_round)."""
+    """A step whose forward is queued: its proposal, lazy output and features (verify_round), and
+    the target's probability of its token (a plain step at T > 0 when reviews are read)."""
 
     prop: Proposal
     out: mx.array
     feats: mx.array | None
+    px: mx.array | None = None
 
 
 def _queue(
@@ -119,13 +130,17 @@ def _queue(
     pending: mx.array,
     prop: Proposal,
     feats: bool,
+    probs: bool = False,
 ) -> Queued:
     """Queue one step's forward (the d = 0 round speculate would run, or a lookup's), with the
-    same keys as that round: a round's draft key goes unused here."""
+    same keys as that round: a round's draft key goes unused here. `probs`: keep the target's
+    probability of a plain step's token (Queued.px), for reviews."""
     run.key, _draft_key, verify_key = round_keys(run.key)
-    out, features = verify_round(target, pending, prop, cfg, verify_key, feats)
-    mx.async_eval([a for a in (out, features) if a is not None])
-    return Queued(prop, out, features)
+    keep: list[mx.array] | None = [] if probs else None
+    out, features = verify_round(target, pending, prop, cfg, verify_key, feats, keep)
+    px = keep[0] if keep else None
+    mx.async_eval([a for a in (out, features, px) if a is not None])
+    return Queued(prop, out, features, px)
 
 
 def plain_run(
@@ -157,29 +172,31 @@ def plain_run(
     run.stopped when it yielded the generation's final Step. Not `pipelined`: one step, read
     back before any other forward is queued (a generation's first token on a shared forward)."""
     wants = caps.features is not None
-    queued = _queue(
-        target,
-        run,
-        cfg,
-        mx.array(run.context[target.offset :], dtype=mx.int32),
-        no_proposal(drafter.method),
-        wants,
-    )
+    reviews = caps.reviews if plans.reviews else None
+    probs = reviews is not None and not cfg.greedy
+    context = mx.array(run.context[target.offset :], dtype=mx.int32)
+    queued = _queue(target, run, cfg, context, no_proposal(drafter.method), wants, probs)
     t_prev, first = time.perf_counter(), True
+    review: PendingReview | None = None  # a review queued behind the next step (drafting/review.py)
     while True:
         decided, upcoming = None, None
         if pipelined and not queued.prop.size and run.can_queue():
             decided = plans.decide(run)
             ahead = _ahead(caps, drafter.method, run, size(decided))
             if ahead is not None and not is_set(cancel):
-                upcoming = _queue(target, run, cfg, queued.out[-1:], ahead, wants)
+                upcoming = _queue(target, run, cfg, queued.out[-1:], ahead, wants, probs)
                 decided = None if ahead.size else decided  # decided after that round is read
         host = cast(list[int], queued.out.tolist())
         now, prop, (n, value) = time.perf_counter(), queued.prop, host[-2:]
         # On MLX's CPU backend a read returns only once the forward queued behind it is done too,
         # so a run's first interval holds two forwards and its last almost none: only a plain
-        # step with a plain step queued behind it, not the run's first, is timed (Round.timed).
+        # step with a plain step queued behind it, not the run's first, is timed (Round.timed);
+        # nor one read after a review's forward was queued (it holds that forward too).
         timed = not prop.size and upcoming is not None and not upcoming.prop.size and not first
+        timed = timed and review is None
+        if review is not None:
+            run.reviews.append(review.done())
+            review = None
         d = prop.size
         rnd = Round(
             index=run.index,
@@ -194,6 +211,10 @@ def plain_run(
             context=len(run.context),
         )
         t_prev, first = now, False
+        if queued.px is not None:  # the target's probability of this plain step's token
+            run.probs[len(run.context)] = cast(float, queued.px.item())
+        if not d and caps.lookups is not None and plans.lookup_review_due():
+            _review_lookup(caps.lookups, run, value)
         step = run.commit(drafter, host[:n] + [value], rnd, queued.feats)
         if upcoming is None or step.stop:
             target.rewind(run.context, len(run.context) - 1)
@@ -207,7 +228,18 @@ def plain_run(
             run.stopped = True
             yield cancelled()
             return
+        if reviews is not None and plans.review_due():
+            review = reviews.review(run.context, run.probs)
+            run.probs.clear()
         queued = upcoming
+
+
+def _review_lookup(lookups: SizedLookups, run: Progress, token: int) -> None:
+    """A review of switched-off lookups at one plain step (drafting/review.py): whether the
+    lookup's guess for the token after the context is the token the target sampled."""
+    guess = lookups.guess(run.context)
+    if guess is not None:
+        run.reviews.append(Review(LOOKUP, (float(guess[0] == token),), guess[1]))
 
 
 def _ahead(caps: Capabilities, method: str, run: Progress, k: int) -> Proposal | None:

@@ -28,6 +28,7 @@ from edgespec.acceptance import accept
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, FeatureInput, Proposal
+from edgespec.drafting.review import Review
 from edgespec.events import Round
 
 Plan = TypeVar("Plan")  # what a policy chooses for a round: K (chains) or a Shape (trees)
@@ -49,14 +50,23 @@ class Plans(Generic[Plan]):
     """The only caller of a generation's round policy. Before each decision it hands the policy
     every round committed since the last one (Progress.fresh), so each round reaches it exactly
     once and in order, however far ahead a pipelined run decides; a policy never de-duplicates.
-    `ahead` holds a plan a pipelined run decided for the round after it."""
+    `ahead` holds a plan a pipelined run decided for the round after it. `reviews`: the drafter
+    can review (drafting/review.py) and the policy reads reviews (`review(r)`, `review_due()`:
+    AdaptiveK); they reach it like rounds (Progress.reviews), before the rounds of the same
+    decision."""
 
-    def __init__(self, policy: Policy[Plan]):
+    def __init__(self, policy: Policy[Plan], reviews: bool = False):
         self.policy = policy
         self.ahead: Plan | None = None
+        self.reviews = reviews and callable(getattr(policy, "review", None))
+        if self.reviews:
+            cast(Reviewing, policy).review_on()
 
     def decide(self, run: Progress) -> Plan:
         """A plan now, from everything committed so far."""
+        for review in run.reviews:
+            cast(Reviewing, self.policy).review(review)
+        run.reviews.clear()
         for r in run.fresh:
             self.policy.observe(r)
         run.fresh.clear()
@@ -66,6 +76,26 @@ class Plans(Generic[Plan]):
         """The next round's plan: one decided ahead, else a fresh decision."""
         plan, self.ahead = self.ahead, None
         return self.decide(run) if plan is None else plan
+
+    def review_due(self) -> bool:
+        """Whether the drafter should review the tokens committed since it last drafted."""
+        return self.reviews and cast(Reviewing, self.policy).review_due()
+
+    def lookup_review_due(self) -> bool:
+        """Whether a hybrid's lookups are off and their guesses should be reviewed."""
+        return self.reviews and cast(Reviewing, self.policy).lookup_review_due()
+
+
+class Reviewing(Protocol):
+    """A policy that reads reviews (drafting/review.py) in place of probe rounds: AdaptiveK."""
+
+    def review_on(self) -> None: ...
+
+    def review(self, r: Review) -> None: ...
+
+    def review_due(self) -> bool: ...
+
+    def lookup_review_due(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -130,6 +160,9 @@ class Progress:
     index: int = 0  # the next round's index
     stopped: bool = False  # the final Step was yielded
     fresh: list[Round] = field(default_factory=list)  # committed, not yet shown to the policy
+    reviews: list[Review] = field(default_factory=list)  # read, not yet shown to the policy
+    # Plain steps' target probabilities of their sampled tokens, by position, for a review.
+    probs: dict[int, float] = field(default_factory=dict)
 
     def room(self) -> int:
         """Tokens one verify may still add within the context window."""
@@ -241,12 +274,14 @@ def verify_round(
     cfg: SamplingConfig,
     key: mx.array,
     features: bool = False,
+    keep: list[mx.array] | None = None,
 ) -> tuple[mx.array, mx.array | None]:
     """One target forward over [pending..., x_1..x_d] and the acceptance step, built lazily on the
     (possibly still running) draft; `pending` (int32, may be lazy) are the inputs the cache does not
     hold yet. d = 0 is a plain target step. Returns [x_1..x_d, n_accepted, next_token] as one lazy
     int32 array (the round's only host transfer) and, when `features`, the target's top hidden
-    states of the d + 1 verified positions (lazy)."""
+    states of the d + 1 verified positions (lazy). `keep`: a plain step at T > 0 appends to it
+    the target's probability of the token it samples (lazy), for a review (drafting/review.py)."""
     d = prop.size
     pending = target.settle(pending)  # a restored recurrent cache may catch up first (cache.py)
     inputs = mx.concatenate([pending, prop.tokens]) if d else pending
@@ -256,7 +291,9 @@ def verify_round(
         feats, logits = feats[-(d + 1) :], logits[-(d + 1) :]
     else:
         logits = target.forward(inputs)[-(d + 1) :]
-    n, nxt = accept(prop.tokens, prop.q, logits, cfg, key, target.softmax)
+    n, nxt, p = accept(prop.tokens, prop.q, logits, cfg, key, target.softmax)
+    if keep is not None and p is not None and d == 0:
+        keep.append(p[0, nxt])
     out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
     return out.astype(mx.int32), feats
 

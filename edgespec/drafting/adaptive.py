@@ -35,9 +35,11 @@ from edgespec.drafting.costs import (
     RecentMedian,
     Timings,
     best_k,
+    draft_edge,
     fit_verify_line,
     verify_curve,
 )
+from edgespec.drafting.review import Review
 from edgespec.events import Round
 
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
@@ -56,6 +58,21 @@ ROUND_COST = ("block",)
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
+# With reviews (drafting/review.py: the draft's acceptance read from plain steps while it is off,
+# no verify rows), being off is no longer blind, so the on / off choice has no tie margin in the
+# draft's favour: off once plain steps are predicted faster, back on once drafting is predicted
+# faster by REVIEW_MARGIN (so that a near-tie does not flip every round). A review every
+# REVIEW_EVERY plain steps while off.
+REVIEW_MARGIN = 0.03
+REVIEW_EVERY = 8
+# Price checks (with reviews only): until a plain step is timed at the current length, it is
+# priced from the shortest verify (costs.verify_curve), which on a CPU at 8K tokens, where a
+# 2-row verify costs ~1.3 plain steps, is ~20% too dear. So while drafting is predicted to win
+# by less than PRICE_EDGE and no plain step was timed in RECHECK rounds, PRICE_STEPS plain steps
+# run (a pipelined run times all but its first and last).
+PRICE_EDGE = 1.25
+PRICE_STEPS = 5
+RECHECK = 128
 
 
 @dataclass
@@ -188,6 +205,11 @@ class AdaptiveK:
         self._observed = False  # a round was observed: the first round's K is k_init
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
         self._lookup_probes = Probes()
+        self._reviews = False  # the drafter reviews while off (review_on): no probes then
+        self._idle = 0  # plain steps chosen since the last review
+        self._rounds = 0  # rounds observed
+        self._priced_at: int | None = None  # the round count when a plain step was last timed
+        self._pricing = 0  # plain steps left in a price check
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -205,6 +227,7 @@ class AdaptiveK:
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
         self._observed = True
+        self._rounds += 1
         if r.drafted > 0:
             self._method = r.method
         long = self.long_match > 0 and r.match >= self.long_match
@@ -225,6 +248,37 @@ class AdaptiveK:
             return
         length = r.drafted + 1  # the pending token + the drafts
         self.verify_costs.add(length, r.t_verify)
+        if length == 1:
+            self._priced_at = self._rounds
+
+    def review_on(self) -> None:
+        """The drafter reviews (drafting/review.py): while the draft model is off, its acceptance
+        comes from reviews (`review`) instead of probe rounds, and the on / off choice changes
+        (`_reviewed_choice`)."""
+        self._reviews = True
+
+    def review_due(self) -> bool:
+        """Whether a review should run now (asked once per plain step; True resets the count):
+        the draft model is off and REVIEW_EVERY plain steps were chosen since the last one."""
+        if not self._reviews or self._on or self._idle < REVIEW_EVERY:
+            return False
+        self._idle = 0
+        return True
+
+    def lookup_review_due(self) -> bool:
+        """Whether a hybrid's lookups are off (lookups_pay) and to be reviewed at plain steps."""
+        return self._reviews and self.model is not None and not self._lookups_on
+
+    def review(self, r: Review) -> None:
+        """Fold a review's values into its method's acceptance estimate, one trial each (a
+        value is the probability that a draft there would have passed); a lookup's from a
+        long match into the long matches' (long_match)."""
+        long = self.long_match > 0 and r.match >= self.long_match
+        name = f"{r.method}-long" if long else r.method
+        est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
+        for value in r.values:
+            est.accepted = ALPHA_DECAY * est.accepted + value
+            est.trials = ALPHA_DECAY * est.trials + 1.0
 
     @property
     def verify_means(self) -> dict[int, float]:
@@ -253,6 +307,8 @@ class AdaptiveK:
         # Off only on a median of several draft timings: never on the first round's compile.
         may_stop = self.allow_plain and (est.timings >= OFF_AFTER or not self._on)
         tokens = est.expected if est.per_round else None
+        if self._reviews and may_stop and not est.per_round:
+            return self._reviewed_choice(est, args)
         k = best_k(*args, k_min=0 if may_stop else 1, tolerance=TIE_TOLERANCE, expected=tokens)
         if k == 0 and self._on:
             # Switching the draft off: only if plain still wins at the optimistic alpha. Off, its
@@ -267,6 +323,26 @@ class AdaptiveK:
         if not self._probes.probe():
             return 0
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
+
+    def _reviewed_choice(
+        self, est: DrafterEstimate, args: tuple[float, float, Callable[[int], float], int]
+    ) -> int:
+        """choose's K where reviews keep the off state informed: off once plain steps win (no
+        probes: reviews), on again once drafting wins by REVIEW_MARGIN; a price check
+        (PRICE_STEPS plain steps) where drafting's edge is small and plain steps' cost stale."""
+        if self._pricing:
+            self._pricing -= 1
+            self._on = False
+            return 0
+        edge, was_on = draft_edge(*args), self._on
+        self._on = edge > 1.0 + (0.0 if was_on else REVIEW_MARGIN)
+        stale = self._priced_at is None or self._rounds - self._priced_at > RECHECK
+        if self._on and stale and edge < PRICE_EDGE:
+            self._pricing, self._priced_at, self._on = PRICE_STEPS - 1, self._rounds, False
+        if self._on:
+            return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
+        self._idle = self._idle + 1 if not was_on else 1
+        return 0
 
     def decide(self) -> int:
         """The next round's K (recorded in `chosen`)."""
@@ -283,7 +359,9 @@ class AdaptiveK:
         and at a long context on a CPU a row costs a good part of a plain step, so a lookup that
         is seldom accepted (a sampled answer) is slower than plain decoding. Off by the draft
         model's rule (plain must win by the tolerance, and at the optimistic alpha too), with a
-        probe now and then (Probes) so that its estimate can see it pay again. Once a round."""
+        probe now and then (Probes), or reviews of its guesses at plain steps where the policy
+        reads reviews (lookup_review_due), so that its estimate can see it pay again. Once a
+        round."""
         args = self._inputs(method)
         if args is None or not self.allow_plain:
             return True
@@ -294,7 +372,7 @@ class AdaptiveK:
         if pays:
             self._lookup_probes.won()
             return True
-        return self._lookup_probes.probe()
+        return not self._reviews and self._lookup_probes.probe()  # reviews: no probes
 
     def lookup_k(self, method: str, default: int) -> int:
         """How many tokens a free drafter (`method`, the n-gram lookup) should propose: the best

@@ -16,6 +16,9 @@ per generation, `Capabilities.of`); nothing else of a drafter is read:
   does (HybridDrafter: its `take_features` hands them on).
 - SizedLookups: a lookup in front of a draft model (HybridDrafter), whose lookups an adaptive K
   policy sizes (edgespec/strategy.py).
+- Reviews, `review(context, probs)`: while an adaptive policy has the draft model off, what it
+  would have accepted over the tokens committed meanwhile (edgespec/drafting/review.py), read
+  from one catch-up forward, without a verify row.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
+
+from edgespec.drafting.review import PendingReview
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,21 @@ class SizedLookups(Protocol):
     model: Drafter
     lookup_k: Callable[[str, int], int] | None
 
+    def guess(self, context: list[int]) -> tuple[int, int] | None:
+        """The lookup's guess for the token after `context` and its match length, None without
+        a match (host only): what a lookup switched off would have proposed, for a review."""
+        ...
+
+
+class Reviews(Protocol):
+    """A draft model that can say how well it would have drafted the tokens committed while it
+    was off (drafting/review.py): `probs` maps positions to the target's probability of the
+    token sampled there (plain steps at T > 0)."""
+
+    method: str
+
+    def review(self, context: list[int], probs: dict[int, float]) -> PendingReview | None: ...
+
 
 class FeatureInput(Protocol):
     """A feature draft: the loop hands it the target's features of committed positions start.."""
@@ -132,6 +152,7 @@ class Capabilities:
     behind: LooksBehind | None = None
     features: FeatureInput | None = None
     lookups: SizedLookups | None = None
+    reviews: Reviews | None = None
 
     @classmethod
     def of(cls, drafter: Drafter) -> Capabilities:

@@ -151,17 +151,27 @@ class HybridDrafter(Drafter):
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.lookup_k = lookup_k
         self._features = model.capabilities().features  # a feature draft's, handed on
+        self._reviews = Capabilities.of(model).reviews  # its model's reviews (drafting/review.py)
 
     def capabilities(self) -> Capabilities:
         """Free lookups, lookups one token behind and lookups an adaptive policy sizes;
-        features when its model reads them."""
+        features and reviews when its model offers them."""
         features = self if self._features is not None else None
-        return Capabilities(free=self, behind=self, features=features, lookups=self)
+        return Capabilities(
+            free=self, behind=self, features=features, lookups=self, reviews=self._reviews
+        )
 
     def take_features(self, context: list[int], start: int, features: mx.array) -> None:
         """Hand the verify's features to the model (a feature or block draft)."""
         assert self._features is not None, "the hybrid's model reads no features"
         self._features.take_features(context, start, features)
+
+    def guess(self, context: list[int]) -> tuple[int, int] | None:
+        """The lookup's first token after `context` and its match length (None: no match)."""
+        index = self.ngram.index
+        index.extend(context)
+        pos, n = index.find(self.min_match)
+        return (index.tokens[pos], n) if n else None
 
     def _lookup_len(self, k: int) -> int:
         return self.lookup_k("ngram", self.free_k) if self.lookup_k else max(k, self.free_k)

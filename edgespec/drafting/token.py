@@ -4,12 +4,14 @@ helpers the feature and block drafters share (pick_token, full_q, fit_vocab)."""
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import trim_prompt_cache
 
 from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Drafter, Proposal
+from edgespec.drafting.base import Capabilities, Drafter, Proposal
+from edgespec.drafting.review import PendingReview, review_values
 from edgespec.sampling import Softmax, sample, uniforms, warp
 
 
@@ -53,6 +55,7 @@ class ModelDrafter(Drafter):
         self.state, self.sampling, self.vocab = state, sampling, vocab
         self.head_ids = reduced_head(state.model)
         self.pairs = pairs and state.trims  # pairs trim the cache: no restore points to keep
+        self._head = None if self.head_ids is None else np.array(self.head_ids)  # (review)
 
     def _logits(self, inputs: mx.array) -> mx.array:
         if self.head_ids is not None:
@@ -80,6 +83,38 @@ class ModelDrafter(Drafter):
             tokens.append(tok)
             mx.async_eval(tok)
         return Proposal(mx.stack(tokens), self._full_q(rows) if rows else None)
+
+    def review(self, context: list[int], probs: dict[int, float]) -> PendingReview | None:
+        """How well this draft would have drafted the tokens committed since its cache last
+        grew (drafting/review.py), from one catch-up forward over them, lazy: it then holds
+        context[:-1], as after a round. `probs`: the target's probabilities of tokens sampled in
+        plain steps, by position (T > 0; positions without one are not reviewed). None when
+        there is nothing to review."""
+        state = self.state
+        state.catch_up(context)  # a bounded draft far behind reads only what it attends to
+        start, end = state.offset, len(context) - 1
+        if end <= start:
+            return None
+        logits = state.forward(
+            mx.array(context[start:end], dtype=mx.int32), self.head_ids is not None
+        )
+        state.rewind(context, state.offset)
+        # Row i predicts the token at start + i + 1.
+        rows = [i for i in range(end - start) if self.sampling.greedy or start + i + 1 in probs]
+        if not rows:
+            return None
+        tokens = [context[start + i + 1] for i in rows]
+        px = None if self.sampling.greedy else [probs[start + i + 1] for i in rows]
+        if self.head_ids is None:
+            logits = fit_vocab(logits, self.vocab)
+        if len(rows) < end - start:
+            logits = logits[mx.array(rows)]
+        values = review_values(logits, tokens, px, self.sampling, self.state.softmax, self._head)
+        mx.async_eval(values)
+        return PendingReview(self.method, values)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(reviews=self)
 
     def _full_q(self, rows: list[mx.array]) -> mx.array:
         return full_q(rows, self.head_ids, self.vocab)

@@ -60,9 +60,10 @@ def test_greedy_output_equals_plain_decoding_with_the_same_kv_bits(engine, spec)
     events = gen(engine, ids, spec, 64)
     assert token_ids(events) == plain and len(plain) == 64
     rounds = rounds_of(events)
-    # Rounds rejected drafted tokens (the caches were trimmed back past them) and accepted some.
+    # Rounds rejected drafted tokens (the caches were trimmed back past them) and, at a fixed K,
+    # accepted some (at 4 bits the noisy draft agrees seldom, and adaptive K soon stops it).
     assert any(r.accepted < r.drafted for r in rounds)
-    assert sum(r.accepted for r in rounds) > 0
+    assert spec.adaptive or sum(r.accepted for r in rounds) > 0
     bits = {(QuantizedKVCache, engine.kv_bits)}
     assert _layers(engine._target) == bits
     assert isinstance(engine._draft, KVState) and _layers(engine._draft) == bits

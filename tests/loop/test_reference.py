@@ -80,8 +80,11 @@ def _priced(monkeypatch: pytest.MonkeyPatch) -> None:
     """AdaptiveK prices each round it is shown by a fixed cost model rather than the clock (a
     draft model's step 0.02 s a token, a lookup 1e-4 s, a verify 0.05 s + 0.01 s a token), so
     its choices, and the tokens with them, follow from the rounds alone: the loop's and the
-    reference's policies then choose alike if and only if their rounds are alike."""
+    reference's policies then choose alike if and only if their rounds are alike. Reviews are
+    left off (the reference's K = 0 runs read none): they only choose K, which the rounds
+    compared here record; tests/loop/test_review.py checks them."""
     observe = AdaptiveK.observe
+    monkeypatch.setattr(AdaptiveK, "review_on", lambda self: None)
 
     def priced(self: AdaptiveK, r: Round) -> None:
         step = 1e-4 if r.method == "ngram" else 0.02

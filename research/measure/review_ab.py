@@ -1,0 +1,130 @@
+"""Adaptive K with reviews (edgespec/drafting/review.py: the draft's acceptance read from plain
+steps while it is off, no probe rounds; off once plain steps win, price checks) against the
+policy with probes (before 2026-11-29's third session), paired in one process on the embedded
+pair: per prompt and seed, plain decoding, the default with probes and the default with
+reviews, interleaved (order alternating by seed); long prompts are prefilled once and reused
+(the engine keeps the prompt's cache).
+
+    python -m research.measure.review_ab --short 4 --context 8k --kinds doc,code,chat \\
+        --temp 0.7 --seeds 4
+
+Prints every run (decode tok/s, tokens, its ratio over the same seed's plain run, rounds by
+kind: the draft model's, lookups', plain steps'; reviews read), per prompt the two defaults'
+decode rate over plain's (sums over the seeds), the geometric means and each one's worst run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+from edgespec.bench.context import build_prompts, parse_lengths
+from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
+from edgespec.drafting.adaptive import AdaptiveK
+from edgespec.drafting.review import Review
+from edgespec.events import Round, Token
+from edgespec.runtime import Engine
+from research.measure.round_timeline import PROMPTS
+
+VARIANTS = ("plain", "probes", "reviews")
+REVIEW_ON, FOLD = AdaptiveK.review_on, AdaptiveK.review
+READ: list[int] = [0]  # reviews read in the current run
+
+
+def _counted(self: AdaptiveK, r: Review) -> None:
+    READ[0] += 1
+    FOLD(self, r)
+
+
+def use(variant: str) -> None:
+    """Set the policy a variant runs: "probes" never turns reviews on."""
+    AdaptiveK.review_on = (lambda self: None) if variant == "probes" else REVIEW_ON  # type: ignore[method-assign]
+    AdaptiveK.review = _counted  # type: ignore[method-assign]
+
+
+def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, max_tokens: int):
+    """(decode seconds, tokens after the first, draft model rounds, lookup rounds, plain rounds,
+    reviews read) of one run."""
+    use(variant)
+    READ[0] = 0
+    spec = SpecConfig(method="none" if variant == "plain" else "hybrid", adaptive=True)
+    sampling = SamplingConfig(temperature=temp, seed=seed)
+    config = GenerationConfig(sampling=sampling, spec=spec, max_tokens=max_tokens)
+    times, rounds = [], []
+    for event in engine.generate(ids, config):
+        if isinstance(event, Token):
+            times.append(time.perf_counter())
+        elif isinstance(event, Round):
+            rounds.append(event)
+    model = sum(r.drafted > 0 and r.method != "ngram" for r in rounds)
+    lookups = sum(r.drafted > 0 and r.method == "ngram" for r in rounds)
+    plain = len(rounds) - model - lookups
+    return times[-1] - times[0], len(times) - 1, model, lookups, plain, READ[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--short", type=int, default=4, help="how many short built-in prompts")
+    ap.add_argument("--context", default="", help="long-context lengths, e.g. 1k,8k")
+    ap.add_argument("--kinds", default="doc,code,chat")
+    ap.add_argument("--temp", type=float, default=0.7)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    args = ap.parse_args()
+    engine = Engine.load()
+    prompts = [
+        (f"short{i}", engine.encode_chat([{"role": "user", "content": p}]))
+        for i, p in enumerate(PROMPTS[: args.short])
+    ]
+    if args.context:
+        for p in build_prompts(
+            args.kinds.split(","), parse_lengths(args.context), engine.encode_chat
+        ):
+            prompts.append((f"{p.kind}@{p.length // 1000}k", list(p.ids)))
+    run(engine, prompts[0][1], "reviews", args.temp, 0, 16)  # warm-up (and compiles)
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    worst: dict[str, tuple[float, str]] = {}
+    for label, ids in prompts:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            order = VARIANTS if seed % 2 == 0 else tuple(reversed(VARIANTS))
+            rates = {}
+            for variant in order:
+                seconds, tokens, model, lookups, plain, read = run(
+                    engine, ids, variant, args.temp, seed, args.max_tokens
+                )
+                totals[(label, variant)][0] += seconds
+                totals[(label, variant)][1] += tokens
+                rates[variant] = tokens / seconds
+                print(
+                    f"{label:8s} seed {seed} {variant:7s} {rates[variant]:6.2f} tok/s"
+                    f"  tokens {tokens + 1:4d}  rounds: draft {model:3d} lookup {lookups:3d}"
+                    f" plain {plain:3d}  reviews {read:3d}",
+                    flush=True,
+                )
+            for v in VARIANTS[1:]:
+                ratio = rates[v] / rates["plain"]
+                print(f"{label:8s} seed {seed} {v:7s} {ratio:.3f}x plain", flush=True)
+                if v not in worst or ratio < worst[v][0]:
+                    worst[v] = (ratio, f"{label} seed {seed}")
+    use("reviews")
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for label, _ in prompts:
+        rate = {v: totals[(label, v)][1] / totals[(label, v)][0] for v in VARIANTS}
+        for v in VARIANTS[1:]:
+            ratios[v].append(rate[v] / rate["plain"])
+        print(
+            f"{label:8s} plain {rate['plain']:6.2f} tok/s  probes {ratios['probes'][-1]:.3f}x"
+            f"  reviews {ratios['reviews'][-1]:.3f}x"
+        )
+    print(
+        "geometric mean of per-prompt ratios: "
+        + "  ".join(f"{v} {statistics.geometric_mean(r):.3f}x" for v, r in ratios.items())
+    )
+    print("worst single run: " + "  ".join(f"{v} {r:.3f}x ({w})" for v, (r, w) in worst.items()))
+
+
+if __name__ == "__main__":
+    main()
