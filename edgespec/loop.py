@@ -197,23 +197,11 @@ def plain_run(
         if review is not None:
             run.reviews.append(review.done())
             review = None
-        d = prop.size
-        rnd = Round(
-            index=run.index,
-            drafted=d,
-            accepted=n,
-            k=d,
-            t_draft=0.0,
-            t_verify=now - t_prev,
-            method=prop.method if d else drafter.method,
-            timed=timed,
-            match=prop.match,
-            context=len(run.context),
-        )
+        rnd = _step_round(run, prop, drafter.method, n, now - t_prev, timed)
         t_prev, first = now, False
         if queued.px is not None:  # the target's probability of this plain step's token
             run.probs[len(run.context)] = cast(float, queued.px.item())
-        if not d and caps.lookups is not None and plans.lookup_review_due():
+        if not prop.size and caps.lookups is not None and plans.lookup_review_due():
             _review_lookup(caps.lookups, run, value)
         step = run.commit(drafter, host[:n] + [value], rnd, queued.feats)
         if upcoming is None or step.stop:
@@ -232,6 +220,25 @@ def plain_run(
             review = reviews.review(run.context, run.probs)
             run.probs.clear()
         queued = upcoming
+
+
+def _step_round(
+    run: Progress, prop: Proposal, method: str, n: int, seconds: float, timed: bool
+) -> Round:
+    """The Round event of a pipelined step (a plain step, or a lookup queued behind one)."""
+    d = prop.size
+    return Round(
+        index=run.index,
+        drafted=d,
+        accepted=n,
+        k=d,
+        t_draft=0.0,
+        t_verify=seconds,
+        method=prop.method if d else method,
+        timed=timed,
+        match=prop.match,
+        context=len(run.context),
+    )
 
 
 def _review_lookup(lookups: SizedLookups, run: Progress, token: int) -> None:

@@ -58,20 +58,13 @@ ROUND_COST = ("block",)
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
-# With reviews (drafting/review.py: the draft's acceptance read from plain steps while it is off,
-# no verify rows), being off is no longer blind, so the on / off choice has no tie margin in the
-# draft's favour: off once plain steps are predicted faster, back on once drafting is predicted
-# faster by REVIEW_MARGIN (so that a near-tie does not flip every round). A review every
-# REVIEW_EVERY plain steps while off.
-REVIEW_MARGIN = 0.03
-REVIEW_EVERY = 8
-# Price checks (with reviews only): until a plain step is timed at the current length, it is
-# priced from the shortest verify (costs.verify_curve), which on a CPU at 8K tokens, where a
-# 2-row verify costs ~1.3 plain steps, is ~20% too dear. So while drafting is predicted to win
-# by less than PRICE_EDGE and no plain step was timed in RECHECK rounds, PRICE_STEPS plain steps
-# run (a pipelined run times all but its first and last).
-PRICE_EDGE = 1.25
-PRICE_STEPS = 5
+# With reviews (drafting/review.py), the off state is not blind: off once plain steps are
+# predicted faster, on again once drafting is by REVIEW_MARGIN; a review every REVIEW_EVERY
+# plain steps while off. Price checks: a plain step is priced from the shortest verify until
+# one is timed (costs.verify_curve), ~20% too dear at 8K tokens on a CPU, so while drafting is
+# predicted to win by under PRICE_EDGE and none was timed in RECHECK rounds, PRICE_STEPS run.
+REVIEW_MARGIN, REVIEW_EVERY = 0.03, 8
+PRICE_EDGE, PRICE_STEPS = 1.25, 5
 RECHECK = 128
 
 
@@ -205,8 +198,7 @@ class AdaptiveK:
         self._observed = False  # a round was observed: the first round's K is k_init
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
         self._lookup_probes = Probes()
-        self._reviews = False  # the drafter reviews while off (review_on): no probes then
-        self._idle = 0  # plain steps chosen since the last review
+        self._reviews, self._idle = False, 0  # reviews on (review_on); plain steps since one
         self._rounds = 0  # rounds observed
         self._priced_at: int | None = None  # the round count when a plain step was last timed
         self._pricing = 0  # plain steps left in a price check
@@ -252,9 +244,7 @@ class AdaptiveK:
             self._priced_at = self._rounds
 
     def review_on(self) -> None:
-        """The drafter reviews (drafting/review.py): while the draft model is off, its acceptance
-        comes from reviews (`review`) instead of probe rounds, and the on / off choice changes
-        (`_reviewed_choice`)."""
+        """The drafter reviews: no probe rounds, the on / off choice of `_reviewed_choice`."""
         self._reviews = True
 
     def review_due(self) -> bool:
