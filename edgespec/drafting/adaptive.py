@@ -58,14 +58,15 @@ ROUND_COST = ("block",)
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
-# With reviews (drafting/review.py), the off state is not blind: off once plain steps are
-# predicted faster, on again once drafting is by REVIEW_MARGIN; a review every REVIEW_EVERY
-# plain steps while off. Price checks: a plain step is priced from the shortest verify until
-# one is timed (costs.verify_curve), ~20% too dear at 8K tokens on a CPU, so while drafting is
-# predicted to win by under PRICE_EDGE and none was timed in RECHECK rounds, PRICE_STEPS run.
-REVIEW_MARGIN, REVIEW_EVERY = 0.03, 8
-PRICE_EDGE, PRICE_STEPS = 1.25, 5
-RECHECK = 128
+# With reviews (drafting/review.py) the off state is not blind: off once plain steps are
+# predicted faster, on once drafting is by REVIEW_MARGIN; a review after REVIEW_EVERY plain
+# steps, the gap doubling to REVIEW_MOST while off (a review is a draft forward over the gap's
+# tokens, ~15% of a step a token at 8K on a CPU). Price checks: a plain step is priced from the
+# shortest verify until one is timed (costs.verify_curve), ~20% too dear at 8K tokens on a CPU,
+# so while drafting's predicted edge is under PRICE_EDGE and no plain step was timed in RECHECK
+# rounds, PRICE_STEPS plain steps run.
+REVIEW_MARGIN, REVIEW_EVERY, REVIEW_MOST = 0.03, 8, 32
+PRICE_EDGE, PRICE_STEPS, RECHECK = 1.25, 5, 128
 
 
 @dataclass
@@ -192,16 +193,15 @@ class AdaptiveK:
         self.verify_costs: Timings[int] = Timings()  # verified tokens L -> recent seconds
         self.chosen: list[int] = []
         self._method: str | None = None  # who drafted the latest round that drafted
-        self._after_plain = False  # the previous round drafted nothing (K = 0)
+        self._previous: str | None = ""  # who drafted the last round ("": none yet, None: nobody)
         self._on = True  # drafting is on by the policy's own choice (not a probe)
         self._probes = Probes()
         self._observed = False  # a round was observed: the first round's K is k_init
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
         self._lookup_probes = Probes()
-        self._reviews, self._idle = False, 0  # reviews on (review_on); plain steps since one
-        self._rounds = 0  # rounds observed
+        self._reviews, self._idle, self._review_gap = False, 0, REVIEW_EVERY  # review_due
+        self._rounds, self._pricing = 0, 0  # rounds observed; plain steps left in a price check
         self._priced_at: int | None = None  # the round count when a plain step was last timed
-        self._pricing = 0  # plain steps left in a price check
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -226,12 +226,12 @@ class AdaptiveK:
         name = f"{r.method}-long" if long else r.method
         est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
         if r.drafted > 0:
-            # After K = 0 rounds a draft model first catches up on every token committed
-            # meanwhile (up to PROBE_MAX + 1): one longer forward that is not the cost of drafting,
-            # and counting it would keep K = 0 chosen.
-            catch_up = r.timed and self._after_plain
+            # After K = 0 rounds (or a lookup's) a draft model first catches up on every token
+            # committed meanwhile: a longer forward, not the cost of drafting. Counted, it kept
+            # K = 0 chosen, and at 8K tokens (a hybrid's lookups) put c at 1.5-2.5x a step's.
+            catch_up = r.timed and self._previous in (None, LOOKUP) and r.method != LOOKUP
             est.observe(r, timed=r.timed and not catch_up, bound=catch_up)
-        self._after_plain = r.drafted == 0
+        self._previous = r.method if r.drafted > 0 else None
         if not r.timed:
             # A pipelined plain step and the lookup queued behind it: the host, starved by the
             # lookup's forward, read the step late, so the step looked dear and the lookup cheap
@@ -249,10 +249,11 @@ class AdaptiveK:
 
     def review_due(self) -> bool:
         """Whether a review should run now (asked once per plain step; True resets the count):
-        the draft model is off and REVIEW_EVERY plain steps were chosen since the last one."""
-        if not self._reviews or self._on or self._idle < REVIEW_EVERY:
+        the draft model is off and the gap's plain steps (REVIEW_EVERY, doubling to REVIEW_MOST
+        while it stays off) were chosen since the last one."""
+        if not self._reviews or self._on or self._idle < self._review_gap:
             return False
-        self._idle = 0
+        self._idle, self._review_gap = 0, min(2 * self._review_gap, REVIEW_MOST)
         return True
 
     def lookup_review_due(self) -> bool:
@@ -260,9 +261,8 @@ class AdaptiveK:
         return self._reviews and self.model is not None and not self._lookups_on
 
     def review(self, r: Review) -> None:
-        """Fold a review's values into its method's acceptance estimate, one trial each (a
-        value is the probability that a draft there would have passed); a lookup's from a
-        long match into the long matches' (long_match)."""
+        """Fold a review's values into its method's acceptance estimate (a long match's lookup:
+        the long matches'), one trial each."""
         long = self.long_match > 0 and r.match >= self.long_match
         name = f"{r.method}-long" if long else r.method
         est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
@@ -317,9 +317,8 @@ class AdaptiveK:
     def _reviewed_choice(
         self, est: DrafterEstimate, args: tuple[float, float, Callable[[int], float], int]
     ) -> int:
-        """choose's K where reviews keep the off state informed: off once plain steps win (no
-        probes: reviews), on again once drafting wins by REVIEW_MARGIN; a price check
-        (PRICE_STEPS plain steps) where drafting's edge is small and plain steps' cost stale."""
+        """choose's K with reviews: off once plain steps win, on once drafting wins by
+        REVIEW_MARGIN; a price check where drafting's edge is small and v(1) stale."""
         if self._pricing:
             self._pricing -= 1
             self._on = False
@@ -331,7 +330,9 @@ class AdaptiveK:
             self._pricing, self._priced_at, self._on = PRICE_STEPS - 1, self._rounds, False
         if self._on:
             return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
-        self._idle = self._idle + 1 if not was_on else 1
+        if was_on:
+            self._idle, self._review_gap = 0, REVIEW_EVERY
+        self._idle += 1
         return 0
 
     def decide(self) -> int:

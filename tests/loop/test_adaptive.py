@@ -176,6 +176,23 @@ def test_adaptive_k_leaves_the_catch_up_after_plain_rounds_out_of_the_draft_cost
     assert policy.estimates["draft"].step_costs.samples[-1] == pytest.approx(0.02)
 
 
+def test_a_hybrids_draft_catching_up_after_a_lookup_is_not_the_cost_of_drafting():
+    # A lookup commits several tokens; the draft model's next round first feeds them all. At 8K
+    # tokens on a CPU such rounds put the median draft cost at 1.5-2.5x a step's.
+    policy = AdaptiveK(1, 4, model="draft")
+    ask(policy, None)
+    for i in range(0, 12, 2):
+        ask(policy, _round(i, 4, 3, 4, 1e-5, 0.12, method="ngram"))
+        ask(policy, _round(i + 1, 1, 0, 1, 0.05, 0.12))  # catching up: dear
+    assert policy.estimates["draft"].draft_cost is None  # no steady round timed yet
+    for i in range(12, 18):
+        ask(policy, _round(i, 1, 1, 1, 0.01, 0.12))
+    assert policy.estimates["draft"].draft_cost == pytest.approx(0.01)
+    ask(policy, _round(18, 4, 3, 4, 1e-5, 0.12, method="ngram"))
+    ask(policy, _round(19, 1, 0, 1, 0.004, 0.12))  # cheaper than the estimate: a bound, kept
+    assert policy.estimates["draft"].step_costs.samples[-1] == pytest.approx(0.004)
+
+
 def test_adaptive_k_leaves_overlapped_rounds_out_of_the_costs_but_counts_their_acceptance():
     # A pipelined plain step read late (0.3 s) and the lookup queued behind it, read early
     # (0.01 s): counted, the lookup's 4 tokens looked cheaper than a plain step.

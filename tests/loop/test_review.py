@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.drafting.adaptive import PRICE_STEPS, REVIEW_EVERY, AdaptiveK
+from edgespec.drafting.adaptive import PRICE_STEPS, REVIEW_EVERY, REVIEW_MOST, AdaptiveK
 from edgespec.drafting.ngram import NgramIndex
 from edgespec.drafting.review import Review, review_values
 from edgespec.drafting.token import ModelDrafter
@@ -111,11 +111,12 @@ def test_with_reviews_a_losing_draft_goes_off_with_no_probe_and_reviews_bring_it
         k = ask(policy, _round(i, k, 0, 0.02 * k, 0.1 if k == 0 else 0.1 + 0.02 * k))
     assert k == 0
     due = []
-    for i in range(12, 76):  # plain steps: no probe round, a review due every REVIEW_EVERY
+    for i in range(12, 200):  # plain steps: no probe round; reviews, the gap doubling
         k = ask(policy, _round(i, 0, 0, 0.0, 0.1))
         assert k == 0
         due.append(policy.review_due())
-    assert sum(due) == 64 // REVIEW_EVERY
+    gaps = np.diff(np.flatnonzero(due)).tolist()
+    assert gaps[:3] == [2 * REVIEW_EVERY, 4 * REVIEW_EVERY, REVIEW_MOST] and gaps[-1] == REVIEW_MOST
     policy.review(Review("draft", (1.0,) * REVIEW_EVERY))  # the draft now agrees everywhere
     assert ask(policy, _round(76, 0, 0, 0.0, 0.1)) > 0
 
