@@ -31,6 +31,8 @@ from research.measure.round_timeline import PROMPTS
 VARIANTS = ("plain", "probes", "reviews")
 REVIEW_ON, FOLD = AdaptiveK.review_on, AdaptiveK.review
 READ: list[int] = [0]  # reviews read in the current run
+DECIDE = AdaptiveK.decide
+POLICY: list[AdaptiveK] = []  # the current run's policy
 
 
 def _counted(self: AdaptiveK, r: Review) -> None:
@@ -38,17 +40,33 @@ def _counted(self: AdaptiveK, r: Review) -> None:
     FOLD(self, r)
 
 
+def _deciding(self: AdaptiveK) -> int:
+    POLICY[:] = [self]
+    return DECIDE(self)
+
+
+def costs() -> str:
+    """The run's final draft cost c and plain step v(1) (ms; '-' where never timed)."""
+    if not POLICY:
+        return ""
+    est, v = POLICY[0].estimates.get("draft"), POLICY[0].verify_means
+    c = est.draft_cost if est is not None else None
+    ms = ["-" if x is None else f"{1e3 * x:.1f}" for x in (c, v.get(1), v.get(2))]
+    return f"  c {ms[0]} v(1) {ms[1]} v(2) {ms[2]} ms"
+
+
 def use(variant: str) -> None:
     """Set the policy a variant runs: "probes" never turns reviews on."""
     AdaptiveK.review_on = (lambda self: None) if variant == "probes" else REVIEW_ON  # type: ignore[method-assign]
     AdaptiveK.review = _counted  # type: ignore[method-assign]
+    AdaptiveK.decide = _deciding  # type: ignore[method-assign]
 
 
 def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, max_tokens: int):
     """(decode seconds, tokens after the first, draft model rounds, lookup rounds, plain rounds,
     reviews read) of one run."""
     use(variant)
-    READ[0] = 0
+    READ[0], POLICY[:] = 0, []
     spec = SpecConfig(method="none" if variant == "plain" else "hybrid", adaptive=True)
     sampling = SamplingConfig(temperature=temp, seed=seed)
     config = GenerationConfig(sampling=sampling, spec=spec, max_tokens=max_tokens)
@@ -101,7 +119,7 @@ def main() -> None:
                 print(
                     f"{label:8s} seed {seed} {variant:7s} {rates[variant]:6.2f} tok/s"
                     f"  tokens {tokens + 1:4d}  rounds: draft {model:3d} lookup {lookups:3d}"
-                    f" plain {plain:3d}  reviews {read:3d}",
+                    f" plain {plain:3d}  reviews {read:3d}{costs()}",
                     flush=True,
                 )
             for v in VARIANTS[1:]:
