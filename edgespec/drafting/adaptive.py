@@ -35,7 +35,6 @@ from edgespec.drafting.costs import (
     RecentMedian,
     Timings,
     best_k,
-    draft_edge,
     fit_verify_line,
     verify_curve,
 )
@@ -58,15 +57,10 @@ ROUND_COST = ("block",)
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
-# With reviews (drafting/review.py) the off state is not blind: off once plain steps are
-# predicted faster, on once drafting is by REVIEW_MARGIN; a review after REVIEW_EVERY plain
-# steps, the gap doubling to REVIEW_MOST while off (a review is a draft forward over the gap's
-# tokens, ~15% of a step a token at 8K on a CPU). Price checks: a plain step is priced from the
-# shortest verify until one is timed (costs.verify_curve), ~20% too dear at 8K tokens on a CPU,
-# so while drafting's predicted edge is under PRICE_EDGE and no plain step was timed in RECHECK
-# rounds, PRICE_STEPS plain steps run.
-REVIEW_MARGIN, REVIEW_EVERY, REVIEW_MOST = 0.03, 8, 32
-PRICE_EDGE, PRICE_STEPS, RECHECK = 1.25, 5, 128
+# With reviews (drafting/review.py) the off state reads the draft's acceptance from plain steps
+# instead of probe rounds: a review after REVIEW_EVERY plain steps, the gap doubling to
+# REVIEW_MOST while the draft stays off (a review is a draft forward over the gap's tokens).
+REVIEW_EVERY, REVIEW_MOST = 8, 32
 
 
 @dataclass
@@ -200,8 +194,6 @@ class AdaptiveK:
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
         self._lookup_probes = Probes()
         self._reviews, self._idle, self._review_gap = False, 0, REVIEW_EVERY  # review_due
-        self._rounds, self._pricing = 0, 0  # rounds observed; plain steps left in a price check
-        self._priced_at: int | None = None  # the round count when a plain step was last timed
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -219,7 +211,6 @@ class AdaptiveK:
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
         self._observed = True
-        self._rounds += 1
         if r.drafted > 0:
             self._method = r.method
         long = self.long_match > 0 and r.match >= self.long_match
@@ -240,11 +231,9 @@ class AdaptiveK:
             return
         length = r.drafted + 1  # the pending token + the drafts
         self.verify_costs.add(length, r.t_verify)
-        if length == 1:
-            self._priced_at = self._rounds
 
     def review_on(self) -> None:
-        """The drafter reviews: no probe rounds, the on / off choice of `_reviewed_choice`."""
+        """The drafter reviews: while the draft model is off, reviews instead of probe rounds."""
         self._reviews = True
 
     def review_due(self) -> bool:
@@ -297,8 +286,6 @@ class AdaptiveK:
         # Off only on a median of several draft timings: never on the first round's compile.
         may_stop = self.allow_plain and (est.timings >= OFF_AFTER or not self._on)
         tokens = est.expected if est.per_round else None
-        if self._reviews and may_stop and not est.per_round:
-            return self._reviewed_choice(est, args)
         k = best_k(*args, k_min=0 if may_stop else 1, tolerance=TIE_TOLERANCE, expected=tokens)
         if k == 0 and self._on:
             # Switching the draft off: only if plain still wins at the optimistic alpha. Off, its
@@ -306,34 +293,18 @@ class AdaptiveK:
             # remembers ~10 rounds) kept a draft that pays ~10% off for a whole answer. (A probe
             # does not switch it back on: only the estimate itself does.)
             k = best_k(est.alpha_upper, *args[1:], k_min=0, tolerance=TIE_TOLERANCE)
-        self._on = k > 0
+        was_on, self._on = self._on, k > 0
         if k > 0:
             self._probes.won()
             return k
+        if self._reviews:  # reviews, not probe rounds, keep alpha's estimate fresh while off
+            if was_on:
+                self._idle, self._review_gap = 0, REVIEW_EVERY
+            self._idle += 1
+            return 0
         if not self._probes.probe():
             return 0
         return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
-
-    def _reviewed_choice(
-        self, est: DrafterEstimate, args: tuple[float, float, Callable[[int], float], int]
-    ) -> int:
-        """choose's K with reviews: off once plain steps win, on once drafting wins by
-        REVIEW_MARGIN; a price check where drafting's edge is small and v(1) stale."""
-        if self._pricing:
-            self._pricing -= 1
-            self._on = False
-            return 0
-        edge, was_on = draft_edge(*args), self._on
-        self._on = edge > 1.0 + (0.0 if was_on else REVIEW_MARGIN)
-        stale = self._priced_at is None or self._rounds - self._priced_at > RECHECK
-        if self._on and stale and edge < PRICE_EDGE:
-            self._pricing, self._priced_at, self._on = PRICE_STEPS - 1, self._rounds, False
-        if self._on:
-            return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
-        if was_on:
-            self._idle, self._review_gap = 0, REVIEW_EVERY
-        self._idle += 1
-        return 0
 
     def decide(self) -> int:
         """The next round's K (recorded in `chosen`)."""

@@ -65,19 +65,6 @@ def best_k(
     return next(k for k, rate in zip(ks, rates, strict=True) if rate >= floor)
 
 
-def draft_edge(
-    alpha: float, draft_cost: float, verify_time: Callable[[int], float], k_max: int
-) -> float:
-    """The best drafting round's predicted rate over a plain step's: max over K in 1..k_max of
-    E[tokens](alpha, K) / (K * draft_cost + verify_time(K + 1)), times verify_time(1).
-    Example: alpha 0.4, c 0.02, v(L) = 1 + 0.3 (L - 1): K = 1 gives 1.4 / 1.32 -> 1.06."""
-    rates = [
-        expected_tokens_per_round(alpha, k) / (k * draft_cost + verify_time(k + 1))
-        for k in range(1, k_max + 1)
-    ]
-    return max(rates) * verify_time(1)
-
-
 def fit_verify_line(means: dict[int, float], prior_slope: float = PRIOR_VERIFY_SLOPE):
     """Fit v(L) = a + b (L - 1) to mean verify seconds per verified-token count L; returns (a, b).
 

@@ -1,6 +1,6 @@
 """Adaptive K with reviews (edgespec/drafting/review.py: the draft's acceptance read from plain
-steps while it is off, no probe rounds; off once plain steps win, price checks) against the
-policy with probes (before 2026-11-29's third session), paired in one process on the embedded
+steps while it is off, no probe rounds) against the policy with probes (before 2026-11-29's
+third session), paired in one process on the embedded
 pair: per prompt and seed, plain decoding, the default with probes and the default with
 reviews, interleaved (order alternating by seed); long prompts are prefilled once and reused
 (the engine keeps the prompt's cache).
