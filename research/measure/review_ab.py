@@ -17,16 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import defaultdict
 
-from edgespec.bench.context import build_prompts, parse_lengths
-from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK
 from edgespec.drafting.review import Review
-from edgespec.events import Round, Token
 from edgespec.runtime import Engine
-from research.measure.round_timeline import PROMPTS
+from research.measure.paired import generate, prompt_args, prompt_set
 
 VARIANTS = ("plain", "probes", "reviews")
 REVIEW_ON, FOLD = AdaptiveK.review_on, AdaptiveK.review
@@ -67,15 +63,7 @@ def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, ma
     reviews read) of one run."""
     use(variant)
     READ[0], POLICY[:] = 0, []
-    spec = SpecConfig(method="none" if variant == "plain" else "hybrid", adaptive=True)
-    sampling = SamplingConfig(temperature=temp, seed=seed)
-    config = GenerationConfig(sampling=sampling, spec=spec, max_tokens=max_tokens)
-    times, rounds = [], []
-    for event in engine.generate(ids, config):
-        if isinstance(event, Token):
-            times.append(time.perf_counter())
-        elif isinstance(event, Round):
-            rounds.append(event)
+    times, rounds = generate(engine, ids, variant != "plain", temp, seed, max_tokens)
     model = sum(r.drafted > 0 and r.method != "ngram" for r in rounds)
     lookups = sum(r.drafted > 0 and r.method == "ngram" for r in rounds)
     plain = len(rounds) - model - lookups
@@ -84,24 +72,12 @@ def run(engine: Engine, ids: list[int], variant: str, temp: float, seed: int, ma
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--short", type=int, default=4, help="how many short built-in prompts")
-    ap.add_argument("--context", default="", help="long-context lengths, e.g. 1k,8k")
-    ap.add_argument("--kinds", default="doc,code,chat")
-    ap.add_argument("--temp", type=float, default=0.7)
-    ap.add_argument("--seeds", type=int, default=3)
+    prompt_args(ap, "doc,code,chat")
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=256)
     args = ap.parse_args()
     engine = Engine.load()
-    prompts = [
-        (f"short{i}", engine.encode_chat([{"role": "user", "content": p}]))
-        for i, p in enumerate(PROMPTS[: args.short])
-    ]
-    if args.context:
-        for p in build_prompts(
-            args.kinds.split(","), parse_lengths(args.context), engine.encode_chat
-        ):
-            prompts.append((f"{p.kind}@{p.length // 1000}k", list(p.ids)))
+    prompts = prompt_set(engine, args)
     run(engine, prompts[0][1], "reviews", args.temp, 0, 16)  # warm-up (and compiles)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     worst: dict[str, tuple[float, str]] = {}
