@@ -26,6 +26,7 @@ from typing import cast
 
 import mlx.core as mx
 
+from edgespec.acceptance import PendingReview, Review
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.adaptive import LOOKUP
@@ -37,7 +38,6 @@ from edgespec.drafting.base import (
     SizedLookups,
     no_proposal,
 )
-from edgespec.drafting.review import PendingReview, Review
 from edgespec.events import Round
 from edgespec.rounds import (
     Limits,
@@ -177,7 +177,9 @@ def plain_run(
     context = mx.array(run.context[target.offset :], dtype=mx.int32)
     queued = _queue(target, run, cfg, context, no_proposal(drafter.method), wants, probs)
     t_prev, first = time.perf_counter(), True
-    review: PendingReview | None = None  # a review queued behind the next step (drafting/review.py)
+    review: PendingReview | None = (
+        None  # a review queued behind the next step (acceptance.py, reviews)
+    )
     while True:
         decided, upcoming = None, None
         if pipelined and not queued.prop.size and run.can_queue():
@@ -242,7 +244,7 @@ def _step_round(
 
 
 def _review_lookup(lookups: SizedLookups, run: Progress, token: int) -> None:
-    """A review of switched-off lookups at one plain step (drafting/review.py): whether the
+    """A review of switched-off lookups at one plain step (acceptance.py, reviews): whether the
     lookup's guess for the token after the context is the token the target sampled."""
     guess = lookups.guess(run.context)
     if guess is not None:

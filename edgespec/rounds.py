@@ -24,11 +24,10 @@ from typing import Generic, Protocol, TypeVar, cast
 
 import mlx.core as mx
 
-from edgespec.acceptance import accept
+from edgespec.acceptance import Review, accept
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, FeatureInput, Proposal
-from edgespec.drafting.review import Review
 from edgespec.events import Round
 
 Plan = TypeVar("Plan")  # what a policy chooses for a round: K (chains) or a Shape (trees)
@@ -51,7 +50,7 @@ class Plans(Generic[Plan]):
     every round committed since the last one (Progress.fresh), so each round reaches it exactly
     once and in order, however far ahead a pipelined run decides; a policy never de-duplicates.
     `ahead` holds a plan a pipelined run decided for the round after it. `reviews`: the drafter
-    can review (drafting/review.py) and the policy reads reviews (`review(r)`, `review_due()`:
+    can review (acceptance.py, reviews) and the policy reads reviews (`review(r)`, `review_due()`:
     AdaptiveK); they reach it like rounds (Progress.reviews), before the rounds of the same
     decision."""
 
@@ -87,7 +86,7 @@ class Plans(Generic[Plan]):
 
 
 class Reviewing(Protocol):
-    """A policy that reads reviews (drafting/review.py) in place of probe rounds: AdaptiveK."""
+    """A policy that reads reviews (acceptance.py, reviews) in place of probe rounds: AdaptiveK."""
 
     def review_on(self) -> None: ...
 
@@ -281,7 +280,7 @@ def verify_round(
     hold yet. d = 0 is a plain target step. Returns [x_1..x_d, n_accepted, next_token] as one lazy
     int32 array (the round's only host transfer) and, when `features`, the target's top hidden
     states of the d + 1 verified positions (lazy). `keep`: a plain step at T > 0 appends to it
-    the target's probability of the token it samples (lazy), for a review (drafting/review.py)."""
+    the target's probability of the token it samples (lazy), for a review (acceptance.py, reviews)."""
     d = prop.size
     pending = target.settle(pending)  # a restored recurrent cache may catch up first (cache.py)
     inputs = mx.concatenate([pending, prop.tokens]) if d else pending

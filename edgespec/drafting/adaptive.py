@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edgespec.acceptance import Review
 from edgespec.drafting.costs import (
     COST_WINDOW,
     Probes,
@@ -38,7 +39,6 @@ from edgespec.drafting.costs import (
     fit_verify_line,
     verify_curve,
 )
-from edgespec.drafting.review import Review
 from edgespec.events import Round
 
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
@@ -57,7 +57,7 @@ ROUND_COST = ("block",)
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).
 OFF_AFTER = COST_WINDOW // 2 + 1
-# With reviews (drafting/review.py) the off state reads the draft's acceptance from plain steps
+# With reviews (acceptance.py, reviews) the off state reads the draft's acceptance from plain steps
 # instead of probe rounds: a review after REVIEW_EVERY plain steps, the gap doubling to
 # REVIEW_MOST while the draft stays off (a review is a draft forward over the gap's tokens).
 REVIEW_EVERY, REVIEW_MOST = 8, 32

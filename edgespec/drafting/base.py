@@ -17,7 +17,7 @@ per generation, `Capabilities.of`); nothing else of a drafter is read:
 - SizedLookups: a lookup in front of a draft model (HybridDrafter), whose lookups an adaptive K
   policy sizes (edgespec/strategy.py).
 - Reviews, `review(context, probs)`: while an adaptive policy has the draft model off, what it
-  would have accepted over the tokens committed meanwhile (edgespec/drafting/review.py), read
+  would have accepted over the tokens committed meanwhile (edgespec/acceptance.py, reviews), read
   from one catch-up forward, without a verify row.
 """
 
@@ -29,7 +29,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from edgespec.drafting.review import PendingReview
+from edgespec.acceptance import PendingReview
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class SizedLookups(Protocol):
 
 class Reviews(Protocol):
     """A draft model that can say how well it would have drafted the tokens committed while it
-    was off (drafting/review.py): `probs` maps positions to the target's probability of the
+    was off (acceptance.py, reviews): `probs` maps positions to the target's probability of the
     token sampled there (plain steps at T > 0)."""
 
     method: str

@@ -151,7 +151,9 @@ class HybridDrafter(Drafter):
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.lookup_k = lookup_k
         self._features = model.capabilities().features  # a feature draft's, handed on
-        self._reviews = Capabilities.of(model).reviews  # its model's reviews (drafting/review.py)
+        self._reviews = Capabilities.of(
+            model
+        ).reviews  # its model's reviews (acceptance.py, reviews)
 
     def capabilities(self) -> Capabilities:
         """Free lookups, lookups one token behind and lookups an adaptive policy sizes;

@@ -7,11 +7,11 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import trim_prompt_cache
 
+from edgespec.acceptance import PendingReview, review_values
 from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal
-from edgespec.drafting.review import PendingReview, review_values
 from edgespec.sampling import Softmax, sample, uniforms, warp
 
 
@@ -86,7 +86,7 @@ class ModelDrafter(Drafter):
 
     def review(self, context: list[int], probs: dict[int, float]) -> PendingReview | None:
         """How well this draft would have drafted the tokens committed since its cache last
-        grew (drafting/review.py), from one catch-up forward over them, lazy: it then holds
+        grew (acceptance.py, reviews), from one catch-up forward over them, lazy: it then holds
         context[:-1], as after a round. `probs`: the target's probabilities of tokens sampled in
         plain steps, by position (T > 0; positions without one are not reviewed). None when
         there is nothing to review."""

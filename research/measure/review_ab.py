@@ -1,4 +1,4 @@
-"""Adaptive K with reviews (edgespec/drafting/review.py: the draft's acceptance read from plain
+"""Adaptive K with reviews (edgespec/acceptance.py (reviews): the draft's acceptance read from plain
 steps while it is off, no probe rounds) against the policy with probes (before 2026-11-29's
 third session), paired in one process on the embedded
 pair: per prompt and seed, plain decoding, the default with probes and the default with
@@ -19,8 +19,8 @@ import argparse
 import statistics
 from collections import defaultdict
 
+from edgespec.acceptance import Review
 from edgespec.drafting.adaptive import AdaptiveK
-from edgespec.drafting.review import Review
 from edgespec.runtime import Engine
 from research.measure.paired import generate, prompt_args, prompt_set
 

@@ -1,4 +1,4 @@
-"""Reviews (edgespec/drafting/review.py): while adaptive K has the draft model off, its acceptance
+"""Reviews (edgespec/acceptance.py, reviews): while adaptive K has the draft model off, its acceptance
 is read from plain steps (min(1, q(x) / p(x)) at the sampled token, or whether its argmax is the
 token at T = 0) instead of probe rounds. The values estimate the acceptance without bias, a
 draft model reviews exactly what a fresh forward over the context gives, a hybrid's lookups are
@@ -14,10 +14,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from edgespec.acceptance import Review, review_values
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import REVIEW_EVERY, REVIEW_MOST, AdaptiveK
 from edgespec.drafting.ngram import NgramIndex
-from edgespec.drafting.review import Review, review_values
 from edgespec.drafting.token import ModelDrafter
 from edgespec.events import Round
 from tests.helpers import PROMPT, ask, engine_state, gen, plain_ids, rounds_of, token_ids
