@@ -177,9 +177,8 @@ def plain_run(
     context = mx.array(run.context[target.offset :], dtype=mx.int32)
     queued = _queue(target, run, cfg, context, no_proposal(drafter.method), wants, probs)
     t_prev, first = time.perf_counter(), True
-    review: PendingReview | None = (
-        None  # a review queued behind the next step (acceptance.py, reviews)
-    )
+    # A review queued behind the next step (acceptance.py, reviews), read after it.
+    review: PendingReview | None = None
     while True:
         decided, upcoming = None, None
         if pipelined and not queued.prop.size and run.can_queue():

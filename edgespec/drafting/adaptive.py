@@ -118,6 +118,13 @@ class DrafterEstimate:
             if timed:
                 self.round_costs.setdefault(r.drafted, RecentMedian()).add(r.t_draft)
 
+    def fold(self, values: tuple[float, ...]) -> None:
+        """A review's values (acceptance.py, reviews), one trial each: a value is the chance
+        that a draft there would have passed, in place of a round's accepted-or-not."""
+        for value in values:
+            self.accepted = ALPHA_DECAY * self.accepted + value
+            self.trials = ALPHA_DECAY * self.trials + 1.0
+
     def round_cost(self) -> Callable[[int], float]:
         """d(K), a per_round method's draft forward for K tokens: the recent median where K was
         measured, else the line fitted to those (fit_verify_line's, with its prior slope while
@@ -213,9 +220,7 @@ class AdaptiveK:
         self._observed = True
         if r.drafted > 0:
             self._method = r.method
-        long = self.long_match > 0 and r.match >= self.long_match
-        name = f"{r.method}-long" if long else r.method
-        est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
+        est = self._estimate(r.method, r.match)
         if r.drafted > 0:
             # After K = 0 rounds (or a lookup's) a draft model first catches up on every token
             # committed meanwhile: a longer forward, not the cost of drafting. Counted, it kept
@@ -252,12 +257,13 @@ class AdaptiveK:
     def review(self, r: Review) -> None:
         """Fold a review's values into its method's acceptance estimate (a long match's lookup:
         the long matches'), one trial each."""
-        long = self.long_match > 0 and r.match >= self.long_match
-        name = f"{r.method}-long" if long else r.method
-        est = self.estimates.setdefault(name, DrafterEstimate(per_round=r.method in ROUND_COST))
-        for value in r.values:
-            est.accepted = ALPHA_DECAY * est.accepted + value
-            est.trials = ALPHA_DECAY * est.trials + 1.0
+        self._estimate(r.method, r.match).fold(r.values)
+
+    def _estimate(self, method: str, match: int) -> DrafterEstimate:
+        """The estimates of `method`'s rounds (a lookup from a long match: the long matches')."""
+        long = self.long_match > 0 and match >= self.long_match
+        name = f"{method}-long" if long else method
+        return self.estimates.setdefault(name, DrafterEstimate(per_round=method in ROUND_COST))
 
     @property
     def verify_means(self) -> dict[int, float]:

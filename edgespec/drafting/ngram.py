@@ -151,9 +151,8 @@ class HybridDrafter(Drafter):
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.lookup_k = lookup_k
         self._features = model.capabilities().features  # a feature draft's, handed on
-        self._reviews = Capabilities.of(
-            model
-        ).reviews  # its model's reviews (acceptance.py, reviews)
+        # Its model's reviews (acceptance.py, reviews), handed on.
+        self._reviews = Capabilities.of(model).reviews
 
     def capabilities(self) -> Capabilities:
         """Free lookups, lookups one token behind and lookups an adaptive policy sizes;
@@ -170,10 +169,9 @@ class HybridDrafter(Drafter):
 
     def guess(self, context: list[int]) -> tuple[int, int] | None:
         """The lookup's first token after `context` and its match length (None: no match)."""
-        index = self.ngram.index
-        index.extend(context)
-        pos, n = index.find(self.min_match)
-        return (index.tokens[pos], n) if n else None
+        self.ngram.index.extend(context)
+        tokens, n = self.ngram.index.lookup(1, self.min_match)
+        return (tokens[0], n) if n else None
 
     def _lookup_len(self, k: int) -> int:
         return self.lookup_k("ngram", self.free_k) if self.lookup_k else max(k, self.free_k)

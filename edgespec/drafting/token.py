@@ -109,7 +109,7 @@ class ModelDrafter(Drafter):
             logits = fit_vocab(logits, self.vocab)
         if len(rows) < end - start:
             logits = logits[mx.array(rows)]
-        values = review_values(logits, tokens, px, self.sampling, self.state.softmax, self._head)
+        values = review_values(logits, tokens, px, self.sampling, state.softmax, self._head)
         mx.async_eval(values)
         return PendingReview(self.method, values)
 
