@@ -41,6 +41,7 @@ from edgespec.cpu import cpu_switch
 FLAG = "_edgespec_grouped"
 ROWS_FLAG = "_edgespec_numpy_rows"  # a plain KV layer: its rows may take NumPy's softmax
 MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path, unless NumPy's softmax is on
+FUSED_ROWS = 65  # forwards up to a verify of 64 drafts (config.MAX_K) may take the fused kernel
 FROM_KEYS = 1024  # a row that sees this many keys takes NumPy's softmax, when it is on
 PIECE = 1 << 22  # scores per NumPy softmax call (16 MB): a prompt chunk goes in pieces of rows
 NAME = "scaled_dot_product_attention"  # mlx-lm's function, as its model modules name it
@@ -83,18 +84,28 @@ def grouped_attention(
     causal: bool,
     masks: Masks | None = None,
     rows: Rows | None = None,
+    fused: bool = False,
 ) -> mx.array:
     """softmax(q k^T * scale [+ causal mask]) v with the query heads of each KV head as rows of one
     product. queries [B, H, L, D], keys / values [B, G, S, D] (H a multiple of G, S >= L; the L
     queries are the last L positions) -> [B, H, L, D]. `masks` keeps the causal mask between
     layers (default: a fresh one); `rows`, when given, computes the masked softmax of float32
-    scores (numpy_softmax) in place of MLX's."""
+    scores (numpy_softmax) in place of MLX's, for the rows that see FROM_KEYS keys or more; with
+    `fused` too, those rows of a forward of up to FUSED_ROWS take the fused kernel (fused.py)."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
     if rows is not None and queries.dtype == keys.dtype == mx.float32:
         split = numpy_from(s, length, causal)
         if split < length:
-            return _split(queries, keys, values, scale, causal, masks, rows, split)
+            kernel = fused_kernel(queries, keys) if fused and length <= FUSED_ROWS else None
+            if kernel is None:
+                return _split(queries, keys, values, scale, causal, masks, rows, split)
+            later = kernel(queries[:, :, split:], keys, values, scale, causal)
+            if split == 0:
+                return later
+            end = s - length + split
+            part = (queries[:, :, :split], keys[:, :, :end], values[:, :, :end])
+            return mx.concatenate([grouped_attention(*part, scale, causal, masks), later], axis=2)
     r = h // g
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = q @ keys.swapaxes(-1, -2)  # [B, G, R * L, S]
@@ -105,6 +116,15 @@ def grouped_attention(
         scores = scores.reshape(b, g, r * length, s)
     weights = mx.softmax(scores, axis=-1, precise=True)
     return (weights @ values).reshape(b, h, length, d)
+
+
+def fused_kernel(queries: mx.array, keys: mx.array) -> Any:
+    """The fused kernel's `attend` (fused.py, imported on first use) when it is built and takes
+    these shapes, else None (the NumPy softmax stays)."""
+    from edgespec.cpu import fused  # not on a short run's path: rows this long are rare there
+
+    kernel = fused.kernel()
+    return kernel if kernel is not None and fused.takes(queries, keys) else None
 
 
 def numpy_from(s: int, length: int, causal: bool) -> int:
@@ -162,13 +182,15 @@ def masked_attention(
     allowed: mx.array,
     cache: Any,
     rows: Rows | None = None,
+    fused: bool = False,
 ) -> mx.array:
     """Attention under an explicit boolean mask allowed [L, S] (a draft tree's, edgespec/trees/),
     computed as a causal forward on the same cache would be: grouped where the cache is marked
     and the forward has 2..MAX_ROWS rows (the same products, the mask in place of the causal one,
     so a chain-shaped tree keeps the chain's bits; with `rows`, its softmax of float32 scores,
-    whose hidden scores become exact zeros as under the causal mask), else MLX's kernel with the
-    mask. queries [1, H, L, D], keys / values [1, G, S, D] -> [1, H, L, D]."""
+    whose hidden scores become exact zeros as under the causal mask; with `fused` too, the fused
+    kernel for those rows, under the mask), else MLX's kernel with the mask.
+    queries [1, H, L, D], keys / values [1, G, S, D] -> [1, H, L, D]."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
     if not (getattr(cache, FLAG, False) and 1 < length <= MAX_ROWS) or h % g:
@@ -177,6 +199,17 @@ def masked_attention(
         )
     r = h // g
     rows = rows if getattr(cache, ROWS_FLAG, False) else None
+    kernel = fused_kernel(queries, keys) if fused and rows is not None else None
+    split = numpy_from(s, length, True)
+    if kernel is not None and split < length:
+        hidden = np.asarray(allowed[split:].astype(mx.bool_)).reshape(length - split, s)
+        later = kernel(queries[:, :, split:], keys, values, scale, True, hidden)
+        if split == 0:
+            return later
+        head = masked_attention(
+            queries[:, :, :split], keys, values, scale, allowed[:split], cache, None
+        )
+        return mx.concatenate([head, later], axis=2)
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = (q @ keys.swapaxes(-1, -2)).reshape(b, g, r, length, s)
     scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
@@ -192,13 +225,14 @@ def masked_attention(
 
 
 def grouped_sdpa(
-    original: Callable[..., mx.array], masks: Masks, rows: Rows | None = None
+    original: Callable[..., mx.array], masks: Masks, rows: Rows | None = None, fused: bool = False
 ) -> Callable[..., mx.array]:
     """mlx-lm's `scaled_dot_product_attention` (`original`, same signature) that takes the grouped
     path for a marked cache's forwards of 2..MAX_ROWS rows with no mask or a causal one. With
     `rows` (the NumPy softmax) a marked cache's float32 forwards of every length take it once
     they reach FROM_KEYS keys, one-token steps and prompt chunks included: a row that sees that
-    many keys has its softmax computed by NumPy whatever the forward's length."""
+    many keys has its softmax computed by NumPy whatever the forward's length; with `fused`,
+    those rows of forwards up to FUSED_ROWS long take the fused kernel instead."""
 
     def scaled_dot_product_attention(
         queries: mx.array,
@@ -221,7 +255,7 @@ def grouped_sdpa(
         ):
             causal = mask is not None
             return grouped_attention(
-                queries, keys, values, scale, causal, masks, rows if every else None
+                queries, keys, values, scale, causal, masks, rows if every else None, fused
             )
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 

@@ -55,6 +55,7 @@ class Switches:
 
     grouped_attention: bool = False
     numpy_softmax: bool = False
+    fused_attention: bool = False  # asked for; fused.kernel() says whether it built
     table_rope: bool = False
     lean_ops: bool = False
     compiled_blocks: bool = False
@@ -68,6 +69,9 @@ class Switches:
         return cls(
             grouped_attention=attention.enabled(),
             numpy_softmax=attention.enabled() and attention.numpy_enabled(),
+            fused_attention=attention.enabled()
+            and attention.numpy_enabled()
+            and cpu_switch("EDGESPEC_FUSED_ATTENTION"),
             table_rope=rope.enabled(),
             lean_ops=leanops.enabled(),
             compiled_blocks=blocks.enabled(),
@@ -77,8 +81,14 @@ class Switches:
         )
 
     def recorded(self) -> dict[str, bool]:
-        """What results.json records (`environment.cpu_rewrites`)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "pad_rows"}
+        """What results.json records (`environment.cpu_rewrites`); the fused attention counts as
+        on once its kernel is built (here, when not built yet: before a bench's first timing)."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "pad_rows"}
+        if self.fused_attention:
+            from edgespec.cpu import fused
+
+            out["fused_attention"] = fused.kernel() is not None
+        return out
 
     def rewrite_models(self) -> bool:
         """Whether any of them changes how a model runs (else `model` returns it as it is)."""
@@ -97,9 +107,12 @@ class CpuBackend:
         original = getattr(base, attention.NAME)
         self._original = original
         self._rows = attention.numpy_softmax if self.switches.numpy_softmax else None
-        self._sdpa = attention.grouped_sdpa(original, self.masks, self._rows)
+        fused = self.switches.fused_attention
+        self._sdpa = attention.grouped_sdpa(original, self.masks, self._rows, fused)
         # the draft-tree forward's attention under a mask, with this backend's softmax
-        self.masked_attention = functools.partial(attention.masked_attention, rows=self._rows)
+        self.masked_attention = functools.partial(
+            attention.masked_attention, rows=self._rows, fused=fused
+        )
         self._attending: dict[type, type | None] = {}
         self._twins: Memo = {}
         self.softmax: Callable[[mx.array, float], mx.array] | None = (
