@@ -23,7 +23,10 @@ At long contexts the softmax itself is the cost (MLX's CPU exp runs element by e
 NumPy's softmax on (`numpy_softmax`, below; `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees
 FROM_KEYS keys or more, in a one-token step, a verify or a prompt chunk alike, takes NumPy's
 vectorised softmax; rows that see fewer keep MLX's, so short contexts run as before and each row
-is computed the same way whatever forward it is part of.
+is computed the same way whatever forward it is part of. Those rows of a forward of up to
+FUSED_ROWS tokens (steps, verifies, short catch-ups) take the fused kernel instead (fused.py,
+attend.c: products and softmax in one pass per KV head, each row alone), where it is built;
+prompt chunks keep MLX's products with NumPy's softmax.
 """
 
 from __future__ import annotations

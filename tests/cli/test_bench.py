@@ -280,6 +280,7 @@ def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
     assert set(rewrites) == {
         "grouped_attention",
         "numpy_softmax",
+        "fused_attention",
         "table_rope",
         "lean_ops",
         "compiled_blocks",
@@ -287,6 +288,7 @@ def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
         "draft_pairs",
     }
     assert all(isinstance(v, bool) for v in rewrites.values())
+    assert rewrites["fused_attention"]  # asked for and built (the test machines have a compiler)
     labels = {m["label"] for m in doc["methods"]}  # the default methods
     assert labels == {"plain T=0", "spec K=2 T=0", "mlx-lm K=2 T=0", "adaptive-hybrid T=0"}
     assert (tmp_path / "results.md").is_file() and (tmp_path / "speedup_landscape.png").is_file()
