@@ -16,7 +16,11 @@ typedef int32_t vi __attribute__((vector_size(64)));
 typedef float vfu __attribute__((vector_size(64), aligned(4)));
 #define LD(p) (*(const vfu *)(p))
 #define ST(p, x) (*(vfu *)(p) = (x))
+#if defined(__clang__) || (__GNUC__ >= 12 && !defined(EDGESPEC_GCC_SHUFFLE))
 #define SH __builtin_shufflevector
+#else /* GCC before 12 has only its own shuffle (the tests build both ways with GCC 12) */
+#define SH(a, b, ...) __builtin_shuffle(a, b, (vi){__VA_ARGS__})
+#endif
 #define BLK 64 /* keys per block of the values' pass */
 
 /* lane w of the result: the sum of t[w]'s 16 lanes (a fixed tree, whatever the other t are) */

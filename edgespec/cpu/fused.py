@@ -101,15 +101,18 @@ def build(directory: Path | None = None) -> Path:
 def kernel() -> Attend | None:
     """`attend`, with the library built and loaded; None (and `problem()` set) when it cannot be."""
     try:
-        lib = ctypes.CDLL(str(build()))
+        return load(build())
     except subprocess.CalledProcessError as e:
         last = (e.stderr or "").strip().splitlines()
         _problem.append(f"the C compiler failed: {last[-1] if last else e}")
-        return None
     except OSError as e:
         _problem.append(f"no C compiler to build it ({e})")
-        return None
-    fn = lib[SYMBOL]
+    return None
+
+
+def load(library: Path) -> Attend:
+    """`attend` over the kernel in `library` (a build of attend.c)."""
+    fn = ctypes.CDLL(str(library))[SYMBOL]
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     fn.argtypes = [ptr, *[i64] * 3, ptr, *[i64] * 3, ptr, *[i64] * 3, ptr, *[i32] * 6]
     fn.argtypes += [ctypes.c_float, ptr, ptr, ptr, ptr]

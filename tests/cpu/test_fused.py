@@ -103,6 +103,24 @@ def test_the_build_is_kept_and_reused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no scratch file left
 
 
+def test_gccs_own_shuffle_gives_the_same_bits(kernel, tmp_path):
+    """GCC before 12 builds the shuffles with __builtin_shuffle: forced here, same rows."""
+    import shutil
+    import subprocess
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("needs GCC")
+    out = tmp_path / "old.so"
+    cmd = [gcc, *fused.flags(), "-DEDGESPEC_GCC_SHUFFLE", "-o", str(out), str(fused.SOURCE)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    old = fused.load(out)
+    q, k, v = _qkv(9, 3, 64, 5, 1500, seed=11, room=20)
+    assert np.array_equal(
+        np.array(old(q, k, v, 0.125, True)), np.array(kernel(q, k, v, 0.125, True))
+    )
+
+
 def test_without_a_compiler_the_numpy_softmax_stays(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("EDGESPEC_KERNEL_DIR", str(tmp_path))
