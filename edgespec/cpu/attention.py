@@ -23,10 +23,9 @@ At long contexts the softmax itself is the cost (MLX's CPU exp runs element by e
 NumPy's softmax on (`numpy_softmax`, below; `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees
 FROM_KEYS keys or more, in a one-token step, a verify or a prompt chunk alike, takes NumPy's
 vectorised softmax; rows that see fewer keep MLX's, so short contexts run as before and each row
-is computed the same way whatever forward it is part of. Those rows of a forward of up to
-FUSED_ROWS tokens (steps, verifies, short catch-ups) take the fused kernel instead (fused.py,
-attend.c: products and softmax in one pass per KV head, each row alone), where it is built;
-prompt chunks keep MLX's products with NumPy's softmax.
+is computed the same way whatever forward it is part of. Where the fused kernel is built
+(fused.py, attend.c: the products and the softmax in one pass over the keys and one over the
+values per KV head, each row alone) those rows take it instead, in every forward.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from edgespec.cpu import cpu_switch
 FLAG = "_edgespec_grouped"
 ROWS_FLAG = "_edgespec_numpy_rows"  # a plain KV layer: its rows may take NumPy's softmax
 MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path, unless NumPy's softmax is on
-FUSED_ROWS = 65  # forwards up to a verify of 64 drafts (config.MAX_K) may take the fused kernel
+FUSED_TOKENS = 8  # query tokens per call of the fused kernel: a prompt chunk goes in pieces
 FROM_KEYS = 1024  # a row that sees this many keys takes NumPy's softmax, when it is on
 PIECE = 1 << 22  # scores per NumPy softmax call (16 MB): a prompt chunk goes in pieces of rows
 NAME = "scaled_dot_product_attention"  # mlx-lm's function, as its model modules name it
@@ -94,21 +93,27 @@ def grouped_attention(
     queries are the last L positions) -> [B, H, L, D]. `masks` keeps the causal mask between
     layers (default: a fresh one); `rows`, when given, computes the masked softmax of float32
     scores (numpy_softmax) in place of MLX's, for the rows that see FROM_KEYS keys or more; with
-    `fused` too, those rows of a forward of up to FUSED_ROWS take the fused kernel (fused.py)."""
+    `fused` too, those rows take the fused kernel (fused.py), FUSED_TOKENS query tokens a call
+    (each row's bits do not depend on the call it is in)."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
     if rows is not None and queries.dtype == keys.dtype == mx.float32:
         split = numpy_from(s, length, causal)
         if split < length:
-            kernel = fused_kernel(queries, keys) if fused and length <= FUSED_ROWS else None
+            kernel = fused_kernel(queries, keys) if fused else None
             if kernel is None:
                 return _split(queries, keys, values, scale, causal, masks, rows, split)
-            later = kernel(queries[:, :, split:], keys, values, scale, causal)
-            if split == 0:
-                return later
-            end = s - length + split
-            part = (queries[:, :, :split], keys[:, :, :end], values[:, :, :end])
-            return mx.concatenate([grouped_attention(*part, scale, causal, masks), later], axis=2)
+            outs = []
+            if split > 0:
+                end = s - length + split
+                part = (queries[:, :, :split], keys[:, :, :end], values[:, :, :end])
+                outs.append(grouped_attention(*part, scale, causal, masks))
+            for start in range(split, length, FUSED_TOKENS):  # each call's scores stay in cache
+                stop = min(start + FUSED_TOKENS, length)
+                end = s - length + stop if causal else s
+                part = (queries[:, :, start:stop], keys[:, :, :end], values[:, :, :end])
+                outs.append(kernel(*part, scale, causal))
+            return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     r = h // g
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = q @ keys.swapaxes(-1, -2)  # [B, G, R * L, S]
@@ -235,7 +240,7 @@ def grouped_sdpa(
     `rows` (the NumPy softmax) a marked cache's float32 forwards of every length take it once
     they reach FROM_KEYS keys, one-token steps and prompt chunks included: a row that sees that
     many keys has its softmax computed by NumPy whatever the forward's length; with `fused`,
-    those rows of forwards up to FUSED_ROWS long take the fused kernel instead."""
+    those rows take the fused kernel instead."""
 
     def scaled_dot_product_attention(
         queries: mx.array,

@@ -81,8 +81,8 @@ def test_it_refuses_a_shape_it_does_not_take(kernel):
 
 
 def test_grouped_attention_sends_long_rows_to_it(kernel, monkeypatch):
-    """Rows on both sides of FROM_KEYS: the short ones MLX's, the long ones the kernel's; a
-    forward longer than FUSED_ROWS keeps the NumPy softmax."""
+    """Rows on both sides of FROM_KEYS: the short ones MLX's, the long ones the kernel's, in calls
+    of FUSED_TOKENS query tokens, whose size leaves each row's bits alone."""
     monkeypatch.setattr(attention, "FROM_KEYS", 110)
     calls = []
     monkeypatch.setattr(fused, "kernel", lambda: lambda *a: calls.append(a[0].shape) or kernel(*a))
@@ -91,9 +91,25 @@ def test_grouped_attention_sends_long_rows_to_it(kernel, monkeypatch):
     got = attention.grouped_attention(q, k, v, 0.25, True, None, attention.numpy_softmax, True)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
     assert calls == [(1, 9, 4, 16)]  # rows 2..5 see 110..113 keys
-    monkeypatch.setattr(attention, "FUSED_ROWS", 5)
-    attention.grouped_attention(q, k, v, 0.25, True, None, attention.numpy_softmax, True)
-    assert len(calls) == 1
+    monkeypatch.setattr(attention, "FUSED_TOKENS", 3)
+    pieces = attention.grouped_attention(q, k, v, 0.25, True, None, attention.numpy_softmax, True)
+    assert calls[1:] == [(1, 9, 3, 16), (1, 9, 1, 16)]
+    assert np.array_equal(np.array(pieces), np.array(got))
+
+
+def test_a_prompt_chunks_rows_keep_the_bits_of_one_token_steps(kernel, monkeypatch):
+    """A 40-token chunk past FROM_KEYS in the kernel: MLX's values, and each row the bits of the
+    one-token step at its position (the same kernel, whatever forward the row is in)."""
+    monkeypatch.setattr(attention, "FROM_KEYS", 100)
+    q, k, v = _qkv(9, 3, 64, 40, 1200, seed=4, room=8)
+    chunk = attention.grouped_attention(q, k, v, 0.125, True, None, attention.numpy_softmax, True)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    np.testing.assert_allclose(np.array(chunk), np.array(want), rtol=2e-5, atol=2e-6)
+    for t in (0, 17, 39):
+        seen = 1200 - 40 + t + 1
+        one = (q[:, :, t : t + 1], k[:, :, :seen], v[:, :, :seen])
+        step = attention.grouped_attention(*one, 0.125, False, None, attention.numpy_softmax, True)
+        assert np.array_equal(np.array(step)[:, :, 0], np.array(chunk)[:, :, t]), t
 
 
 def test_the_build_is_kept_and_reused(tmp_path):
