@@ -11,13 +11,15 @@
   (its `on_cpu` imports MLX when called), so that `edgespec.cpu.blas` can run before MLX is
   imported.
 - attention.py (grouped verify attention, and the attention's softmax in NumPy for rows that
-  see a thousand keys or more), rope.py (rotary tables), leanops.py (lean Linear /
-  RMSNorm), blocks.py (compiled llama blocks), rowpad.py (one-row products as two rows, opt-in),
-  fastexp.py (a faster, more accurate softmax for sampling).
+  see a thousand keys or more), fused.py with attend.c (those rows' whole attention in one C
+  kernel, built on first use with the system compiler), rope.py (rotary tables), leanops.py
+  (lean Linear / RMSNorm), blocks.py (compiled llama blocks), rowpad.py (one-row products as two
+  rows, opt-in), fastexp.py (a faster, more accurate softmax for sampling).
 
 Whether a rewrite applies (here: `on_cpu`, `cpu_switch`): every rewrite in edgespec/cpu/ is on
-for MLX's CPU backend and off on a GPU (which has fused kernels). `EDGESPEC_CPU_OPT=0` turns them all off at once; each also has its own variable
-(`EDGESPEC_GROUPED_ATTENTION`, `EDGESPEC_NUMPY_SOFTMAX`, `EDGESPEC_TABLE_ROPE`, `EDGESPEC_LEAN_OPS`,
+for MLX's CPU backend and off on a GPU (which has fused kernels). `EDGESPEC_CPU_OPT=0` turns them
+all off at once; each also has its own variable (`EDGESPEC_GROUPED_ATTENTION`,
+`EDGESPEC_NUMPY_SOFTMAX`, `EDGESPEC_FUSED_ATTENTION`, `EDGESPEC_TABLE_ROPE`, `EDGESPEC_LEAN_OPS`,
 `EDGESPEC_COMPILED_BLOCKS`, `EDGESPEC_FAST_EXP`, `EDGESPEC_DRAFT_PAIRS`; row padding is opt-in,
 `EDGESPEC_PAD_ROWS=1`). docs/cpu-backend.md describes each one.
 """

@@ -1,6 +1,6 @@
 """The fused CPU attention kernel (attend.c): built once per machine with the system's C compiler,
-loaded with ctypes, called between two MLX graphs like the NumPy softmax it replaces for short
-forwards (edgespec/cpu/attention.py decides which rows take it).
+loaded with ctypes, called between two MLX graphs like the NumPy softmax it replaces
+(edgespec/cpu/attention.py decides which rows take it: those that see 1,024 keys or more).
 
 MLX's CPU attention is three passes over a rows x keys score array, its products by a BLAS that
 runs a few rows no faster than a full tile: a verify of 2 tokens against 8K keys costs about twice
@@ -10,7 +10,7 @@ a KV head, so the verify's extra rows cost little more than their arithmetic.
 The library goes to EDGESPEC_KERNEL_DIR, else $XDG_CACHE_HOME/edgespec/kernels (~/.cache/...),
 named by a hash of the source, the compiler and its flags and the CPU (it is built for this
 CPU's vector units): later processes load it at once. Without a working compiler (CC, else cc),
-`attend` is None and the callers keep MLX's products with NumPy's softmax; `problem()` says why.
+`kernel()` is None and the callers keep MLX's products with NumPy's softmax; `problem()` says why.
 `EDGESPEC_FUSED_ATTENTION=0` turns the kernel off.
 """
 
