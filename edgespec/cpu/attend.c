@@ -1,6 +1,7 @@
-/* Fused attention for MLX's CPU backend (edgespec/cpu/fused.py builds and loads it): the few
-   query rows of a one-token step or a verify against a long KV cache, in one pass over the keys
-   and one over the values, with the query heads that share a KV head read together.
+/* Fused attention for MLX's CPU backend (edgespec/cpu/fused.py builds and loads it): the query
+   rows of a one-token step, a verify or a piece of a prompt chunk (a few tokens a call) against a
+   long KV cache, in one pass over the keys and one over the values, with the query heads that
+   share a KV head read together.
 
    Each query row is computed alone, in an order fixed by its key indices: a key's score is the
    same sum whatever block or forward it is part of, the softmax's sum keeps one running sum per

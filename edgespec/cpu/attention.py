@@ -101,19 +101,7 @@ def grouped_attention(
         split = numpy_from(s, length, causal)
         if split < length:
             kernel = fused_kernel(queries, keys) if fused else None
-            if kernel is None:
-                return _split(queries, keys, values, scale, causal, masks, rows, split)
-            outs = []
-            if split > 0:
-                end = s - length + split
-                part = (queries[:, :, :split], keys[:, :, :end], values[:, :, :end])
-                outs.append(grouped_attention(*part, scale, causal, masks))
-            for start in range(split, length, FUSED_TOKENS):  # each call's scores stay in cache
-                stop = min(start + FUSED_TOKENS, length)
-                end = s - length + stop if causal else s
-                part = (queries[:, :, start:stop], keys[:, :, :end], values[:, :, :end])
-                outs.append(kernel(*part, scale, causal))
-            return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+            return _split(queries, keys, values, scale, causal, masks, rows, split, kernel)
     r = h // g
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = q @ keys.swapaxes(-1, -2)  # [B, G, R * L, S]
@@ -155,12 +143,15 @@ def _split(
     masks: Masks | None,
     rows: Rows,
     split: int,
+    kernel: Any = None,
 ) -> mx.array:
     """grouped_attention whose query rows from `split` on (numpy_from) take `rows` as their
     softmax, PIECE scores at a time: a prompt chunk's rows against a long context would otherwise
-    hold several arrays of rows x keys at once. Each part reads only the keys its last row may
-    see under the causal mask (hidden keys are exact zeros either way, so each row keeps its
-    bits); the rows before `split` keep MLX's softmax, as one-token steps there do."""
+    hold several arrays of rows x keys at once. With `kernel` (fused_kernel) those rows take it
+    instead, FUSED_TOKENS query tokens a call (each call's scores stay in cache). Each part reads
+    only the keys its last row may see under the causal mask (hidden keys are exact zeros either
+    way, so each row keeps its bits); the rows before `split` keep MLX's softmax, as one-token
+    steps there do."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
     r = h // g
@@ -169,10 +160,14 @@ def _split(
         end = s - length + split
         part = (queries[:, :, :split], keys[:, :, :end], values[:, :, :end])
         outs.append(grouped_attention(*part, scale, causal, masks))
-    step = max(1, PIECE // (h * s))
+    step = FUSED_TOKENS if kernel is not None else max(1, PIECE // (h * s))
     for start in range(split, length, step):
         stop = min(start + step, length)
         end = s - length + stop if causal else s
+        if kernel is not None:
+            part = (queries[:, :, start:stop], keys[:, :, :end], values[:, :, :end])
+            outs.append(kernel(*part, scale, causal))
+            continue
         q = queries[:, :, start:stop] * mx.array(scale, queries.dtype)
         scores = q.reshape(b, g, r * (stop - start), d) @ keys[:, :, :end].swapaxes(-1, -2)
         weights = rows(scores, stop - start if causal else 1)
@@ -207,9 +202,9 @@ def masked_attention(
         )
     r = h // g
     rows = rows if getattr(cache, ROWS_FLAG, False) else None
-    kernel = fused_kernel(queries, keys) if fused and rows is not None else None
-    split = numpy_from(s, length, True)
-    if kernel is not None and split < length:
+    split = length if rows is None else numpy_from(s, length, True)
+    kernel = fused_kernel(queries, keys) if fused and split < length else None
+    if kernel is not None:
         hidden = np.asarray(allowed[split:].astype(mx.bool_)).reshape(length - split, s)
         later = kernel(queries[:, :, split:], keys, values, scale, True, hidden)
         if split == 0:
@@ -221,7 +216,8 @@ def masked_attention(
     q = (queries * mx.array(scale, queries.dtype)).reshape(b, g, r * length, d)
     scores = (q @ keys.swapaxes(-1, -2)).reshape(b, g, r, length, s)
     scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
-    split = length if rows is None or scores.dtype != mx.float32 else numpy_from(s, length, True)
+    if scores.dtype != mx.float32:
+        split = length
     parts = []
     if split > 0:
         parts.append(mx.softmax(scores[:, :, :, :split], axis=-1, precise=True))
@@ -341,6 +337,12 @@ LANES = 64  # running sums per row: wide enough that NumPy's inner loop is long
 def numpy_enabled() -> bool:
     """NumPy's softmax for long rows: on for the CPU backend unless EDGESPEC_NUMPY_SOFTMAX=0."""
     return cpu_switch("EDGESPEC_NUMPY_SOFTMAX")
+
+
+def fused_enabled() -> bool:
+    """The fused kernel for those rows (fused.py): on for the CPU backend, where it builds,
+    unless EDGESPEC_FUSED_ATTENTION=0."""
+    return cpu_switch("EDGESPEC_FUSED_ATTENTION")
 
 
 def lane_total(e: np.ndarray) -> np.ndarray:

@@ -71,7 +71,7 @@ class Switches:
             numpy_softmax=attention.enabled() and attention.numpy_enabled(),
             fused_attention=attention.enabled()
             and attention.numpy_enabled()
-            and cpu_switch("EDGESPEC_FUSED_ATTENTION"),
+            and attention.fused_enabled(),
             table_rope=rope.enabled(),
             lean_ops=leanops.enabled(),
             compiled_blocks=blocks.enabled(),

@@ -11,7 +11,7 @@ The library goes to EDGESPEC_KERNEL_DIR, else $XDG_CACHE_HOME/edgespec/kernels (
 named by a hash of the source, the compiler and its flags and the CPU (it is built for this
 CPU's vector units): later processes load it at once. Without a working compiler (CC, else cc),
 `kernel()` is None and the callers keep MLX's products with NumPy's softmax; `problem()` says why.
-`EDGESPEC_FUSED_ATTENTION=0` turns the kernel off.
+`EDGESPEC_FUSED_ATTENTION=0` turns the kernel off (attention.fused_enabled).
 """
 
 from __future__ import annotations
@@ -30,18 +30,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from edgespec.cpu import cpu_switch
-
 SOURCE = Path(__file__).with_name("attend.c")
 SYMBOL = "edgespec_attend"
 DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 256)  # the head sizes attend.c is built for
 Attend = Callable[[mx.array, mx.array, mx.array, float, bool, "np.ndarray | None"], mx.array]
 _problem: list[str] = []
-
-
-def enabled() -> bool:
-    """On for the CPU backend unless EDGESPEC_FUSED_ATTENTION=0."""
-    return cpu_switch("EDGESPEC_FUSED_ATTENTION")
 
 
 def flags() -> list[str]:
