@@ -163,6 +163,8 @@ class ChatApp(ChatActions):
         self.engine_name, self.has_draft, self.ready = message.name, message.has_draft, True
         self.conv.model = message.name
         self.sub_title = message.name
+        if message.base_model:  # no chat template: say so, or its answers look like nonsense
+            self.sub_title += " · base model: it continues your text (no chat template)"
         if not message.has_draft and self.config.spec.enabled:
             self.config = settings.with_method(self.config, "none")
         if self._loading():

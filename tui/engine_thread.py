@@ -248,7 +248,9 @@ class EngineThread:
             raise
 
     def _serve(self, engine: ServedEngine) -> None:
-        self._post(EngineReady(engine.name, engine.has_draft, engine.context_window))
+        tokenizer = getattr(engine, "tokenizer", None)  # a base model has no chat template
+        base = tokenizer is not None and not getattr(tokenizer, "has_chat_template", True)
+        self._post(EngineReady(engine.name, engine.has_draft, engine.context_window, base))
         if self._warm is not None:
             start = time.monotonic()
             try:

@@ -23,11 +23,13 @@ class LoadProgress(Message):
 
 @dataclass
 class EngineReady(Message):
-    """The engine loaded. `name` is the pair's display name."""
+    """The engine loaded. `name` is the pair's display name; `base_model`: the target has no chat
+    template (a pretrained base model, which continues the text it is given)."""
 
     name: str
     has_draft: bool
     context_window: int
+    base_model: bool = False
 
 
 @dataclass
