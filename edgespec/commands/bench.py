@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from edgespec.bench.context import ContextRequest, context_request, engine_prompts
 from edgespec.bench.plan import DEFAULT_METHODS, USES_K, BenchPlan
-from edgespec.bench.prompts import default_prompt_file, load_prompts
+from edgespec.bench.prompts import DEFAULT_PROMPTS, default_prompt_file, load_prompts
 from edgespec.commands.common import add_model_args, add_shard_args
 from edgespec.errors import ConfigError, PromptError
 from edgespec.loading.specs import check_pair
@@ -196,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     plan = _plan(args)
     context = context_request(args)
     if not context and args.prompts is None:  # a base model continues text (bench/prompts.py)
-        args.prompts = str(default_prompt_file(args.target, args.draft, args.pair))
+        chosen = default_prompt_file(args.target, args.draft, args.pair)
+        args.prompts = None if chosen == DEFAULT_PROMPTS else str(chosen)
     prompts = [] if context else load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     primary = group is None or group.is_primary  # rank 0 alone writes; the others follow
