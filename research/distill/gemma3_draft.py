@@ -122,6 +122,7 @@ def main() -> None:
         eval_every=25,
         ckpt_every=25,
         max_len=a.max_len + 64,
+        head_size=a.head_size,
     )
     result = train(target, data, a.run, cfg, resume=True)
     command = "python -m research.distill.gemma3_draft " + " ".join(
