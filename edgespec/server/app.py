@@ -40,6 +40,7 @@ from edgespec.server.limits import (
     read_body,
     refuse_certain_overflow,
 )
+from edgespec.server.local import HostRule, LocalOnly, is_json
 from edgespec.server.protocol import (
     Defaults,
     ParsedRequest,
@@ -109,10 +110,12 @@ def create_app(
     allow_origins: tuple[str, ...] = (),
     limits: Limits | None = None,
     connections: Callable[[], dict[str, int]] | None = None,
+    hosts: HostRule | None = None,
 ) -> Starlette:
     """The ASGI app. `worker` must be started (its engine loaded). `allow_origins`: web pages
-    (origins) whose scripts may call the API (CORS); none by default. `connections`: figures
-    that GET /health shows (the connection guard's)."""
+    (origins) whose scripts may call the API (CORS); none by default: a request carrying any
+    other Origin is refused (local.py). `hosts`: the Host names it answers to (default: loopback
+    names only). `connections`: figures that GET /health shows (the connection guard's)."""
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -141,6 +144,9 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    # Added last, so outermost: a request for another Host or from a page not allowed is
+    # refused before CORS, the key or any route sees it.
+    app.add_middleware(LocalOnly, hosts=hosts or HostRule.of("127.0.0.1"), origins=allow_origins)
     return app
 
 
@@ -180,6 +186,12 @@ async def completions(request: Request) -> Response:
 
 async def _complete(request: Request, kind: str) -> Response:
     s = _state(request)
+    if not is_json(request.headers.get("content-type")):
+        raise RequestError(
+            "send the request as JSON, with 'Content-Type: application/json'",
+            status=415,
+            code="unsupported_media_type",
+        )
     body = parse_body(await read_body(request, s.limits))
     parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
     ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)

@@ -1,0 +1,95 @@
+"""`edgespec serve` as a local server on the embedded pair, against what a web page sends
+(loopback only, every loop bounded): a page's POSTs (text/plain, forms), a foreign Host (DNS
+rebinding) or Origin. Real model (the embedded pair), so slow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec.server.local import HostRule, host_name, is_json
+from edgespec.server.process import ServerProcess
+
+httpx = pytest.importorskip("httpx")
+
+pytestmark = pytest.mark.slow
+
+SECRET = "sesame"
+KEY = {"Authorization": f"Bearer {SECRET}"}
+HI = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--no-warmup", "--max-tokens", "4", env={"EDGESPEC_API_KEY": SECRET})
+    yield srv
+    srv.kill()
+
+
+def port(srv: ServerProcess) -> int:
+    return int(srv.url.rsplit(":", 1)[1])
+
+
+def post(srv: ServerProcess, body: dict | None = None, headers=None, **kw) -> httpx.Response:
+    """A chat completion with the key and a JSON content type unless `headers` says otherwise
+    (a list of pairs may repeat a header)."""
+    content = json.dumps(HI if body is None else body)
+    if headers is None:
+        headers = {**KEY, "Content-Type": "application/json"}
+    return httpx.post(f"{srv.base}/chat/completions", content=content, headers=headers, timeout=120)
+
+
+def refusal(r: httpx.Response) -> tuple[int, str | None, str]:
+    err = r.json()["error"]
+    return r.status_code, err.get("param"), err["message"]
+
+
+# ---- item 3: local means local
+
+
+def test_posts_that_a_web_page_sends_without_a_preflight_are_415(server):
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        r = post(server, headers={**KEY, "Content-Type": kind})
+        assert r.status_code == 415, kind
+        assert r.json()["error"]["code"] == "unsupported_media_type"
+    r = post(server, headers=KEY)  # no Content-Type at all
+    assert r.status_code == 415
+    r = post(server, headers={**KEY, "Content-Type": "Application/JSON; charset=utf-8"})
+    assert r.status_code == 200
+
+
+def test_a_host_that_does_not_name_this_server_is_421(server):
+    url = f"{server.base}/models"
+    for host in ("evil.example", f"evil.example:{port(server)}", "localhost.evil.example"):
+        r = httpx.get(url, headers={**KEY, "Host": host}, timeout=30)
+        assert r.status_code == 421, host
+        assert "--allow-host" in r.json()["error"]["message"]
+    r = post(server, headers={**KEY, "Content-Type": "application/json", "Host": "evil.example"})
+    assert r.status_code == 421  # nothing ran: the body was not read
+    for host in (f"localhost:{port(server)}", "127.0.0.1", f"LOCALHOST.:{port(server)}", "[::1]"):
+        assert httpx.get(url, headers={**KEY, "Host": host}, timeout=30).status_code == 200, host
+
+
+def test_a_request_from_a_web_page_is_refused_with_or_without_the_key(server):
+    for origin in ("http://evil.example", "null", f"http://127.0.0.1:{port(server)}"):
+        headers = {**KEY, "Content-Type": "application/json", "Origin": origin}
+        r = post(server, headers=headers)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+        assert "access-control-allow-origin" not in r.headers  # CORS stays off
+        health = httpx.get(f"{server.url}/health", headers={"Origin": origin}, timeout=30)
+        assert health.status_code == 403
+    assert post(server).status_code == 200  # a client that is no browser sends no Origin
+
+
+def test_host_rule_names_and_addresses():
+    assert host_name("LocalHost:8080") == "localhost" and host_name("[::1]:80") == "::1"
+    loop = HostRule.of("127.0.0.1")
+    assert all(loop.allows(h) for h in ("localhost", "127.0.0.2:80", "[::1]:8080", None))
+    assert not any(loop.allows(h) for h in ("evil.example", "10.0.0.1", "example.localhost"))
+    named = HostRule.of("127.0.0.1", ("box.lan",))
+    assert named.allows("BOX.LAN:8080") and not named.allows("other.lan")
+    everywhere = HostRule.of("0.0.0.0")
+    assert everywhere.allows("192.168.1.5:8080") and not everywhere.allows("evil.example")
+    assert HostRule.of("127.0.0.1", ("*",)).allows("anything.example")
+    assert is_json("application/json;charset=utf-8") and not is_json("text/json")
