@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 from edgespec.config import GenerationConfig
 from edgespec.errors import ContextLengthError, PromptError, check_context, one_line
 from edgespec.server import responses as R
-from edgespec.server.auth import ApiKeyMiddleware
+from edgespec.server.auth import ApiKeyMiddleware, authorized
 from edgespec.server.limits import (
     INCOMPLETE_BODY,
     Limits,
@@ -155,7 +155,10 @@ def _state(request: Request) -> ServerState:
 
 
 async def health(request: Request) -> JSONResponse:
+    """Liveness, and with the key (or without one set) the server's figures."""
     s = _state(request)
+    if not authorized(request.scope):
+        return JSONResponse({"status": "ok"})
     cache = dict(s.worker.cache_info, budget_bytes=s.budget_bytes)
     return JSONResponse(
         {

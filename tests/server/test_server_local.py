@@ -1,6 +1,7 @@
-"""`edgespec serve` as a local server on the embedded pair, against what a web page sends
-(loopback only, every loop bounded): a page's POSTs (text/plain, forms), a foreign Host (DNS
-rebinding) or Origin. Real model (the embedded pair), so slow."""
+"""`edgespec serve` as a local server on the embedded pair, against what a web page or a careless
+client sends (loopback only, every loop bounded): a page's POSTs (text/plain, forms), a foreign
+Host (DNS rebinding) or Origin; duplicate Authorization headers and /health without the key.
+Real model (the embedded pair), so slow."""
 
 from __future__ import annotations
 
@@ -93,3 +94,29 @@ def test_host_rule_names_and_addresses():
     assert everywhere.allows("192.168.1.5:8080") and not everywhere.allows("evil.example")
     assert HostRule.of("127.0.0.1", ("*",)).allows("anything.example")
     assert is_json("application/json;charset=utf-8") and not is_json("text/json")
+
+
+# ---- item 4: auth done right
+
+
+def test_two_authorization_headers_are_a_400_in_either_order(server):
+    right, wrong = ("Authorization", f"Bearer {SECRET}"), ("Authorization", "Bearer nope")
+    json_type = ("Content-Type", "application/json")
+    for pair in ((wrong, right), (right, wrong), (right, right)):
+        r = post(server, headers=[*pair, json_type])
+        assert r.status_code == 400 and r.json()["error"]["code"] == "duplicate_authorization"
+
+
+def test_a_401_names_the_bearer_scheme(server):
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic c2VzYW1l"}):
+        r = post(server, headers={**headers, "Content-Type": "application/json"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+
+
+def test_health_without_the_key_says_only_that_the_server_is_alive(server):
+    bare = httpx.get(f"{server.url}/health", timeout=30)
+    assert bare.status_code == 200 and bare.json() == {"status": "ok"}
+    full = httpx.get(f"{server.url}/health", headers=KEY, timeout=30).json()
+    assert full["status"] == "ok" and {"model", "requests", "cache"} <= set(full)
+    wrong = httpx.get(f"{server.url}/health", headers={"Authorization": "Bearer no"}, timeout=30)
+    assert wrong.status_code == 401
