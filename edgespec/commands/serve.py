@@ -343,11 +343,16 @@ def _make_app(
     from edgespec.server.app import create_app
     from edgespec.server.guard import ConnectionGuard
     from edgespec.server.local import HostRule
-    from edgespec.server.protocol import Defaults
+    from edgespec.server.protocol import Defaults, served_methods
 
     vocab = vocab_size(engine.target.model)
     defaults = Defaults(
-        _model_id(args), config, random_seed, has_draft=engine.has_draft, vocab_size=vocab
+        _model_id(args),
+        config,
+        random_seed,
+        has_draft=engine.has_draft,
+        vocab_size=vocab,
+        methods=served_methods(engine.has_draft, getattr(engine, "family", None)),
     )
     limits = _limits(args)
     guard = ConnectionGuard(limits.max_connections, limits.request_timeout_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -80,6 +81,9 @@ class ServerState:
     limits: Limits = Limits()
     bound: TextBound | None = None  # a floor on a text's token count (limits.py)
     connections: Callable[[], dict[str, int]] | None = None  # the guard's figures (guard.py)
+    # Requests refused before they reached the worker (4xx), by status: GET /health's
+    # "bad_request" adds them to the worker's own refusals.
+    refused: Counter[int] = field(default_factory=Counter)
     # Tokenization runs in a thread pool; a Hugging Face fast tokenizer may refuse concurrent
     # calls ("Already borrowed"), so requests take turns (each takes a millisecond or so).
     tokenizing: threading.Lock = field(default_factory=threading.Lock)
@@ -167,11 +171,18 @@ async def health(request: Request) -> JSONResponse:
             "busy": s.worker.busy,
             "running": s.worker.running,
             "queued": s.worker.queued,
-            "requests": dict(s.worker.counts),
+            "requests": _counts(s),
             "cache": cache,
             "connections": s.connections() if s.connections else {},
         }
     )
+
+
+def _counts(s: ServerState) -> dict[str, int]:
+    """Requests by outcome: the worker's, and the bad requests refused before they reached it."""
+    counts = dict(s.worker.counts)
+    counts["bad_request"] = counts.get("bad_request", 0) + sum(s.refused.values())
+    return counts
 
 
 async def models(request: Request) -> JSONResponse:
@@ -364,6 +375,7 @@ def _error_type(status: int) -> str:
 
 async def _request_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestError)
+    _state(request).refused[exc.status] += 1
     body = R.error_json(exc.message, exc.kind, exc.param, exc.code)
     # The body never came, was cut off, or is too large to read: the connection cannot carry
     # another request (a 413's upload would otherwise be read and discarded until the timeout).

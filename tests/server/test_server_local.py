@@ -1,6 +1,7 @@
 """`edgespec serve` as a local server on the embedded pair, against what a web page or a careless
 client sends (loopback only, every loop bounded): a page's POSTs (text/plain, forms), a foreign
-Host (DNS rebinding) or Origin; duplicate Authorization headers and /health without the key.
+Host (DNS rebinding) or Origin; duplicate Authorization headers and /health without the key;
+fields the server does not implement, loosely typed values, a method the pair cannot run.
 Real model (the embedded pair), so slow."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 
 from edgespec.server.local import HostRule, host_name, is_json
 from edgespec.server.process import ServerProcess
+from edgespec.server.protocol import QUOTE_MAX
 
 httpx = pytest.importorskip("httpx")
 
@@ -120,3 +122,56 @@ def test_health_without_the_key_says_only_that_the_server_is_alive(server):
     assert full["status"] == "ok" and {"model", "requests", "cache"} <= set(full)
     wrong = httpx.get(f"{server.url}/health", headers={"Authorization": "Bearer no"}, timeout=30)
     assert wrong.status_code == 401
+
+
+# ---- item 5: refuse what is not done
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tool_choice", "required"),
+        ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+        ("function_call", {"name": "f"}),
+        ("parallel_tool_calls", True),
+        ("n", True),
+        ("n", 2),
+        ("best_of", 3),
+        ("presence_penalty", False),
+        ("frequency_penalty", "0"),
+        ("max_tokens", True),
+        ("seed", 1.5),
+        ("temperature", "0"),
+        ("model", 12345),
+        ("model", ["smollm2-135m"]),
+    ],
+)
+def test_a_field_not_done_or_loosely_typed_is_a_400_naming_it(server, field, value):
+    status, param, _ = refusal(post(server, {**HI, field: value}))
+    assert (status, param) == (400, field)
+
+
+def test_neutral_values_of_refused_fields_are_accepted(server):
+    neutral = {"tool_choice": "none", "parallel_tool_calls": False, "n": 1, "presence_penalty": 0}
+    assert post(server, {**HI, **neutral}).status_code == 200
+
+
+def test_a_huge_value_is_quoted_back_cut_short(server):
+    status, param, message = refusal(post(server, {**HI, "model": "m" * 10_000}))
+    assert (status, param) == (404, "model")
+    assert "m" * QUOTE_MAX not in message and len(message) < 2 * QUOTE_MAX + 200
+    status, param, message = refusal(post(server, {**HI, "edgespec": {"k" * 10_000: 1}}))
+    assert status == 400 and len(param or "") <= QUOTE_MAX + 10 and len(message) < 600
+
+
+def test_a_method_the_pair_cannot_run_is_a_bad_request_not_a_failure(server):
+    def counts() -> dict:
+        return httpx.get(f"{server.url}/health", headers=KEY, timeout=30).json()["requests"]
+
+    before = counts()
+    for method in ("block", "block-tree", "mtp"):
+        status, param, message = refusal(post(server, {**HI, "edgespec": {"method": method}}))
+        assert (status, param) == (400, "edgespec.method") and "needs" in message
+    after = counts()
+    assert after["failed"] == before["failed"]
+    assert after["bad_request"] >= before.get("bad_request", 0) + 3
