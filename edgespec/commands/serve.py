@@ -299,6 +299,7 @@ def _make_app(
         limits=limits,
         connections=guard.figures,
         hosts=HostRule.of(args.host, tuple(args.allow_host)),
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     return app, guard
 

@@ -1,6 +1,6 @@
 """`edgespec serve`'s options for who may reach the server and what one request may cost:
 web origins and Host names (server/local.py), body size, time to send a request, open
-connections (server/limits.py, server/guard.py)."""
+connections (server/limits.py, server/guard.py) and prompt length."""
 
 from __future__ import annotations
 
@@ -64,10 +64,20 @@ def add_limit_args(g: Any) -> None:
         "longest idle one, or one stalled before its body ends; lowered to fit the open-file "
         "limit)",
     )
+    g.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refuse prompts longer than N tokens with a 400 before any work (default: what the "
+        "context window holds)",
+    )
 
 
 def check_limits(args: argparse.Namespace) -> None:
     """A one-line ConfigError for a limit out of range."""
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        raise ConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     if args.max_body_bytes < 1 or args.max_connections < 1 or not args.request_timeout > 0:
         raise ConfigError("--max-body-bytes, --max-connections and --request-timeout must be > 0")
 

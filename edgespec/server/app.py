@@ -73,6 +73,8 @@ class ServerState:
     # Requests refused before they reached the worker (4xx), by status: GET /health's
     # "bad_request" adds them to the worker's own refusals.
     refused: Counter[int] = field(default_factory=Counter)
+    # The longest prompt accepted (--max-prompt-tokens); None: what the context window holds.
+    max_prompt_tokens: int | None = None
     # Tokenization runs in a thread pool; a Hugging Face fast tokenizer may refuse concurrent
     # calls ("Already borrowed"), so requests take turns (each takes a millisecond or so).
     tokenizing: threading.Lock = field(default_factory=threading.Lock)
@@ -89,11 +91,13 @@ def create_app(
     limits: Limits | None = None,
     connections: Callable[[], dict[str, int]] | None = None,
     hosts: HostRule | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> Starlette:
     """The ASGI app. `worker` must be started (its engine loaded). `allow_origins`: web pages
     (origins) whose scripts may call the API (CORS); none by default: a request carrying any
     other Origin is refused (local.py). `hosts`: the Host names it answers to (default: loopback
-    names only). `connections`: figures that GET /health shows (the connection guard's)."""
+    names only). `connections`: figures that GET /health shows (the connection guard's).
+    `max_prompt_tokens`: longer prompts are refused (400) before any work."""
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -119,6 +123,7 @@ def create_app(
         limits or Limits(),
         bound,
         connections,
+        max_prompt_tokens=max_prompt_tokens,
     )
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
@@ -217,20 +222,22 @@ def clamp_max_tokens(config: GenerationConfig, prompt_tokens: int, window: int) 
 
 def _tokenize_locked(s: ServerState, parsed: ParsedRequest) -> list[int]:
     with s.tokenizing:
-        return tokenize(s.worker.engine, parsed, s.bound)
+        return tokenize(s.worker.engine, parsed, s.bound, s.max_prompt_tokens)
 
 
 def tokenize(
     engine: Any,
     parsed: ParsedRequest,
     bound: TextBound | None = None,
+    max_prompt: int | None = None,
 ) -> list[int]:
     """The request's prompt as token ids, checked against the model (no MLX is touched). With
-    `bound`, a text certain to overflow the context window is refused before tokenizing."""
+    `bound`, a text certain to overflow the context window (or to pass `max_prompt` tokens) is
+    refused before tokenizing."""
     param = "messages" if parsed.kind == "chat" else "prompt"
     try:
         if bound is not None:
-            refuse_certain_overflow(engine, parsed, bound, param)
+            refuse_certain_overflow(engine, parsed, bound, param, max_prompt)
         if parsed.messages is not None:
             ids = engine.encode_chat(list(parsed.messages))
         elif isinstance(parsed.prompt, str):
@@ -238,6 +245,13 @@ def tokenize(
         else:
             ids = list(parsed.prompt or ())
         check_context(len(ids), engine.context_window)  # before the token ids' range
+        if max_prompt is not None and len(ids) > max_prompt:
+            raise RequestError(
+                f"the prompt is {len(ids)} tokens; this server takes at most {max_prompt} "
+                "(edgespec serve --max-prompt-tokens)",
+                param=param,
+                code="context_length_exceeded",
+            )
         return engine.check_prompt(ids)  # type: ignore[no-any-return]
     except ContextLengthError as exc:
         raise RequestError(str(exc), param=param, code="context_length_exceeded") from None
