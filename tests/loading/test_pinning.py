@@ -46,21 +46,30 @@ def test_a_branch_name_is_not_a_pin():
 def test_gemma4_ids_as_published_and_their_mlx_lm_floor():
     cat = catalog.load_catalog()
     assert cat.pair("gemma4-12b").target == "mlx-community/gemma-4-12B-it-4bit"
-    for name in ("gemma4-12b", "gemma4-31b"):
-        assert cat.pair(name).min_mlx_lm == "0.31.2"  # mlx_lm.models.gemma4 (git tag v0.31.2)
+    assert "gemma4_unified" in cat.pair("gemma4-12b").model_types  # mlx-lm PR #1349
+    assert catalog.pair_floor(cat.pair("gemma4-12b").model_types, None) == (
+        "0.32.0",
+        "model_type gemma4_unified",
+    )
+    assert catalog.pair_floor(cat.pair("gemma4-31b").model_types, None)[0] == "0.31.2"
 
 
 def test_an_older_mlx_lm_is_refused_in_one_line(monkeypatch):
     cat = catalog.load_catalog()
     with pytest.raises(ConfigError) as err:
-        check_mlx_lm("gemma4-12b", cat, have="0.30.7")
-    assert str(err.value).startswith("pair 'gemma4-12b' needs mlx-lm >= 0.31.2; you have 0.30.7")
+        check_mlx_lm("gemma4-12b", cat, have="0.31.3")
+    assert str(err.value).startswith(
+        "pair 'gemma4-12b' needs mlx-lm >= 0.32.0 (model_type gemma4_unified); you have 0.31.3"
+    )
     assert "\n" not in str(err.value)
-    check_mlx_lm("gemma4-12b", cat, have="0.31.2")
+    check_mlx_lm("gemma4-12b", cat, have="0.32.0")
     check_mlx_lm("gemma4-12b", cat, have="0.32.2.dev3")
-    check_mlx_lm("smollm2-135m", cat, have="0.1")  # no floor of its own
+    check_mlx_lm("gemma4-31b", cat, have="0.31.2")
+    with pytest.raises(ConfigError, match=r"needs mlx-lm >= 0\.31\.3; you have 0\.31\.2"):
+        check_mlx_lm("gemma4-31b-assistant", cat, have="0.31.2")  # its own min_mlx_lm
+    check_mlx_lm("smollm2-135m", cat, have="0.22.0")
     monkeypatch.setattr("edgespec.loading.specs.version", lambda _: "0.31.1")
-    with pytest.raises(ConfigError, match="needs mlx-lm >= 0.31.2; you have 0.31.1"):
+    with pytest.raises(ConfigError, match="needs mlx-lm >= 0.31.2 .*; you have 0.31.1"):
         check_pair(None, None, "gemma4-31b", catalog=cat)  # what commands call before imports
 
 
