@@ -52,6 +52,7 @@ def pair_rows() -> list[dict[str, Any]]:
                 "size_bytes": st.size_bytes,
                 "revision": st.revision,
                 "pinned_by": st.pinned_by,
+                "pin": st.pin,
             }
         rows.append(row)
     return rows
@@ -68,10 +69,12 @@ def _cell(m: dict[str, Any], role: str) -> str:
 
 
 def _rev(m: dict[str, Any]) -> str:
-    """'4dcb3d101c2a (catalogue)', '… (lock)', a wheel's source, or '-'."""
-    if m["revision"]:
-        return f"{m['revision'][:12]} ({m['pinned_by']})"
-    return "-"
+    """'pinned 4dcb3d101c2a', 'locked 1a2b…', 'unpinned', 'in repository' or '-'."""
+    if m["pin"] in ("pinned", "locked") and m["revision"]:
+        return f"{m['pin']} {m['revision'][:12]}"
+    if m["pin"] == "pinned" and str(m["pinned_by"]).startswith("pypi:"):
+        return "pinned (wheel)"  # the PyPI wheel at a version whose GGUF sha256 is checked
+    return str(m["pin"])
 
 
 def _thinking(value: bool | None) -> str:
@@ -109,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     print(
         "\n* default pair. `edgespec pull NAME` fetches a model or a pair; WHERE=mac: 4-bit, fast on Metal."
-        "\nREVISION: the commit a hub model loads at (catalogue: pinned by EdgeSpec; lock: recorded"
-        " by the first download, moved only by `edgespec pull NAME --update`)."
+        "\nREVISION: the commit a hub model loads at: pinned (named by EdgeSpec's catalogue), locked"
+        " (recorded by the first download, moved only by `edgespec pull NAME --update`) or unpinned"
+        " (the first download takes the repo's default branch, then locks it)."
         "\nTHINKING: the chat template's thinking mode the pair runs by default, the one its draft"
         " was trained for (--think / --no-think change it); -: none recorded, the template's own."
     )

@@ -8,11 +8,14 @@ from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Stats
 from edgespec.server import responses as R
 from edgespec.server.protocol import (
+    QUOTE_MAX,
     Defaults,
     RequestError,
     parse_body,
     parse_chat,
     parse_completion,
+    quoted,
+    served_methods,
 )
 from edgespec.server.stops import Segment
 
@@ -247,3 +250,29 @@ def test_responses_parse_with_the_official_client_types():
         R.completion_response("cmpl-1", 1, "pair", "x", "length", USAGE)
     )
     assert comp.choices[0].text == "x" and comp.usage.total_tokens == 40
+
+
+def test_served_methods_follow_the_draft_family():
+    from types import SimpleNamespace
+
+    token = SimpleNamespace(blocks=False, own_head=False)
+    block = SimpleNamespace(blocks=True, own_head=False)
+    head = SimpleNamespace(blocks=False, own_head=True)
+    assert served_methods(False) == ("ngram", "none")
+    assert served_methods(True, token) == ("draft", "ngram", "hybrid", "none")
+    assert {"block", "block-tree"} <= set(served_methods(True, block))
+    assert "mtp" in served_methods(True, head) and "block" not in served_methods(True, head)
+    only_token = Defaults("pair", BASE, has_draft=True, methods=served_methods(True, token))
+    body = {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"method": "block"}}
+    with pytest.raises(RequestError, match="needs a block draft") as err:
+        parse_chat(body, only_token)
+    assert err.value.param == "edgespec.method"
+
+
+def test_quoted_values_are_cut_to_quote_max():
+    assert quoted("abc") == "'abc'"
+    long = quoted("x" * 10_000)
+    assert len(long) == QUOTE_MAX + 3 and long.endswith("...")
+    with pytest.raises(RequestError) as err:
+        parse_chat({"messages": [{"role": "r" * 5000, "content": "hi"}]}, DEFAULTS)
+    assert len(err.value.message) < QUOTE_MAX + 200
