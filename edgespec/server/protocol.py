@@ -18,19 +18,27 @@ template's thinking mode where it has one; other keys: refused. Fields that woul
 answer and are not implemented (penalties, logprobs, tools, tool_choice "required", parallel tool
 calls, response formats, ...) are refused rather than silently ignored, and each field's type is
 checked strictly (true is not the number 1). A value quoted back in an error is cut to QUOTE_MAX
-characters.
+characters (fields.py: RequestError and the typed readers).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NoReturn
 
 from edgespec.config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.errors import ConfigError, EdgeSpecError
+from edgespec.errors import ConfigError
+from edgespec.server.fields import (
+    QUOTE_MAX,
+    RequestError,
+    boolean,
+    integer,
+    is_int,
+    number,
+    quoted,
+)
 
 MAX_TEMPERATURE = 2.0  # the OpenAI API's range is 0..2; far above it the answer is noise
 MAX_STOPS = 16  # OpenAI allows 4; front-ends for local models often send a few more
@@ -44,38 +52,6 @@ UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tool
 # Tool-choice fields: with no tools, "none" and "auto" ask for nothing; anything else would.
 NO_TOOL_CHOICE = (None, "none", "auto")
 DRAFT_METHODS = ("draft", "hybrid", "mtp", "block", "block-tree")  # they run a draft model
-QUOTE_MAX = 200  # characters of a request's value quoted back in an error message
-
-
-def quoted(value: Any) -> str:
-    """repr(value), cut to QUOTE_MAX characters: an error never echoes a huge value back.
-
-    quoted("x" * 1000) -> "'xxx...x'..." (200 characters of the repr, then "...")
-    """
-    text = repr(value)
-    return text if len(text) <= QUOTE_MAX else text[:QUOTE_MAX] + "..."
-
-
-class RequestError(EdgeSpecError):
-    """A request the server refuses: HTTP status, one-line message, the offending field."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ):
-        super().__init__(message)
-        self.message, self.status, self.param, self.code, self.kind = (
-            message,
-            status,
-            param,
-            code,
-            kind,
-        )
 
 
 @dataclass(frozen=True)
@@ -155,7 +131,7 @@ def parse_completion(body: dict[str, Any], defaults: Defaults) -> ParsedRequest:
     prompt, ext = _prompt(body.get("prompt")), body.get("edgespec")
     if body.get("chat_template_kwargs") is not None:
         _refuse("chat_template_kwargs", "is for /v1/chat/completions (a prompt has no template)")
-    special = isinstance(ext, dict) and _bool(ext, "parse_special", False, "edgespec.")
+    special = isinstance(ext, dict) and boolean(ext, "parse_special", False, "edgespec.")
     if isinstance(ext, dict):  # the rest of `edgespec` is the speculation's
         body = dict(body, edgespec={k: v for k, v in ext.items() if k != "parse_special"})
     common = _common(body, defaults)
@@ -179,17 +155,17 @@ def _thinking(body: dict[str, Any]) -> bool | None:
             _refuse(name, f"is not supported (only {', '.join(TEMPLATE_KWARGS)})")
     if kwargs.get("enable_thinking") is None:
         return None
-    return _bool(kwargs, "enable_thinking", False, "chat_template_kwargs.")
+    return boolean(kwargs, "enable_thinking", False, "chat_template_kwargs.")
 
 
 def _common(body: dict[str, Any], defaults: Defaults) -> dict[str, Any]:
     model = _model(body.get("model"), defaults.model_id)
     _refuse_unsupported(body)
-    stream = _bool(body, "stream", False)
+    stream = boolean(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise RequestError("stream_options must be an object", param="stream_options")
-    include_usage = bool(options and _bool(options, "include_usage", False, "stream_options."))
+    include_usage = bool(options and boolean(options, "include_usage", False, "stream_options."))
     config = GenerationConfig(
         sampling=_sampling(body, defaults),
         spec=_spec(body.get("edgespec"), defaults),
@@ -267,7 +243,7 @@ def _prompt(value: Any) -> str | tuple[int, ...]:
         value = value[0]  # one prompt in a list ([text] or [[ids]])
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(_is_int(t) for t in value):
+    if isinstance(value, list) and value and all(is_int(t) for t in value):
         return tuple(int(t) for t in value)
     raise RequestError(
         "prompt must be a string or a list of token ids (one prompt per request)", param="prompt"
@@ -277,10 +253,10 @@ def _prompt(value: Any) -> str | tuple[int, ...]:
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """Fields that would change the answer but are not implemented: refuse, never ignore."""
     for name in ("n", "best_of"):
-        if _integer(body, name, 1) != 1:
+        if integer(body, name, 1) != 1:
             raise RequestError(f"only {name}=1 (one answer per request) is supported", param=name)
     for name, neutral in NEUTRAL.items():
-        if _number(body, name, neutral) != neutral:
+        if number(body, name, neutral) != neutral:
             raise RequestError(f"{name} is not supported (leave it out or {neutral})", param=name)
     for name in ("tool_choice", "function_call"):
         if body.get(name) not in NO_TOOL_CHOICE:
@@ -289,7 +265,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
                 "(leave it out, 'none' or 'auto')",
                 param=name,
             )
-    if _bool(body, "parallel_tool_calls", False):
+    if boolean(body, "parallel_tool_calls", False):
         raise RequestError(
             "parallel_tool_calls is not supported: this server calls no tools",
             param="parallel_tool_calls",
@@ -307,11 +283,11 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 def _sampling(body: dict[str, Any], defaults: Defaults) -> SamplingConfig:
     base = defaults.config.sampling
     values = {
-        "temperature": _number(body, "temperature", base.temperature),
-        "top_p": _number(body, "top_p", base.top_p),
-        "top_k": _integer(body, "top_k", base.top_k),
-        "min_p": _number(body, "min_p", base.min_p),
-        "seed": _integer(body, "seed", None),
+        "temperature": number(body, "temperature", base.temperature),
+        "top_p": number(body, "top_p", base.top_p),
+        "top_k": integer(body, "top_k", base.top_k),
+        "min_p": number(body, "min_p", base.min_p),
+        "seed": integer(body, "seed", None),
     }
     if values["top_k"] == -1:
         values["top_k"] = 0  # -1 means "off" in vLLM and llama.cpp
@@ -357,7 +333,7 @@ def _spec(ext: Any, defaults: Defaults) -> SpecConfig:
             f"edgespec: unknown field {quoted(unknown[0])} (known: {', '.join(SPEC_FIELDS)})",
             param=f"edgespec.{unknown[0][:QUOTE_MAX]}",
         )
-    k = _integer(ext, "k", base.k, "edgespec.")
+    k = integer(ext, "k", base.k, "edgespec.")
     method = ext.get("method", base.method)
     if method not in METHODS:
         raise RequestError(
@@ -370,9 +346,9 @@ def _spec(ext: Any, defaults: Defaults) -> SpecConfig:
             f"runs {', '.join(defaults.runs())}",
             param="edgespec.method",
         )
-    _bool(ext, "parse_special", False, "edgespec.")
-    adaptive = _bool(ext, "adaptive", base.adaptive, "edgespec.")
-    k_max = _integer(ext, "k_max", base.k_max, "edgespec.")
+    boolean(ext, "parse_special", False, "edgespec.")
+    adaptive = boolean(ext, "adaptive", base.adaptive, "edgespec.")
+    k_max = integer(ext, "k_max", base.k_max, "edgespec.")
     try:
         return replace(base, k=k, method=method, adaptive=adaptive, k_max=k_max)
     except ConfigError as exc:
@@ -392,7 +368,7 @@ def _max_tokens(body: dict[str, Any], default: int) -> int:
     name = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    value = _integer(body, name, default)
+    value = integer(body, name, default)
     if value < 1:
         raise RequestError(f"{name} must be >= 1, got {value}", param=name)
     return value
@@ -407,43 +383,6 @@ def _stop(value: Any) -> tuple[str, ...]:
     if len(stops) > MAX_STOPS:
         raise RequestError(f"stop: at most {MAX_STOPS} strings, got {len(stops)}", param="stop")
     return tuple(stops)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _integer(body: dict[str, Any], name: str, default: Any, prefix: str = "") -> Any:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not _is_int(value):
-        raise RequestError(
-            f"{prefix}{name} must be an integer, got {quoted(value)}", param=prefix + name
-        )
-    return value
-
-
-def _number(body: dict[str, Any], name: str, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{name} must be a finite number, got {quoted(value)}", param=name)
-    return float(value)
-
-
-def _bool(body: dict[str, Any], name: str, default: bool, prefix: str = "") -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(
-            f"{prefix}{name} must be true or false, got {quoted(value)}", param=prefix + name
-        )
-    return value
 
 
 def _param_of(message: str) -> str | None:
