@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import edgespec.prompting as prompting
 from edgespec.cache import Forward, KVState, check_kv_bits, vocab_size
 from edgespec.config import GenerationConfig
 from edgespec.cpu.backend import CpuBackend
@@ -30,6 +31,7 @@ from edgespec.errors import PromptError, check_context
 from edgespec.events import Event, Finished, Prefill, Round, Token, generation_stats
 from edgespec.families import family_of
 from edgespec.loading.load import load_pair
+from edgespec.loading.specs import load_catalog, pair_thinking
 from edgespec.rounds import Limits, Policy, Step, cancelled
 from edgespec.strategy import RoundFactory
 
@@ -76,6 +78,10 @@ class Engine:
         self.group: Group | None = None
         self.agreement: Agreement | None = None
         self.calibration: Calibration | None = None  # set by warm_up: seeds adaptive K
+        # The chat template's thinking mode encode_chat uses when not told (enable_thinking):
+        # the catalogue pair's default (Engine.load: the mode its draft was trained for), or a
+        # caller's choice (--think / --no-think); None = the template's own default.
+        self.thinking: bool | None = None
 
     @functools.cached_property
     def kernels(self) -> Kernels:
@@ -105,9 +111,12 @@ class Engine:
         group: this process's group (edgespec.distributed.group.init_group); more than one rank
         splits the target `shard` ("tensor" / "pipeline") parallel, and every rank must load and
         generate alike. kv_bits: quantized KV caches of 8 or 4 bits (None: full precision; see
-        `Engine`); any other value is a ConfigError before anything loads. Raises ModelNotFoundError / ModelLoadError / TokenizerMismatchError /
-        CacheNotTrimmableError with one-line messages."""
+        `Engine`); any other value is a ConfigError before anything loads. A named pair's
+        catalogue "thinking" becomes `thinking`, encode_chat's default. Raises
+        ModelNotFoundError / ModelLoadError / TokenizerMismatchError / CacheNotTrimmableError
+        with one-line messages."""
         check_kv_bits(kv_bits)  # before anything loads
+        catalog = load_catalog()
         t, d = load_pair(
             target,
             draft,
@@ -118,8 +127,10 @@ class Engine:
             dtype=dtype,
             group=group,
             shard=shard,
+            catalog=catalog,
         )
         engine = cls(t, d, kv_bits)
+        engine.thinking = pair_thinking(target, pair, catalog)
         if group is not None:
             from edgespec.distributed.group import agreement_for
 
@@ -128,20 +139,45 @@ class Engine:
 
     # ------------------------------------------------------------------ prompts
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a conversation through the chat template, ready for the assistant's turn."""
+    def encode_chat(
+        self, messages: list[dict[str, str]], *, think: bool | None = None
+    ) -> list[int]:
+        """Token ids of a conversation through the chat template, ready for the assistant's turn.
+        The messages' text is text: a special-token string in it (e.g. '<|im_end|>') is
+        tokenized as characters, never as the control token (edgespec/prompting.py); only the
+        template's own markers are control tokens. `think`: the template's thinking mode
+        (enable_thinking), None = `self.thinking` (the pair's default); passed only to a
+        template that has one (`thinking_mode`)."""
         if not any(str(m.get("content", "")).strip() for m in messages):
             raise PromptError("the prompt is empty")
         if not getattr(self.tokenizer, "has_chat_template", False):
             return self.encode_raw("\n".join(m["content"] for m in messages))
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return [int(i) for i in ids]
+        think = self.thinking if think is None else think
+        kwargs = {} if think is None or self.thinking_mode() is None else {"enable_thinking": think}
+        return prompting.encode_chat(self.tokenizer, messages, **kwargs)
 
-    def encode_raw(self, text: str) -> list[int]:
-        """Token ids of `text` as is (the tokenizer's BOS, if it has one, is added)."""
+    def encode_raw(self, text: str, *, parse_special: bool = False) -> list[int]:
+        """Token ids of `text` as is, no template (the tokenizer's BOS, if it has one, is added).
+        Special-token strings in it are text unless `parse_special`: then '<|im_end|>' is the
+        control token, for a caller that writes a template's markers itself."""
         if not text.strip():
             raise PromptError("the prompt is empty")
-        return [int(i) for i in self.tokenizer.encode(text)]
+        return prompting.encode_text(self.tokenizer, text, parse_special=parse_special)
+
+    def thinking_mode(self, think: bool | None = None) -> bool | None:
+        """The thinking mode `encode_chat(think=think)` renders: None where the chat template
+        has no thinking mode (the switch changes nothing there), else True (thinking) or False.
+
+        For SmolLM2's template: None. For Qwen3's: the pair's default, or the template's (on)."""
+        template = self._template_thinking
+        if template is None:
+            return None
+        chosen = self.thinking if think is None else think
+        return template if chosen is None else chosen
+
+    @functools.cached_property
+    def _template_thinking(self) -> bool | None:
+        return prompting.thinking_default(self.tokenizer)
 
     def _check_prompt(self, prompt_ids: Iterable[int]) -> list[int]:
         """The prompt as a list of ints, or PromptError: empty, not token ids of the target's
@@ -171,9 +207,12 @@ class Engine:
         config: GenerationConfig,
         cancel: threading.Event | None = None,
         on_prefill: Callable[[Prefill], object] | None = None,
+        *,
+        think: bool | None = None,
     ) -> Iterator[Event]:
-        """generate(encode_chat(messages), config, cancel, on_prefill=on_prefill)."""
-        return self.generate(self.encode_chat(messages), config, cancel, on_prefill=on_prefill)
+        """generate(encode_chat(messages, think=think), config, cancel, on_prefill=on_prefill)."""
+        ids = self.encode_chat(messages, think=think)
+        return self.generate(ids, config, cancel, on_prefill=on_prefill)
 
     def generate(
         self,

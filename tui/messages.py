@@ -23,11 +23,13 @@ class LoadProgress(Message):
 
 @dataclass
 class EngineReady(Message):
-    """The engine loaded. `name` is the pair's display name."""
+    """The engine loaded. `name` is the pair's display name; `thinking` the chat template's
+    thinking mode a turn gets when not told (None: the template has no thinking mode)."""
 
     name: str
     has_draft: bool
     context_window: int
+    thinking: bool | None = None
 
 
 @dataclass

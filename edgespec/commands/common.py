@@ -219,3 +219,30 @@ def fixed_k_for_group(
         f"the target is split over {group.size} ranks, so K stays {spec.k} (--k): adaptive K "
         "would choose from each rank's own timings, which differ"
     )
+
+
+def add_think_arg(parser: argparse._ActionsContainer) -> None:
+    """--think / --no-think: the chat template's thinking mode (absent: the pair's default)."""
+    parser.add_argument(
+        "--think",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the chat template's thinking mode (enable_thinking: Qwen3, Qwen3.5, ...); "
+        "--no-think answers without a reasoning part (default: the pair's, the mode its draft "
+        "was trained for, see `edgespec models`; else the template's own)",
+    )
+
+
+def apply_think(engine: Any, think: bool | None, *, raw: bool = False) -> str | None:
+    """Set `engine.thinking` from --think / --no-think. Returns a note for the user where the
+    switch, asked for, changes nothing: the template has no thinking mode, or --raw (no template).
+    Not asked for (None): the pair's default stays, and no note."""
+    if think is None:
+        return None
+    flag = "--think" if think else "--no-think"
+    if raw:
+        return f"{flag} changes nothing with --raw (no chat template is applied)"
+    if engine.thinking_mode() is None:
+        return f"the chat template of {engine.name} has no thinking mode; {flag} changes nothing"
+    engine.thinking = think
+    return None

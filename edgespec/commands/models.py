@@ -41,6 +41,7 @@ def pair_rows() -> list[dict[str, Any]]:
             "default": pair.name == cat.default_pair,
             "platform": pair.platform,
             "description": pair.description,
+            "thinking": pair.thinking,
         }
         for role in ("target", "draft"):
             st = model_status(getattr(pair, role), cat)
@@ -76,20 +77,35 @@ def _rev(m: dict[str, Any]) -> str:
     return str(m["pin"])
 
 
+def _thinking(value: bool | None) -> str:
+    """The THINKING cell: the pair's default thinking mode, '-' where none is recorded."""
+    return "-" if value is None else ("on" if value else "off")
+
+
 def run(args: argparse.Namespace) -> int:
     rows = pair_rows()
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
         return 0
-    header = ("PAIR", "TARGET", "CACHED", "REVISION", "DRAFT", "CACHED", "REVISION", "WHERE")
+    header = (
+        "PAIR",
+        "TARGET",
+        "CACHED",
+        "REVISION",
+        "DRAFT",
+        "CACHED",
+        "REVISION",
+        "THINKING",
+        "WHERE",
+    )
     table = [header]
     for r in rows:
         name = r["pair"] + (" *" if r["default"] else "")
         t, d = r["target"], r["draft"]
         table.append(
             (name, t["model"], _cell(t, "target"), _rev(t))
-            + (d["model"], _cell(d, "draft"), _rev(d), r["platform"])
+            + (d["model"], _cell(d, "draft"), _rev(d), _thinking(r["thinking"]), r["platform"])
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
@@ -99,5 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "\nREVISION: the commit a hub model loads at: pinned (named by EdgeSpec's catalogue), locked"
         " (recorded by the first download, moved only by `edgespec pull NAME --update`) or unpinned"
         " (the first download takes the repo's default branch, then locks it)."
+        "\nTHINKING: the chat template's thinking mode the pair runs by default, the one its draft"
+        " was trained for (--think / --no-think change it); -: none recorded, the template's own."
     )
     return 0

@@ -88,7 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ORIGIN",
         help="let scripts on this web origin call the API (CORS), e.g. http://localhost:3000; "
-        "repeat for several, '*' for any",
+        "repeat for several, '*' for any (default none: a request from a web page is refused)",
+    )
+    g.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="answer requests whose Host is NAME too (besides localhost, loopback addresses and "
+        "--host), e.g. a name this machine has on your network; repeat for several, '*' for any "
+        "(others get 421: a web page reaching the server by DNS rebinding)",
     )
     add_limit_args(g)
     g.add_argument(
@@ -333,11 +342,17 @@ def _make_app(
     from edgespec.cache import vocab_size
     from edgespec.server.app import create_app
     from edgespec.server.guard import ConnectionGuard
-    from edgespec.server.protocol import Defaults
+    from edgespec.server.local import HostRule
+    from edgespec.server.protocol import Defaults, served_methods
 
     vocab = vocab_size(engine.target.model)
     defaults = Defaults(
-        _model_id(args), config, random_seed, has_draft=engine.has_draft, vocab_size=vocab
+        _model_id(args),
+        config,
+        random_seed,
+        has_draft=engine.has_draft,
+        vocab_size=vocab,
+        methods=served_methods(engine.has_draft, getattr(engine, "family", None)),
     )
     limits = _limits(args)
     guard = ConnectionGuard(limits.max_connections, limits.request_timeout_s)
@@ -350,6 +365,7 @@ def _make_app(
         allow_origins=tuple(args.allow_origin),
         limits=limits,
         connections=guard.figures,
+        hosts=HostRule.of(args.host, tuple(args.allow_host)),
     )
     return app, guard
 

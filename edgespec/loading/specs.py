@@ -124,6 +124,9 @@ class Pair:
     vocab: PairVocab | None = None
     min_mlx_lm: str | None = None  # a floor beyond its model types' (loading/floors.py)
     model_types: tuple[str, ...] = ()  # the mlx-lm model types it loads (target, token draft)
+    # The chat template's thinking mode (enable_thinking) the pair runs by default: the mode its
+    # draft was trained for. None: not recorded (the template's own default, or no such mode).
+    thinking: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,21 @@ def _model_entry(name: str, raw: dict[str, Any], root: Path) -> ModelEntry:
     )
 
 
+def _thinking(pair: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"catalogue pair {pair!r}: thinking must be true or false")
+    return value
+
+
+def pair_thinking(target: str | None, pair: str | None, cat: Catalog) -> bool | None:
+    """The thinking mode a load of (target, pair) runs by default: the named pair's (the
+    default pair when both are None; a pair name given as the target counts), None for a
+    target named directly."""
+    if pair is None and target in cat.pairs and target not in cat.models:
+        pair, target = target, None
+    return cat.pair(pair).thinking if (pair is not None or target is None) else None
+
+
 def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
     """Build a Catalog from the JSON object; every pair must name a known default."""
     models = {n: _model_entry(n, m, root) for n, m in raw.get("models", {}).items()}
@@ -194,6 +212,7 @@ def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
             vocab=PairVocab(**p["vocab"]) if "vocab" in p else None,
             min_mlx_lm=p.get("min_mlx_lm"),
             model_types=_model_types(n, p.get("model_types", [])),
+            thinking=_thinking(n, p.get("thinking")),
         )
         for n, p in raw.get("pairs", {}).items()
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from edgespec.config import GenerationConfig
 from edgespec.errors import ContextLengthError, PromptError, check_context, one_line
 from edgespec.server import responses as R
-from edgespec.server.auth import ApiKeyMiddleware
+from edgespec.server.auth import ApiKeyMiddleware, authorized
 from edgespec.server.limits import (
     INCOMPLETE_BODY,
     Limits,
@@ -40,6 +41,7 @@ from edgespec.server.limits import (
     read_body,
     refuse_certain_overflow,
 )
+from edgespec.server.local import HostRule, LocalOnly, is_json
 from edgespec.server.protocol import (
     Defaults,
     ParsedRequest,
@@ -79,6 +81,9 @@ class ServerState:
     limits: Limits = Limits()
     bound: TextBound | None = None  # a floor on a text's token count (limits.py)
     connections: Callable[[], dict[str, int]] | None = None  # the guard's figures (guard.py)
+    # Requests refused before they reached the worker (4xx), by status: GET /health's
+    # "bad_request" adds them to the worker's own refusals.
+    refused: Counter[int] = field(default_factory=Counter)
     # Tokenization runs in a thread pool; a Hugging Face fast tokenizer may refuse concurrent
     # calls ("Already borrowed"), so requests take turns (each takes a millisecond or so).
     tokenizing: threading.Lock = field(default_factory=threading.Lock)
@@ -109,10 +114,12 @@ def create_app(
     allow_origins: tuple[str, ...] = (),
     limits: Limits | None = None,
     connections: Callable[[], dict[str, int]] | None = None,
+    hosts: HostRule | None = None,
 ) -> Starlette:
     """The ASGI app. `worker` must be started (its engine loaded). `allow_origins`: web pages
-    (origins) whose scripts may call the API (CORS); none by default. `connections`: figures
-    that GET /health shows (the connection guard's)."""
+    (origins) whose scripts may call the API (CORS); none by default: a request carrying any
+    other Origin is refused (local.py). `hosts`: the Host names it answers to (default: loopback
+    names only). `connections`: figures that GET /health shows (the connection guard's)."""
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -141,6 +148,9 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    # Added last, so outermost: a request for another Host or from a page not allowed is
+    # refused before CORS, the key or any route sees it.
+    app.add_middleware(LocalOnly, hosts=hosts or HostRule.of("127.0.0.1"), origins=allow_origins)
     return app
 
 
@@ -149,7 +159,10 @@ def _state(request: Request) -> ServerState:
 
 
 async def health(request: Request) -> JSONResponse:
+    """Liveness, and with the key (or without one set) the server's figures."""
     s = _state(request)
+    if not authorized(request.scope):
+        return JSONResponse({"status": "ok"})
     cache = dict(s.worker.cache_info, budget_bytes=s.budget_bytes)
     return JSONResponse(
         {
@@ -158,11 +171,18 @@ async def health(request: Request) -> JSONResponse:
             "busy": s.worker.busy,
             "running": s.worker.running,
             "queued": s.worker.queued,
-            "requests": dict(s.worker.counts),
+            "requests": _counts(s),
             "cache": cache,
             "connections": s.connections() if s.connections else {},
         }
     )
+
+
+def _counts(s: ServerState) -> dict[str, int]:
+    """Requests by outcome: the worker's, and the bad requests refused before they reached it."""
+    counts = dict(s.worker.counts)
+    counts["bad_request"] = counts.get("bad_request", 0) + sum(s.refused.values())
+    return counts
 
 
 async def models(request: Request) -> JSONResponse:
@@ -180,6 +200,12 @@ async def completions(request: Request) -> Response:
 
 async def _complete(request: Request, kind: str) -> Response:
     s = _state(request)
+    if not is_json(request.headers.get("content-type")):
+        raise RequestError(
+            "send the request as JSON, with 'Content-Type: application/json'",
+            status=415,
+            code="unsupported_media_type",
+        )
     body = parse_body(await read_body(request, s.limits))
     parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
     ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
@@ -236,9 +262,9 @@ def tokenize(engine: Any, parsed: ParsedRequest, bound: TextBound | None = None)
         if bound is not None:
             refuse_certain_overflow(engine, parsed, bound, param)
         if parsed.messages is not None:
-            ids = engine.encode_chat(list(parsed.messages))
+            ids = engine.encode_chat(list(parsed.messages), think=parsed.think)
         elif isinstance(parsed.prompt, str):
-            ids = engine.encode_raw(parsed.prompt)
+            ids = engine.encode_raw(parsed.prompt, parse_special=parsed.parse_special)
         else:
             ids = list(parsed.prompt or ())
         check_context(len(ids), engine.context_window)  # before the token ids' range
@@ -349,6 +375,7 @@ def _error_type(status: int) -> str:
 
 async def _request_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestError)
+    _state(request).refused[exc.status] += 1
     body = R.error_json(exc.message, exc.kind, exc.param, exc.code)
     # The body never came, was cut off, or is too large to read: the connection cannot carry
     # another request (a 413's upload would otherwise be read and discarded until the timeout).
