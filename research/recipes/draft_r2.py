@@ -375,7 +375,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edgespec.cpu.blas import reexec_with_blas
+    from edgespec.blas import reexec_with_blas
 
     argv = sys.argv[1:] if argv is None else argv
     reexec_with_blas(argv, module="research.recipes.draft_r2")

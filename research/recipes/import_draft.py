@@ -4,7 +4,7 @@
         --reports run1/report.json run2/report.json run3/report.json --column 0 \
         --gpu-data OUT/data-00.npz --out models/smollm2-135m-draft --command "..."
 
-Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/cpu/blas.py):
+Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/blas.py):
 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python research/recipes/...
 
 Loads the fp16 trunk + head (mlx-lm names) into edgespec.architectures.token_draft with the target's own
