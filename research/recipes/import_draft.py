@@ -29,7 +29,6 @@ from edgespec.distill.build import draft_config
 from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
 from edgespec.distill.shards import (
     Meta,
-    iter_sequences,
     next_index,
     read_shard,
     recount,
@@ -38,6 +37,7 @@ from edgespec.distill.shards import (
 from edgespec.distill.target import load_target, teacher_topk
 from edgespec.distill.train import agreement, head_index, split_data
 from edgespec.loading.folder import dequantize_model
+from research.distill.tokens import iter_sequences
 
 
 def curve_rows(reports: list[dict], column: int) -> list[dict[str, float]]:

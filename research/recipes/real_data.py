@@ -151,7 +151,7 @@ def write_manifest(pool_path: Path, data_dir: Path, dest: Path) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from edgespec.distill.shards import export_tokens
+    from research.distill.tokens import export_tokens
 
     meta = export_tokens(Path(a.data), Path(a.dest))
     print(f"{meta.n_sequences} answers, {meta.n_completion_tokens} completion tokens -> {a.dest}")
