@@ -78,13 +78,9 @@ class WindowKVCache(_BaseCache):
     def of(cls, full: Any, window: int, depth: int = DEPTH, sinks: int = 0) -> WindowKVCache:
         """A window cache (marked `bounded`: a draft's attention bound made it) holding what a
         full KVCache `full` holds that its queries from now on may see: the sinks and the last
-        window - 1 + depth positions (all of them while that reaches back to the sinks). Marks
-        on `full` (the CPU backend's grouped path) carry over."""
+        window - 1 + depth positions (all of them while that reaches back to the sinks)."""
         out = cls(window, depth, sinks)
         out.bounded = True
-        for name, value in vars(full).items():
-            if name.startswith("_edgespec"):
-                setattr(out, name, value)
         n = int(full.offset)
         out.offset = n
         if n == 0 or full.keys is None:

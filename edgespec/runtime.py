@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import edgespec.prompting as prompting
+from edgespec.backend import Backend
 from edgespec.cache import Forward, KVState, check_kv_bits, vocab_size
 from edgespec.config import GenerationConfig
-from edgespec.cpu.backend import CpuBackend
+from edgespec.device import for_device
 from edgespec.drafting.base import Drafter
 from edgespec.errors import PromptError, check_context
 from edgespec.events import Event, Finished, Prefill, Round, Token, generation_stats
@@ -60,17 +61,16 @@ class Engine:
         self.context_window = int(target.context_window)
         if draft is not None:
             self.context_window = min(self.context_window, int(draft.context_window))
-        # The CPU backend (edgespec/cpu/backend.py; nothing on a GPU): the states run twins of
-        # the models with its optimised layers (target.model / draft.model stay mlx-lm's), on
-        # marked caches; draft steps in pairs; the sampling softmax.
-        self.cpu = CpuBackend()
-        self._pairs = self.cpu.draft_pairs
+        # The device's backend (edgespec/backend.py): on the CPU the states run twins of the
+        # models with its optimised layers (target.model / draft.model stay mlx-lm's), its
+        # caches, draft steps and sampling softmax; on a GPU the models and MLX's own.
+        self.backend: Backend = for_device()
         self._draft: Any  # the family's draft state, or None
         self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
         # Each request's drafter, policy and rounds (the tree forward's pieces: `kernels`).
         self.factory = RoundFactory(
-            self._vocab, self.name, self.family, self._pairs, lambda: self.kernels
+            self._vocab, self.name, self.family, self.backend.draft_steps, lambda: self.kernels
         )
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
@@ -86,10 +86,8 @@ class Engine:
     @functools.cached_property
     def kernels(self) -> Kernels:
         """The draft-tree forward's pieces (and the server's packed forward's, edgespec/packed.py):
-        the CPU's grouped attention and compiled blocks. Made when first asked for."""
-        from edgespec.trees.forward import Kernels
-
-        return Kernels(self.cpu.masked_attention, self.cpu.block_parts)
+        the backend's attention and compiled blocks. Made when first asked for."""
+        return self.backend.kernels()
 
     @classmethod
     def load(
@@ -349,7 +347,7 @@ class Engine:
         one more conversation kept aside (edgespec.server.prefix); `swap_states` installs them.
         `run`: who runs the target's and a token draft's forwards (cache.Forward: a server's
         batch packs them; None: each state its own)."""
-        return self.family.new_states(self.cpu, self.target, self.draft, self.kv_bits, run)
+        return self.family.new_states(self.backend, self.target, self.draft, self.kv_bits, run)
 
     def swap_states(self, target: KVState, draft: Any) -> tuple[KVState, Any]:
         """Hold these caches (from `new_states`, or returned by an earlier swap) from now on and

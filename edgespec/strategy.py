@@ -27,6 +27,7 @@ from edgespec.rounds import Chains, Limits, Policy, Rounds, Step
 
 if TYPE_CHECKING:
     from edgespec.calibration import Calibration
+    from edgespec.drafting.token import DraftSteps
     from edgespec.trees.forward import Kernels
 
 
@@ -93,13 +94,13 @@ class Strategy:
 @dataclass(frozen=True)
 class RoundFactory:
     """What the factory knows of the loaded pair: the target's vocabulary, the pair's name (for
-    errors), the draft's family, draft steps in pairs (edgespec.cpu.draft_pairs), and the
+    errors), the draft's family, the backend's token-draft steps (drafting/token.py DraftSteps), and the
     backend's tree-forward pieces (`kernels()`, asked for when a tree is first built)."""
 
     vocab: int
     name: str
     family: Family = NO_DRAFT
-    pairs: bool = False
+    draft_steps: DraftSteps | None = None
     kernels: Callable[[], Kernels] | None = None
 
     def build(
@@ -127,7 +128,7 @@ class RoundFactory:
             return self._trees(spec, sampling, target, draft, k_policy, own)
         if drafter is None:
             drafter = chain_drafter(
-                spec, sampling, family, draft, self.vocab, self.name, self.pairs
+                spec, sampling, family, draft, self.vocab, self.name, self.draft_steps
             )
         policy = k_policy or self.k_policy(spec, drafter, calibration)
         reads = family.reads_features and Capabilities.of(drafter).features is not None
@@ -141,7 +142,7 @@ class RoundFactory:
 
         kernels = self.kernels() if self.kernels is not None else PLAIN
         tree = tree_drafter(
-            spec, sampling, self.family, draft, self.vocab, self.name, kernels, self.pairs
+            spec, sampling, self.family, draft, self.vocab, self.name, kernels, self.draft_steps
         )
         shapes: ShapePolicy = k_policy or make_shape_policy(spec)  # type: ignore[assignment]
         rounds: Rounds = Trees(target, tree, sampling, shapes, kernels)

@@ -42,7 +42,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma4_text
-from mlx_lm.models.base import create_causal_mask
 
 from edgespec.architectures import ASSISTANTS
 from edgespec.cache import TOP, text_model
@@ -206,14 +205,6 @@ class Gemma4Assistant(nn.Module):
         x = mx.concatenate([self.embed(token.reshape(1, 1)).astype(hidden.dtype), hidden], -1)
         y, nxt = self(x, kv, position)
         return self.logits(y)[0, 0], nxt
-
-    def training_masks(self, length: int) -> dict[str, Any]:
-        """Masks for `length` queries at positions 0.. over as many keys, each query seeing what
-        a draft step at its position sees: all keys up to it (full), the last window (sliding)."""
-        return {
-            "full_attention": "causal",
-            "sliding_attention": create_causal_mask(length, 0, window_size=self.window),
-        }
 
 
 def check_target(model: Gemma4Assistant, target: nn.Module, where: Any) -> None:

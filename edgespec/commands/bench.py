@@ -350,7 +350,7 @@ def _run(
         _warm_up(engine, plan, next(iter(encoded.values())), bool(context), args.quiet)
     lengths = tuple(sorted({1, *(k + 1 for k in plan.ks)}))
     # the target as the Engine runs it (its CPU backend's twin); every rank, in step
-    latency = probe(engine.cpu.model(engine.target.model), group, args.shard, lengths)
+    latency = probe(engine.backend.model(engine.target.model), group, args.shard, lengths)
     if context:
         runs = iter_context_bench(engine, long, plan)
         total = plan.total_runs(len(long))
@@ -362,7 +362,7 @@ def _run(
         return 0 if complete else 130
     settings = _settings(args, plan, len(encoded), context, long)
     settings["thinking"] = engine.thinking_mode()  # None: the template has no thinking mode
-    env = environment() | {"distributed": latency.to_json()}  # group size 1 when not launched
+    env = environment(engine) | {"distributed": latency.to_json()}  # group size 1 when not launched
     result = BenchResult(
         records, notes, skipped, settings, pair_info(engine), env, complete, refused
     )

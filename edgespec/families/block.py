@@ -19,6 +19,7 @@ from edgespec.errors import ConfigError
 from edgespec.families.feature import FeatureFamily
 
 if TYPE_CHECKING:
+    from edgespec.drafting.token import DraftSteps
     from edgespec.trees.forward import Kernels
     from edgespec.trees.proposal import TreeDrafter
 
@@ -31,18 +32,18 @@ class BlockFamily(FeatureFamily):
     name = "block"
     blocks = True
 
-    def _draft_state(self, cpu: Any, draft: Any, verifier: KVState) -> BlockState:
-        return BlockState(draft.model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
+    def _draft_state(self, backend: Any, draft: Any, verifier: KVState) -> BlockState:
+        return BlockState(draft.model, f"draft {draft.name}", backend.new_cache, backend.softmax)
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, pairs: bool = False,
+        name: str, steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
         return BlockDrafter(state, sampling, vocab)
 
     def tree_drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, kernels: Kernels, pairs: bool = False,
+        name: str, kernels: Kernels, steps: DraftSteps | None = None,
     ) -> TreeDrafter:  # fmt: skip
         from edgespec.trees.block import BlockTreeDrafter
 
@@ -67,7 +68,7 @@ class DFlash2Family(BlockFamily):
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, pairs: bool = False,
+        name: str, steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
         return DFlash2Drafter(state, sampling, vocab)
 

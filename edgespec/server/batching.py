@@ -35,7 +35,6 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass, replace
 
-from edgespec.cpu import on_cpu
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.families import family_of
@@ -78,9 +77,10 @@ class Batch:
         self.running: list[Running] = []
         self.packer = packer
         # Whether the batch drafts, measured (server/mode.py), for each generation's adaptive K
-        # (Engine.generate's gate) where several may run. Plain first on the CPU: there several
-        # requests' plain steps fill a forward's cheap rows.
-        self.mode = BatchMode(prefer_plain=on_cpu())
+        # (Engine.generate's gate) where several may run. Plain first where the backend says
+        # (the CPU: several requests' plain steps fill a forward's cheap rows).
+        plain_first = getattr(getattr(engine, "backend", None), "batches_plain_first", False)
+        self.mode = BatchMode(prefer_plain=plain_first)
         self.gate = self.mode.gate if max_batch > 1 else None
 
     def __len__(self) -> int:

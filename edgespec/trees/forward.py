@@ -9,8 +9,8 @@ them), with
   offset), once per forward for a plain RoPE (`Rotary`);
 - an explicit boolean mask [L, S] (edgespec/trees/shapes.py `tree_mask`), in the attention the chain's
   forward would use on the same cache: MLX's kernel (its fused one on a GPU) with the mask, or
-  what the backend hands in (`Kernels`: the Engine passes the CPU's grouped verify attention and
-  compiled blocks from edgespec/cpu/backend.py; this package never imports edgespec.cpu).
+  what the backend hands in (`Kernels`: the Engine passes its backend's, on the CPU the grouped
+  verify attention and compiled blocks; this package never imports edgespec.cpu).
 A chain-shaped tree therefore gives the logits of the ordinary forward (tested bit for bit).
 
 Supported: llama-style blocks (mlx-lm's llama, mistral, qwen2, qwen3; EdgeSpec's token and
@@ -91,9 +91,9 @@ BlockParts = Callable[[Any, mx.array], "tuple[Any, Any] | None"]
 class Kernels:
     """What a backend may put into a tree forward: `attention(q, k, v, scale, allowed, cache)`
     (as `mlx_attention`) and `parts(layer, x)`, a block's compiled (before, after) functions
-    around the attention or None. The Engine passes the CPU's (cpu/backend.py masked_attention,
-    block_parts), which keep the bits of the chain's forward on the same cache; the defaults are
-    MLX's own."""
+    around the attention or None. The Engine passes its backend's (`Backend.kernels`; on the CPU
+    the grouped attention and compiled block parts, which keep the bits of the chain's forward
+    on the same cache); the defaults are MLX's own."""
 
     attention: Attention = mlx_attention
     parts: BlockParts = no_parts

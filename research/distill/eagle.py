@@ -43,6 +43,12 @@ class Item:
     prompt_len: int
 
 
+def target_head_logits(model: Any, features: mx.array) -> mx.array:
+    """The target's own logits over a feature draft's head ids from its features (training,
+    evaluation): features [.., d] -> [.., H]."""
+    return features @ model.head_weight.T
+
+
 def feature_chunks(folder: Path) -> list[Path]:
     return sorted(folder.glob("features-*.npz"))
 
@@ -137,7 +143,7 @@ def loss_fn(
     guess = model(model.fuse(f), t)
     ft = top_block(model, ft)
     z_draft = model.head_logits(guess)
-    z_target = model.target_head_logits(ft)
+    z_target = target_head_logits(model, ft)
     p = mx.softmax(z_target, axis=-1)
     ce = -(p * nn.log_softmax(z_draft, axis=-1)).sum(-1)
     reg = nn.losses.smooth_l1_loss(guess, ft, reduction="none").mean(-1)

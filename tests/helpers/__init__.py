@@ -168,8 +168,7 @@ def same_bits(a: mx.array, b: mx.array) -> bool:
 
 def engine_state(model: Any, name: str = "model") -> KVState:
     """A KVState built as the Engine builds one: a CPU backend's twin of `model` with the rewrites
-    that are switched on (`model` itself is left as it is) and a cache marked for grouped
-    attention."""
+    that are switched on (`model` itself is left as it is) and the backend's cache."""
     cpu = CpuBackend()
     return KVState(cpu.model(model), name, cpu.new_cache)
 

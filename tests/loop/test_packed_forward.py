@@ -14,11 +14,11 @@ from mlx_lm.models.cache import make_prompt_cache
 from edgespec.cache import KVState
 from edgespec.cpu.backend import CpuBackend
 from edgespec.packed import causal, packable, packed_forward
-from edgespec.trees.forward import PLAIN, Kernels
+from edgespec.trees.forward import PLAIN
 from tests.helpers.tiny import tiny_gpt2
 
 CPU = CpuBackend()
-CPU_KERNELS = Kernels(CPU.masked_attention, CPU.block_parts)  # as the Engine passes
+CPU_KERNELS = CPU.kernels()  # as the Engine passes
 # Prompts of different lengths (so different offsets) and new tokens of different lengths: a
 # one-token step, a verify of 3 and one of 6.
 PROMPTS = [list(range(3, 40)), list(range(5, 17)), list(range(9, 70))]
