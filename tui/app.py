@@ -111,7 +111,7 @@ class ChatApp(ChatActions):
         self.engine_name, self.has_draft, self.ready = "", True, False
         self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
         self.load_error: str | None = None
-        # The chat template's thinking mode each turn asks for (F7 toggles it); None: the template
+        # The chat template's thinking mode each turn asks for (F10 toggles it); None: the template
         # has none. `think` (--think / --no-think) replaces the pair's default once loaded.
         self.think: bool | None = None
         self.base_model = False  # the target has no chat template (EngineReady)
