@@ -130,6 +130,9 @@ class DrafterEstimate:
         measured, else the line fitted to those (fit_verify_line's, with its prior slope while
         one K is known). Example: {4: 0.10} -> d(8) = 0.1 / 1.3 * 1.7 = 0.131."""
         means = {k: m.value for k, m in self.round_costs.items() if m.value is not None}
+        if not means:  # a seed's cost only (a calibration's, per drafted token), no round timed
+            per_token = self.draft_cost or 0.0
+            return lambda k: per_token * k
         a, b = fit_verify_line(means)
         return lambda k: means[k] if k in means else a + b * (k - 1)
 

@@ -387,6 +387,18 @@ def test_probes_bring_back_a_draft_switched_off_on_stalled_timings() -> None:
     assert all(k > 0 for k in chosen[-50:]), chosen[-50:]
 
 
+def test_a_seeded_block_draft_chooses_before_a_round_was_timed() -> None:
+    """A calibration seeds a block draft's cost per drafted token; until a block round is timed
+    (the first may not be: it can feed a prompt tail, Round.timed) its round cost is that cost
+    times K, not a fit over no timings (which raised and ended the generation)."""
+    policy = AdaptiveK(4, 8)
+    policy.seed({"block": 0.01}, {1: 0.05, 2: 0.06, 5: 0.08})
+    policy.decide()
+    policy.observe(Round(0, 4, 2, 4, 0.04, 0.08, "block", timed=False))
+    assert policy.estimates["block"].round_cost()(3) == pytest.approx(0.03)
+    assert 0 <= policy.decide() <= 8
+
+
 def test_seeded_costs_are_used_from_the_first_round() -> None:
     policy = AdaptiveK(4, 8)
     policy.seed({"draft": 1.0}, {1: 0.1, 2: 0.1})  # a draft step dearer than a verify
