@@ -26,6 +26,7 @@ coming tokens, so exactness holds.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -195,6 +196,7 @@ class AdaptiveK:
         self.long_match = long_match
         self.estimates: dict[str, DrafterEstimate] = {}
         self.verify_costs: Timings[int] = Timings()  # verified tokens L -> recent seconds
+        self._seeded: dict[int, float] = {}  # verified tokens L -> a calibration's seconds
         self.chosen: list[int] = []
         self._method: str | None = None  # who drafted the latest round that drafted
         self._previous: str | None = ""  # who drafted the last round ("": none yet, None: nobody)
@@ -210,13 +212,15 @@ class AdaptiveK:
         per verify of L tokens), one timing each, soon outvoted by this run's own.
 
         Example: seed({"draft": 0.01}, {1: 0.05, 5: 0.08}) makes choose("draft") use c = 0.01
-        and v(5) = 0.08 from the first round, instead of k_init until both were timed."""
+        and v(5) = 0.08 from the first round, instead of k_init until both were timed.
+        The verify costs are kept apart from the run's own (verify_means): a calibration is
+        made on a short prompt, and at a long context its lengths the run never tried priced
+        long verifies as if the context were short."""
         for method, cost in draft_costs.items():
             self.estimates.setdefault(
                 method, DrafterEstimate(per_round=method in ROUND_COST)
             ).step_costs.add(cost)
-        for length, seconds in verify_costs.items():
-            self.verify_costs.add(length, seconds)
+        self._seeded.update(verify_costs)
 
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
@@ -270,8 +274,17 @@ class AdaptiveK:
 
     @property
     def verify_means(self) -> dict[int, float]:
-        """Verified tokens L -> the median of its recent verify seconds."""
-        return self.verify_costs.medians()
+        """Verified tokens L -> the median of its recent verify seconds; a length only the seed
+        has (a calibration's, `seed`) at its seeded cost scaled by the median ratio of this
+        run's costs to the seed's over the lengths both have (a longer context costs more per
+        forward), 1 before any. Example: seeded {2: 1.0, 8: 2.0}, measured {2: 3.0} ->
+        {2: 3.0, 8: 6.0}."""
+        own = self.verify_costs.medians()
+        if not self._seeded:
+            return own
+        ratios = [t / self._seeded[L] for L, t in own.items() if L in self._seeded]
+        scale = statistics.median(ratios) if ratios else 1.0
+        return {**{L: t * scale for L, t in self._seeded.items()}, **own}
 
     def _inputs(
         self, method: str | None
@@ -279,7 +292,7 @@ class AdaptiveK:
         """best_k's (alpha, draft cost, verify curve, k_max) for `method`; None until its draft
         cost and a verify have been measured."""
         est = self.estimates.get(method) if method is not None else None
-        if est is None or est.draft_cost is None or not self.verify_costs:
+        if est is None or est.draft_cost is None or not (self.verify_costs or self._seeded):
             return None
         verify = verify_curve(self.verify_means)
         if est.per_round:  # one draft forward a round: T(K) = d(K) + v(K + 1), a plain step v(1)

@@ -399,6 +399,18 @@ def test_a_seeded_block_draft_chooses_before_a_round_was_timed() -> None:
     assert 0 <= policy.decide() <= 8
 
 
+def test_a_calibrations_verify_costs_scale_with_the_runs_own() -> None:
+    """A calibration is timed on a short prompt: at a long context the lengths this run never
+    verified are priced at the seed times this run's own over seed ratio (median over shared
+    lengths), not at the short prompt's cost, and a measured length is the run's own."""
+    policy = AdaptiveK(4, 8)
+    policy.seed({"draft": 0.01}, {1: 0.05, 2: 0.05, 3: 0.06, 9: 0.10})
+    assert policy.verify_means == {1: 0.05, 2: 0.05, 3: 0.06, 9: 0.10}
+    for _ in range(3):
+        policy.observe(Round(0, 1, 1, 1, 0.01, 0.20, "draft"))  # L = 2 at 4x the seed
+    assert policy.verify_means == pytest.approx({1: 0.2, 2: 0.2, 3: 0.24, 9: 0.4})
+
+
 def test_seeded_costs_are_used_from_the_first_round() -> None:
     policy = AdaptiveK(4, 8)
     policy.seed({"draft": 1.0}, {1: 0.1, 2: 0.1})  # a draft step dearer than a verify
