@@ -40,7 +40,7 @@ from edgespec.drafting.costs import (
     fit_verify_line,
     verify_curve,
 )
-from edgespec.events import Round
+from edgespec.events import Round, expected_tokens_per_round
 
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
 PRIOR_WEIGHT = 2.0
@@ -62,6 +62,15 @@ OFF_AFTER = COST_WINDOW // 2 + 1
 # instead of probe rounds: a review after REVIEW_EVERY plain steps, the gap doubling to
 # REVIEW_MOST while the draft stays off (a review is a draft forward over the gap's tokens).
 REVIEW_EVERY, REVIEW_MOST = 8, 32
+# A price check: while drafting, a plain step is never timed, and its price is a guess from the
+# shortest verify (verify_curve), which is off by up to ~1.9x either way: on an Apple M1 / M2 a
+# 2-token verify costs ~1.7 steps (a plain step then looks 1.57x dearer than it is, and a draft
+# that loses to plain decoding stays on), on a CPU at 32K tokens a row's attention does the
+# same. So once per generation, where the decision could hang on it (drafting predicted to win
+# by less than PRICE_EDGE), PRICE_STEPS plain steps are run and timed (a pipelined run times the
+# middle ones), at most PRICE_TRIES times while lookups take those rounds instead.
+# (research/replay/: the cost-profile replay.)
+PRICE_STEPS, PRICE_EDGE, PRICE_TRIES = 4, 2.0, 2
 
 
 @dataclass
@@ -206,6 +215,7 @@ class AdaptiveK:
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
         self._lookup_probes = Probes()
         self._reviews, self._idle, self._review_gap = False, 0, REVIEW_EVERY  # review_due
+        self._price_tries, self._pricing = PRICE_TRIES, 0  # price checks left, steps left
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
@@ -331,11 +341,33 @@ class AdaptiveK:
     def decide(self) -> int:
         """The next round's K (recorded in `chosen`)."""
         method = self.model or self._method
-        k = self.choose(method if self._observed else None)
+        k = 0 if self._price_check(method) else self.choose(method if self._observed else None)
         self.chosen.append(k)
         if self.model is not None:
             self._lookups_on = self.lookups_pay(LOOKUP)
         return k
+
+    def _price_check(self, method: str | None) -> bool:
+        """Whether this round is a step of a price check (PRICE_STEPS): no plain step timed in
+        this generation yet, the draft's cost measured (OFF_AFTER timings) and drafting
+        predicted to beat a plain step by less than PRICE_EDGE. The draft stays on meanwhile
+        (no reviews, no probes: the check is not the policy switching it off)."""
+        if self._pricing > 0:
+            self._pricing -= 1
+            return True
+        if not self._price_tries or not self.allow_plain or 1 in self.verify_costs.medians():
+            return False
+        args = self._inputs(method)
+        if args is None or self.estimates[method].timings < OFF_AFTER:  # type: ignore[index]
+            return False
+        alpha, c, verify, k_max = args
+        est = self.estimates[method]  # type: ignore[index]
+        tokens = est.expected if est.per_round else lambda k: expected_tokens_per_round(alpha, k)
+        best = max(tokens(k) / (k * c + verify(k + 1)) for k in range(1, k_max + 1))
+        if best >= PRICE_EDGE / verify(1):
+            return False
+        self._price_tries, self._pricing = self._price_tries - 1, PRICE_STEPS - 1
+        return True
 
     def lookups_pay(self, method: str) -> bool:
         """Whether a free drafter's proposals (`method`, the hybrid's lookup) should go on this

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SpecConfig
-from edgespec.drafting.adaptive import TIE_TOLERANCE, AdaptiveK, DrafterEstimate
+from edgespec.drafting.adaptive import PRICE_STEPS, TIE_TOLERANCE, AdaptiveK, DrafterEstimate
 from edgespec.drafting.costs import best_k, fit_verify_line, verify_curve
 from edgespec.events import Round, expected_tokens_per_round
 from tests.helpers import PROMPT, ask, gen, rounds_of
@@ -409,6 +409,32 @@ def test_a_calibrations_verify_costs_scale_with_the_runs_own() -> None:
     for _ in range(3):
         policy.observe(Round(0, 1, 1, 1, 0.01, 0.20, "draft"))  # L = 2 at 4x the seed
     assert policy.verify_means == pytest.approx({1: 0.2, 2: 0.2, 3: 0.24, 9: 0.4})
+
+
+def _hopeless(policy: AdaptiveK, rounds: int, v1: float) -> list[int]:
+    """Rounds of a draft whose first token passes 1 round in 4, on a machine where a 2-token
+    verify costs 1.725 steps and a plain step v1 (an Apple M2's cliff: plain decoding wins)."""
+    for i in range(rounds):
+        k = policy.decide()
+        if k == 0:
+            policy.observe(Round(i, 0, 0, 0, 0.0, v1, "draft", timed=i > 0))
+        else:
+            n = 1 if i % 4 == 0 else 0
+            policy.observe(Round(i, k, n, k, 0.1 * k, 1.725 + 0.05 * (k - 1), "draft"))
+    return policy.chosen
+
+
+def test_a_price_check_times_plain_steps_once_where_the_choice_hangs_on_them() -> None:
+    """While drafting, a plain step is priced from the shortest verify (1.725 / 1.1 = 1.57 here)
+    and a draft at 1.25 tokens a round (1.25 / 1.825 = 0.68 a step) seemed to beat it (0.64):
+    one price check (PRICE_STEPS plain steps) finds 1.0 and the draft goes off."""
+    chosen = _hopeless(AdaptiveK(4, 8), 60, v1=1.0)
+    first = chosen.index(0)
+    assert chosen[first : first + PRICE_STEPS] == [0] * PRICE_STEPS
+    assert chosen[-20:].count(0) >= 17  # off, but for probes
+    # Where plain steps really cost what the guess says, one check and the draft stays on.
+    chosen = _hopeless(AdaptiveK(4, 8), 60, v1=1.57)
+    assert chosen.count(0) <= PRICE_STEPS and chosen[-10:].count(0) == 0
 
 
 def test_seeded_costs_are_used_from_the_first_round() -> None:
