@@ -350,7 +350,7 @@ class AdaptiveK:
     def _price_check(self, method: str | None) -> bool:
         """Whether this round is a step of a price check (PRICE_STEPS): no plain step timed in
         this generation yet, the draft's cost measured (OFF_AFTER timings) and drafting
-        predicted to beat a plain step by less than PRICE_EDGE. The draft stays on meanwhile
+        predicted to beat a plain step, but by less than PRICE_EDGE. The draft stays on meanwhile
         (no reviews, no probes: the check is not the policy switching it off)."""
         if self._pricing > 0:
             self._pricing -= 1
@@ -364,8 +364,10 @@ class AdaptiveK:
         est = self.estimates[method]  # type: ignore[index]
         tokens = est.expected if est.per_round else lambda k: expected_tokens_per_round(alpha, k)
         best = max(tokens(k) / (k * c + verify(k + 1)) for k in range(1, k_max + 1))
-        if best >= PRICE_EDGE / verify(1):
-            return False
+        if not 1 / verify(1) <= best < PRICE_EDGE / verify(1):
+            return (
+                False  # plain is predicted to win (off, plain steps are timed) or drafting by far
+            )
         self._price_tries, self._pricing = self._price_tries - 1, PRICE_STEPS - 1
         return True
 
