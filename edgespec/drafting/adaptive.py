@@ -302,13 +302,20 @@ class AdaptiveK:
         """best_k's (alpha, draft cost, verify curve, k_max) for `method`; None until its draft
         cost and a verify have been measured."""
         est = self.estimates.get(method) if method is not None else None
-        if est is None or est.draft_cost is None or not (self.verify_costs or self._seeded):
+        if est is None or not (self.verify_costs or self._seeded):
+            return None
+        # A lookup costs next to nothing (a dict read): unpriced, it is free. Its rounds behind
+        # plain steps are never timed (loop.plain_run), and with the draft model off from the
+        # start no other lookup ran: unpriced, lookups_pay let them all run at full length,
+        # 4-token verifies at long contexts where one costs several plain steps.
+        cost = 0.0 if est.draft_cost is None and method == LOOKUP else est.draft_cost
+        if cost is None:
             return None
         verify = verify_curve(self.verify_means)
         if est.per_round:  # one draft forward a round: T(K) = d(K) + v(K + 1), a plain step v(1)
             d = est.round_cost()
             return est.alpha, 0.0, lambda n: verify(n) + (d(n - 1) if n > 1 else 0.0), self.k_max
-        return est.alpha, est.draft_cost, verify, self.k_max
+        return est.alpha, cost, verify, self.k_max
 
     def choose(self, method: str | None) -> int:
         args = self._inputs(method)

@@ -445,6 +445,24 @@ def test_a_price_check_times_plain_steps_once_where_the_choice_hangs_on_them() -
     assert chosen.count(0) <= PRICE_STEPS and chosen[-10:].count(0) == 0
 
 
+def test_lookups_behind_plain_steps_are_priced_though_never_timed() -> None:
+    """With the draft model off, a hybrid's lookups run one token behind plain steps and are
+    never timed; priced as free (a lookup is a dict read) with the verify curve the plain steps
+    and draft rounds measured, lookups that are never accepted, at a context where a row costs
+    most of a step, are switched off rather than run at full length forever."""
+    policy = AdaptiveK(4, 8, model="draft")
+    for i in range(6):  # the draft model: rejected, 2-token verifies at 1.9 steps
+        policy.decide()
+        policy.observe(Round(i, 1, 0, 1, 0.1, 1.9, "draft"))
+    for i in range(6, 30):
+        k = policy.decide()
+        if i % 3 == 0:  # a 4-token lookup queued behind a plain step, rejected, untimed
+            policy.observe(Round(i, 4, 0, 4, 0.0, 4.6, "ngram", timed=False, match=2))
+        else:
+            policy.observe(Round(i, 0, 0, 0, 0.0, 1.0, "draft", timed=i % 3 == 2))
+    assert k == 0 and policy.lookup_k("ngram", 4) == 0
+
+
 def test_seeded_costs_are_used_from_the_first_round() -> None:
     policy = AdaptiveK(4, 8)
     policy.seed({"draft": 1.0}, {1: 0.1, 2: 0.1})  # a draft step dearer than a verify
