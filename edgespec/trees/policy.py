@@ -29,7 +29,14 @@ view of the coming tokens, so exactness holds whatever it picks.
 
 from __future__ import annotations
 
-from edgespec.drafting.adaptive import ALPHA_DECAY, TIE_TOLERANCE
+from edgespec.drafting.adaptive import (
+    ALPHA_DECAY,
+    OFF_AFTER,
+    PRICE_EDGE,
+    PRICE_STEPS,
+    PRICE_TRIES,
+    TIE_TOLERANCE,
+)
 from edgespec.drafting.costs import Probes, Timings, verify_curve
 from edgespec.events import Round
 from edgespec.trees.shapes import (
@@ -110,6 +117,7 @@ class AdaptiveTree:
         self._after_plain = False
         self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of tree rounds
         self._probes = Probes()
+        self._price_tries, self._pricing = PRICE_TRIES, 0  # price checks left, steps left
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
@@ -194,6 +202,27 @@ class AdaptiveTree:
         out.append((1.0 / curves["chain"](1), FixedShape(())))
         return out
 
+    def _price_check(self) -> bool:
+        """Whether this round is a step of a price check, as AdaptiveK's (drafting/adaptive.py,
+        PRICE_STEPS): a plain step is priced from the shortest verify until one is timed, off
+        by up to ~1.9x; where drafting is predicted to win by less than PRICE_EDGE, a few plain
+        steps are timed once."""
+        if self._pricing > 0:
+            self._pricing -= 1
+            return True
+        chain = self.verify_costs["chain"]
+        timed = sum(len(m.samples) for m in chain.values())
+        if not self._price_tries or 1 in self._verify_means("chain") or timed < OFF_AFTER:
+            return False
+        rated = self.rates()
+        if rated is None:
+            return False
+        plain, best = rated[-1][0], max(rate for rate, _ in rated[:-1])
+        if not plain <= best < PRICE_EDGE * plain:
+            return False
+        self._price_tries, self._pricing = self._price_tries - 1, PRICE_STEPS - 1
+        return True
+
     def nodes(self, shape: Shape) -> int:
         """The nodes a round of `shape` verifies (a fixed shape: its size)."""
         return shape.size
@@ -217,7 +246,7 @@ class AdaptiveTree:
 
     def decide(self) -> Shape:
         """The next round's shape (recorded in `chosen`)."""
-        shape = self.choose()
+        shape = FixedShape(()) if self._price_check() else self.choose()
         self.chosen.append(shape)
         return shape
 

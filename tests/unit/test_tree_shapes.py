@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SpecConfig, parse_tree_spec
+from edgespec.drafting.adaptive import PRICE_STEPS
 from edgespec.errors import ConfigError
 from edgespec.events import Round, expected_tokens_per_round
 from edgespec.trees.build import make_shape_policy
@@ -265,6 +266,30 @@ def test_tree_flag_falls_back_unless_adaptive_is_off():
     assert isinstance(fixed, FixedPolicy)
     assert isinstance(make_shape_policy(SpecConfig(k=3, tree="chain")), FixedPolicy)
     assert isinstance(make_shape_policy(SpecConfig(k=3, tree="auto")), AdaptiveTree)
+
+
+def test_tree_policy_times_plain_steps_once_where_the_choice_hangs_on_them():
+    """As AdaptiveK's price check: on an M2-like cliff (a 2-row verify 1.725 steps) a plain step
+    is priced 1.57 from it while it costs 1.0; a few plain steps are timed once, and then plain
+    steps win where the draft is accepted 30% of the time."""
+    policy = AdaptiveTree(k_init=1, k_max=4)
+    chain = shape_tree(chain_shape(1))
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        shape = policy.decide()
+        if shape.size == 0:
+            policy.observe(Round(i, 0, 0, 0, 0.0, 1.0, "draft", True))
+            continue
+        ok = rng.random() < 0.3
+        policy.observe_path(shape.tree, [0] if ok and shape.size == 1 else [])
+        rows = shape.size + 1
+        policy.observe(Round(i, shape.size, int(ok), shape.depth, 0.05 * shape.depth,
+                             1.725 + 0.05 * (rows - 2), "draft", True, 0, shape.size, 0))  # fmt: skip
+    sizes = [s.size for s in policy.chosen]
+    first = sizes.index(0)
+    assert sizes[first : first + PRICE_STEPS] == [0] * PRICE_STEPS
+    assert sizes[-10:].count(0) >= 9
+    assert chain.size == 1
 
 
 def test_cost_key():
