@@ -12,6 +12,7 @@ request stepping plainly, and every request at one fixed K.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from edgespec.events import Round
@@ -25,7 +26,8 @@ class Request:
     """One request's place in its trace and its policy's pending rounds."""
 
     def __init__(self, trace: Trace, policy: Any):
-        self.trace, self.policy, self.i, self.fresh = trace, policy, 0, []
+        self.trace, self.policy, self.i = trace, policy, 0
+        self.fresh: list[Round] = []
 
     def decide(self) -> int:
         for r in self.fresh:
@@ -78,12 +80,15 @@ CPUS = ("zen4", "xeon")  # the server starts a batch plain on a CPU (BatchMode's
 
 def variants(profile: Profile) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """name -> (policy factory, mode factory): the batch mode, no gate, plain, fixed K."""
-    none = lambda: None  # noqa: E731
+
+    def none() -> None:
+        return None
+
     cpu = profile.hw.name in CPUS
-    out = {
+    out: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
         "batch mode": (lambda: adaptive("draft"), lambda: BatchMode(prefer_plain=cpu)),
         "own K (no gate)": (lambda: adaptive("draft"), none),
         "plain": (lambda: fixed(0), none),
     }
-    out.update({f"K={k}": ((lambda k=k: fixed(k)), none) for k in range(1, 5)})
+    out.update({f"K={k}": (partial(fixed, k), none) for k in range(1, 5)})
     return out

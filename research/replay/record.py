@@ -97,6 +97,7 @@ def draft_record(p: mx.array | None, logits: mx.array, answer: list[int], cfg) -
             hit = np.nonzero(row == tok)[0]
             ranks.append(int(hit[0]) if hit.size else RANKS)
         return ranks
+    assert p is not None  # T > 0: the target's warped distributions
     q = warp(logits, cfg)
     return q255(mx.sum(mx.minimum(p, q), axis=-1))
 
@@ -124,7 +125,7 @@ def block_record(engine: Engine, prompt, answer, feats, p, cfg) -> list:
     k = st.block.args.block_size - 1
     st.reset()
     st.set_features(seq[:P], 0, feats[: P - 1])
-    out = []
+    out: list = []
     for i in range(len(answer)):
         if i > 0:
             st.set_features(seq[: P + i], P + i - 2, feats[P + i - 2 : P + i - 1])

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from research.replay import batch, chains, trees
@@ -59,7 +60,7 @@ def cell(
     profile: Profile,
     run: Callable[[Trace, object], chains.Outcome],
     policy: Callable[[], object],
-    fixed: dict[str, Callable[[], object]],
+    fixed: Mapping[str, Callable[[], object]],
 ) -> Cell:
     """The policy, plain decoding and every fixed choice over `group`."""
     plain = [chains.plain(t, profile) for t in group]
@@ -84,9 +85,9 @@ def cells(
                 if temp != 0:
                     continue
                 make = trees.adaptive if m == "tree" else trees.fallback
-                fixed = {
-                    shape_name(s): (lambda s=s: trees.Fixed(s)) for s in trees.shapes()
-                }  # fmt: skip
+                fixed: dict[str, Callable[[], object]] = {
+                    shape_name(s): partial(trees.Fixed, s) for s in trees.shapes()
+                }
                 out.append(cell(m, temp, group, profile, lambda t, p: trees.replay(t, profile, p),
                                 make, fixed))  # fmt: skip
                 continue
@@ -94,11 +95,10 @@ def cells(
                 if temp == 0:
                     out.append(batch_cell(traces, profile))
                 continue
-            fixed = {f"K={k}": (lambda k=k: chains.fixed(k)) for k in CHAIN_CHOICES[m]}
-            out.append(cell(m, temp, group, profile,
-                            lambda t, p, m=m: chains.replay(t, profile, m, p),
-                            lambda m=m: chains.adaptive(m, profile if seeded else None),
-                            fixed))  # fmt: skip
+            fixed = {f"K={k}": partial(chains.fixed, k) for k in CHAIN_CHOICES[m]}
+            seed = profile if seeded else None
+            run = partial(_chain_run, profile=profile, method=m)
+            out.append(cell(m, temp, group, profile, run, partial(chains.adaptive, m, seed), fixed))
     return out
 
 
@@ -113,6 +113,10 @@ def batch_cell(traces: list[Trace], profile: Profile) -> Cell:
     mine = rates.pop("batch mode")
     best = max(rates, key=lambda n: rates[n])
     return Cell("batch of 4", 0.0, mine, rates["plain"], rates[best], best, mine / rates["plain"])
+
+
+def _chain_run(trace: Trace, policy: object, profile: Profile, method: str) -> chains.Outcome:
+    return chains.replay(trace, profile, method, policy)
 
 
 def shape_name(shape) -> str:

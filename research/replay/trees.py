@@ -78,7 +78,8 @@ def fallback() -> FallbackTree:
 
 def replay(trace: Trace, profile: Profile, policy: Any) -> Outcome:
     """One greedy generation over `trace` with tree rounds shaped by `policy`."""
-    out, i, seen, fresh = Outcome(), 0, 0, []
+    out, i, seen = Outcome(), 0, 0
+    fresh: list[Round] = []
     sizes: Counter[int] = Counter()
     while i < trace.size:
         for r in fresh:
