@@ -143,7 +143,8 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
         help="draft a tree of candidates per round, verified in one forward: widths such as "
         "3,2,1,1 (candidates per depth below the first-ranked path), 'dynamic' (EAGLE-2 style, "
         "-k deep), 'auto' (chain or tree chosen per round from measured costs) or 'chain' "
-        "(default: chains, no tree)",
+        "(default: chains, no tree); a shape runs where it is predicted to beat the best chain "
+        "and plain steps, else those (--no-adaptive: the shape every round)",
     )
     g.add_argument("--draft-window", type=int, default=SpecConfig.draft_window, help=WINDOW_HELP)
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
