@@ -11,6 +11,7 @@ from edgespec.errors import ConfigError
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
 # round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
 MAX_K = 64
+DEFAULT_K_MAX = 8  # SpecConfig.k_max's default
 # A draft's attention bound (SpecConfig.draft_window, bound.Bound): the window, in positions,
 # and the first positions every draft position also sees (attention sinks). On this project's
 # measurements a window of 256 to 1024 kept a token draft's acceptance at 2K tokens of context
@@ -119,7 +120,9 @@ class SpecConfig:
     ngram_min: int = (
         1  # a 2-token verify costs ~1 step now, so one-token matches pay (docs/drafting.md)
     )
-    k_max: int = 8
+    # Adaptive K's bound. Left at DEFAULT_K_MAX, a block draft's own bound replaces it: its block
+    # size - 1, the tokens one draft forward fills as it was trained (strategy.py k_bound).
+    k_max: int = DEFAULT_K_MAX
     ngram_k: int = 1
     ngram_long: int = 8
     ngram_long_k: int = 5

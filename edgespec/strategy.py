@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgespec.cache import KVState
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.config import DEFAULT_K_MAX, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, FixedK, make_k_policy
 from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter
 from edgespec.families import NO_DRAFT, Family, chain_drafter, tree_drafter
@@ -156,9 +156,20 @@ class RoundFactory:
         estimates (AdaptiveK.lookup_k)."""
         hybrid = Capabilities.of(drafter).lookups
         model = hybrid.model.method if hybrid else None  # "draft", or "block"
-        policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
+        k_max = k_bound(spec, hybrid.model if hybrid else drafter)
+        policy = make_k_policy(min(spec.k, k_max), spec.adaptive, k_max, model, spec.long_match)
         if hybrid is not None and isinstance(policy, AdaptiveK):
             hybrid.lookup_k = policy.lookup_k
         if calibration is not None and isinstance(policy, AdaptiveK):
             policy.seed(*calibration.medians())
         return policy
+
+
+def k_bound(spec: SpecConfig, drafter: Any) -> int:
+    """Adaptive K's bound: spec.k_max, unless left at its default and the drafter is a block
+    draft (`bound`: its block size - 1), whose one forward fills the block it was trained on;
+    the policy chooses K within it by measured cost. Example: a b16 DFlash draft -> 15."""
+    own = getattr(drafter, "bound", None)
+    if own is None or spec.k_max != DEFAULT_K_MAX:
+        return spec.k_max
+    return max(1, int(own))

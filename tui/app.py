@@ -111,9 +111,10 @@ class ChatApp(ChatActions):
         self.engine_name, self.has_draft, self.ready = "", True, False
         self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
         self.load_error: str | None = None
-        # The chat template's thinking mode each turn asks for (F7 toggles it); None: the template
+        # The chat template's thinking mode each turn asks for (F10 toggles it); None: the template
         # has none. `think` (--think / --no-think) replaces the pair's default once loaded.
         self.think: bool | None = None
+        self.base_model = False  # the target has no chat template (EngineReady)
         self._asked_think = think
         self.conv = Conversation()
         # the method speculation turns back on with: the one asked for, else the default
@@ -177,6 +178,7 @@ class ChatApp(ChatActions):
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine_name, self.has_draft, self.ready = message.name, message.has_draft, True
         self.conv.model = message.name
+        self.base_model = message.base_model  # no chat template: the header says so
         self._ready_thinking(message.thinking)
         if not message.has_draft and self.config.spec.enabled:
             self.config = settings.with_method(self.config, "none")

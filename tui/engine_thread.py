@@ -257,7 +257,10 @@ class EngineThread:
 
     def _serve(self, engine: ServedEngine) -> None:
         thinking = engine.thinking_mode()
-        self._post(EngineReady(engine.name, engine.has_draft, engine.context_window, thinking))
+        tokenizer = getattr(engine, "tokenizer", None)  # a base model has no chat template
+        base = tokenizer is not None and not getattr(tokenizer, "has_chat_template", True)
+        ready = EngineReady(engine.name, engine.has_draft, engine.context_window, thinking, base)
+        self._post(ready)
         if self._warm is not None:
             start = time.monotonic()
             try:

@@ -53,6 +53,10 @@ class SettingActions(AnswerActions):
     def _show_thinking(self) -> None:
         """The header's subtitle: the pair, and the thinking mode where the template has one."""
         mode = "" if self.think is None else f" · thinking {'on' if self.think else 'off'}"
+        if getattr(
+            self, "base_model", False
+        ):  # no chat template, or its answers look like nonsense
+            mode += " · base model: it continues your text (no chat template)"
         self.sub_title = f"{self.engine_name}{mode}"  # type: ignore[attr-defined]
 
     def action_toggle_think(self) -> None:

