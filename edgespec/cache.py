@@ -123,7 +123,7 @@ class KVState:
         self.softmax = softmax
         self.name = name
         self.new_cache = new_cache
-        # Set while a server's bank holds this cache's keys and values (edgespec/bank.py).
+        # Set while a server's bank holds this cache's keys and values (edgespec/server/bank.py).
         self.bank: Any = None
         self.cache = rewindable(new_cache(model))
         self.layers = Rewinder(self.cache)

@@ -86,7 +86,7 @@ class Engine:
 
     @functools.cached_property
     def kernels(self) -> Kernels:
-        """The draft-tree forward's pieces (and the server's packed forward's, edgespec/packed.py):
+        """The draft-tree forward's pieces (and the server's packed forward's, server/packed.py):
         the backend's attention and compiled blocks. Made when first asked for."""
         return self.backend.kernels()
 

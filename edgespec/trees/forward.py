@@ -152,7 +152,7 @@ def block_qkv(
     """A llama-style block's part before the attention over x [1, L, d] at the rotary's per-row
     positions: (q [1, H, L, D], k, v [1, G, L, D], the part after the attention). The cache and
     the attention are the caller's (one cache here; one per packed sequence in
-    edgespec/packed.py)."""
+    edgespec/server/packed.py)."""
     attn = layer.self_attn
     b, length, _ = x.shape
     compiled = kernels.parts(layer, x)  # the backend's compiled cache-free parts, if any

@@ -48,7 +48,10 @@ def _sources() -> list[Path]:
 # with the reason its idea needs the room (a review reads the reason); an unnamed one fails the
 # test until someone writes that reason or splits the module by idea, and so does a name that
 # is no longer long (the list only holds what it must).
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "edgespec/commands/bench.py": "one command: its options, their checks and the run they "
+    "drive; the bench's parts live in edgespec/bench/",
+}
 
 
 def test_a_module_over_the_line_mark_says_why():
