@@ -55,7 +55,7 @@ class WindowKVCache(_BaseCache):
 
     `sinks` > 0: position i also sees the first `sinks` positions (attention sinks, as in
     StreamingLLM): once the window has moved past them, they are kept in front of the window's
-    keys (`lead`). A draft's attention bound (cache.Bound) is such a cache on every layer.
+    keys (`lead`). A draft's attention bound (bound.Bound) is such a cache on every layer.
 
     Compaction (dropping positions no query or rewind can need) happens in update_and_fetch, and
     make_mask, called before it, knows where the held keys will start (`_start_after`): every
@@ -312,7 +312,7 @@ class Rewinder:
 
     @property
     def all_windows(self) -> bool:
-        """Whether every layer is a window cache (a bounded draft's, cache.Bound): only then may
+        """Whether every layer is a window cache (a bounded draft's, bound.Bound): only then may
         the cache `skip`."""
         return bool(self.windows) and len(self.windows) == len(self.layers)
 

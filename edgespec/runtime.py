@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import edgespec.prompting as prompting
 from edgespec.backend import Backend
-from edgespec.cache import Forward, KVState, check_kv_bits, vocab_size
+from edgespec.cache import Forward, KVState, check_kv_bits
 from edgespec.config import GenerationConfig
 from edgespec.device import for_device
 from edgespec.drafting.base import Drafter
@@ -35,6 +35,7 @@ from edgespec.loading.load import load_pair
 from edgespec.loading.specs import load_catalog, pair_thinking
 from edgespec.rounds import Limits, Policy, Step, cancelled
 from edgespec.strategy import RoundFactory
+from edgespec.taps import vocab_size
 
 if TYPE_CHECKING:  # imported where used: a lone process on a token draft needs none of them
     from edgespec.calibration import Calibration
@@ -85,7 +86,7 @@ class Engine:
 
     @functools.cached_property
     def kernels(self) -> Kernels:
-        """The draft-tree forward's pieces (and the server's packed forward's, edgespec/packed.py):
+        """The draft-tree forward's pieces (and the server's packed forward's, server/packed.py):
         the backend's attention and compiled blocks. Made when first asked for."""
         return self.backend.kernels()
 

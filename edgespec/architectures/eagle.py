@@ -37,9 +37,9 @@ from mlx_lm.models.base import create_attention_mask
 
 from edgespec.architectures import EAGLE
 from edgespec.architectures.token_draft import quantize_as_stored, read_weights
-from edgespec.cache import TOP
 from edgespec.errors import ConfigError
 from edgespec.files import sha256_file
+from edgespec.taps import TOP
 
 MODEL_TYPE = EAGLE
 # What the draft reads in place of a feature for its 2nd, 3rd ... drafted token: its own guess

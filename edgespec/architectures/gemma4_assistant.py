@@ -44,8 +44,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import gemma4_text
 
 from edgespec.architectures import ASSISTANTS
-from edgespec.cache import TOP, text_model
 from edgespec.errors import ConfigError
+from edgespec.taps import TOP, text_model
 
 MODEL_TYPES = ASSISTANTS  # config.json model_type
 TOP_FIELDS = ("backbone_hidden_size", "text_config")

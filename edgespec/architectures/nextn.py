@@ -45,8 +45,8 @@ from mlx_lm.models import deepseek_v3, glm4_moe, mimo
 from mlx_lm.models.base import create_attention_mask
 
 from edgespec.architectures import mtp
-from edgespec.cache import output_head, text_model
 from edgespec.errors import ConfigError
+from edgespec.taps import output_head, text_model
 
 
 @dataclass(frozen=True)

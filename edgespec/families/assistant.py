@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import TOP, KVState, target_features
+from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.assistant import AssistantDrafter, AssistantState, shared_kv
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.token import fit_vocab
 from edgespec.errors import ConfigError, TreeUnsupportedError
 from edgespec.families.feature import FeatureFamily
+from edgespec.taps import TOP, target_features
 
 if TYPE_CHECKING:
     from edgespec.drafting.token import DraftSteps

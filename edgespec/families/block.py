@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import KVState, target_features
+from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.block import BlockDrafter, BlockState
 from edgespec.drafting.dflash2 import DFlash2Drafter
 from edgespec.errors import ConfigError
 from edgespec.families.feature import FeatureFamily
+from edgespec.taps import target_features
 
 if TYPE_CHECKING:
     from edgespec.drafting.token import DraftSteps

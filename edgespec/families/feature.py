@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized, target_features
+from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.feature import FeatureDrafter, FeatureState, prefill
 from edgespec.errors import ConfigError
+from edgespec.taps import target_features
 
 if TYPE_CHECKING:
     from edgespec.drafting.token import DraftSteps
@@ -59,7 +60,7 @@ class FeatureFamily:
         return FeatureState(model, f"draft {draft.name}", backend.new_cache, backend.softmax)
 
     def prepare(self, state: FeatureState, spec: SpecConfig) -> None:
-        """Bound the draft's own attention to `spec`'s window as a token draft's (cache.Bound;
+        """Bound the draft's own attention to `spec`'s window as a token draft's (bound.Bound;
         off for trees, whose forward needs the full cache): past the bound's start its cache
         holds its sinks and last window, and it reads only those of a long prompt
         (FeatureState.first_input). Nothing to check: positions drafted on guesses are rolled

@@ -17,7 +17,7 @@ start where none ran). MLX's peak is the process's, so with requests batched it 
 together (the weights, every running request's caches and forwards), not one request's share.
 
 Exactness: a request runs the computation it would run alone (its caches, its keys, its K
-policy); its target rows are computed beside others' (edgespec/packed.py: the same bits with a
+policy); its target rows are computed beside others' (server/packed.py: the same bits with a
 row-exact BLAS), so its T = 0 text, and its seeded T > 0 text, are the ones it gets alone.
 
     packer = Packer(engine.kernels)     # None with one place: nothing to pack

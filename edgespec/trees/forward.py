@@ -33,8 +33,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from edgespec.cache import TOP
 from edgespec.errors import TreeUnsupportedError
+from edgespec.taps import TOP
 
 BLOCK_MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
 
@@ -152,7 +152,7 @@ def block_qkv(
     """A llama-style block's part before the attention over x [1, L, d] at the rotary's per-row
     positions: (q [1, H, L, D], k, v [1, G, L, D], the part after the attention). The cache and
     the attention are the caller's (one cache here; one per packed sequence in
-    edgespec/packed.py)."""
+    edgespec/server/packed.py)."""
     attn = layer.self_attn
     b, length, _ = x.shape
     compiled = kernels.parts(layer, x)  # the backend's compiled cache-free parts, if any
@@ -225,7 +225,7 @@ def tree_forward(
     layers: Sequence[int] = (TOP,),
 ) -> tuple[mx.array, mx.array]:
     """One forward of a token model over inputs [L] at positions [L] under mask allowed [L, S]
-    (S = cache offset + L): (hidden states of `layers` [L, k * d] as cache.target_features,
+    (S = cache offset + L): (hidden states of `layers` [L, k * d] as taps.target_features,
     logits [L, V or the draft's head]). Appends L positions to the cache (then `compact` it)."""
     trunk = model.model
     h = trunk.embed_tokens(inputs[None])

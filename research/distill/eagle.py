@@ -29,9 +29,9 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from edgespec.architectures.eagle import MODEL_TYPE, EagleModel, build
-from edgespec.cache import TOP, target_features
 from edgespec.distill.shards import Sequence, atomic_write_npz
 from edgespec.files import atomic_write_bytes, sha256_file
+from edgespec.taps import TOP, target_features
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def extract_features(
     layers: tuple[int, ...] = (TOP,),
 ) -> int:
     """Run the target over `seqs` (in order, skipping those already cached) until `max_tokens`
-    tokens have features (of target `layers`, concatenated: cache.target_features); one chunk
+    tokens have features (of target `layers`, concatenated: taps.target_features); one chunk
     file per batch. Returns the number of tokens cached."""
 
     folder.mkdir(parents=True, exist_ok=True)

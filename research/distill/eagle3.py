@@ -28,7 +28,7 @@ import numpy as np
 
 from edgespec.architectures.eagle import EagleModel, build
 from edgespec.architectures.token_draft import read_weights
-from edgespec.cache import TOP
+from edgespec.taps import TOP
 from research.distill.eagle import Item, _num, make_batch, target_head_logits, top_block
 
 

@@ -1,4 +1,4 @@
-"""The draft's attention bound (SpecConfig.draft_window, cache.Bound) for feature and block drafts,
+"""The draft's attention bound (SpecConfig.draft_window, bound.Bound) for feature and block drafts,
 measured side by side in one process on seeded models (no real EAGLE or DFlash draft is at hand
 offline): a `hidden`-wide llama target (tests/helpers/tiny.py) with a one-layer EAGLE draft and a
 two-layer DFlash draft of the same width.
@@ -35,7 +35,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from edgespec.blas import active, cpu_model  # noqa: E402
-from edgespec.cache import Bound  # noqa: E402
+from edgespec.bound import Bound  # noqa: E402
 from edgespec.config import DRAFT_SINKS, DRAFT_WINDOW, SamplingConfig, SpecConfig  # noqa: E402
 from edgespec.families import chain_drafter, family_of  # noqa: E402
 from edgespec.runtime import Engine  # noqa: E402

@@ -28,7 +28,7 @@ if __name__ == "__main__":
 import mlx.core as mx  # noqa: E402
 
 from edgespec.blas import active, cpu_model  # noqa: E402
-from edgespec.cache import Bound  # noqa: E402
+from edgespec.bound import Bound  # noqa: E402
 from edgespec.config import (  # noqa: E402
     DRAFT_SINKS,
     DRAFT_WINDOW,

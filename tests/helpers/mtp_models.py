@@ -32,7 +32,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.architectures.mtp import MtpModel, feed_layers, text_config
 from edgespec.architectures.nextn import FAMILIES, NextnModel, build_head, layer_prefix
-from edgespec.cache import target_features
+from edgespec.taps import target_features
 from tests.helpers.tiny import make_tokenizer
 from tests.helpers.tiny_arch import (
     EOS,

@@ -27,8 +27,8 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
 from edgespec.architectures.gemma4_assistant import Gemma4Assistant, assistant_args
-from edgespec.cache import TOP, target_features, text_model
 from edgespec.loading.load import load_model
+from edgespec.taps import TOP, target_features, text_model
 from tests.helpers.arch_models import PROMPT
 from tests.helpers.mtp_models import greedy_answer
 from tests.helpers.tiny_arch import EOS, TARGET_LAYERS, make_family, seed_weights

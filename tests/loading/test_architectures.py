@@ -21,14 +21,15 @@ import sys
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec import blas
-from edgespec.backend import on_cpu
+from edgespec.backend import Backend, on_cpu
 from edgespec.cache import KVState
 from edgespec.config import SpecConfig
-from edgespec.cpu import attention, blocks
-from edgespec.cpu.backend import CpuBackend
+from edgespec.cpu import attention, blocks, heads
+from edgespec.cpu.backend import CpuBackend, twin
 from edgespec.cpu.leanops import LeanLinear, LeanRMSNorm
 from edgespec.cpu.rope import TableRoPE
 from edgespec.errors import TreeUnsupportedError
@@ -151,7 +152,7 @@ def _logits(state: KVState, prefix: list[int], lengths: list[int]) -> list[mx.ar
 TABLE_ROPE = {"llama": 0, "phi3": 0, "ministral3": 0, "qwen3_next": 2, "qwen3_5": 2}
 TABLE_ROPE["gemma4_text"] = 2  # its sliding layers: global ones keep their proportional rope
 COMPILED = {"llama": 4}
-GROUPED = ("llama", "qwen2", "qwen3", "qwen3_moe", "phi3")
+GROUPED = tuple(f for f in ALL if f != "gpt_oss")  # gpt-oss: attention sinks, MLX's kernel
 
 
 @pytest.mark.parametrize("family", ALL)
@@ -191,6 +192,35 @@ def test_cpu_rewrites_keep_the_logits_bit_for_bit_or_step_aside(families, family
         assert mx.allclose(x, y, rtol=1e-4, atol=1e-4).item()
     if cpu.switches.grouped_attention:
         assert bool(grouped) == (family in GROUPED)
+
+
+@pytest.mark.parametrize("family", GROUPED)
+def test_the_twins_attention_written_out_gives_mlx_lms_bits(families, family):
+    """Each family's twin attention (edgespec/cpu/heads.py) projects, normalises, rotates and
+    updates the cache as mlx-lm's module does: with mlx-lm's own attention function as its
+    `attend`, the twin's logits over a prompt, decode steps and verifies reaching past the
+    sliding windows are mlx-lm's bit for bit, on the caches an EdgeSpec state holds, and every
+    forward went through `attend`."""
+    slow = load_model(str(families.paths(family)[0])).model
+    made: dict[type, type | None] = {}
+    fast = twin(slow, lambda key, module: heads.twin_class(module, made), {})
+    calls = []
+
+    def attend(*args, **kwargs):
+        calls.append(args[0].shape[2])
+        return scaled_dot_product_attention(*args, **kwargs)
+
+    twinned = [m for _, m in fast.named_modules() if isinstance(m, heads.GroupedAttention)]
+    assert twinned
+    for module in twinned:
+        module.attend = attend
+    lengths = [1, 2, 1, 3, 5, 1, 2, 8, 1, 4, 1, 1, 6, 1, 3]
+    prefix = [(5 * i + 1) % 300 + 4 for i in range(20)]
+    caches = Backend().new_cache  # mlx-lm's caches, window layers made rewindable
+    want = _logits(KVState(slow, "mlx-lm", caches), prefix, lengths)
+    got = _logits(KVState(fast, "twin", caches), prefix, lengths)
+    assert all(mx.array_equal(x, y).item() for x, y in zip(got, want, strict=True))
+    assert 2 in calls and 8 in calls  # verifies took the twin's attention
 
 
 ROWS = """

@@ -21,7 +21,6 @@ from edgespec.architectures.eagle import EagleModel
 from edgespec.bench.plan import BenchPlan
 from edgespec.bench.runner import check_methods
 from edgespec.bench.unbiased import verify_pair
-from edgespec.cache import target_features
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.shards import Sequence
 from edgespec.drafting.feature import FeatureDrafter, FeatureState
@@ -29,6 +28,7 @@ from edgespec.errors import ConfigError, ModelLoadError
 from edgespec.events import Token
 from edgespec.loading.load import load_model, load_pair, load_token_draft
 from edgespec.runtime import Engine
+from edgespec.taps import target_features
 from research.distill.eagle import (
     EagleTrainConfig,
     agreement,

@@ -15,8 +15,8 @@ from edgespec.cache import KVState
 from edgespec.config import MIN_DRAFT_WINDOW, GenerationConfig, SpecConfig
 from edgespec.errors import ConfigError, TreeUnsupportedError
 from edgespec.events import Finished
-from edgespec.packed import packable
 from edgespec.runtime import Engine
+from edgespec.server.packed import packable
 from edgespec.server.prefix import Slot, forkable
 from tests.helpers import gen, plain_ids, rounds_of, token_ids
 from tests.helpers.tiny import make_tiny_pair

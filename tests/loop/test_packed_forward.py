@@ -1,4 +1,4 @@
-"""The packed forward (edgespec/packed.py): several sequences' new tokens through one forward give
+"""The packed forward (edgespec/server/packed.py): several sequences' new tokens through one forward give
 each the logits and the cache its own forward gives, at its own positions over its own cache;
 with mlx-lm's modules and with the CPU backend's twin; and a one-line refusal is `packable`'s.
 """
@@ -13,7 +13,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import KVState
 from edgespec.cpu.backend import CpuBackend
-from edgespec.packed import causal, packable, packed_forward
+from edgespec.server.packed import causal, packable, packed_forward
 from edgespec.trees.forward import PLAIN
 from tests.helpers.tiny import tiny_gpt2
 
