@@ -21,9 +21,10 @@ from edgespec.cache import KVState
 from edgespec.config import DEFAULT_K_MAX, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, FixedK, make_k_policy
 from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter
+from edgespec.drafting.review import Reviewer
 from edgespec.families import NO_DRAFT, Family, chain_drafter, tree_drafter
-from edgespec.loop import speculate
-from edgespec.rounds import Chains, Limits, Policy, Rounds, Step
+from edgespec.loop import Chains, speculate
+from edgespec.rounds import Limits, Policy, Rounds, Step
 
 if TYPE_CHECKING:
     from edgespec.calibration import Calibration
@@ -68,7 +69,8 @@ class Strategy:
         cancel: threading.Event | None,
     ) -> Iterator[Step]:
         """The generation's Steps (after `prefill`). Plain decoding: rounds of K = 0, pipelined
-        (loop.plain_run), reported without Round records."""
+        (edgespec/loop.py), reported without Round records. Chain rounds show their plain steps
+        to the reviews the policy reads (drafting/review.py), if any."""
         if self.rounds is None or self.drafter is None or self.policy is None:
             drafter = Drafter()
             plain = Chains(self.target, drafter, sampling)
@@ -78,9 +80,13 @@ class Strategy:
             return (dataclasses.replace(step, round=None) for step in steps)
         later = self.family.later(self.target, self.draft, self.draft_prefill)
         prepare = later.prefill if later is not None else None
+        rounds = self.rounds
+        if isinstance(rounds, Chains):  # the policy is known only now (Engine.generate's gate)
+            watch = Reviewer.of(self.policy, self.drafter)
+            rounds = Chains(self.target, self.drafter, sampling, watch)
         return speculate(
             self.target,
-            self.rounds,
+            rounds,
             self.drafter,
             prompt,
             sampling,

@@ -7,7 +7,7 @@ plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is 
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
 while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
-runs such K = 0 rounds pipelined (loop.plain_run), as fast as plain decoding; the policy then
+runs such K = 0 rounds pipelined (edgespec/loop.py), as fast as plain decoding; the policy then
 decides a round before the previous one is read back. The loop hands it every round once, in order
 (`observe`, rounds.Plans), and asks for each K (`decide`).
 

@@ -12,8 +12,8 @@ from edgespec.device import for_device
 from edgespec.drafting.adaptive import FixedK
 from edgespec.drafting.token import DraftSteps, ModelDrafter
 from edgespec.events import Token
-from edgespec.loop import speculate
-from edgespec.rounds import Chains, Limits
+from edgespec.loop import Chains, speculate
+from edgespec.rounds import Limits
 from tests.helpers import GREEDY, PROMPT, engine_state, gen, plain_ids, rounds_of, token_ids
 
 
