@@ -29,19 +29,22 @@ MODEL_TYPE = TOKEN_DRAFT
 
 
 class DraftModel(nn.Module):
-    """Llama trunk + reduced head. `__call__` returns full-vocabulary logits (-inf off the head), so
-    the draft is a drop-in mlx-lm model (mlx-lm's speculative decoding can use it too)."""
+    """Llama (or Gemma 3) trunk + reduced head. `__call__` returns full-vocabulary logits (-inf off
+    the head), so the draft is a drop-in mlx-lm model (mlx-lm's speculative decoding can use it).
 
-    def __init__(self, args: llama.ModelArgs, head_size: int):
+    config["trunk"]: "llama" (default) or "gemma3_text" (architectures/gemma3_trunk.py: the
+    target's Gemma 3 blocks, each keeping its sliding / global kind)."""
+
+    def __init__(self, args: Any, head_size: int, trunk: nn.Module | None = None):
         super().__init__()
         self.args = args
         self.model_type = MODEL_TYPE
-        self.model = llama.LlamaModel(args)
+        self.model = trunk if trunk is not None else llama.LlamaModel(args)
         self.lm_head = nn.Linear(args.hidden_size, head_size, bias=False)
         self.head_ids = mx.zeros((head_size,), dtype=mx.int32)
 
     @property
-    def layers(self) -> list[llama.TransformerBlock]:
+    def layers(self) -> list[Any]:
         return self.model.layers
 
     @property
@@ -60,12 +63,25 @@ class DraftModel(nn.Module):
 
 
 def args_from_config(config: dict[str, Any]) -> tuple[llama.ModelArgs, int]:
-    """Split a draft config.json into llama args and the head size."""
+    """Split a (llama-trunk) draft config.json into llama args and the head size."""
     head_size = int(config["head_size"])
     return llama.ModelArgs.from_dict(config), head_size
 
 
+def trunk_of(config: dict[str, Any]) -> str:
+    """The draft's trunk architecture: "llama" unless the config names "gemma3_text"."""
+    trunk = str(config.get("trunk", "llama"))
+    if trunk not in ("llama", "gemma3_text"):
+        raise ValueError(f"unknown draft trunk {trunk!r} (llama or gemma3_text)")
+    return trunk
+
+
 def build(config: dict[str, Any]) -> DraftModel:
+    if trunk_of(config) == "gemma3_text":
+        from edgespec.architectures.gemma3_trunk import Gemma3Trunk, gemma3_args
+
+        g_args, layers = gemma3_args(config)
+        return DraftModel(g_args, int(config["head_size"]), Gemma3Trunk(g_args, layers))
     args, head_size = args_from_config(config)
     return DraftModel(args, head_size)
 

@@ -12,6 +12,8 @@ from typing import Any
 from edgespec.errors import ConfigError, PromptError
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench_prompts.jsonl"
+# A base model (no chat template) is measured on text to continue, in the same five categories.
+BASE_PROMPTS = DEFAULT_PROMPTS.with_name("bench_prompts_base.jsonl")
 # Spec-Bench's eight MT-bench categories; `--categories mt-bench` expands to them.
 MT_BENCH = (
     "writing",
@@ -32,6 +34,20 @@ class Prompt:
     id: str
     category: str
     text: str
+
+
+def default_prompt_file(target: str | None, draft: str | None, pair: str | None) -> Path:
+    """The built-in prompt set for these models: BASE_PROMPTS when the target is a catalogue
+    base model (`base_model` in catalog.json), else DEFAULT_PROMPTS. Reads the catalogue only."""
+    from edgespec.loading.specs import load_catalog, pair_specs
+
+    cat = load_catalog()
+    try:
+        target_spec, _, _ = pair_specs(target, draft, pair, cat)
+    except Exception:  # an unknown pair: check_pair says so in one line later
+        return DEFAULT_PROMPTS
+    entry = cat.models.get(target_spec)
+    return BASE_PROMPTS if entry is not None and entry.base_model else DEFAULT_PROMPTS
 
 
 def load_prompts(

@@ -272,11 +272,11 @@ def _make_app(
     args: argparse.Namespace, worker: Any, engine: Any, config: GenerationConfig, random_seed: bool
 ) -> tuple[Any, Any]:
     """The ASGI app over the started worker, and the connection guard whose figures it shows."""
-    from edgespec.cache import vocab_size
     from edgespec.server.app import create_app
     from edgespec.server.guard import ConnectionGuard
     from edgespec.server.local import HostRule
     from edgespec.server.protocol import Defaults, served_methods
+    from edgespec.taps import vocab_size
 
     vocab = vocab_size(engine.target.model)
     defaults = Defaults(

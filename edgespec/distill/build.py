@@ -66,6 +66,8 @@ def draft_config(
         for k, v in target_config.items()
         if k not in ("quantization", "quantization_config", "architectures")
     }
+    if target_config.get("model_type") == "gemma3_text":  # keep each layer's kind (gemma3_trunk)
+        cfg["trunk"] = "gemma3_text"
     cfg |= {
         "model_type": MODEL_TYPE,
         "num_hidden_layers": len(layers),

@@ -100,6 +100,11 @@ class BlockDrafter(Drafter):
     def __init__(self, state: BlockState, sampling: SamplingConfig, vocab: int):
         self.state, self.sampling, self.vocab = state, sampling, vocab
 
+    @property
+    def bound(self) -> int:
+        """The most tokens a round drafts: the block's, as trained (block size - 1)."""
+        return int(self.state.block.args.block_size) - 1
+
     def take_features(self, context: list[int], start: int, features: mx.array) -> None:
         self.state.set_features(context, start, features)
 

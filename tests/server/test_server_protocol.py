@@ -154,6 +154,38 @@ def test_the_servers_own_defaults_are_not_held_to_the_request_ranges():
     assert (r.config.sampling.temperature, r.config.sampling.top_k) == (3.0, 999)
 
 
+def test_the_thinking_switch_as_vllm_and_sglang_take_it():
+    assert chat().think is None  # the pair's default
+    assert chat(chat_template_kwargs={"enable_thinking": False}).think is False
+    assert chat(chat_template_kwargs={"enable_thinking": True}).think is True
+    assert chat(chat_template_kwargs={}).think is None
+    for kwargs, param in [
+        ({"enable_thinking": "no"}, "chat_template_kwargs.enable_thinking"),
+        ({"enable_thinking": False, "tools_format": 1}, "chat_template_kwargs.tools_format"),
+        ("no thinking", "chat_template_kwargs"),
+    ]:
+        with pytest.raises(RequestError) as info:
+            chat(chat_template_kwargs=kwargs)
+        assert info.value.status == 400 and info.value.param == param
+    with pytest.raises(RequestError) as info:
+        parse_completion({"prompt": "hi", "chat_template_kwargs": {}}, DEFAULTS)
+    assert info.value.param == "chat_template_kwargs" and "chat/completions" in str(info.value)
+
+
+def test_special_parsing_is_asked_for_on_completions_only():
+    plain = parse_completion({"prompt": "a<|im_end|>"}, DEFAULTS)
+    assert plain.parse_special is False
+    ext = {"parse_special": True, "k": 2}
+    asked = parse_completion({"prompt": "a<|im_end|>", "edgespec": ext}, DEFAULTS)
+    assert asked.parse_special is True and asked.config.spec.k == 2
+    with pytest.raises(RequestError) as info:
+        parse_completion({"prompt": "a", "edgespec": {"parse_special": 1}}, DEFAULTS)
+    assert info.value.param == "edgespec.parse_special"
+    with pytest.raises(RequestError) as info:
+        chat(edgespec={"parse_special": True})
+    assert info.value.param == "edgespec.parse_special" and "text" in str(info.value)
+
+
 def test_draft_methods_are_refused_without_a_draft():
     no_draft = Defaults("pair", BASE, random_seed=False, has_draft=False)
     with pytest.raises(RequestError, match="needs a draft model"):

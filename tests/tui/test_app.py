@@ -555,3 +555,21 @@ def test_answer_redraws_only_its_open_block_and_restyles_on_theme_change(
             assert view.runs[-1] == ("bonus", "!␛[2J more")
 
     run(scenario)
+
+
+def test_a_base_model_is_named_as_one_in_the_header(tmp_path: Path) -> None:
+    """A target without a chat template (Gemma 3 270M, a base model) continues text; the header
+    says so, so that a continuation is not read as a broken answer."""
+    from edgespec.tui.messages import EngineReady
+
+    app, _ = make_app(tmp_path)
+
+    async def scenario() -> None:
+        async with app.run_test() as pilot:
+            await ask(pilot, app, "hi")
+            assert "base model" not in app.sub_title
+            app.post_message(EngineReady("gemma3-270m", True, 4096, base_model=True))
+            await wait_for(pilot, lambda: "base model" in app.sub_title)
+            assert app.sub_title.startswith("gemma3-270m") and "continues" in app.sub_title
+
+    run(scenario)
