@@ -39,7 +39,7 @@ import json
 import sys
 import time
 
-from edgespec.cpu.blas import reexec_with_blas
+from edgespec.blas import reexec_with_blas
 
 if __name__ == "__main__":
     reexec_with_blas(sys.argv[1:], module="research.replay.record")

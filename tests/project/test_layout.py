@@ -51,6 +51,8 @@ def _sources() -> list[Path]:
 LONG_MODULES: dict[str, str] = {
     "edgespec/commands/bench.py": "one command: its options, their checks and the run they "
     "drive; the bench's parts live in edgespec/bench/",
+    "edgespec/drafting/adaptive.py": "one policy, AdaptiveK: its estimates, the K = 0 switch, "
+    "probes, reviews and the price check decide together and are read together",
 }
 
 
