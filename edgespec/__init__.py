@@ -13,7 +13,7 @@ import sys as _sys
 def _off_the_working_directory() -> None:
     """Under `python -m edgespec ...` (not -P), take the working directory off the import path
     before anything else is imported, as the `edgespec` command (whose path starts with its
-    own folder) and its safe-path re-exec (edgespec/cpu/blas.py) do: a json.py where the
+    own folder) and its safe-path re-exec (edgespec/blas.py) do: a json.py where the
     server was started replaced the standard module. This package is already being imported,
     so its own modules still load from a source checkout."""
     argv = getattr(_sys, "orig_argv", [])
@@ -50,7 +50,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     """`edgespec.Engine` without importing MLX at `import edgespec` (the CLI must be able to
-    re-execute itself with an optimised BLAS before MLX loads; see edgespec/cpu/blas.py)."""
+    re-execute itself with an optimised BLAS before MLX loads; see edgespec/blas.py)."""
     if name == "Engine":
         from edgespec.runtime import Engine
 

@@ -3,22 +3,27 @@
 Invariant (checked by the tests after every round): `len(state.tokens) == state.offset`, and
 `state.tokens` is a prefix of the conversation's committed tokens. The loop keeps the newest
 committed token out of both caches: it is the input of the next forward, which computes its K/V.
+
+Beside it: a draft's attention bound (edgespec/bound.py: which positions a bounded draft keeps and
+reads) and the feature taps (edgespec/taps.py: the hidden states a forward records for a feature
+draft, the output head, the vocabulary's width).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from edgespec.config import DRAFT_SINKS, KV_BITS, MIN_DRAFT_WINDOW
+from edgespec.bound import READ_WINDOWS, Bound
+from edgespec.config import DRAFT_SINKS, KV_BITS
 from edgespec.errors import CacheNotTrimmableError, ConfigError
-from edgespec.rewind import DEPTH, REFEED, Rewinder, WindowKVCache, rewindable
+from edgespec.rewind import REFEED, Rewinder, rewindable
 from edgespec.sampling import Softmax
+from edgespec.taps import TOP, target_features, text_model
 
 PREFILL_CHUNK = 512
 # A prompt tail up to this long is fed in the first round's forward rather than prefilled apart
@@ -26,9 +31,6 @@ PREFILL_CHUNK = 512
 # much longer tail costs more in head rows than the separate forward saves (measured:
 # docs/measurements/2026-11-27-first-token.md).
 MERGE_MAX = 32
-# A bounded draft's catch-up reads its sinks and the last READ_WINDOWS windows of what it has not
-# read (Bound, KVState.catch_up): at least window - 1 + DEPTH positions, so its rewinds are trims.
-READ_WINDOWS = 2
 CacheFactory = Callable[[Any], list[Any]]  # model -> a fresh prompt cache (one entry per layer)
 # Who runs a state's forwards besides itself (a server's batch packs several sequences' into one,
 # edgespec/server/packing.py): (state, inputs [L], head_only) -> the logits forward_alone gives.
@@ -42,59 +44,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
-
-
-def vocab_size(model: Any) -> int:
-    """Width of the model's output logits: its `args.vocab_size`, or its text part's for a
-    conditional-generation model (Qwen3.5's `args.text_config`)."""
-    args = model.args
-    if hasattr(args, "vocab_size"):
-        return int(args.vocab_size)
-    return int(args.text_config["vocab_size"])
-
-
-@dataclass(frozen=True)
-class Bound:
-    """A draft's attention bound: past `start` tokens of context, each of its positions attends
-    to the first `sinks` positions and the last `window` ones, not to the whole context, so a draft
-    step costs the same at 32K tokens as at `start`. Only drafts are bounded: the target verifies
-    every token over the whole context, so output is unchanged whatever the draft reads
-    (docs/drafting.md). Shorter contexts keep the draft's own full cache (and every path that
-    needs one: a server's copied prefixes, draft trees).
-
-    A bounded draft also reads only the sinks and the last READ_WINDOWS windows of a long prompt,
-    skipping the rest (KVState.catch_up): a query past them would never attend to them. The
-    first window's queries then see less than they would have (their own windows start in the
-    skipped part), which costs a little acceptance at the start of an answer, never exactness;
-    two windows keep that to positions the draft has long stopped looking at."""
-
-    window: int
-    sinks: int = 4
-
-    def __post_init__(self) -> None:
-        if self.window < MIN_DRAFT_WINDOW or not 0 <= self.sinks < self.window:
-            raise ValueError(
-                f"a draft window needs >= {MIN_DRAFT_WINDOW} positions and 0 <= sinks < window, "
-                f"got window {self.window}, sinks {self.sinks}"
-            )
-
-    @property
-    def start(self) -> int:
-        """The context length past which the bound is on: READ_WINDOWS windows."""
-        return READ_WINDOWS * self.window
-
-    def windowed(self, layers: list[Any]) -> list[Any] | None:
-        """`layers` with each full-attention layer (a KVCache) turned into a window cache of this
-        bound holding its sinks and the positions the window still needs, or None when there is
-        none to turn (the layers are windows already, or of other kinds)."""
-        if not any(type(layer) is KVCache for layer in layers):
-            return None
-        return [
-            WindowKVCache.of(layer, self.window, DEPTH, self.sinks)
-            if type(layer) is KVCache
-            else layer
-            for layer in layers
-        ]
 
 
 def kv_group_size(model: Any) -> int:
@@ -152,66 +101,6 @@ def check_trimmable(cache: list[Any], name: str) -> list[Any]:
     return cache
 
 
-TOP = -1  # feature_layers entry for the target's top hidden state (final-normed, the head's input)
-
-
-class _Tap:
-    """A target layer that also records its output (the hidden state after that layer)."""
-
-    def __init__(self, layer: Any, sink: list[mx.array]):
-        self.layer, self.sink = layer, sink
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.layer(*args, **kwargs)
-        self.sink.append(out if isinstance(out, mx.array) else out[0])
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.layer, name)
-
-
-def text_model(model: Any) -> Any:
-    """The llama-style model inside: `model` itself, or a conditional-generation model's text part
-    (Qwen3.5's `language_model`), whose `args` and head are the ones that score tokens."""
-    return getattr(model, "language_model", model)
-
-
-def output_head(model: Any, h: mx.array) -> mx.array:
-    """The model's output head on hidden states h [..., d] (final-normed) -> logits [..., V]."""
-    text = text_model(model)
-    if getattr(text.args, "tie_word_embeddings", False):  # DeepSeek-V3's args have no such field
-        return text.model.embed_tokens.as_linear(h)
-    return text.lm_head(h)
-
-
-def target_features(
-    model: Any, inputs: mx.array, cache: Any, layers: Sequence[int] = (TOP,)
-) -> tuple[mx.array, mx.array]:
-    """One target forward, [L] -> (hidden states [L, len(layers) * d], logits [L, V]); the logits
-    are model(inputs)'s (the model's own call runs, whatever its head: Gemma's soft-capping, a
-    multimodal config's `language_model`). `layers`: which hidden states, concatenated in that
-    order: TOP (-1) is the top (final-normed) one, the trunk's output (`model.model`, or
-    `model.language_model.model`), i >= 0 the output of layer i, recorded as the forward passes it
-    (no extra forward). A feature draft (edgespec/architectures/eagle.py) reads them."""
-    owner = getattr(model, "language_model", model)
-    trunk = owner.model
-    blocks = trunk.layers
-    top: list[mx.array] = []
-    taps: dict[int, list[mx.array]] = {i: [] for i in layers if i != TOP}
-    for i, sink in taps.items():
-        blocks[i] = _Tap(blocks[i], sink)
-    owner["model"] = _Tap(trunk, top)  # an nn.Module keeps its children as dict entries
-    try:
-        logits = model(inputs[None], cache=cache)
-    finally:
-        owner["model"] = trunk
-        for i in taps:
-            blocks[i] = blocks[i].layer
-    parts = [top[0][0] if i == TOP else taps[i][0][0] for i in layers]
-    feats = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
-    return feats, logits[0]
-
-
 class KVState:
     """One model, its KV cache, and the tokens that cache holds.
 
@@ -234,7 +123,7 @@ class KVState:
         self.softmax = softmax
         self.name = name
         self.new_cache = new_cache
-        # Set while a server's bank holds this cache's keys and values (edgespec/bank.py).
+        # Set while a server's bank holds this cache's keys and values (edgespec/server/bank.py).
         self.bank: Any = None
         self.cache = rewindable(new_cache(model))
         self.layers = Rewinder(self.cache)

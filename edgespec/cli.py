@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from edgespec.cpu.blas import reexec_with_blas
+from edgespec.blas import reexec_with_blas
 from edgespec.errors import EdgeSpecError, GroupError, one_line
 from edgespec.launch import (
     env_rank,
@@ -24,6 +24,7 @@ from edgespec.launch import (
     launched_backend,
     share_threads,
 )
+from edgespec.switches import DEBUG
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # the backend failed (out of memory, a kernel that did not compile)
-        if os.environ.get("EDGESPEC_DEBUG"):
+        if os.environ.get(DEBUG):
             raise
         if launched:  # a peer lost mid-collective: say so in words
             from edgespec.distributed.group import lost

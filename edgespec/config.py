@@ -11,7 +11,8 @@ from edgespec.errors import ConfigError
 # The largest K (drafted tokens per round, also k-max and ngram-k) and n-gram length accepted: a
 # round's cost grows with K while its expected gain stops growing long before (docs/drafting.md).
 MAX_K = 64
-# A draft's attention bound (SpecConfig.draft_window, cache.Bound): the window, in positions,
+DEFAULT_K_MAX = 8  # SpecConfig.k_max's default
+# A draft's attention bound (SpecConfig.draft_window, bound.Bound): the window, in positions,
 # and the first positions every draft position also sees (attention sinks). On this project's
 # measurements a window of 256 to 1024 kept a token draft's acceptance at 2K tokens of context
 # (docs/measurements/2026-11-28-long-context-draft.md); 1024 leaves room to spare. Feature, block
@@ -119,14 +120,16 @@ class SpecConfig:
     ngram_min: int = (
         1  # a 2-token verify costs ~1 step now, so one-token matches pay (docs/drafting.md)
     )
-    k_max: int = 8
+    # Adaptive K's bound. Left at DEFAULT_K_MAX, a block draft's own bound replaces it: its block
+    # size - 1, the tokens one draft forward fills as it was trained (strategy.py k_bound).
+    k_max: int = DEFAULT_K_MAX
     ngram_k: int = 1
     ngram_long: int = 8
     ngram_long_k: int = 5
     # Draft trees (docs/drafting.md, Trees): "" for chains (the default loop), else "chain", a
     # width list such as "3,2,1,1", "dynamic" or "auto" (the adaptive policy's choice per round).
     tree: str = ""
-    # A draft's attention bound (cache.Bound; token, feature and block drafts' own attention, a
+    # A draft's attention bound (bound.Bound; token, feature and block drafts' own attention, a
     # Gemma 4 assistant's reading of the target's full layer): past 2 * draft_window tokens of
     # context it attends to its first DRAFT_SINKS positions and its last draft_window ones, so a
     # draft step costs the same at any length; 0 attends to the whole context. Drafts only: the

@@ -66,7 +66,7 @@ class Round:
     t_verify: float  # building the target's verify forward + waiting for it (and the acceptance)
     method: str = "draft"
     # False where the split of time between this round and its neighbours is unknown: in a
-    # pipelined run of plain steps (loop.plain_run) a read may return only once the forward
+    # pipelined run of plain steps (loop.py) a read may return only once the forward
     # queued behind it is done too (MLX's CPU backend), so the run's first interval holds two
     # forwards and its last almost none, and a step with an n-gram lookup queued behind it holds
     # that longer forward. The sum over a run is right; cost estimates (AdaptiveK) leave these

@@ -1,5 +1,5 @@
 """What MLX's launcher (`mlx.launch`, mpirun) tells a process through its environment, read
-without importing MLX: the CLI needs it before its BLAS re-exec (edgespec/cpu/blas.py), which
+without importing MLX: the CLI needs it before its BLAS re-exec (edgespec/blas.py), which
 must happen before MLX is loaded.
 
 Thread shares: `mlx.launch -n 3` on one machine runs three ranks side by side. MKL (and
@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from edgespec.cpu.blas import share_cores
+from edgespec.blas import share_cores
 from edgespec.errors import GroupError
 
 HOSTFILE, RANK = "MLX_HOSTFILE", "MLX_RANK"

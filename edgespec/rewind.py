@@ -36,7 +36,7 @@ from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, _BaseCa
 from edgespec.config import MAX_K
 
 # How far back a sliding-window cache can be trimmed: a verify of up to MAX_K drafts plus the
-# pending input, plus a pipelined step queued behind it (edgespec/rounds.py).
+# pending input, plus a pipelined step queued behind it (edgespec/loop.py).
 DEPTH = MAX_K + 2
 # A verify refeeds the tokens a restore dropped together with its drafts while they are fewer than
 # this, else in a forward of their own first (KVState.settle; docs/architectures.md).
@@ -55,7 +55,7 @@ class WindowKVCache(_BaseCache):
 
     `sinks` > 0: position i also sees the first `sinks` positions (attention sinks, as in
     StreamingLLM): once the window has moved past them, they are kept in front of the window's
-    keys (`lead`). A draft's attention bound (cache.Bound) is such a cache on every layer.
+    keys (`lead`). A draft's attention bound (bound.Bound) is such a cache on every layer.
 
     Compaction (dropping positions no query or rewind can need) happens in update_and_fetch, and
     make_mask, called before it, knows where the held keys will start (`_start_after`): every
@@ -78,13 +78,9 @@ class WindowKVCache(_BaseCache):
     def of(cls, full: Any, window: int, depth: int = DEPTH, sinks: int = 0) -> WindowKVCache:
         """A window cache (marked `bounded`: a draft's attention bound made it) holding what a
         full KVCache `full` holds that its queries from now on may see: the sinks and the last
-        window - 1 + depth positions (all of them while that reaches back to the sinks). Marks
-        on `full` (the CPU backend's grouped path) carry over."""
+        window - 1 + depth positions (all of them while that reaches back to the sinks)."""
         out = cls(window, depth, sinks)
         out.bounded = True
-        for name, value in vars(full).items():
-            if name.startswith("_edgespec"):
-                setattr(out, name, value)
         n = int(full.offset)
         out.offset = n
         if n == 0 or full.keys is None:
@@ -316,7 +312,7 @@ class Rewinder:
 
     @property
     def all_windows(self) -> bool:
-        """Whether every layer is a window cache (a bounded draft's, cache.Bound): only then may
+        """Whether every layer is a window cache (a bounded draft's, bound.Bound): only then may
         the cache `skip`."""
         return bool(self.windows) and len(self.windows) == len(self.layers)
 

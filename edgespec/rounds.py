@@ -1,14 +1,7 @@
-"""One round of speculative decoding, top to bottom: plan (the policy's K, through Plans), draft
-(Chains.draft; draft trees: edgespec/trees/loop.py), verify (verify_round: one target forward over
-the pending token and the drafts), accept (acceptance.accept: the ratio test, or the longest
-agreeing prefix at temperature 0), commit (Progress.commit: cut at EOS / the limits, the drafter
-rolled back). A round with nothing drafted (K = 0) is a plain target step; plain decoding is rounds
-of K = 0 (drafting.adaptive.FixedK(PLAIN_ONLY)). The generation around the rounds, and the pipelining of runs of
-plain steps, is edgespec/loop.py's.
-
-Speed: drafted tokens stay lazy MLX arrays (async_eval, no .item() per token); the target's verify
-graph is built on them while the draft computes, the acceptance runs on the device, and a round
-costs one host sync: a transfer of d + 2 integers.
+"""What every round kind shares: the generation's committed state (Progress: commit cuts at EOS /
+the limits and rolls the drafter back), the policy's one caller (Plans), the Rounds protocol a
+round kind implements (loop.Chains; trees.loop.Trees) and the timing of a drafted round
+(run_round). The loop and its chain round, top to bottom, are edgespec/loop.py's.
 
 Cache invariant after every round: the target's cache holds context[:-1] (the newest committed
 token is the next forward's input); a drafter's state holds some prefix of the context.
@@ -24,10 +17,9 @@ from typing import Generic, Protocol, TypeVar, cast
 
 import mlx.core as mx
 
-from edgespec.acceptance import Review, accept
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter, FeatureInput, Proposal
+from edgespec.drafting.base import Drafter, FeatureInput, Proposal
 from edgespec.events import Round
 
 Plan = TypeVar("Plan")  # what a policy chooses for a round: K (chains) or a Shape (trees)
@@ -48,24 +40,15 @@ class Policy(Protocol[Chosen]):
 class Plans(Generic[Plan]):
     """The only caller of a generation's round policy. Before each decision it hands the policy
     every round committed since the last one (Progress.fresh), so each round reaches it exactly
-    once and in order, however far ahead a pipelined run decides; a policy never de-duplicates.
-    `ahead` holds a plan a pipelined run decided for the round after it. `reviews`: the drafter
-    can review (acceptance.py, reviews) and the policy reads reviews (`review(r)`, `review_due()`:
-    AdaptiveK); they reach it like rounds (Progress.reviews), before the rounds of the same
-    decision."""
+    once and in order, however far ahead the loop decides; a policy never de-duplicates.
+    `ahead` holds a plan decided ahead (behind a plain step) for a round that runs later."""
 
-    def __init__(self, policy: Policy[Plan], reviews: bool = False):
+    def __init__(self, policy: Policy[Plan]):
         self.policy = policy
         self.ahead: Plan | None = None
-        self.reviews = reviews and callable(getattr(policy, "review", None))
-        if self.reviews:
-            cast(Reviewing, policy).review_on()
 
     def decide(self, run: Progress) -> Plan:
         """A plan now, from everything committed so far."""
-        for review in run.reviews:
-            cast(Reviewing, self.policy).review(review)
-        run.reviews.clear()
         for r in run.fresh:
             self.policy.observe(r)
         run.fresh.clear()
@@ -75,26 +58,6 @@ class Plans(Generic[Plan]):
         """The next round's plan: one decided ahead, else a fresh decision."""
         plan, self.ahead = self.ahead, None
         return self.decide(run) if plan is None else plan
-
-    def review_due(self) -> bool:
-        """Whether the drafter should review the tokens committed since it last drafted."""
-        return self.reviews and cast(Reviewing, self.policy).review_due()
-
-    def lookup_review_due(self) -> bool:
-        """Whether a hybrid's lookups are off and their guesses should be reviewed."""
-        return self.reviews and cast(Reviewing, self.policy).lookup_review_due()
-
-
-class Reviewing(Protocol):
-    """A policy that reads reviews (acceptance.py, reviews) in place of probe rounds: AdaptiveK."""
-
-    def review_on(self) -> None: ...
-
-    def review(self, r: Review) -> None: ...
-
-    def review_due(self) -> bool: ...
-
-    def lookup_review_due(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -159,9 +122,6 @@ class Progress:
     index: int = 0  # the next round's index
     stopped: bool = False  # the final Step was yielded
     fresh: list[Round] = field(default_factory=list)  # committed, not yet shown to the policy
-    reviews: list[Review] = field(default_factory=list)  # read, not yet shown to the policy
-    # Plain steps' target probabilities of their sampled tokens, by position, for a review.
-    probs: dict[int, float] = field(default_factory=dict)
 
     def room(self) -> int:
         """Tokens one verify may still add within the context window."""
@@ -194,111 +154,56 @@ class Progress:
 
 
 class Rounds(Protocol[Planned]):
-    """How rounds of one kind are drafted and finished (Chains; trees.loop.Trees), and what their
-    drafter can do (`caps`)."""
-
-    caps: Capabilities
+    """How rounds of one kind are drafted and finished (loop.Chains; trees.loop.Trees). A round
+    that drafts nothing is a plain step, queued and read back like a chain round of d = 0."""
 
     def size(self, plan: Planned) -> int:
         """Tokens the plan drafts (0: a plain step)."""
         ...
 
-    def draft(self, run: Progress, plan: Planned, key: mx.array) -> Proposal | None:
-        """The round's proposal, or None: plain steps, pipelined (loop.plain_run)."""
+    def draft(self, run: Progress, plan: Planned, key: mx.array) -> Proposal:
+        """The round's proposal, lazy; empty: a plain step."""
+        ...
+
+    def behind(self, run: Progress, plan: Planned) -> Proposal | None:
+        """The round's proposal made while the token before it is still computing (a plain step,
+        a lookup one token behind), or None: it drafts from that token, once read."""
+        ...
+
+    def queue(
+        self, run: Progress, prop: Proposal, key: mx.array, before: Queued | None = None
+    ) -> Queued:
+        """Queue a chain round's verify over `prop` (behind `before`, still computing)."""
+        ...
+
+    def read(self, run: Progress, queued: Queued, upcoming: Queued | None) -> Step:
+        """Read a queued round back and commit it."""
         ...
 
     def finish(
         self, run: Progress, plan: Planned, prop: Proposal, t0: float, key: mx.array
     ) -> Step:
-        """Verify `prop` (drafting since t0) with `key`, commit the round, rewind the target."""
+        """Verify a drafted `prop` (drafting since t0) with `key`, commit, rewind the target."""
         ...
 
 
-class Chains:
-    """Chain rounds: K tokens from `drafter` (K from the policy), verified in one forward."""
+@dataclass
+class Queued:
+    """A chain round whose forward is queued: its proposal, lazy output and features
+    (loop.verify_round), the target's lazy probability of a plain step's token (`px`, kept for
+    reviews), whether it was queued behind a plain step still computing (`behind`), and when its
+    interval began (`start`: once queued, or at the read of the step it was queued behind)."""
 
-    def __init__(self, target: KVState, drafter: Drafter, cfg: SamplingConfig):
-        self.target, self.drafter, self.cfg = target, drafter, cfg
-        self.caps = Capabilities.of(drafter)
-
-    def size(self, plan: int) -> int:
-        return plan
-
-    def draft(self, run: Progress, plan: int, key: mx.array) -> Proposal | None:
-        """The proposal for K = `plan`, lazy (the draft runs while the verify is built), or None:
-        plain steps, pipelined."""
-        if plan <= PLAIN_ONLY:  # plain steps, pipelined, no lookups
-            return None
-        k = max(0, min(plan, run.room()))
-        if k > 0:
-            prop = self.drafter.propose(run.context, k, key)
-        elif self.caps.free is not None:  # drafting is off, but a lookup costs next to nothing
-            prop = self.caps.free.propose_free(run.context, key)
-        else:  # drafting is off: plain steps, pipelined
-            return None
-        prop = prop.cut(run.room())  # a lookup may be longer than the room
-        # A lookup missed: plain steps, pipelined, looking up one token behind meanwhile.
-        return None if prop.size == 0 and self.caps.behind is not None else prop
-
-    def finish(self, run: Progress, plan: int, prop: Proposal, t0: float, key: mx.array) -> Step:
-        """Verify and accept (one host sync), commit, rewind the target to context[:-1]."""
-        features = self.caps.features is not None
-        timed = fed_one(self.target, run.context)
-        out, feats, t_draft, t_verify = run_round(
-            self.target, run.context, prop, t0, self.cfg, key, features
-        )
-        d, k = prop.size, max(0, min(plan, run.room()))
-        n, nxt = out[d], out[d + 1]
-        rnd = Round(
-            index=run.index,
-            drafted=d,
-            accepted=n,
-            k=max(k, d),
-            t_draft=t_draft,
-            t_verify=t_verify,
-            method=prop.method if d else self.drafter.method,
-            timed=timed,
-            match=prop.match if d else 0,
-            context=len(run.context),
-        )
-        step = run.commit(self.drafter, out[:n] + [nxt], rnd, feats)
-        self.target.rewind(run.context, len(run.context) - 1)
-        return step
+    prop: Proposal
+    out: mx.array
+    feats: mx.array | None
+    px: mx.array | None
+    behind: bool
+    start: float
 
 
-def verify_round(
-    target: KVState,
-    pending: mx.array,
-    prop: Proposal,
-    cfg: SamplingConfig,
-    key: mx.array,
-    features: bool = False,
-    keep: list[mx.array] | None = None,
-) -> tuple[mx.array, mx.array | None]:
-    """One target forward over [pending..., x_1..x_d] and the acceptance step, built lazily on the
-    (possibly still running) draft; `pending` (int32, may be lazy) are the inputs the cache does not
-    hold yet. d = 0 is a plain target step. Returns [x_1..x_d, n_accepted, next_token] as one lazy
-    int32 array (the round's only host transfer) and, when `features`, the target's top hidden
-    states of the d + 1 verified positions (lazy). `keep`: a plain step at T > 0 appends to it
-    the target's probability of the token it samples (lazy), for a review (acceptance.py, reviews)."""
-    d = prop.size
-    pending = target.settle(pending)  # a restored recurrent cache may catch up first (cache.py)
-    inputs = mx.concatenate([pending, prop.tokens]) if d else pending
-    feats = None
-    if features:
-        feats, logits = target.forward_features(inputs)
-        feats, logits = feats[-(d + 1) :], logits[-(d + 1) :]
-    else:
-        logits = target.forward(inputs)[-(d + 1) :]
-    n, nxt, p = accept(prop.tokens, prop.q, logits, cfg, key, target.softmax)
-    if keep is not None and p is not None and d == 0:
-        keep.append(p[0, nxt])
-    out = mx.concatenate([prop.tokens, n.reshape(1), nxt.reshape(1)])
-    return out.astype(mx.int32), feats
-
-
-# verify_round's signature: (target, pending, proposal, cfg, key, features) -> (out, features);
-# the tree loop passes its own (edgespec/trees/loop.py).
+# A round kind's verify: (target, pending, proposal, cfg, key, features) -> (out, features)
+# (loop.verify_round; trees.loop.verify_tree_round).
 Verify = Callable[..., tuple[mx.array, mx.array | None]]
 
 
@@ -316,9 +221,10 @@ def run_round(
     cfg: SamplingConfig,
     key: mx.array,
     features: bool,
-    verify: Verify = verify_round,
+    verify: Verify,
 ) -> tuple[list[int], mx.array | None, float, float]:
-    """Verify a proposal whose draft may still be computing; one host sync. Returns the host list
+    """Verify a proposal whose draft may still be computing; one host sync. `verify`: the round
+    kind's (loop.verify_round, trees.loop.verify_tree_round). Returns the host list
     [x_1..x_d, n_accepted, next_token] (`verify`'s output), the features (or None), t_draft,
     t_verify.
 

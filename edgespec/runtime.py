@@ -22,16 +22,20 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgespec.cache import Forward, KVState, check_kv_bits, vocab_size
+import edgespec.prompting as prompting
+from edgespec.backend import Backend
+from edgespec.cache import Forward, KVState, check_kv_bits
 from edgespec.config import GenerationConfig
-from edgespec.cpu.backend import CpuBackend
+from edgespec.device import for_device
 from edgespec.drafting.base import Drafter
 from edgespec.errors import PromptError, check_context
 from edgespec.events import Event, Finished, Prefill, Round, Token, generation_stats
 from edgespec.families import family_of
 from edgespec.loading.load import load_pair
+from edgespec.loading.specs import load_catalog, pair_thinking
 from edgespec.rounds import Limits, Policy, Step, cancelled
 from edgespec.strategy import RoundFactory
+from edgespec.taps import vocab_size
 
 if TYPE_CHECKING:  # imported where used: a lone process on a token draft needs none of them
     from edgespec.calibration import Calibration
@@ -58,17 +62,16 @@ class Engine:
         self.context_window = int(target.context_window)
         if draft is not None:
             self.context_window = min(self.context_window, int(draft.context_window))
-        # The CPU backend (edgespec/cpu/backend.py; nothing on a GPU): the states run twins of
-        # the models with its optimised layers (target.model / draft.model stay mlx-lm's), on
-        # marked caches; draft steps in pairs; the sampling softmax.
-        self.cpu = CpuBackend()
-        self._pairs = self.cpu.draft_pairs
+        # The device's backend (edgespec/backend.py): on the CPU the states run twins of the
+        # models with its optimised layers (target.model / draft.model stay mlx-lm's), its
+        # caches, draft steps and sampling softmax; on a GPU the models and MLX's own.
+        self.backend: Backend = for_device()
         self._draft: Any  # the family's draft state, or None
         self._target, self._draft = self.new_states()
         self._vocab = vocab_size(target.model)
         # Each request's drafter, policy and rounds (the tree forward's pieces: `kernels`).
         self.factory = RoundFactory(
-            self._vocab, self.name, self.family, self._pairs, lambda: self.kernels
+            self._vocab, self.name, self.family, self.backend.draft_steps, lambda: self.kernels
         )
         self._eos = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         # Launched as one rank of a group (edgespec.distributed): every rank runs this engine,
@@ -76,14 +79,16 @@ class Engine:
         self.group: Group | None = None
         self.agreement: Agreement | None = None
         self.calibration: Calibration | None = None  # set by warm_up: seeds adaptive K
+        # The chat template's thinking mode encode_chat uses when not told (enable_thinking):
+        # the catalogue pair's default (Engine.load: the mode its draft was trained for), or a
+        # caller's choice (--think / --no-think); None = the template's own default.
+        self.thinking: bool | None = None
 
     @functools.cached_property
     def kernels(self) -> Kernels:
-        """The draft-tree forward's pieces (and the server's packed forward's, edgespec/packed.py):
-        the CPU's grouped attention and compiled blocks. Made when first asked for."""
-        from edgespec.trees.forward import Kernels
-
-        return Kernels(self.cpu.masked_attention, self.cpu.block_parts)
+        """The draft-tree forward's pieces (and the server's packed forward's, server/packed.py):
+        the backend's attention and compiled blocks. Made when first asked for."""
+        return self.backend.kernels()
 
     @classmethod
     def load(
@@ -105,9 +110,12 @@ class Engine:
         group: this process's group (edgespec.distributed.group.init_group); more than one rank
         splits the target `shard` ("tensor" / "pipeline") parallel, and every rank must load and
         generate alike. kv_bits: quantized KV caches of 8 or 4 bits (None: full precision; see
-        `Engine`); any other value is a ConfigError before anything loads. Raises ModelNotFoundError / ModelLoadError / TokenizerMismatchError /
-        CacheNotTrimmableError with one-line messages."""
+        `Engine`); any other value is a ConfigError before anything loads. A named pair's
+        catalogue "thinking" becomes `thinking`, encode_chat's default. Raises
+        ModelNotFoundError / ModelLoadError / TokenizerMismatchError / CacheNotTrimmableError
+        with one-line messages."""
         check_kv_bits(kv_bits)  # before anything loads
+        catalog = load_catalog()
         t, d = load_pair(
             target,
             draft,
@@ -118,8 +126,10 @@ class Engine:
             dtype=dtype,
             group=group,
             shard=shard,
+            catalog=catalog,
         )
         engine = cls(t, d, kv_bits)
+        engine.thinking = pair_thinking(target, pair, catalog)
         if group is not None:
             from edgespec.distributed.group import agreement_for
 
@@ -128,20 +138,45 @@ class Engine:
 
     # ------------------------------------------------------------------ prompts
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a conversation through the chat template, ready for the assistant's turn."""
+    def encode_chat(
+        self, messages: list[dict[str, str]], *, think: bool | None = None
+    ) -> list[int]:
+        """Token ids of a conversation through the chat template, ready for the assistant's turn.
+        The messages' text is text: a special-token string in it (e.g. '<|im_end|>') is
+        tokenized as characters, never as the control token (edgespec/prompting.py); only the
+        template's own markers are control tokens. `think`: the template's thinking mode
+        (enable_thinking), None = `self.thinking` (the pair's default); passed only to a
+        template that has one (`thinking_mode`)."""
         if not any(str(m.get("content", "")).strip() for m in messages):
             raise PromptError("the prompt is empty")
         if not getattr(self.tokenizer, "has_chat_template", False):
             return self.encode_raw("\n".join(m["content"] for m in messages))
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return [int(i) for i in ids]
+        think = self.thinking if think is None else think
+        kwargs = {} if think is None or self.thinking_mode() is None else {"enable_thinking": think}
+        return prompting.encode_chat(self.tokenizer, messages, **kwargs)
 
-    def encode_raw(self, text: str) -> list[int]:
-        """Token ids of `text` as is (the tokenizer's BOS, if it has one, is added)."""
+    def encode_raw(self, text: str, *, parse_special: bool = False) -> list[int]:
+        """Token ids of `text` as is, no template (the tokenizer's BOS, if it has one, is added).
+        Special-token strings in it are text unless `parse_special`: then '<|im_end|>' is the
+        control token, for a caller that writes a template's markers itself."""
         if not text.strip():
             raise PromptError("the prompt is empty")
-        return [int(i) for i in self.tokenizer.encode(text)]
+        return prompting.encode_text(self.tokenizer, text, parse_special=parse_special)
+
+    def thinking_mode(self, think: bool | None = None) -> bool | None:
+        """The thinking mode `encode_chat(think=think)` renders: None where the chat template
+        has no thinking mode (the switch changes nothing there), else True (thinking) or False.
+
+        For SmolLM2's template: None. For Qwen3's: the pair's default, or the template's (on)."""
+        template = self._template_thinking
+        if template is None:
+            return None
+        chosen = self.thinking if think is None else think
+        return template if chosen is None else chosen
+
+    @functools.cached_property
+    def _template_thinking(self) -> bool | None:
+        return prompting.thinking_default(self.tokenizer)
 
     def _check_prompt(self, prompt_ids: Iterable[int]) -> list[int]:
         """The prompt as a list of ints, or PromptError: empty, not token ids of the target's
@@ -171,9 +206,12 @@ class Engine:
         config: GenerationConfig,
         cancel: threading.Event | None = None,
         on_prefill: Callable[[Prefill], object] | None = None,
+        *,
+        think: bool | None = None,
     ) -> Iterator[Event]:
-        """generate(encode_chat(messages), config, cancel, on_prefill=on_prefill)."""
-        return self.generate(self.encode_chat(messages), config, cancel, on_prefill=on_prefill)
+        """generate(encode_chat(messages, think=think), config, cancel, on_prefill=on_prefill)."""
+        ids = self.encode_chat(messages, think=think)
+        return self.generate(ids, config, cancel, on_prefill=on_prefill)
 
     def generate(
         self,
@@ -310,7 +348,7 @@ class Engine:
         one more conversation kept aside (edgespec.server.prefix); `swap_states` installs them.
         `run`: who runs the target's and a token draft's forwards (cache.Forward: a server's
         batch packs them; None: each state its own)."""
-        return self.family.new_states(self.cpu, self.target, self.draft, self.kv_bits, run)
+        return self.family.new_states(self.backend, self.target, self.draft, self.kv_bits, run)
 
     def swap_states(self, target: KVState, draft: Any) -> tuple[KVState, Any]:
         """Hold these caches (from `new_states`, or returned by an earlier swap) from now on and

@@ -18,15 +18,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgespec.cache import KVState
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.config import DEFAULT_K_MAX, SamplingConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK, FixedK, make_k_policy
 from edgespec.drafting.base import PLAIN_ONLY, Capabilities, Drafter
+from edgespec.drafting.review import Reviewer
 from edgespec.families import NO_DRAFT, Family, chain_drafter, tree_drafter
-from edgespec.loop import speculate
-from edgespec.rounds import Chains, Limits, Policy, Rounds, Step
+from edgespec.loop import Chains, speculate
+from edgespec.rounds import Limits, Policy, Rounds, Step
 
 if TYPE_CHECKING:
     from edgespec.calibration import Calibration
+    from edgespec.drafting.token import DraftSteps
     from edgespec.trees.forward import Kernels
 
 
@@ -67,7 +69,8 @@ class Strategy:
         cancel: threading.Event | None,
     ) -> Iterator[Step]:
         """The generation's Steps (after `prefill`). Plain decoding: rounds of K = 0, pipelined
-        (loop.plain_run), reported without Round records."""
+        (edgespec/loop.py), reported without Round records. Chain rounds show their plain steps
+        to the reviews the policy reads (drafting/review.py), if any."""
         if self.rounds is None or self.drafter is None or self.policy is None:
             drafter = Drafter()
             plain = Chains(self.target, drafter, sampling)
@@ -77,9 +80,13 @@ class Strategy:
             return (dataclasses.replace(step, round=None) for step in steps)
         later = self.family.later(self.target, self.draft, self.draft_prefill)
         prepare = later.prefill if later is not None else None
+        rounds = self.rounds
+        if isinstance(rounds, Chains):  # the policy is known only now (Engine.generate's gate)
+            watch = Reviewer.of(self.policy, self.drafter)
+            rounds = Chains(self.target, self.drafter, sampling, watch)
         return speculate(
             self.target,
-            self.rounds,
+            rounds,
             self.drafter,
             prompt,
             sampling,
@@ -93,13 +100,13 @@ class Strategy:
 @dataclass(frozen=True)
 class RoundFactory:
     """What the factory knows of the loaded pair: the target's vocabulary, the pair's name (for
-    errors), the draft's family, draft steps in pairs (edgespec.cpu.draft_pairs), and the
+    errors), the draft's family, the backend's token-draft steps (drafting/token.py DraftSteps), and the
     backend's tree-forward pieces (`kernels()`, asked for when a tree is first built)."""
 
     vocab: int
     name: str
     family: Family = NO_DRAFT
-    pairs: bool = False
+    draft_steps: DraftSteps | None = None
     kernels: Callable[[], Kernels] | None = None
 
     def build(
@@ -127,7 +134,7 @@ class RoundFactory:
             return self._trees(spec, sampling, target, draft, k_policy, own)
         if drafter is None:
             drafter = chain_drafter(
-                spec, sampling, family, draft, self.vocab, self.name, self.pairs
+                spec, sampling, family, draft, self.vocab, self.name, self.draft_steps
             )
         policy = k_policy or self.k_policy(spec, drafter, calibration)
         reads = family.reads_features and Capabilities.of(drafter).features is not None
@@ -141,7 +148,7 @@ class RoundFactory:
 
         kernels = self.kernels() if self.kernels is not None else PLAIN
         tree = tree_drafter(
-            spec, sampling, self.family, draft, self.vocab, self.name, kernels, self.pairs
+            spec, sampling, self.family, draft, self.vocab, self.name, kernels, self.draft_steps
         )
         shapes: ShapePolicy = k_policy or make_shape_policy(spec)  # type: ignore[assignment]
         rounds: Rounds = Trees(target, tree, sampling, shapes, kernels)
@@ -155,9 +162,20 @@ class RoundFactory:
         estimates (AdaptiveK.lookup_k)."""
         hybrid = Capabilities.of(drafter).lookups
         model = hybrid.model.method if hybrid else None  # "draft", or "block"
-        policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
+        k_max = k_bound(spec, hybrid.model if hybrid else drafter)
+        policy = make_k_policy(min(spec.k, k_max), spec.adaptive, k_max, model, spec.long_match)
         if hybrid is not None and isinstance(policy, AdaptiveK):
             hybrid.lookup_k = policy.lookup_k
         if calibration is not None and isinstance(policy, AdaptiveK):
             policy.seed(*calibration.medians())
         return policy
+
+
+def k_bound(spec: SpecConfig, drafter: Any) -> int:
+    """Adaptive K's bound: spec.k_max, unless left at its default and the drafter is a block
+    draft (`bound`: its block size - 1), whose one forward fills the block it was trained on;
+    the policy chooses K within it by measured cost. Example: a b16 DFlash draft -> 15."""
+    own = getattr(drafter, "bound", None)
+    if own is None or spec.k_max != DEFAULT_K_MAX:
+        return spec.k_max
+    return max(1, int(own))

@@ -48,7 +48,11 @@ class ServedEngine(Protocol):
         config: GenerationConfig,
         cancel: threading.Event | None = None,
         on_prefill: Callable[[Prefill], object] | None = None,
+        *,
+        think: bool | None = None,
     ) -> Iterator[Event]: ...
+
+    def thinking_mode(self, think: bool | None = None) -> bool | None: ...
 
     def generate(
         self,

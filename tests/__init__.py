@@ -12,6 +12,7 @@ real/         slow real-model tests on the embedded pair and the shipped feature
 research/     research/'s recipes, corpus and training pieces, and the GPU twin
 project/      the repository's shape: imports, layout, the wheel, this map
 helpers/      what the tests share: tiny models, numpy references, runners, fixtures' builders
+plugins/      pytest plugins pyproject's addopts names (the BLAS re-exec before MLX loads)
 
 conftest.py holds the shared fixtures. A test module imports helpers, never another test module
 (tests/project/test_test_layout.py checks that, no test module at this root, and this map).

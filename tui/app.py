@@ -32,6 +32,7 @@ from edgespec.tui.store import ChatMessage, ChatStore, Conversation, Saver, stat
 from edgespec.tui.transcript import finish_answer
 from edgespec.tui.widgets import (
     AnswerView,
+    PromptInput,
     StatsPanel,
     StatsView,
     SteadyFooter,
@@ -75,6 +76,15 @@ class ChatApp(ChatActions):
         # Off the footer (it would cut "Past chats" at 120 columns); in the palette, docs/cli.md,
         # and named by the notice a K key shows.
         Binding("f6", "toggle_adaptive", "Auto K", show=False),
+        # Off the footer too: the chat template's thinking mode, where it has one (the header
+        # shows it; F9, "Thinking", folds an answer's reasoning).
+        Binding(
+            "f10",
+            "toggle_think",
+            "Think on/off",
+            show=False,
+            tooltip="The chat template's thinking mode, from the next answer",
+        ),
         Binding("f4", "temp_down", "Temp−"),
         Binding("f5", "temp_up", "Temp+"),
         Binding("ctrl+t", "toggle_spec", "Spec on/off"),
@@ -91,6 +101,7 @@ class ChatApp(ChatActions):
         what: str = "models",
         flush_interval: float = FRAME,
         collect_when_idle: bool = False,
+        think: bool | None = None,
     ) -> None:
         super().__init__()
         self.collect_when_idle = collect_when_idle  # gc.collect() between turns (the CLI's app)
@@ -100,6 +111,11 @@ class ChatApp(ChatActions):
         self.engine_name, self.has_draft, self.ready = "", True, False
         self.warm = False  # the engine compiled a turn's shapes (EngineWarm)
         self.load_error: str | None = None
+        # The chat template's thinking mode each turn asks for (F10 toggles it); None: the template
+        # has none. `think` (--think / --no-think) replaces the pair's default once loaded.
+        self.think: bool | None = None
+        self.base_model = False  # the target has no chat template (EngineReady)
+        self._asked_think = think
         self.conv = Conversation()
         # the method speculation turns back on with: the one asked for, else the default
         self._spec_method = config.spec.method if config.spec.enabled else SpecConfig.method
@@ -121,7 +137,7 @@ class ChatApp(ChatActions):
         with Horizontal(id="main"):
             yield VerticalScroll(id="conversation")
             yield StatsPanel(id="stats")
-        yield Input(placeholder="Ask something and press Enter", id="prompt")
+        yield PromptInput(placeholder="Ask something and press Enter", id="prompt")
         yield SteadyFooter()
 
     def on_mount(self) -> None:
@@ -162,9 +178,8 @@ class ChatApp(ChatActions):
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine_name, self.has_draft, self.ready = message.name, message.has_draft, True
         self.conv.model = message.name
-        self.sub_title = message.name
-        if message.base_model:  # no chat template: say so, or its answers look like nonsense
-            self.sub_title += " · base model: it continues your text (no chat template)"
+        self.base_model = message.base_model  # no chat template: the header says so
+        self._ready_thinking(message.thinking)
         if not message.has_draft and self.config.spec.enabled:
             self.config = settings.with_method(self.config, "none")
         if self._loading():
@@ -206,7 +221,7 @@ class ChatApp(ChatActions):
         self._turn += 1
         self.waiting = self._turn
         self._meter = TurnMeter(started=time.monotonic())
-        self.engine_thread.submit(self._turn, history, self.config)
+        self.engine_thread.submit(self._turn, history, self.config, self.think)
         self._show_stats()
 
     def on_prefill_progress(self, message: PrefillProgress) -> None:

@@ -9,6 +9,7 @@ from edgespec.commands.common import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    add_think_arg,
     draft_from_args,
     generation_from_args,
 )
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     add_sampling_args(parser)
     add_spec_args(parser)
+    add_think_arg(parser)
     parser.add_argument(
         "--max-tokens", type=int, default=512, help="longest answer in tokens (default 512)"
     )
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.tui.app import ChatApp
 
     what = "fake engine" if args.fake else describe(args)
-    app = ChatApp(loader(args, draft), config, what=what, collect_when_idle=True)
+    app = ChatApp(loader(args, draft), config, what=what, collect_when_idle=True, think=args.think)
     app.run()
     return 2 if app.load_error else 0
 

@@ -60,6 +60,7 @@ class _Chat:
     turn: int
     messages: list[dict[str, str]]
     config: GenerationConfig
+    think: bool | None = None  # the chat template's thinking mode (None: the engine's default)
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -201,9 +202,16 @@ class EngineThread:
         self._batcher.start()
         self.mlx.start()
 
-    def submit(self, turn: int, messages: list[dict[str, str]], config: GenerationConfig) -> None:
-        """Queue one chat turn; its events arrive as `StreamBatch` ... `TurnFinished`."""
-        request = _Chat(turn, list(messages), config)
+    def submit(
+        self,
+        turn: int,
+        messages: list[dict[str, str]],
+        config: GenerationConfig,
+        think: bool | None = None,
+    ) -> None:
+        """Queue one chat turn (`think`: the template's thinking mode, None = the engine's
+        default); its events arrive as `StreamBatch` ... `TurnFinished`."""
+        request = _Chat(turn, list(messages), config, think)
         self._latest, self._ui_cpu = request, None
         self.mlx.put(request)
 
@@ -248,9 +256,11 @@ class EngineThread:
             raise
 
     def _serve(self, engine: ServedEngine) -> None:
+        thinking = engine.thinking_mode()
         tokenizer = getattr(engine, "tokenizer", None)  # a base model has no chat template
         base = tokenizer is not None and not getattr(tokenizer, "has_chat_template", True)
-        self._post(EngineReady(engine.name, engine.has_draft, engine.context_window, base))
+        ready = EngineReady(engine.name, engine.has_draft, engine.context_window, thinking, base)
+        self._post(ready)
         if self._warm is not None:
             start = time.monotonic()
             try:
@@ -267,7 +277,11 @@ class EngineThread:
             try:
                 reset_peak_memory()  # the panel shows each answer's own peak
                 for event in engine.chat(
-                    request.messages, request.config, request.cancel, on_prefill=reading
+                    request.messages,
+                    request.config,
+                    request.cancel,
+                    on_prefill=reading,
+                    think=request.think,
                 ):
                     if isinstance(event, Finished):  # 0: the turn allocated nothing (the fake)
                         self._batcher.put(request.turn, _Done(event, peak_memory() or None))

@@ -75,6 +75,8 @@ class FakeScript:
     chat_error: EdgeSpecError | None = None
     text: str | None = None  # say this (in pieces) instead of the cycle of words
     prefill_delay: float = 0.0  # real sleep per prefill chunk (PREFILL_CHUNK new prompt ids)
+    # The chat template's thinking mode when not told (Engine.thinking_mode): None = it has none.
+    thinking: bool | None = None
 
     def pieces(self) -> list[str] | None:
         """`text` cut into tokens: each run of blanks with the word after it.
@@ -100,6 +102,8 @@ class FakeEngine:
         self.script = script or FakeScript()
         self.release = threading.Event()
         self.calls: list[tuple[list[dict[str, str]], GenerationConfig]] = []
+        self.thinks: list[bool | None] = []  # each chat call's `think`, in order
+        self.thinking: bool | None = None  # the engine's default mode (Engine.thinking)
         self.resets = 0
         self.warmed: list[GenerationConfig] = []  # warm_up's settings, in order
         self.threads: set[int] = {threading.get_ident()}  # threads that loaded or ran the engine
@@ -126,6 +130,14 @@ class FakeEngine:
         if on_progress:
             on_progress("ready", 1.0)
         return cls(script)
+
+    def thinking_mode(self, think: bool | None = None) -> bool | None:
+        """As Engine.thinking_mode: None without a thinking mode, else the mode a chat with
+        `think` renders."""
+        if self.script.thinking is None:
+            return None
+        chosen = self.thinking if think is None else think
+        return self.script.thinking if chosen is None else chosen
 
     def reset(self) -> None:
         """Forget the cached prefix (a new conversation)."""
@@ -176,9 +188,12 @@ class FakeEngine:
         config: GenerationConfig,
         cancel: threading.Event | None = None,
         on_prefill: Callable[[Prefill], object] | None = None,
+        *,
+        think: bool | None = None,
     ) -> Iterator[Token | Round | Finished]:
         """Yield the scripted tokens and rounds, then one `Finished` with simulated stats."""
         self.calls.append((list(messages), config))
+        self.thinks.append(think)
         ids = [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"]
         start = sum(len(m["content"]) for m in messages)  # vary the words between turns
         yield from self._answer(ids, start, config, cancel, on_prefill)

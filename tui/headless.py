@@ -78,7 +78,10 @@ def app_answer(job: ColdJob) -> dict:
     from edgespec.runtime import Engine
 
     def load(on_progress: ProgressFn) -> ServedEngine:  # called on the app's engine thread
-        return Engine.load(**job.model, on_progress=on_progress)
+        engine = Engine.load(**job.model, on_progress=on_progress)
+        if job.think is not None and engine.thinking_mode() is not None:
+            engine.thinking = job.think
+        return engine
 
     return first_answer(load, job.config(), job.prompt)
 

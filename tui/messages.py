@@ -23,12 +23,15 @@ class LoadProgress(Message):
 
 @dataclass
 class EngineReady(Message):
-    """The engine loaded. `name` is the pair's display name; `base_model`: the target has no chat
-    template (a pretrained base model, which continues the text it is given)."""
+    """The engine loaded. `name` is the pair's display name; `thinking` the chat template's
+    thinking mode a turn gets when not told (None: the template has no thinking mode);
+    `base_model`: the target has no chat template (a pretrained base model, which continues the
+    text it is given)."""
 
     name: str
     has_draft: bool
     context_window: int
+    thinking: bool | None = None
     base_model: bool = False
 
 

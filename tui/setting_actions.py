@@ -1,5 +1,6 @@
-"""The chat app's settings keys: speculation on and off, K (fixed or adaptive) and the
-temperature. Each applies from the next answer; the stats panel shows the new settings at once."""
+"""The chat app's settings keys: speculation on and off, K (fixed or adaptive), the
+temperature and the chat template's thinking mode. Each applies from the next answer; the stats
+panel (the header, for thinking) shows the new settings at once."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class SettingActions(AnswerActions):
 
     config: GenerationConfig
     has_draft: bool
+    engine_name: str
+    think: bool | None  # the template's thinking mode for the next turn; None: it has none
+    _asked_think: bool | None  # --think / --no-think
     _spec_method: str  # the method speculation turns back on with
     _last_view: StatsView | None
     _show_stats: Callable[[], None]  # ChatApp's: redraw the stats panel
@@ -31,6 +35,38 @@ class SettingActions(AnswerActions):
         state = "on" if self.config.spec.enabled else "off (plain decoding)"
         self.notify(f"Speculation {state} from the next answer")
         self._show_stats()
+
+    def _ready_thinking(self, thinking: bool | None) -> None:
+        """The engine loaded; `thinking` is its template's default mode (None: no such mode).
+        An explicit --think / --no-think replaces it, or, where the template has no thinking
+        mode, is said once to change nothing."""
+        asked = self._asked_think
+        self.think = thinking if asked is None or thinking is None else asked
+        if asked is not None and thinking is None:
+            flag = "--think" if asked else "--no-think"
+            self.notify(
+                f"The chat template of {self.engine_name} has no thinking mode; {flag} "
+                "changes nothing."
+            )
+        self._show_thinking()
+
+    def _show_thinking(self) -> None:
+        """The header's subtitle: the pair, and the thinking mode where the template has one."""
+        mode = "" if self.think is None else f" · thinking {'on' if self.think else 'off'}"
+        if getattr(
+            self, "base_model", False
+        ):  # no chat template, or its answers look like nonsense
+            mode += " · base model: it continues your text (no chat template)"
+        self.sub_title = f"{self.engine_name}{mode}"  # type: ignore[attr-defined]
+
+    def action_toggle_think(self) -> None:
+        """Thinking on/off (from the next answer): the chat template's enable_thinking."""
+        if self.think is None:
+            self.notify(f"The chat template of {self.engine_name} has no thinking mode.")
+            return
+        self.think = not self.think
+        self.notify(f"Thinking {'on' if self.think else 'off'} from the next answer")
+        self._show_thinking()
 
     def _set_k(self, k: int) -> None:
         """A K key fixes K (adaptive K off): starting from the K shown, the latest choice when

@@ -10,20 +10,25 @@ from dataclasses import dataclass, field
 from edgespec.tui.answer import AnswerView, Run, clean_text, merge_runs
 from edgespec.tui.part import TextLines
 from edgespec.tui.think import ThinkCounter
+from rich.highlighter import Highlighter
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Sparkline, Static
+from textual.widgets import Footer, Input, Sparkline, Static
 
 from edgespec.events import Round, Stats, Token
 
-__all__ = ["AnswerView", "Legend", "StatsPanel", "StatsView", "TurnMeter", "UserMessage"]
+__all__ = ["AnswerView", "Legend", "PromptInput", "StatsPanel", "StatsView", "TurnMeter"]
+__all__ += ["UserMessage"]
 __all__ += ["clean_text", "merge_runs"]
 
 
 class UserMessage(Static):
-    """A user prompt in the conversation."""
+    """A user prompt in the conversation, shown as the text it is: square brackets are not
+    Textual markup ('[/]' in a paste would end the app with a MarkupError) and special-token
+    strings such as '<|im_end|>' are characters like any other."""
 
     DEFAULT_CSS = """
     UserMessage {
@@ -35,6 +40,43 @@ class UserMessage(Static):
         text-style: bold;
     }
     """
+
+    def __init__(self, prompt: str) -> None:
+        super().__init__(prompt, markup=False)
+
+
+class _LineBreaks(Highlighter):
+    """Draws each line break of the prompt box's one line as '⏎' (one cell, as the break
+    counts for one character of the value); the value keeps the break."""
+
+    def __call__(self, text: str | Text) -> Text:
+        text = Text(text) if isinstance(text, str) else text
+        shown = Text(text.plain.replace("\n", "⏎"), no_wrap=True, overflow="ignore", end="")
+        shown.spans = list(text.spans)
+        return shown
+
+    def highlight(self, text: Text) -> None:  # everything is done in __call__
+        pass
+
+
+class PromptInput(Input):
+    """The prompt box. A paste goes in whole: Textual's Input keeps only a paste's first line,
+    which sent the question without the rest of a pasted document. Its line breaks stay in the
+    value (drawn as '⏎') and reach the model."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(highlighter=_LineBreaks(), **kwargs)  # type: ignore[arg-type]
+
+    def _on_paste(self, event: events.Paste) -> None:
+        event.prevent_default()  # Input's own handler: the first line only
+        event.stop()
+        text = event.text.replace("\r\n", "\n").replace("\r", "\n")
+        if not text:
+            return
+        if self.selection.is_empty:
+            self.insert_text_at_cursor(text)
+        else:
+            self.replace(text, *self.selection)
 
 
 class Legend(AnswerView):

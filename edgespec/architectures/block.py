@@ -39,7 +39,7 @@ from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from edgespec.architectures import BLOCK, architecture_of
+from edgespec.architectures import BLOCK
 from edgespec.architectures.block_head import ReducedHead, head_rows
 from edgespec.architectures.block_mask import block_mask, causal_layers
 from edgespec.architectures.token_draft import quantize_as_stored, read_weights
@@ -364,11 +364,6 @@ def _text_parts(target: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
     if "vocab_size" not in d:
         d["vocab_size"] = lm.model.embed_tokens.weight.shape[0]
     return lm.model, d
-
-
-def is_block(config: dict[str, Any]) -> bool:
-    """Our block drafts and z-lab's published DFlash drafts."""
-    return architecture_of(config) == "block"
 
 
 def load_block(path: str | Path, target: nn.Module | None) -> tuple[BlockModel, dict[str, Any]]:

@@ -34,7 +34,7 @@ def block_mask(
     """`mask` (boolean or additive, or None) also hiding from each block query (queries at
     pos..pos + length - 1, keys at 0..pos + length - 1) the keys `window` or more positions away
     (window > 0) and, when `causal`, the keys after it; `mask` itself when neither hides one.
-    A `cache` made by a draft's attention bound (a window cache marked `bounded`, cache.Bound)
+    A `cache` made by a draft's attention bound (a window cache marked `bounded`, bound.Bound)
     holds only some context keys (its `positions()`): each block query sees those of its sinks
     and of its last `cache.window` positions (as a bounded token draft's query would), and every
     block key."""

@@ -41,7 +41,7 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from edgespec.architectures import DFLASH2, architecture_of
+from edgespec.architectures import DFLASH2
 from edgespec.architectures.block import BlockArgs, BlockLayer, BlockModel
 from edgespec.architectures.token_draft import quantize_as_stored, read_weights
 from edgespec.architectures.weight_keys import load_checked
@@ -198,11 +198,6 @@ class DFlash2Model(BlockModel):
         z = super().logits(hidden).astype(mx.float32) * self.args.output_multiplier
         cap = self.args.final_logit_softcapping
         return mx.tanh(z / cap) * cap if cap > 0 else z
-
-
-def is_dflash2(config: dict[str, Any]) -> bool:
-    """z-lab's and Inco AI's DFlash2 drafts (`architectures: ["DFlash2DraftModel"]`)."""
-    return architecture_of(config) == "dflash2"
 
 
 def load_dflash2(path: str | Path, target: nn.Module | None) -> tuple[DFlash2Model, dict]:

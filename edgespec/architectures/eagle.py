@@ -35,11 +35,11 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
-from edgespec.architectures import EAGLE, architecture_of
+from edgespec.architectures import EAGLE
 from edgespec.architectures.token_draft import quantize_as_stored, read_weights
-from edgespec.cache import TOP
 from edgespec.errors import ConfigError
 from edgespec.files import sha256_file
+from edgespec.taps import TOP
 
 MODEL_TYPE = EAGLE
 # What the draft reads in place of a feature for its 2nd, 3rd ... drafted token: its own guess
@@ -143,10 +143,6 @@ class EagleModel(nn.Module):
             return self.head_product(guesses, self.head_weight)
         return guesses @ self.head_weight.T
 
-    def target_head_logits(self, features: mx.array) -> mx.array:
-        """The target's own logits over the head ids from its features (training, evaluation)."""
-        return features @ self.head_weight.T
-
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return weights
 
@@ -172,10 +168,6 @@ def check_layers(layers: tuple[int, ...], n_layers: int) -> None:
             f"this feature draft reads target layers {list(layers)} (feature_layers), but the "
             f"target has layers 0-{n_layers - 1} (and -1, its top); use the draft made for it"
         )
-
-
-def is_eagle(config: dict[str, Any]) -> bool:
-    return architecture_of(config) == "eagle"
 
 
 def build(config: dict[str, Any]) -> EagleModel:

@@ -23,10 +23,18 @@ verify computed h_{n-1}, the target's final-normed top hidden state at position 
     h' = post_projection(y)      the next step's h, with the drafted token as x
 
 Further tokens repeat the step at the same position over the same keys and values.
+
+generation_config.json's `suppress_tokens` (Google's assistants list the image and audio
+delimiters there) get -inf draft logits, on the dense and the centroid-routed head alike, as
+vLLM masks them from its Gemma 4 drafter (vllm-project/vllm PR #53884; #52072 for the sparse
+head): such a token is never proposed. Exactness does not depend on it (the target verifies
+every token), acceptance does: a proposal the target's own sampling would never produce is
+a wasted draft.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +42,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma4_text
-from mlx_lm.models.base import create_causal_mask
 
 from edgespec.architectures import ASSISTANTS
-from edgespec.cache import TOP, text_model
 from edgespec.errors import ConfigError
+from edgespec.taps import TOP, text_model
 
 MODEL_TYPES = ASSISTANTS  # config.json model_type
 TOP_FIELDS = ("backbone_hidden_size", "text_config")
@@ -142,6 +149,16 @@ class Gemma4Assistant(nn.Module):
         self.feature_layers = (TOP,)  # what the verify returns: the final-normed top state
         self.window = int(args.sliding_window)
         object.__setattr__(self, "target", None)  # not a parameter: shared, never saved
+        object.__setattr__(self, "allowed", None)  # bool [V]: False at suppressed tokens
+
+    def suppress(self, tokens: list[int]) -> None:
+        """Never give `tokens` draft mass (generation_config.json's `suppress_tokens`)."""
+        if not tokens:
+            object.__setattr__(self, "allowed", None)
+            return
+        allowed = mx.ones((self.args.vocab_size,), dtype=mx.bool_)
+        allowed[mx.array(sorted(set(tokens)))] = False
+        object.__setattr__(self, "allowed", allowed)
 
     def attach(self, target: nn.Module) -> None:
         object.__setattr__(self, "target", target)
@@ -169,12 +186,16 @@ class Gemma4Assistant(nn.Module):
         return y, self.post_projection(y)
 
     def logits(self, y: mx.array) -> mx.array:
-        """Normed outputs [..., d] -> draft logits [..., V]."""
+        """Normed outputs [..., d] -> draft logits [..., V] (-inf at suppressed tokens)."""
         if "masked_embedding" in self:
-            return self.masked_embedding(y, self.model.embed_tokens)
-        if self.tied:
-            return self.model.embed_tokens.as_linear(y)
-        return self.lm_head(y)
+            out = self.masked_embedding(y, self.model.embed_tokens)
+        elif self.tied:
+            out = self.model.embed_tokens.as_linear(y)
+        else:
+            out = self.lm_head(y)
+        if self.allowed is None:
+            return out
+        return mx.where(self.allowed, out, mx.array(-mx.inf, dtype=out.dtype))
 
     def draft_step(
         self, token: mx.array, hidden: mx.array, kv: KV, position: int
@@ -184,14 +205,6 @@ class Gemma4Assistant(nn.Module):
         x = mx.concatenate([self.embed(token.reshape(1, 1)).astype(hidden.dtype), hidden], -1)
         y, nxt = self(x, kv, position)
         return self.logits(y)[0, 0], nxt
-
-    def training_masks(self, length: int) -> dict[str, Any]:
-        """Masks for `length` queries at positions 0.. over as many keys, each query seeing what
-        a draft step at its position sees: all keys up to it (full), the last window (sliding)."""
-        return {
-            "full_attention": "causal",
-            "sliding_attention": create_causal_mask(length, 0, window_size=self.window),
-        }
 
 
 def check_target(model: Gemma4Assistant, target: nn.Module, where: Any) -> None:
@@ -270,6 +283,22 @@ def fill(model: Gemma4Assistant, weights: dict[str, mx.array], config: dict, whe
     model.load_weights(list(weights.items()), strict=True)
 
 
+def suppressed_tokens(path: Path, vocab: int) -> list[int]:
+    """generation_config.json's `suppress_tokens` (none without the file or the field);
+    ConfigError, in one line, for a list that is not token ids of this vocabulary."""
+    file = path / "generation_config.json"
+    try:
+        raw = json.loads(file.read_text()) if file.is_file() else {}
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{file}: cannot read it ({e})") from None
+    ids = raw.get("suppress_tokens") or [] if isinstance(raw, dict) else []
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids
+    ):
+        raise ConfigError(f"{file}: suppress_tokens must be token ids below {vocab}")
+    return ids
+
+
 def load_assistant(
     path: Path, config: dict[str, Any], target: nn.Module | None
 ) -> tuple[Gemma4Assistant, dict[str, Any]]:
@@ -287,6 +316,7 @@ def load_assistant(
         )
     check_target(model, target, path)
     fill(model, read_weights(path), config, path)
+    model.suppress(suppressed_tokens(path, model.args.vocab_size))
     model.attach(target)
     mx.eval(model.parameters())
     return model, config

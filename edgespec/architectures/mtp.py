@@ -19,7 +19,7 @@ position from the target's head, and exactness from the ratio test like any draf
 The feed is the family's, as its reference implementation gives it (FEEDS; the sources are in
 docs/architectures.md): POST_NORM reads the target's top hidden state (feature_layers (TOP,)),
 PRE_NORM the output of its last layer (feature_layers (n - 1,)). Either is recorded by the verify
-forward as it passes (edgespec/cache.py target_features): the target's logits do not change. An
+forward as it passes (edgespec/taps.py target_features): the target's logits do not change. An
 RMSNorm in the head absorbs the scale, so a wrong feed never looks broken: only acceptance drops.
 
 Weights: `mtp.fc.weight` [d, 2d] (embedding half first), `mtp.pre_fc_norm_embedding.weight`,
@@ -44,8 +44,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask
 
-from edgespec.cache import TOP, output_head, text_model
 from edgespec.errors import ConfigError
+from edgespec.taps import TOP, output_head, text_model
 
 MTP_FILE = "mtp.safetensors"  # a converted folder's MTP layer, beside its model.safetensors
 # model_type -> (its text args class, its decoder layer class): the MTP layer is the model's own.

@@ -8,8 +8,8 @@ token that followed:
 
     e = enorm(embed(x_{t+1}))                      the target's own embedding
     h = hnorm(h_t)
-    y = shared_head.norm(layer(eh_proj(concat([e, h]))))    a decoder layer of the model's class
-    logits = lm_head(y)                            the target's own head -> token t + 2
+    r = layer(eh_proj(concat([e, h])))             a decoder layer of the model's class
+    logits = lm_head(shared_head.norm(r))          the target's own head -> token t + 2
 
 the MTP contract of edgespec/architectures/mtp.py under other names, so a NextnModel is an MtpModel
 (the same feature draft, the same `--method mtp`). The layer also stores `embed_tokens` and
@@ -20,7 +20,12 @@ kept. MiMo (`mimo`) stores the same thing as `model.mtp_layers.{i}` under its ow
 implementation's (docs/architectures.md): DeepSeek-V3 and GLM-4.5 read the target's hidden state
 AFTER its final norm (vLLM's DeepseekV2Model and Glm4MoeModel return it normed to the proposer),
 MiMo the state BEFORE it (Xiaomi's MiMoModel in vLLM returns the residual stream unnormed and
-norms only for its own logits). DeepSeek-V3's layer goes through
+norms only for its own logits). A further chained draft step reads the head's own output in place of h_t, and which output
+is each family's reference's too (RECYCLES): DeepSeek-V3 and GLM-4.5 recycle r, the residual
+stream before `shared_head.norm` (vLLM's DeepSeekMultiTokenPredictorLayer.forward and
+Glm4MoeMultiTokenPredictorLayer.forward return `residual + hidden_states`; the norm is applied
+only in compute_logits), MiMo the normed output (its MiMoMultiTokenPredictorLayer returns
+`final_layernorm(...)`). DeepSeek-V3's layer goes through
 mlx-lm's own deepseek_v3 sanitize (fp8 weights, the MLA `kv_b_proj` split). mlx-lm's sanitize
 drops these layers, so an mlx-community folder has no head; `edgespec pull FOLDER` converts an
 original checkpoint keeping it (edgespec/loading/mtp.py).
@@ -40,8 +45,8 @@ from mlx_lm.models import deepseek_v3, glm4_moe, mimo
 from mlx_lm.models.base import create_attention_mask
 
 from edgespec.architectures import mtp
-from edgespec.cache import text_model
 from edgespec.errors import ConfigError
+from edgespec.taps import output_head, text_model
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,10 @@ FAMILIES: dict[str, Layout] = {
     ),
 }
 SHARED = ("embed_tokens.", "shared_head.head.")  # copies of the target's: not kept
+# What a chained draft step reads in place of the target's state: the layer's output before the
+# output norm ("raw") or after it ("normed"), as each family's reference (vLLM) recycles it.
+RAW, NORMED = "raw", "normed"
+RECYCLES: dict[str, str] = {"deepseek_v3": RAW, "glm4_moe": RAW, "mimo": NORMED}
 
 
 class SharedHead(nn.Module):
@@ -135,12 +144,15 @@ class NextnModel(mtp.MtpModel):
         self.shared_head = SharedHead(d, eps)
         self.feed = mtp.FEEDS[family]
         self.feature_layers = mtp.feed_layers(self.feed, args.num_hidden_layers)
+        self.recycle = RECYCLES[family]
         self.head_ids = None
         self.chain = "guess"
         object.__setattr__(self, "target", None)
 
     def __call__(self, features: mx.array, tokens: mx.array, cache: Any = None) -> mx.array:
-        """features [B, L, d], tokens [B, L] (token i + 1 for feature i) -> outputs [B, L, d]."""
+        """features [B, L, d], tokens [B, L] (token i + 1 for feature i) -> outputs [B, L, d]:
+        what the next chained step reads (`recycle`: the layer's output, or it normed);
+        `head_logits` scores them."""
         if self.target is None:
             raise ValueError("an MTP head runs with its target; attach(target) first")
         e = self.enorm(text_model(self.target).model.embed_tokens(tokens))
@@ -150,7 +162,13 @@ class NextnModel(mtp.MtpModel):
         mask = create_attention_mask(x, caches[0], return_array=self.mask_array)
         for layer, c in zip(self.layers, caches, strict=True):
             x = layer(x, mask, c)
-        return self.shared_head.norm(x)
+        return x if self.recycle == RAW else self.shared_head.norm(x)
+
+    def head_logits(self, outputs: mx.array) -> mx.array:
+        """Outputs of `__call__` [..., d] -> logits [..., V]: normed by `shared_head.norm` first
+        where they were recycled raw."""
+        normed = self.shared_head.norm(outputs) if self.recycle == RAW else outputs
+        return output_head(self.target, normed)
 
 
 def nextn_layers(config: dict[str, Any]) -> int:

@@ -60,6 +60,7 @@ class ColdJob:
     k: int = 4
     temp: float = 0.0
     seed: int = 0
+    think: bool | None = None  # --think / --no-think (None: the pair's default)
 
     def config(self) -> GenerationConfig:
         spec = COLD_METHODS[self.method]
@@ -99,6 +100,8 @@ def _engine_answer(job: ColdJob) -> dict[str, Any]:
     from edgespec.runtime import Engine
 
     engine = Engine.load(**job.model)
+    if job.think is not None and engine.thinking_mode() is not None:
+        engine.thinking = job.think
     config = job.config()
     if job.mode == "warm":
         with tempfile.TemporaryDirectory() as tmp:

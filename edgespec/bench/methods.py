@@ -324,9 +324,10 @@ def _spec_runner(
     fields: dict[str, Any], uses_k: bool
 ) -> Callable[[Any, list[int], Point], Measured]:
     """The runner of an EdgeSpec method: Engine.generate with SpecConfig(**fields); a method
-    that takes a K list runs the point's k, fixed."""
+    that takes a K list runs the point's k, fixed, unless its fields say adaptive (`tree`: the
+    point's k is the tree's depth, with the fallback to chains a user's --tree gets)."""
     return _engine_runner(
-        lambda p: SpecConfig(**({**fields, "k": p.k, "adaptive": False} if uses_k else fields))
+        lambda p: SpecConfig(**({"adaptive": False, **fields, "k": p.k} if uses_k else fields))
     )
 
 

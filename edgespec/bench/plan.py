@@ -18,7 +18,8 @@ BENCH_TREE = "dynamic"
 
 
 # EdgeSpec's methods: name -> (description, needs a draft, takes a K list, SpecConfig fields).
-# A method that takes a K list gets SpecConfig(k=K, adaptive=False, ...) per K; adaptive ones take
+# A method that takes a K list gets SpecConfig(k=K, adaptive=False, ...) per K (`tree` keeps its
+# fallback: adaptive=True, K its depth, trees/policy.py FallbackTree); adaptive ones take
 # no K list (K is chosen per round, starting from SpecConfig's default and capped by its k_max).
 SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
     PLAIN: ("target alone through EdgeSpec's loop", False, False, {"method": "none"}),
@@ -49,10 +50,10 @@ SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
         {"method": "hybrid", "adaptive": True},
     ),
     "tree": (
-        f"EdgeSpec, draft trees {BENCH_TREE} K deep",
+        f"EdgeSpec, draft trees {BENCH_TREE} K deep, a chain or plain steps where they lose",
         True,
         True,
-        {"method": "draft", "tree": BENCH_TREE},
+        {"method": "draft", "tree": BENCH_TREE, "adaptive": True},  # as `--tree` (FallbackTree)
     ),
     "adaptive-tree": (
         "EdgeSpec, chain or tree chosen per round",

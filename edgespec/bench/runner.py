@@ -19,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
+import edgespec.blas as blas
 from edgespec.architectures.token_draft import reduced_head
 from edgespec.bench.context import ContextPrompt
 from edgespec.bench.greedy import MismatchNote
@@ -34,8 +35,6 @@ from edgespec.bench.methods import (
 from edgespec.bench.plan import BenchPlan
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord, bucket_rounds
-from edgespec.cpu import blas, on_cpu
-from edgespec.cpu.backend import Switches
 from edgespec.errors import ConfigError
 from edgespec.families import family_of
 
@@ -113,7 +112,7 @@ def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
     backend compiles kernels per input shape on first use, and a variant's short warm-up run does
     not reach every shape (adaptive K's catch-up after plain rounds, say), so a compile (48-66 s on
     an H100) could otherwise land inside a timed run."""
-    if not on_cpu():
+    if engine.backend.compiles_per_shape:
         warm_kernels(engine, KERNEL_LENGTHS)
     n = min(plan.warmup_tokens, plan.max_tokens)
     for temp in plan.temps:
@@ -267,8 +266,8 @@ class BenchResult:
     refused: list[dict[str, str]] = field(default_factory=list)  # refused_methods
 
 
-def environment() -> dict[str, Any]:
-    """Versions and machine facts that change the numbers."""
+def environment(engine: Any) -> dict[str, Any]:
+    """Versions and machine facts that change the numbers (and `engine`'s backend's rewrites)."""
     import os
     import platform
     from importlib.metadata import PackageNotFoundError, version
@@ -296,7 +295,7 @@ def environment() -> dict[str, Any]:
         "blas_rows_exact": blas.rows_exact(),
         # EdgeSpec's CPU graph rewrites in force (docs/cpu-backend.md): an A/B
         # with one switched off must say so in its results.
-        "cpu_rewrites": Switches.from_environment().recorded(),
+        "cpu_rewrites": engine.backend.recorded(),
     }
 
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from edgespec.bench.concurrency import stream_chat
 from edgespec.bench.prompts import DEFAULT_PROMPTS, load_prompts
+from edgespec.blas import reexec_with_blas
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.cpu.blas import reexec_with_blas
 from edgespec.errors import EdgeSpecError
 
 # This module imports no MLX at load time, so that main() can first re-execute with the optimised
@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _measure(args: argparse.Namespace) -> tuple[list[tuple[Timed, Timed]], Turns, Turns]:
     """Both measurements: (in-process, server) pairs, then second turns without and with the
     prefix cache. Prints each prompt's pair as it comes."""
-    from edgespec.cpu import blas
+    import edgespec.blas as blas
     from edgespec.runtime import Engine
     from edgespec.server.process import ServerProcess
 
@@ -234,8 +234,8 @@ def _measure(args: argparse.Namespace) -> tuple[list[tuple[Timed, Timed]], Turns
 
 
 def _sweep(args: argparse.Namespace) -> None:
+    import edgespec.blas as blas
     from edgespec.bench import concurrency
-    from edgespec.cpu import blas
     from edgespec.server.process import ServerProcess
 
     try:

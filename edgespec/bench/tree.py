@@ -46,7 +46,10 @@ def variants(
     "block-tree <shape>" (method block: one draft forward a round, drafting/block.py)."""
     m, chain, tree = ("block", "block", "block-tree") if block else ("draft", "chain", "tree")
     out = [Variant("plain", None), Variant(chain, SpecConfig(k=depth, method=m, adaptive=False))]
-    out += [Variant(f"{tree} {t}", SpecConfig(k=depth, method=m, tree=t)) for t in trees]
+    # Each shape every round (no fallback to chains): the comparison is of shapes at one depth.
+    out += [
+        Variant(f"{tree} {t}", SpecConfig(k=depth, method=m, tree=t, adaptive=False)) for t in trees
+    ]
     if adaptive:
         out.append(Variant("adaptive", SpecConfig(k=depth, method=m, adaptive=True)))
         out.append(Variant("adaptive-tree", SpecConfig(k=depth, method=m, tree="auto")))

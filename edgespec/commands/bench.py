@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from edgespec.bench.context import ContextRequest, context_request, engine_prompts
 from edgespec.bench.plan import DEFAULT_METHODS, USES_K, BenchPlan
 from edgespec.bench.prompts import DEFAULT_PROMPTS, default_prompt_file, load_prompts
-from edgespec.commands.common import add_model_args, add_shard_args
+from edgespec.commands.common import add_model_args, add_shard_args, add_think_arg, apply_think
 from edgespec.errors import ConfigError, PromptError
 from edgespec.loading.specs import check_pair
 
@@ -106,6 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="each prompt's first answer in fresh processes: cold, warmed up, and in the chat app "
         "(headless); methods plain,adaptive-hybrid unless --methods (edgespec/bench/cold.py)",
     )
+    add_think_arg(g)
     add_shard_args(g)
 
 
@@ -237,6 +238,7 @@ def _run_cold(args: argparse.Namespace, prompts: list, out: Path) -> int:
     model = {"target": args.target, "draft": args.draft, "pair": args.pair}
     model |= {"draft_bits": args.draft_bits, "dtype": args.dtype, "kv_bits": args.kv_bits}
     settings = {"max_tokens": args.max_tokens, "k": args.k[0], "temp": args.temp[0]}
+    settings["think"] = args.think
     jobs = cold.plan_jobs(model, prompts, cold.check_cold_methods(methods), **settings)
     print(cold.format_summary(cold.run_cold(jobs, out, args.quiet)))
     print(f"\nwrote {out / 'cold.json'}")
@@ -327,6 +329,7 @@ def _run(
         group=group,
         shard=args.shard,
     )
+    _think(engine, args.think, group)
     peer = args.peer_draft or peer_draft_spec(args.target, args.draft, args.pair)
     token_side = _token_side(engine, plan) and group is None
     if peer is not None and ("mlx-lm" in plan.methods or token_side):
@@ -353,7 +356,7 @@ def _run(
         _warm_up(engine, plan, next(iter(encoded.values())), bool(context), args.quiet)
     lengths = tuple(sorted({1, *(k + 1 for k in plan.ks)}))
     # the target as the Engine runs it (its CPU backend's twin); every rank, in step
-    latency = probe(engine.cpu.model(engine.target.model), group, args.shard, lengths)
+    latency = probe(engine.backend.model(engine.target.model), group, args.shard, lengths)
     if context:
         runs = iter_context_bench(engine, long, plan)
         total = plan.total_runs(len(long))
@@ -364,12 +367,21 @@ def _run(
     if group is not None and not group.is_primary:
         return 0 if complete else 130
     settings = _settings(args, plan, len(encoded), context, long)
-    env = environment() | {"distributed": latency.to_json()}  # group size 1 when not launched
+    settings["thinking"] = engine.thinking_mode()  # None: the template has no thinking mode
+    env = environment(engine) | {"distributed": latency.to_json()}  # group size 1 when not launched
     result = BenchResult(
         records, notes, skipped, settings, pair_info(engine), env, complete, refused
     )
     _report(result, out, bool(context))
     return 0 if complete else 130
+
+
+def _think(engine: Any, think: bool | None, group: Any) -> None:
+    """--think / --no-think on the loaded engine (every method's prompts, mlx-lm's too, are
+    encoded with it); rank 0 says so where the template has no thinking mode."""
+    note = apply_think(engine, think)
+    if note and (group is None or group.is_primary):
+        print(f"edgespec bench: note: {note}", file=sys.stderr)
 
 
 def _report(result: Any, out: Path, long: bool) -> None:

@@ -143,7 +143,8 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
         help="draft a tree of candidates per round, verified in one forward: widths such as "
         "3,2,1,1 (candidates per depth below the first-ranked path), 'dynamic' (EAGLE-2 style, "
         "-k deep), 'auto' (chain or tree chosen per round from measured costs) or 'chain' "
-        "(default: chains, no tree)",
+        "(default: chains, no tree); a shape runs where it is predicted to beat the best chain "
+        "and plain steps, else those (--no-adaptive: the shape every round)",
     )
     g.add_argument("--draft-window", type=int, default=SpecConfig.draft_window, help=WINDOW_HELP)
     g.add_argument("--no-spec", action="store_true", help="plain target decoding (no speculation)")
@@ -219,3 +220,30 @@ def fixed_k_for_group(
         f"the target is split over {group.size} ranks, so K stays {spec.k} (--k): adaptive K "
         "would choose from each rank's own timings, which differ"
     )
+
+
+def add_think_arg(parser: argparse._ActionsContainer) -> None:
+    """--think / --no-think: the chat template's thinking mode (absent: the pair's default)."""
+    parser.add_argument(
+        "--think",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the chat template's thinking mode (enable_thinking: Qwen3, Qwen3.5, ...); "
+        "--no-think answers without a reasoning part (default: the pair's, the mode its draft "
+        "was trained for, see `edgespec models`; else the template's own)",
+    )
+
+
+def apply_think(engine: Any, think: bool | None, *, raw: bool = False) -> str | None:
+    """Set `engine.thinking` from --think / --no-think. Returns a note for the user where the
+    switch, asked for, changes nothing: the template has no thinking mode, or --raw (no template).
+    Not asked for (None): the pair's default stays, and no note."""
+    if think is None:
+        return None
+    flag = "--think" if think else "--no-think"
+    if raw:
+        return f"{flag} changes nothing with --raw (no chat template is applied)"
+    if engine.thinking_mode() is None:
+        return f"the chat template of {engine.name} has no thinking mode; {flag} changes nothing"
+    engine.thinking = think
+    return None

@@ -11,11 +11,13 @@ from edgespec.commands.common import (
     add_sampling_args,
     add_shard_args,
     add_spec_args,
+    add_think_arg,
+    apply_think,
     draft_from_args,
     fixed_k_for_group,
     generation_from_args,
 )
-from edgespec.errors import PromptError
+from edgespec.errors import ConfigError, PromptError
 from edgespec.events import Finished, Stats, Token, json_line
 from edgespec.loading.specs import check_pair
 
@@ -31,7 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_args(parser)
     add_spec_args(parser)
     parser.add_argument("--max-tokens", type=int, default=256, help="answer length limit")
-    parser.add_argument("--raw", action="store_true", help="feed the prompt as is, no template")
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="feed the prompt as is, no template (special-token strings in it stay text unless "
+        "--parse-special)",
+    )
+    parser.add_argument(
+        "--parse-special",
+        action="store_true",
+        help="with --raw: read special-token strings in the prompt (e.g. <|im_end|>) as the "
+        "control tokens, for a prompt that writes a template's markers itself",
+    )
+    add_think_arg(parser)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -61,6 +75,8 @@ def _progress(stage: str, fraction: float | None) -> None:
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # our errors say it in one line
     config = generation_from_args(args)  # validate before importing or loading anything
+    if args.parse_special and not args.raw:
+        raise ConfigError("--parse-special reads a --raw prompt; chat messages are always text")
     if not args.prompt.strip():  # Engine.encode_* would say the same after loading the models
         raise PromptError("the prompt is empty")
     draft = draft_from_args(args, config.spec)
@@ -92,8 +108,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if sys.stderr.isatty() and primary:
         print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)
+    note = apply_think(engine, args.think, raw=args.raw)
+    if note and primary:
+        print(f"edgespec generate: note: {note}", file=sys.stderr)
     if args.raw:
-        ids = engine.encode_raw(args.prompt)
+        ids = engine.encode_raw(args.prompt, parse_special=args.parse_special)
     else:
         ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
     if not primary:

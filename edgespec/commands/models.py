@@ -41,6 +41,7 @@ def pair_rows() -> list[dict[str, Any]]:
             "default": pair.name == cat.default_pair,
             "platform": pair.platform,
             "description": pair.description,
+            "thinking": pair.thinking,
         }
         for role in ("target", "draft"):
             st = model_status(getattr(pair, role), cat)
@@ -51,6 +52,7 @@ def pair_rows() -> list[dict[str, Any]]:
                 "size_bytes": st.size_bytes,
                 "revision": st.revision,
                 "pinned_by": st.pinned_by,
+                "pin": st.pin,
             }
         rows.append(row)
     return rows
@@ -67,10 +69,17 @@ def _cell(m: dict[str, Any], role: str) -> str:
 
 
 def _rev(m: dict[str, Any]) -> str:
-    """'4dcb3d101c2a (catalogue)', '… (lock)', a wheel's source, or '-'."""
-    if m["revision"]:
-        return f"{m['revision'][:12]} ({m['pinned_by']})"
-    return "-"
+    """'pinned 4dcb3d101c2a', 'locked 1a2b…', 'unpinned', 'in repository' or '-'."""
+    if m["pin"] in ("pinned", "locked") and m["revision"]:
+        return f"{m['pin']} {m['revision'][:12]}"
+    if m["pin"] == "pinned" and str(m["pinned_by"]).startswith("pypi:"):
+        return "pinned (wheel)"  # the PyPI wheel at a version whose GGUF sha256 is checked
+    return str(m["pin"])
+
+
+def _thinking(value: bool | None) -> str:
+    """The THINKING cell: the pair's default thinking mode, '-' where none is recorded."""
+    return "-" if value is None else ("on" if value else "off")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,21 +88,34 @@ def run(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         print()
         return 0
-    header = ("PAIR", "TARGET", "CACHED", "REVISION", "DRAFT", "CACHED", "REVISION", "WHERE")
+    header = (
+        "PAIR",
+        "TARGET",
+        "CACHED",
+        "REVISION",
+        "DRAFT",
+        "CACHED",
+        "REVISION",
+        "THINKING",
+        "WHERE",
+    )
     table = [header]
     for r in rows:
         name = r["pair"] + (" *" if r["default"] else "")
         t, d = r["target"], r["draft"]
         table.append(
             (name, t["model"], _cell(t, "target"), _rev(t))
-            + (d["model"], _cell(d, "draft"), _rev(d), r["platform"])
+            + (d["model"], _cell(d, "draft"), _rev(d), _thinking(r["thinking"]), r["platform"])
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     print(
         "\n* default pair. `edgespec pull NAME` fetches a model or a pair; WHERE=mac: 4-bit, fast on Metal."
-        "\nREVISION: the commit a hub model loads at (catalogue: pinned by EdgeSpec; lock: recorded"
-        " by the first download, moved only by `edgespec pull NAME --update`)."
+        "\nREVISION: the commit a hub model loads at: pinned (named by EdgeSpec's catalogue), locked"
+        " (recorded by the first download, moved only by `edgespec pull NAME --update`) or unpinned"
+        " (the first download takes the repo's default branch, then locks it)."
+        "\nTHINKING: the chat template's thinking mode the pair runs by default, the one its draft"
+        " was trained for (--think / --no-think change it); -: none recorded, the template's own."
     )
     return 0

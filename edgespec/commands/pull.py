@@ -61,15 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edgespec.loading.specs import check_mlx_lm, load_catalog
+
+    cat = load_catalog()
+    if args.name in cat.pairs:  # a newer mlx-lm needed: one line, before any import or download
+        check_mlx_lm(args.name, cat)
     from edgespec.loading.load import resolve_model
     from edgespec.loading.pull import pull
-    from edgespec.loading.specs import load_catalog
 
     if args.quiet:  # huggingface_hub's bars too
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
-    cat = load_catalog()
     folder = Path(args.name).expanduser()
     if args.name not in cat.models and args.name not in cat.pairs and folder.is_dir():
         return _convert(folder, args.mtp_bits)  # an original checkpoint with its MTP head

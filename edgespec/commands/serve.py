@@ -21,6 +21,13 @@ from edgespec.commands.common import (
     fixed_k_for_group,
     generation_from_args,
 )
+from edgespec.commands.serve_limits import (
+    ACCEPT_BACKLOG,
+    add_access_args,
+    add_limit_args,
+    check_limits,
+    fitted_limits,
+)
 from edgespec.config import GenerationConfig
 from edgespec.errors import ConfigError, EdgeSpecError
 from edgespec.loading.specs import check_pair
@@ -35,11 +42,6 @@ HELP = (
 DEFAULT_CACHE_MB = 1024
 DEFAULT_SLOTS = 4
 DEFAULT_BATCH = 8  # requests answered at once (docs/server.md: why eight)
-# Connections accepted in one go (and the listen backlog): asyncio accepts up to this many before
-# the guard sees any, and a connection the guard closes frees its descriptor a loop turn later.
-ACCEPT_BACKLOG = 128
-# File descriptors kept beyond --max-connections: the process's own files, and two accept batches.
-FILES_RESERVED = 64 + 2 * ACCEPT_BACKLOG
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,14 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"requests answered at once, round by round, their forwards packed (default "
         f"{DEFAULT_BATCH}; 1: one after another)",
     )
-    g.add_argument(
-        "--allow-origin",
-        action="append",
-        default=[],
-        metavar="ORIGIN",
-        help="let scripts on this web origin call the API (CORS), e.g. http://localhost:3000; "
-        "repeat for several, '*' for any",
-    )
+    add_access_args(g)
     add_limit_args(g)
     g.add_argument(
         "--no-warmup",
@@ -99,34 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "adaptive K) that otherwise runs before the server listens",
     )
     g.add_argument("--verbose", action="store_true", help="log every request (uvicorn's log)")
-
-
-def add_limit_args(g: Any) -> None:
-    """What one client may hold: body size, time to send a request, open connections."""
-    from edgespec.server.limits import Limits
-
-    d = Limits()
-    g.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=d.max_body_bytes,
-        help=f"largest request body, bytes (default {d.max_body_bytes}; above: 413)",
-    )
-    g.add_argument(
-        "--request-timeout",
-        type=float,
-        default=d.request_timeout_s,
-        help="seconds a client has to send a request's head, and again its body (default "
-        f"{d.request_timeout_s:g}); a connection that sends nothing for that long is closed",
-    )
-    g.add_argument(
-        "--max-connections",
-        type=int,
-        default=d.max_connections,
-        help=f"open connections (default {d.max_connections}; at the cap a new one closes the "
-        "longest idle one, or one stalled before its body ends; lowered to fit the open-file "
-        "limit)",
-    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -140,32 +107,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key (or EDGESPEC_API_KEY) is empty")
-    if args.max_body_bytes < 1 or args.max_connections < 1 or not args.request_timeout > 0:
-        raise ConfigError("--max-body-bytes, --max-connections and --request-timeout must be > 0")
-
-
-def _limits(args: argparse.Namespace) -> Any:
-    """The request limits, --max-connections fitted under the open-file limit (raised first,
-    up to its hard ceiling, when it is lower: each connection holds a file descriptor)."""
-    from edgespec.server.limits import Limits
-
-    cap = args.max_connections
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = cap + FILES_RESERVED
-        if soft != resource.RLIM_INFINITY and soft < want:
-            ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
-            soft = ceiling
-        if soft != resource.RLIM_INFINITY and soft < want:
-            cap = max(1, soft - FILES_RESERVED)
-            note = f"--max-connections lowered to {cap} to fit the open-file limit ({soft})"
-            print(f"edgespec serve: {note}", file=sys.stderr)
-    except (ImportError, ValueError, OSError):  # no such limit here (Windows), or not allowed
-        pass
-    return Limits(args.max_body_bytes, args.request_timeout, cap)
+    check_limits(args)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -330,16 +272,22 @@ def _make_app(
     args: argparse.Namespace, worker: Any, engine: Any, config: GenerationConfig, random_seed: bool
 ) -> tuple[Any, Any]:
     """The ASGI app over the started worker, and the connection guard whose figures it shows."""
-    from edgespec.cache import vocab_size
     from edgespec.server.app import create_app
     from edgespec.server.guard import ConnectionGuard
-    from edgespec.server.protocol import Defaults
+    from edgespec.server.local import HostRule
+    from edgespec.server.protocol import Defaults, served_methods
+    from edgespec.taps import vocab_size
 
     vocab = vocab_size(engine.target.model)
     defaults = Defaults(
-        _model_id(args), config, random_seed, has_draft=engine.has_draft, vocab_size=vocab
+        _model_id(args),
+        config,
+        random_seed,
+        has_draft=engine.has_draft,
+        vocab_size=vocab,
+        methods=served_methods(engine.has_draft, getattr(engine, "family", None)),
     )
-    limits = _limits(args)
+    limits = fitted_limits(args)
     guard = ConnectionGuard(limits.max_connections, limits.request_timeout_s)
     app = create_app(
         worker,
@@ -350,6 +298,8 @@ def _make_app(
         allow_origins=tuple(args.allow_origin),
         limits=limits,
         connections=guard.figures,
+        hosts=HostRule.of(args.host, tuple(args.allow_host)),
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     return app, guard
 

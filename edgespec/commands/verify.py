@@ -9,7 +9,13 @@ import os
 import sys
 from dataclasses import asdict
 
-from edgespec.commands.common import add_model_args, add_sampling_args, sampling_from_args
+from edgespec.commands.common import (
+    add_model_args,
+    add_sampling_args,
+    add_think_arg,
+    apply_think,
+    sampling_from_args,
+)
 from edgespec.config import SpecConfig
 from edgespec.errors import ConfigError
 from edgespec.loading.specs import check_pair
@@ -29,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(temp=1.0)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the fixed context (chat)")
     parser.add_argument("--raw", action="store_true", help="use --prompt as is, no template")
+    add_think_arg(parser)
     parser.add_argument("-k", "--k", type=int, default=4, help="draft tokens per round")
     parser.add_argument("--rounds", type=int, default=20000, help="rounds to simulate (N)")
     parser.add_argument("--json", action="store_true", help="one JSON object")
@@ -71,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if engine.draft is None:
         raise ConfigError(f"{engine.name} has no draft model to verify; pass --draft")
+    note = apply_think(engine, args.think, raw=args.raw)
+    if note:
+        print(f"edgespec verify: note: {note}", file=sys.stderr)
     ids = (
         engine.encode_raw(args.prompt)
         if args.raw

@@ -17,7 +17,7 @@ typedef int32_t vi __attribute__((vector_size(64)));
 typedef float vfu __attribute__((vector_size(64), aligned(4)));
 #define LD(p) (*(const vfu *)(p))
 #define ST(p, x) (*(vfu *)(p) = (x))
-#if defined(__clang__) || (__GNUC__ >= 12 && !defined(EDGESPEC_GCC_SHUFFLE))
+#if defined(__clang__) || (__GNUC__ >= 12 && !defined(ATTEND_GCC_SHUFFLE))
 #define SH __builtin_shufflevector
 #else /* GCC before 12 has only its own shuffle (the tests build both ways with GCC 12) */
 #define SH(a, b, ...) __builtin_shuffle(a, b, (vi){__VA_ARGS__})

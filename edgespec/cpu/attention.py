@@ -12,15 +12,15 @@ row never sees a later position), a precise softmax, the product with the values
 row-exact BLAS (the reference one; MKL strict on Intel) an L-token forward's rows keep the bits
 of L one-token forwards (tests/cpu/test_blas.py checks it under the reference BLAS).
 
-Only the CPU backend's twin of a model (edgespec/cpu/backend.py) can take this path: its attention
-modules are subclasses of mlx-lm's whose methods call `grouped_sdpa` where mlx-lm's call
-`scaled_dot_product_attention` (`attending_class`; mlx-lm's modules and their functions are left
-as they are), and only for caches that EdgeSpec marks (`mark(cache)`, the backend's new_cache
-does on the CPU). mlx-lm's own model object, and any other caller of mlx-lm in the process (the
-bench's mlx-lm peer), keep mlx-lm's attention. `EDGESPEC_GROUPED_ATTENTION=0` turns it off.
+Only the CPU backend's twin of a model (edgespec/cpu/backend.py) takes this path: the twin is built
+with `grouped_sdpa` as its attention (its attention modules are heads.py's subclasses of mlx-lm's,
+its compiled llama blocks blocks.py's), and that takes the grouped path on the caches EdgeSpec's
+states hold (`groupable`: a KVCache, or one of edgespec/rewind.py's window caches). mlx-lm's own
+model object, and any other caller of mlx-lm in the process (the bench's mlx-lm peer), keep
+mlx-lm's attention.
 
 At long contexts the softmax itself is the cost (MLX's CPU exp runs element by element): with
-NumPy's softmax on (`numpy_softmax`, below; `EDGESPEC_NUMPY_SOFTMAX`), every query row that sees
+NumPy's softmax on (`numpy_softmax`, below), every query row that sees
 FROM_KEYS keys or more, in a one-token step, a verify or a prompt chunk alike, takes NumPy's
 vectorised softmax; rows that see fewer keep MLX's, so short contexts run as before and each row
 is computed the same way whatever forward it is part of. Where the fused kernel is built
@@ -30,7 +30,6 @@ values per KV head, each row alone) those rows take it instead, in every forward
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -38,21 +37,27 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from edgespec.cpu import cpu_switch
+from edgespec.rewind import WindowKVCache
 
-FLAG = "_edgespec_grouped"
-ROWS_FLAG = "_edgespec_numpy_rows"  # a plain KV layer: its rows may take NumPy's softmax
 MAX_ROWS = 32  # longer forwards (prompt chunks) keep MLX's path, unless NumPy's softmax is on
 FUSED_TOKENS = 8  # query tokens per call of the fused kernel: a prompt chunk goes in pieces
 FROM_KEYS = 1024  # a row that sees this many keys takes NumPy's softmax, when it is on
 PIECE = 1 << 22  # scores per NumPy softmax call (16 MB): a prompt chunk goes in pieces of rows
-NAME = "scaled_dot_product_attention"  # mlx-lm's function, as its model modules name it
 Rows = Callable[[mx.array, int], mx.array]  # (scores [.., R * L, S], L) -> weights: numpy_softmax
 
 
-def enabled() -> bool:
-    """On for the CPU backend unless EDGESPEC_GROUPED_ATTENTION=0."""
-    return cpu_switch("EDGESPEC_GROUPED_ATTENTION")
+def groupable(cache: Any) -> bool:
+    """Whether a forward on this cache layer may take the grouped path: an EdgeSpec state's
+    full-attention (KVCache) or window layer (a quantized cache has its own attention)."""
+    return isinstance(cache, KVCache | WindowKVCache)
+
+
+def numpy_rows(cache: Any) -> bool:
+    """Whether this layer's rows may take NumPy's softmax: a full-attention layer's, or a draft's
+    attention bound's (made of one). A model's own sliding-window layer attends under masks of
+    its own (an array for a verify, none for a step), which would take its rows down different
+    paths, so they keep MLX's softmax throughout."""
+    return isinstance(cache, KVCache) or (isinstance(cache, WindowKVCache) and cache.bounded)
 
 
 def causal_mask(shape: tuple[int, ...], dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
@@ -188,20 +193,20 @@ def masked_attention(
     fused: bool = False,
 ) -> mx.array:
     """Attention under an explicit boolean mask allowed [L, S] (a draft tree's, edgespec/trees/),
-    computed as a causal forward on the same cache would be: grouped where the cache is marked
-    and the forward has 2..MAX_ROWS rows (the same products, the mask in place of the causal one,
+    computed as a causal forward on the same cache would be: grouped where the cache is
+    `groupable` and the forward has 2..MAX_ROWS rows (the same products, the mask in place of the causal one,
     so a chain-shaped tree keeps the chain's bits; with `rows`, its softmax of float32 scores,
     whose hidden scores become exact zeros as under the causal mask; with `fused` too, the fused
     kernel for those rows, under the mask), else MLX's kernel with the mask.
     queries [1, H, L, D], keys / values [1, G, S, D] -> [1, H, L, D]."""
     b, h, length, d = queries.shape
     g, s = keys.shape[1], keys.shape[2]
-    if not (getattr(cache, FLAG, False) and 1 < length <= MAX_ROWS) or h % g:
+    if not (groupable(cache) and 1 < length <= MAX_ROWS) or h % g:
         return mx.fast.scaled_dot_product_attention(
             queries, keys, values, scale=scale, mask=allowed
         )
     r = h // g
-    rows = rows if getattr(cache, ROWS_FLAG, False) else None
+    rows = rows if numpy_rows(cache) else None
     split = length if rows is None else numpy_from(s, length, True)
     kernel = fused_kernel(queries, keys) if fused and split < length else None
     if kernel is not None:
@@ -232,8 +237,8 @@ def grouped_sdpa(
     original: Callable[..., mx.array], masks: Masks, rows: Rows | None = None, fused: bool = False
 ) -> Callable[..., mx.array]:
     """mlx-lm's `scaled_dot_product_attention` (`original`, same signature) that takes the grouped
-    path for a marked cache's forwards of 2..MAX_ROWS rows with no mask or a causal one. With
-    `rows` (the NumPy softmax) a marked cache's float32 forwards of every length take it once
+    path for a groupable cache's forwards of 2..MAX_ROWS rows with no mask or a causal one. With
+    `rows` (the NumPy softmax) a groupable cache's float32 forwards of every length take it once
     they reach FROM_KEYS keys, one-token steps and prompt chunks included: a row that sees that
     many keys has its softmax computed by NumPy whatever the forward's length; with `fused`,
     those rows take the fused kernel instead."""
@@ -247,10 +252,10 @@ def grouped_sdpa(
         mask: Any,
         sinks: Any = None,
     ) -> mx.array:
-        if not getattr(cache, FLAG, False):  # (a quantized cache's keys are not an array)
+        if not groupable(cache):  # (a quantized cache's keys are not an array)
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         length = queries.shape[2]
-        every = rows is not None and getattr(cache, ROWS_FLAG, False) and keys.shape[2] >= FROM_KEYS
+        every = rows is not None and numpy_rows(cache) and keys.shape[2] >= FROM_KEYS
         if (
             (1 < length <= MAX_ROWS or (every and queries.dtype == keys.dtype == mx.float32))
             and sinks is None
@@ -264,55 +269,6 @@ def grouped_sdpa(
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     return scaled_dot_product_attention
-
-
-def attending_class(cls: type, original: Any, sdpa: Callable[..., mx.array]) -> type | None:
-    """A subclass of `cls` whose methods that call `original` (mlx-lm's function, looked up in
-    their module's globals) call `sdpa` instead: the same code objects run with globals that name
-    `sdpa`, so mlx-lm's modules stay as they are. None when no method of `cls` calls `original`.
-
-        attending_class(llama.Attention, base.scaled_dot_product_attention, grouped)
-            -> class Attention(llama.Attention) whose __call__ calls `grouped`
-    """
-    methods: dict[str, Any] = {}
-    seen: set[str] = set()
-    for klass in cls.__mro__:
-        for name, fn in vars(klass).items():
-            if name in seen:
-                continue  # overridden lower in the MRO: that one runs
-            seen.add(name)
-            calls = isinstance(fn, types.FunctionType) and NAME in fn.__code__.co_names
-            if calls and fn.__globals__.get(NAME) is original:
-                methods[name] = _with_global(fn, sdpa)
-    if not methods:
-        return None
-    return type(cls.__name__, (cls,), {**methods, "__module__": __name__})
-
-
-def _with_global(fn: types.FunctionType, sdpa: Callable[..., mx.array]) -> types.FunctionType:
-    """`fn` with its module's globals, except NAME -> sdpa."""
-    scope = {**fn.__globals__, NAME: sdpa}
-    out = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    out.__kwdefaults__, out.__qualname__, out.__doc__ = (
-        fn.__kwdefaults__,
-        fn.__qualname__,
-        fn.__doc__,
-    )
-    return out
-
-
-def mark(cache: list[Any]) -> None:
-    """Let these cache layers' short multi-token forwards take the grouped path (when enabled),
-    and plain KV layers' rows take NumPy's softmax from FROM_KEYS keys on (ROWS_FLAG): a window
-    layer's forwards attend under masks of its own (an array for a verify, none for a step),
-    which would take them down different paths, so its rows keep MLX's softmax throughout."""
-    if not enabled():
-        return
-    for layer in cache:
-        if hasattr(layer, "bits"):  # a quantized cache has its own attention
-            continue
-        setattr(layer, FLAG, True)
-        setattr(layer, ROWS_FLAG, isinstance(layer, KVCache))
 
 
 # ------------------------------------------------------------------ NumPy's softmax
@@ -332,17 +288,6 @@ def mark(cache: list[Any]) -> None:
 # Only float32 scores take it (the CPU backend runs models in float32).
 
 LANES = 64  # running sums per row: wide enough that NumPy's inner loop is long
-
-
-def numpy_enabled() -> bool:
-    """NumPy's softmax for long rows: on for the CPU backend unless EDGESPEC_NUMPY_SOFTMAX=0."""
-    return cpu_switch("EDGESPEC_NUMPY_SOFTMAX")
-
-
-def fused_enabled() -> bool:
-    """The fused kernel for those rows (fused.py): on for the CPU backend, where it builds,
-    unless EDGESPEC_FUSED_ATTENTION=0."""
-    return cpu_switch("EDGESPEC_FUSED_ATTENTION")
 
 
 def lane_total(e: np.ndarray) -> np.ndarray:

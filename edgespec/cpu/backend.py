@@ -1,24 +1,26 @@
-"""The CPU backend: one object, built once per Engine, that owns EdgeSpec's optimised forwards on
-MLX's CPU backend. A GPU takes none of them (every switch is off there).
+"""The CPU backend: one object, built once per Engine on MLX's CPU backend (edgespec/backend.py
+`for_device`), that owns EdgeSpec's optimised forwards there.
 
-    cpu = CpuBackend()                    # the switches read from the environment, once
+    cpu = CpuBackend()                    # the switches read from EDGESPEC_CPU_OPT, once
     fast = cpu.model(loaded.model)        # the twin that runs the optimised layers
     state = KVState(fast, "target", cpu.new_cache)
-    warp(logits, sampling, cpu.softmax)   # the sampling softmax (None: MLX's own)
+    warp(logits, sampling, cpu.softmax)   # the sampling softmax
 
 `model(m)` returns m's twin (`twin`, at the end): new module objects over the same parameter
-arrays, with row padding when asked (rowpad.py, imported only then), rotary tables (rope.py), lean Linear / RMSNorm
-(leanops.py), compiled llama blocks (blocks.py) and attention modules that take the grouped path
-for marked caches (attention.py). The model it was given is left as it is: its classes, its
-modules, mlx-lm's functions. So the bench's mlx-lm peer, which runs `loaded.model`, runs mlx-lm's
-own code by construction, and each twin's outputs keep the model's bits (tests/cpu/test_rope.py,
-test_leanops.py, test_blocks.py compare a twin with its model). The state the optimised layers
-keep (rotary tables, the rows and the causal mask of the latest forward, the compiled traces)
-belongs to this object and its twins, never to a module of EdgeSpec or mlx-lm.
+arrays, with rotary tables (rope.py), lean Linear / RMSNorm (leanops.py), compiled llama blocks
+(blocks.py) and attention modules built with the grouped attention (heads.py, attention.py). The
+model it was given is left as it is: its classes, its modules, mlx-lm's functions. So the
+bench's mlx-lm peer, which runs `loaded.model`, runs mlx-lm's own code by construction, and each
+twin's outputs keep the model's bits (tests/cpu/test_rope.py, test_leanops.py, test_blocks.py
+compare a twin with its model). The state the optimised layers keep (rotary tables, the causal
+mask of the latest forward, the compiled traces) belongs to this object and its twins, never to
+a module of EdgeSpec or mlx-lm.
 
-Switches: edgespec/cpu/__init__.py (`EDGESPEC_CPU_OPT=0` turns everything off); the BLAS preload
-is edgespec/cpu/blas.py. The decoding core (loop, cache, drafting, sampling) never imports this
-package: the Engine (edgespec/runtime.py) hands it these pieces.
+Switches (`Switches.from_environment`): every rewrite is on unless EDGESPEC_CPU_OPT says
+otherwise: `0` turns them all off, a comma list of `-name` / `+name` turns single ones off / on
+(`EDGESPEC_CPU_OPT=-fused_attention,-numpy_softmax`; `+draft_pairs` steps in pairs under any
+BLAS). The decoding core (loop, cache, drafting, sampling) never imports this package: the Engine
+hands it these pieces.
 """
 
 from __future__ import annotations
@@ -31,59 +33,71 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import base
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.base import scaled_dot_product_attention
 
-from edgespec.cpu import attention, blas, blocks, cpu_switch, fastexp, leanops, on_cpu, rope
-from edgespec.rewind import rewindable
+from edgespec.backend import Backend
+from edgespec.blas import active as active_blas
+from edgespec.cpu import attention, blocks, fastexp, heads, leanops, rope
+from edgespec.cpu.pairs import PairedSteps
+from edgespec.drafting.token import DraftSteps
+from edgespec.errors import ConfigError
+from edgespec.switches import CPU_OPT
 
-__all__ = ["CpuBackend", "Switches", "draft_pairs", "on_cpu"]
-
-
-def draft_pairs() -> bool:
-    """Whether draft steps run two positions instead of one (drafting/token.py ModelDrafter): on
-    the CPU backend under Intel MKL (whose one-row products run on one thread; OpenBLAS's two-row
-    ones are the slower), or everywhere on the CPU with EDGESPEC_DRAFT_PAIRS=1."""
-    if not cpu_switch("EDGESPEC_DRAFT_PAIRS"):
-        return False
-    return os.environ.get("EDGESPEC_DRAFT_PAIRS") == "1" or blas.active() in ("mkl", "mkl-fast")
+__all__ = ["CpuBackend", "Switches"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Switches:
-    """Which rewrites a backend applies (all off: a GPU, or EDGESPEC_CPU_OPT=0)."""
+    """Which rewrites a backend applies (all off: EDGESPEC_CPU_OPT=0)."""
 
     grouped_attention: bool = False
-    numpy_softmax: bool = False
-    fused_attention: bool = False  # asked for; fused.kernel() says whether it built
+    numpy_softmax: bool = False  # rides on the grouped path
+    fused_attention: bool = False  # asked for (rides on NumPy's softmax); fused.kernel() builds
     table_rope: bool = False
     lean_ops: bool = False
-    compiled_blocks: bool = False
-    fast_exp: bool = False
-    draft_pairs: bool = False
-    pad_rows: bool = False  # opt-in (EDGESPEC_PAD_ROWS=1), not recorded by the bench
+    compiled_blocks: bool = False  # where MLX can compile (fastexp.compiler_works)
+    fast_exp: bool = False  # where MLX can compile
+    draft_pairs: bool = False  # on under MKL (pairs.py)
 
     @classmethod
-    def from_environment(cls) -> Switches:
-        """The switches in force in this process (edgespec/cpu/__init__.py)."""
+    def from_environment(cls, value: str | None = None) -> Switches:
+        """The switches EDGESPEC_CPU_OPT (or `value`) asks for (module docstring); ConfigError
+        for a name that is not a rewrite's.
+
+            Switches.from_environment("-fused_attention").fused_attention -> False
+        """
+        value = (os.environ.get(CPU_OPT, "") if value is None else value).strip()
+        names = [f.name for f in dataclasses.fields(cls)]
+        asked = dict.fromkeys(names, value != "0")
+        asked["draft_pairs"] = value != "0" and active_blas() in ("mkl", "mkl-fast")
+        for item in filter(None, (v.strip() for v in value.split(","))):
+            if item in ("0", "1"):
+                continue
+            if item[:1] not in "+-" or item[1:] not in asked:
+                raise ConfigError(
+                    f"{CPU_OPT}={value!r}: each entry is 0, 1, or +name / -name with a name "
+                    f"from {', '.join(names)}"
+                )
+            asked[item[1:]] = item[0] == "+"
+        compiles = (
+            fastexp.compiler_works() if asked["compiled_blocks"] or asked["fast_exp"] else False
+        )
+        grouped = asked["grouped_attention"]
         return cls(
-            grouped_attention=attention.enabled(),
-            numpy_softmax=attention.enabled() and attention.numpy_enabled(),
-            fused_attention=attention.enabled()
-            and attention.numpy_enabled()
-            and attention.fused_enabled(),
-            table_rope=rope.enabled(),
-            lean_ops=leanops.enabled(),
-            compiled_blocks=blocks.enabled(),
-            fast_exp=fastexp.enabled(),
-            draft_pairs=draft_pairs(),
-            pad_rows=cpu_switch("EDGESPEC_PAD_ROWS") and blas.pads_single_rows(),
+            grouped_attention=grouped,
+            numpy_softmax=grouped and asked["numpy_softmax"],
+            fused_attention=grouped and asked["numpy_softmax"] and asked["fused_attention"],
+            table_rope=asked["table_rope"],
+            lean_ops=asked["lean_ops"],
+            compiled_blocks=asked["compiled_blocks"] and compiles,
+            fast_exp=asked["fast_exp"] and compiles,
+            draft_pairs=asked["draft_pairs"],
         )
 
     def recorded(self) -> dict[str, bool]:
         """What results.json records (`environment.cpu_rewrites`); the fused attention counts as
         on once its kernel is built (here, when not built yet: before a bench's first timing)."""
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "pad_rows"}
+        out = dataclasses.asdict(self)
         if self.fused_attention:
             from edgespec.cpu import fused
 
@@ -93,40 +107,41 @@ class Switches:
     def rewrite_models(self) -> bool:
         """Whether any of them changes how a model runs (else `model` returns it as it is)."""
         s = self
-        return s.grouped_attention or s.table_rope or s.lean_ops or s.compiled_blocks or s.pad_rows
+        return s.grouped_attention or s.table_rope or s.lean_ops or s.compiled_blocks
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     """EdgeSpec's optimised forwards for MLX's CPU backend (module docstring). Not thread-safe,
     like the Engine that holds it."""
 
+    name = "cpu"
+    dequantizes = True
+    compiles_per_shape = False
+    batches_plain_first = True
+
     def __init__(self, switches: Switches | None = None):
         self.switches = switches if switches is not None else Switches.from_environment()
+        s = self.switches
         self.tables = rope.Tables()
         self.masks = attention.Masks()
-        original = getattr(base, attention.NAME)
-        self._original = original
-        self._rows = attention.numpy_softmax if self.switches.numpy_softmax else None
-        fused = self.switches.fused_attention
-        self._sdpa = attention.grouped_sdpa(original, self.masks, self._rows, fused)
+        rows = attention.numpy_softmax if s.numpy_softmax else None
+        original = scaled_dot_product_attention
+        # the attention the twins are built with (heads.py, blocks.py)
+        self.attend = (
+            attention.grouped_sdpa(original, self.masks, rows, s.fused_attention)
+            if s.grouped_attention
+            else original
+        )
         # the draft-tree forward's attention under a mask, with this backend's softmax
-        self.masked_attention = functools.partial(
-            attention.masked_attention, rows=self._rows, fused=fused
+        self.masked_attention: Callable[..., mx.array] = (
+            functools.partial(attention.masked_attention, rows=rows, fused=s.fused_attention)
+            if s.grouped_attention
+            else _mlx_masked
         )
         self._attending: dict[type, type | None] = {}
         self._twins: Memo = {}
-        self.softmax: Callable[[mx.array, float], mx.array] | None = (
-            fastexp.make_softmax() if self.switches.fast_exp else None
-        )
-        self._rowpad: Any = None  # edgespec.cpu.rowpad, when its opt-in switch is on
-        if self.switches.pad_rows:
-            from edgespec.cpu import rowpad
-
-            self._rowpad = rowpad
-
-    @property
-    def draft_pairs(self) -> bool:
-        return self.switches.draft_pairs
+        self.softmax = fastexp.make_softmax() if s.fast_exp else None
+        self.draft_steps: DraftSteps = PairedSteps() if s.draft_pairs else DraftSteps()
 
     def model(self, model: Any) -> Any:
         """`model`'s twin with the optimised layers switched on (the same twin for the same model;
@@ -143,44 +158,40 @@ class CpuBackend:
             self._finish(module)
         return made
 
-    def new_cache(self, model: Any) -> list[Any]:
-        """make_prompt_cache(model) with rewindable window layers (edgespec/rewind.py), marked so
-        that a twin's short multi-token forwards on it (verifies, catch-ups) take grouped
-        attention when that is switched on."""
-        cache = rewindable(make_prompt_cache(model))
-        if self.switches.grouped_attention:
-            attention.mark(cache)
-        return cache
+    def kernels(self) -> Any:
+        """The draft-tree (and packed) forward's pieces: this backend's attention under a mask
+        and a compiled llama block's parts around the attention."""
+        from edgespec.trees.forward import Kernels
 
-    # The draft-tree forward's pieces (the Engine hands them to edgespec/trees/forward.py): a
-    # compiled llama block's parts around the attention (and `masked_attention`, set in __init__).
-    block_parts = staticmethod(blocks.parts)
+        return Kernels(self.masked_attention, blocks.parts)
+
+    def recorded(self) -> dict[str, bool]:
+        return self.switches.recorded()
 
     def _pick(self, key: str, module: nn.Module) -> type | None:
         """The class `module`'s twin takes (None: its own)."""
         s = self.switches
         return (
-            (s.pad_rows and self._rowpad.twin_class(module))
-            or (s.table_rope and rope.twin_class(key, module))
+            (s.table_rope and rope.twin_class(key, module))
             or (s.lean_ops and leanops.twin_class(module))
             or (s.compiled_blocks and blocks.twin_class(module))
-            or (s.grouped_attention and self._attending_class(type(module)))
+            or (s.grouped_attention and heads.twin_class(module, self._attending))
             or None
         )
 
-    def _attending_class(self, cls: type) -> type | None:
-        if cls not in self._attending:
-            self._attending[cls] = attention.attending_class(cls, self._original, self._sdpa)
-        return self._attending[cls]
-
     def _finish(self, module: nn.Module) -> None:
-        """Hand a twin's optimised modules this backend's state."""
+        """Hand a twin's optimised modules this backend's state and attention."""
         if isinstance(module, rope.TableRoPE):
             module.tables = self.tables
-        elif isinstance(module, blocks.CompiledBlock):
-            module.attend = self._sdpa if self.switches.grouped_attention else self._original
-        if self.switches.pad_rows:
-            self._rowpad.pad_head(module)
+        elif isinstance(module, blocks.CompiledBlock | heads.GroupedAttention):
+            module.attend = self.attend
+
+
+def _mlx_masked(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, allowed: mx.array, cache: Any
+) -> mx.array:
+    """MLX's attention under a mask (grouped attention switched off)."""
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=allowed)
 
 
 # ------------------------------------------------------------------ twins

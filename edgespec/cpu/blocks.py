@@ -18,8 +18,7 @@ and MLP) in the CPU backend's twin of a model (edgespec/cpu/backend.py; mlx-lm's
 keeps its blocks). Float32, batch 1, with a cache and at most MAX_LENGTH tokens (decode steps,
 verifies, catch-ups) take it; prompt chunks keep mlx-lm's code (each new length would be a new
 trace). On MLX's CPU backend only (GPUs have fused kernels), only where MLX can compile a fused
-kernel here (on the CPU it builds one with the system C++ compiler), off with
-`EDGESPEC_COMPILED_BLOCKS=0`. The traces hold the block's parameters as constants; a replaced
+kernel here (on the CPU it builds one with the system C++ compiler; `fastexp.compiler_works`). The traces hold the block's parameters as constants; a replaced
 parameter (`update` on the twin) is noticed at the next call and the block traced again.
 """
 
@@ -30,18 +29,13 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import llama
+from mlx_lm.models.base import scaled_dot_product_attention
 
-from edgespec.cpu import cpu_switch, rope
-from edgespec.cpu.attention import MAX_ROWS, NAME
-from edgespec.cpu.fastexp import compiler_works
+from edgespec.cpu import rope
+from edgespec.cpu.attention import MAX_ROWS
 
 MAX_LENGTH = MAX_ROWS  # longer forwards (prompt chunks) keep mlx-lm's code
-_FNS = "_edgespec_compiled"
-
-
-def enabled() -> bool:
-    """On for the CPU backend unless EDGESPEC_COMPILED_BLOCKS=0, where MLX can compile."""
-    return cpu_switch("EDGESPEC_COMPILED_BLOCKS") and compiler_works()
+_TRACES = "_traces"  # where a block keeps its compiled functions (not a child module)
 
 
 def _before_attention(block: llama.TransformerBlock, x: mx.array, *rows: mx.array):
@@ -69,13 +63,13 @@ class CompiledBlock(llama.TransformerBlock):
     """llama.TransformerBlock whose cache-free parts run as two compiled functions. `attend` is
     the attention between them (mlx-lm's function, or the backend's grouped one)."""
 
-    attend: Any = staticmethod(getattr(llama, NAME))
+    attend: Any = staticmethod(scaled_dot_product_attention)
 
     def _compiled(self) -> tuple[Any, Any]:
         """The two compiled functions; made anew when a parameter array was replaced (the
         traces hold the arrays they were traced with as constants). Passing the parameters as
         inputs instead (mx.compile's `inputs=`) cost more per call than it saved."""
-        kept = self.__dict__.get(_FNS)
+        kept = self.__dict__.get(_TRACES)
         if kept is not None:
             slots, arrays, fns = kept
             if all(m[name] is a for (m, name), a in zip(slots, arrays, strict=True)):
@@ -90,7 +84,7 @@ class CompiledBlock(llama.TransformerBlock):
             mx.compile(partial(_before_attention, self)),
             mx.compile(partial(_after_attention, self)),
         )
-        self.__dict__[_FNS] = (slots, [m[name] for m, name in slots], fns)
+        self.__dict__[_TRACES] = (slots, [m[name] for m, name in slots], fns)
         return fns
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:

@@ -13,7 +13,7 @@ exactly 0: a token masked by top-k keeps probability 0.
 
 `sampling.warp` uses it on the CPU backend only (GPUs have fast kernels; the Engine hands over
 its CPU backend's `softmax`, edgespec/cpu/backend.py), only where MLX can compile a fused kernel (`compiler_works`),
-and not with `EDGESPEC_FAST_EXP=0`. The attention's softmax does not use it: over short rows (a
+and not with `EDGESPEC_CPU_OPT=-fast_exp`. The attention's softmax does not use it: over short rows (a
 few hundred keys) the gain was small, and from a thousand keys on NumPy's vectorised exp is
 faster still (attention.py, numpy_softmax).
 """
@@ -23,8 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
-
-from edgespec.cpu import cpu_switch
 
 _LOG2E = 1.4426950408889634
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; n * hi is exact in float32
@@ -48,11 +46,6 @@ def compiler_works() -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means: keep MLX's own operations
         return False
-
-
-def enabled() -> bool:
-    """On for the CPU backend where MLX can compile, unless EDGESPEC_FAST_EXP=0."""
-    return cpu_switch("EDGESPEC_FAST_EXP") and compiler_works()
 
 
 def exp_nonpositive(x: mx.array) -> mx.array:

@@ -11,7 +11,7 @@ The library goes to EDGESPEC_KERNEL_DIR, else $XDG_CACHE_HOME/edgespec/kernels (
 named by a hash of the source, the compiler and its flags and the CPU (it is built for this
 CPU's vector units): later processes load it at once. Without a working compiler (CC, else cc),
 `kernel()` is None and the callers keep MLX's products with NumPy's softmax; `problem()` says why.
-`EDGESPEC_FUSED_ATTENTION=0` turns the kernel off (attention.fused_enabled).
+`EDGESPEC_CPU_OPT=-fused_attention` turns the kernel off (backend.py, Switches).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from edgespec.switches import KERNEL_DIR
+
 SOURCE = Path(__file__).with_name("attend.c")
 SYMBOL = "edgespec_attend"
 DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 256)  # the head sizes attend.c is built for
@@ -47,8 +49,8 @@ def flags() -> list[str]:
 
 def kernel_dir() -> Path:
     """Where built kernels are kept (module docstring)."""
-    if os.environ.get("EDGESPEC_KERNEL_DIR"):
-        return Path(os.environ["EDGESPEC_KERNEL_DIR"])
+    if os.environ.get(KERNEL_DIR):
+        return Path(os.environ[KERNEL_DIR])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "edgespec" / "kernels"
 
@@ -61,7 +63,7 @@ def problem() -> str:
 def build(directory: Path | None = None) -> Path:
     """The kernel library for this machine, compiled unless a copy with the same key is there.
     Raises OSError or subprocess.CalledProcessError (with the compiler's message) on failure."""
-    from edgespec.cpu.blas import cpu_model  # (blas.py imports no MLX; cheap)
+    from edgespec.blas import cpu_model  # (blas.py imports no MLX; cheap)
 
     compiler = os.environ.get("CC") or shutil.which("cc") or "cc"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True)

@@ -21,7 +21,7 @@ Both give the same bits as the layers they replace (tests/cpu/test_leanops.py); 
 They apply to float32 inputs on the CPU (GPUs fuse these into kernels), stand for exact
 `nn.Linear` / `nn.RMSNorm` modules in the CPU backend's twin of a model (same parameter arrays,
 same tree; edgespec/cpu/backend.py), notice when a weight of the twin is replaced (`update`,
-training) and are off with `EDGESPEC_LEAN_OPS=0`. mlx-lm's model object keeps its own layers.
+training) and are off with `EDGESPEC_CPU_OPT=-lean_ops`. mlx-lm's model object keeps its own layers.
 """
 
 from __future__ import annotations
@@ -30,13 +30,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-
-from edgespec.cpu import cpu_switch
-
-
-def enabled() -> bool:
-    """On for the CPU backend unless EDGESPEC_LEAN_OPS=0."""
-    return cpu_switch("EDGESPEC_LEAN_OPS")
 
 
 class LeanLinear(nn.Linear):

@@ -15,7 +15,7 @@ lengths, bases and scales), so nothing EdgeSpec computes changes, only its speed
 non-traditional `nn.RoPE` that most models use is replaced; other rotary classes (Llama 3's,
 YaRN, ...) keep theirs, and only in the CPU backend's twin of a model (edgespec/cpu/backend.py):
 mlx-lm's model object keeps its nn.RoPE. GPUs have a fused kernel and keep it.
-`EDGESPEC_TABLE_ROPE=0` turns this off.
+`EDGESPEC_CPU_OPT=-table_rope` turns this off.
 """
 
 from __future__ import annotations
@@ -27,14 +27,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from edgespec.cpu import cpu_switch
-
 FIRST_TABLE = 4096  # positions; a table doubles when a forward reaches past its end
-
-
-def enabled() -> bool:
-    """On for the CPU backend unless EDGESPEC_TABLE_ROPE=0."""
-    return cpu_switch("EDGESPEC_TABLE_ROPE")
 
 
 def table(dims: int, base: float, scale: float, positions: int) -> tuple[mx.array, mx.array]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.cpu import on_cpu
+from edgespec.device import kind as backend_kind
 from edgespec.distill.checkpoints import TrainConfig, latest_checkpoint, load_checkpoint
 from edgespec.distill.data import generate_data
 from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
@@ -104,7 +104,7 @@ def export_stage(
         curve=state.curve,
     )
     export_draft(model, config, dest, card)
-    if on_cpu():  # same values in fp32 arithmetic: MLX's quantized matmul is slow on the CPU
+    if backend_kind().dequantizes:  # same values in fp32 arithmetic (edgespec/backend.py)
         dequantize_model(model)
     hidx = head_index(np.array(model.head_ids), int(config["vocab_size"]))
     quantized = agreement(model, held, hidx, cfg.max_len) if held else float("nan")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -168,11 +167,6 @@ def read_shard(path: Path) -> list[Sequence]:
         return unpack({k: z[k] for k in z.files})
 
 
-def iter_sequences(data_dir: Path) -> Iterator[Sequence]:
-    for p in shard_paths(data_dir):
-        yield from read_shard(p)
-
-
 def done_ids(data_dir: Path) -> set[int]:
     """Instruction ids already answered in some shard (what a resumed run skips)."""
     out: set[int] = set()
@@ -212,38 +206,4 @@ def recount(data_dir: Path, meta: Meta) -> Meta:
             meta.n_tokens += int(lens.sum())
             meta.n_completion_tokens += int((lens - z["prompt_lens"]).sum())
             meta.shards += 1
-    return meta
-
-
-def _same_arrays(path: Path, arrays: dict[str, np.ndarray]) -> bool:
-    with np.load(path) as z:
-        return set(z.files) == set(arrays) and all(
-            z[k].dtype == v.dtype and np.array_equal(z[k], v) for k, v in arrays.items()
-        )
-
-
-def export_tokens(data_dir: Path, dest: Path) -> Meta:
-    """Copy the data as token ids only (no teacher top-k: ~2 bytes a token instead of ~100).
-
-    This is the compact form committed with a draft, so generated text accumulates across
-    sessions; the trainer recomputes the top-k (as sidecar files) when it reads such shards.
-    A shard already in `dest` with the same arrays is left as it is (a re-export after more data
-    adds files instead of rewriting every shard, which would grow a git history); others are
-    replaced or removed. `dest/meta.json` gets the source's meta.
-    """
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    written: set[Path] = set()
-    for src in shard_paths(data_dir):
-        with np.load(src) as z:  # every array but the teacher's (e.g. a pool's `kinds`) is kept
-            arrays = {k: z[k] for k in z.files if k not in ("topk_ids", "topk_logprobs")}
-        path = shard_path(dest, int(src.stem.split("-")[1]))
-        written.add(path)
-        if not (path.exists() and _same_arrays(path, arrays)):
-            atomic_write_npz(path, arrays)
-    for old in shard_paths(dest):
-        if old not in written:
-            old.unlink()
-    meta = recount(dest, Meta.read(data_dir))
-    meta.write(dest)
     return meta

@@ -33,6 +33,7 @@ import mlx.core as mx
 from edgespec.config import GenerationConfig
 from edgespec.errors import ConfigError, GroupError, one_line
 from edgespec.launch import HOSTFILE, env_rank, launched_backend, lost_group
+from edgespec.switches import RANK_CHECK
 
 _MOD = 2_147_483_647  # 2**31 - 1: checksums fit an int32 all_gather
 
@@ -169,4 +170,4 @@ class Agreement:
 def agreement_for(group: Group) -> Agreement | None:
     """The Agreement a run on `group` checks, or None with EDGESPEC_RANK_CHECK=0 (it costs one
     small all_gather per step; the tests keep it on)."""
-    return None if os.environ.get("EDGESPEC_RANK_CHECK", "1").strip() == "0" else Agreement(group)
+    return None if os.environ.get(RANK_CHECK, "1").strip() == "0" else Agreement(group)

@@ -7,7 +7,7 @@ plus K drafts). K* = argmax_K E[tokens](K) / T(K) over 0..k_max, where K = 0 is 
 (1 token in v(1) seconds): a draft that does not pay for itself is switched off rather than allowed
 to slow decoding down. While K = 0 wins, a probe round drafts every few rounds (8, doubling to 64
 while drafting keeps losing) so the estimates can notice the draft becoming useful again. The loop
-runs such K = 0 rounds pipelined (loop.plain_run), as fast as plain decoding; the policy then
+runs such K = 0 rounds pipelined (edgespec/loop.py), as fast as plain decoding; the policy then
 decides a round before the previous one is read back. The loop hands it every round once, in order
 (`observe`, rounds.Plans), and asks for each K (`decide`).
 
@@ -26,6 +26,7 @@ coming tokens, so exactness holds.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ from edgespec.drafting.costs import (
     fit_verify_line,
     verify_curve,
 )
-from edgespec.events import Round
+from edgespec.events import Round, expected_tokens_per_round
 
 PRIOR_ALPHA = 0.5  # before any round: a coin flip, worth PRIOR_WEIGHT observations
 PRIOR_WEIGHT = 2.0
@@ -61,6 +62,15 @@ OFF_AFTER = COST_WINDOW // 2 + 1
 # instead of probe rounds: a review after REVIEW_EVERY plain steps, the gap doubling to
 # REVIEW_MOST while the draft stays off (a review is a draft forward over the gap's tokens).
 REVIEW_EVERY, REVIEW_MOST = 8, 32
+# A price check: while drafting, a plain step is never timed, and its price is a guess from the
+# shortest verify (verify_curve), which is off by up to ~1.9x either way: on an Apple M1 / M2 a
+# 2-token verify costs ~1.7 steps (a plain step then looks 1.57x dearer than it is, and a draft
+# that loses to plain decoding stays on), on a CPU at 32K tokens a row's attention does the
+# same. So once per generation, where the decision could hang on it (drafting predicted to win
+# by less than PRICE_EDGE), PRICE_STEPS plain steps are run and timed (a pipelined run times the
+# middle ones), at most PRICE_TRIES times while lookups take those rounds instead.
+# (research/replay/: the cost-profile replay.)
+PRICE_STEPS, PRICE_EDGE, PRICE_TRIES = 4, 2.0, 2
 
 
 @dataclass
@@ -130,6 +140,9 @@ class DrafterEstimate:
         measured, else the line fitted to those (fit_verify_line's, with its prior slope while
         one K is known). Example: {4: 0.10} -> d(8) = 0.1 / 1.3 * 1.7 = 0.131."""
         means = {k: m.value for k, m in self.round_costs.items() if m.value is not None}
+        if not means:  # a seed's cost only (a calibration's, per drafted token), no round timed
+            per_token = self.draft_cost or 0.0
+            return lambda k: per_token * k
         a, b = fit_verify_line(means)
         return lambda k: means[k] if k in means else a + b * (k - 1)
 
@@ -192,6 +205,7 @@ class AdaptiveK:
         self.long_match = long_match
         self.estimates: dict[str, DrafterEstimate] = {}
         self.verify_costs: Timings[int] = Timings()  # verified tokens L -> recent seconds
+        self._seeded: dict[int, float] = {}  # verified tokens L -> a calibration's seconds
         self.chosen: list[int] = []
         self._method: str | None = None  # who drafted the latest round that drafted
         self._previous: str | None = ""  # who drafted the last round ("": none yet, None: nobody)
@@ -201,19 +215,22 @@ class AdaptiveK:
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
         self._lookup_probes = Probes()
         self._reviews, self._idle, self._review_gap = False, 0, REVIEW_EVERY  # review_due
+        self._price_tries, self._pricing = PRICE_TRIES, 0  # price checks left, steps left
 
     def seed(self, draft_costs: dict[str, float], verify_costs: dict[int, float]) -> None:
         """Start from saved costs (a calibration: seconds per drafted token per method, seconds
         per verify of L tokens), one timing each, soon outvoted by this run's own.
 
         Example: seed({"draft": 0.01}, {1: 0.05, 5: 0.08}) makes choose("draft") use c = 0.01
-        and v(5) = 0.08 from the first round, instead of k_init until both were timed."""
+        and v(5) = 0.08 from the first round, instead of k_init until both were timed.
+        The verify costs are kept apart from the run's own (verify_means): a calibration is
+        made on a short prompt, and at a long context its lengths the run never tried priced
+        long verifies as if the context were short."""
         for method, cost in draft_costs.items():
             self.estimates.setdefault(
                 method, DrafterEstimate(per_round=method in ROUND_COST)
             ).step_costs.add(cost)
-        for length, seconds in verify_costs.items():
-            self.verify_costs.add(length, seconds)
+        self._seeded.update(verify_costs)
 
     def observe(self, r: Round) -> None:
         """Learn from one committed round (each once: rounds.Plans sees to it)."""
@@ -267,8 +284,17 @@ class AdaptiveK:
 
     @property
     def verify_means(self) -> dict[int, float]:
-        """Verified tokens L -> the median of its recent verify seconds."""
-        return self.verify_costs.medians()
+        """Verified tokens L -> the median of its recent verify seconds; a length only the seed
+        has (a calibration's, `seed`) at its seeded cost scaled by the median ratio of this
+        run's costs to the seed's over the lengths both have (a longer context costs more per
+        forward), 1 before any. Example: seeded {2: 1.0, 8: 2.0}, measured {2: 3.0} ->
+        {2: 3.0, 8: 6.0}."""
+        own = self.verify_costs.medians()
+        if not self._seeded:
+            return own
+        ratios = [t / self._seeded[L] for L, t in own.items() if L in self._seeded]
+        scale = statistics.median(ratios) if ratios else 1.0
+        return {**{L: t * scale for L, t in self._seeded.items()}, **own}
 
     def _inputs(
         self, method: str | None
@@ -276,13 +302,20 @@ class AdaptiveK:
         """best_k's (alpha, draft cost, verify curve, k_max) for `method`; None until its draft
         cost and a verify have been measured."""
         est = self.estimates.get(method) if method is not None else None
-        if est is None or est.draft_cost is None or not self.verify_costs:
+        if est is None or not (self.verify_costs or self._seeded):
+            return None
+        # A lookup costs next to nothing (a dict read): unpriced, it is free. Its rounds behind
+        # plain steps are never timed (loop.plain_run), and with the draft model off from the
+        # start no other lookup ran: unpriced, lookups_pay let them all run at full length,
+        # 4-token verifies at long contexts where one costs several plain steps.
+        cost = 0.0 if est.draft_cost is None and method == LOOKUP else est.draft_cost
+        if cost is None:
             return None
         verify = verify_curve(self.verify_means)
         if est.per_round:  # one draft forward a round: T(K) = d(K) + v(K + 1), a plain step v(1)
             d = est.round_cost()
             return est.alpha, 0.0, lambda n: verify(n) + (d(n - 1) if n > 1 else 0.0), self.k_max
-        return est.alpha, est.draft_cost, verify, self.k_max
+        return est.alpha, cost, verify, self.k_max
 
     def choose(self, method: str | None) -> int:
         args = self._inputs(method)
@@ -315,11 +348,35 @@ class AdaptiveK:
     def decide(self) -> int:
         """The next round's K (recorded in `chosen`)."""
         method = self.model or self._method
-        k = self.choose(method if self._observed else None)
+        k = 0 if self._price_check(method) else self.choose(method if self._observed else None)
         self.chosen.append(k)
         if self.model is not None:
             self._lookups_on = self.lookups_pay(LOOKUP)
         return k
+
+    def _price_check(self, method: str | None) -> bool:
+        """Whether this round is a step of a price check (PRICE_STEPS): no plain step timed in
+        this generation yet, the draft's cost measured (OFF_AFTER timings) and drafting
+        predicted to beat a plain step, but by less than PRICE_EDGE. The draft stays on meanwhile
+        (no reviews, no probes: the check is not the policy switching it off)."""
+        if self._pricing > 0:
+            self._pricing -= 1
+            return True
+        if not self._price_tries or not self.allow_plain or 1 in self.verify_costs.medians():
+            return False
+        args = self._inputs(method)
+        if args is None or self.estimates[method].timings < OFF_AFTER:  # type: ignore[index]
+            return False
+        alpha, c, verify, k_max = args
+        est = self.estimates[method]  # type: ignore[index]
+        tokens = est.expected if est.per_round else lambda k: expected_tokens_per_round(alpha, k)
+        best = max(tokens(k) / (k * c + verify(k + 1)) for k in range(1, k_max + 1))
+        if not 1 / verify(1) <= best < PRICE_EDGE / verify(1):
+            return (
+                False  # plain is predicted to win (off, plain steps are timed) or drafting by far
+            )
+        self._price_tries, self._pricing = self._price_tries - 1, PRICE_STEPS - 1
+        return True
 
     def lookups_pay(self, method: str) -> bool:
         """Whether a free drafter's proposals (`method`, the hybrid's lookup) should go on this

@@ -5,7 +5,7 @@ The assistant keeps no cache: each round it reads the target's. AssistantState h
 KVState and one feature: the target's final-normed top hidden state at position n - 1 of the
 committed context x_0..x_n (the verify that committed x_n computed it). A round (propose) reads the
 keys and values of the target's last sliding and last full cache layer as they hold x_0..x_{n-1}
-(the loop's invariant; with the draft's attention bound, cache.Bound, past its start only the
+(the loop's invariant; with the draft's attention bound, bound.Bound, past its start only the
 full layer's sinks and last window of them), then runs K draft steps at position n - 1, each on
 the token drafted before it (x_n first) and the hidden state the step before returned (the
 feature first).
@@ -24,13 +24,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from edgespec.architectures.gemma4_assistant import KV, Gemma4Assistant
-from edgespec.cache import Bound, KVState, text_model
+from edgespec.bound import Bound
+from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.feature import FeatureState
 from edgespec.drafting.token import fit_vocab, full_q, pick_token
 from edgespec.rewind import WindowKVCache
-from edgespec.sampling import Softmax, uniforms
+from edgespec.sampling import Softmax, sampler
+from edgespec.taps import text_model
 
 
 def _no_cache(_model: Any) -> list[Any]:
@@ -81,7 +83,7 @@ class AssistantState(FeatureState):
 
 def _held(layer: Any, n: int, bound: Bound | None = None) -> tuple[mx.array, mx.array]:
     """A target cache layer's keys and values of its held positions before `n`, oldest first;
-    with a `bound` (a draft's attention bound, cache.Bound) past its start, only those of its
+    with a `bound` (a draft's attention bound, bound.Bound) past its start, only those of its
     sinks and of the last `bound.window` positions (a full layer's: a window holds no more)."""
     if isinstance(layer, WindowKVCache):  # positions layer.start.. (a target's has no sinks)
         n, bound = layer.size(), None
@@ -144,7 +146,7 @@ class AssistantDrafter(Drafter):
         assert st.features is not None
         hidden = st.features[None]
         token = mx.array([context[-1]], dtype=mx.int32)
-        u = None if self.sampling.greedy else uniforms(key, k)
+        u = sampler(self.sampling).uniforms(key, k)
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
         for i in range(k):

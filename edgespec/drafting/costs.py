@@ -93,7 +93,7 @@ def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
     the fitted line (fit_verify_line), raised to the dearest measured shorter forward of 2+
     tokens (such a forward never gets cheaper with more tokens). A cost cliff between two
-    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (loop.plain_run)
+    measured L stays a cliff. A 1-token step is no floor: it is timed pipelined (edgespec/loop.py)
     where the others are not, and under MKL a 2-token forward costs less than a 1-token one.
     An unmeasured 1-token step costs the shortest measured forward scaled down by the prior slope,
     v(Ls) / (1 + PRIOR_VERIFY_SLOPE (Ls - 1)): the line's intercept made plain steps look cheap

@@ -5,14 +5,30 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import trim_prompt_cache
 
 from edgespec.acceptance import PendingReview, review_values
 from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal
-from edgespec.sampling import Softmax, sample, uniforms, warp
+from edgespec.sampling import Softmax, sampler
+
+
+class DraftSteps:
+    """What a token draft's K forwards feed: first the context its cache lacks, then each drafted
+    token alone. A backend may feed them otherwise (the CPU backend's PairedSteps, edgespec/cpu/
+    pairs.py: two rows a step) as long as each forward's last row predicts the next token."""
+
+    def first(self, state: KVState, context: list[int]) -> mx.array:
+        """The first forward's inputs [L]: context[state.offset:]."""
+        return mx.array(context[state.offset :], dtype=mx.int32)
+
+    def next(self, state: KVState, inputs: mx.array, token: mx.array) -> mx.array:
+        """The next forward's inputs after the forward over `inputs` drafted `token`: [token]."""
+        return token.reshape(1)
+
+
+ONE_BY_ONE = DraftSteps()
 
 
 def fit_vocab(logits: mx.array, vocab: int) -> mx.array:
@@ -39,22 +55,23 @@ class ModelDrafter(Drafter):
     path (off-head tokens have q = 0 either way; head ids are sorted, so the inverse-CDF sample and
     the argmax tie-break pick the same token), for a fraction of the per-token work.
 
-    Draft steps in pairs (`pairs`, from edgespec.cpu.backend.draft_pairs: MLX's CPU backend under
-    MKL): a step with one new token runs the newest cached position again beside it, so that every
-    draft forward multiplies two rows. Intel MKL runs a one-row product on one thread and a
-    two-row one on both (edgespec/cpu/rowpad.py), so on a 2-core machine the two-position step is
-    the faster one (docs/cpu-backend.md). The rerun position
-    gets the same keys and values back (up to the BLAS's rounding); the proposal is still drawn
-    from, and verified against, the q the draft computed, so output is unchanged whatever the
-    draft computes.
+    `steps` (DraftSteps, below; the backend's) says what each of the K draft forwards feeds. A
+    drafter whose cache restores rather than trims (recurrent layers) feeds one token a step.
     """
 
     method = "draft"
 
-    def __init__(self, state: KVState, sampling: SamplingConfig, vocab: int, pairs: bool = False):
+    def __init__(
+        self,
+        state: KVState,
+        sampling: SamplingConfig,
+        vocab: int,
+        steps: DraftSteps | None = None,
+    ):
         self.state, self.sampling, self.vocab = state, sampling, vocab
         self.head_ids = reduced_head(state.model)
-        self.pairs = pairs and state.trims  # pairs trim the cache: no restore points to keep
+        # a backend's steps may trim the cache: not where it keeps restore points instead
+        self.steps = steps if steps is not None and state.trims else ONE_BY_ONE
         self._head = None if self.head_ids is None else np.array(self.head_ids)  # (review)
 
     def _logits(self, inputs: mx.array) -> mx.array:
@@ -63,21 +80,15 @@ class ModelDrafter(Drafter):
         return fit_vocab(self.state.forward(inputs)[-1], self.vocab)
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
-        state, pairs = self.state, self.pairs
+        state, steps = self.state, self.steps
         state.catch_up(context)  # a bounded draft far behind reads only what it attends to
-        if pairs and len(context) - state.offset == 1 and state.offset > 0:
-            state.rewind(context, state.offset - 1)  # run the newest cached position again
-        inputs = mx.array(context[state.offset :], dtype=mx.int32)
-        u = None if self.sampling.greedy else uniforms(key, k)
+        inputs = steps.first(state, context)
+        u = sampler(self.sampling).uniforms(key, k)
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
         for i in range(k):
             if i > 0:
-                if pairs:  # [the previous input, the token drafted from it] over the last one
-                    trim_prompt_cache(state.cache, 1)
-                    inputs = mx.concatenate([inputs[-1:], tokens[-1].reshape(1)])
-                else:
-                    inputs = tokens[-1].reshape(1)
+                inputs = steps.next(state, inputs, tokens[-1])
             logits = self._logits(inputs)
             tok = pick_token(logits, self.sampling, u, i, self.head_ids, rows, state.softmax)
             tokens.append(tok)
@@ -100,11 +111,12 @@ class ModelDrafter(Drafter):
         )
         state.rewind(context, state.offset)
         # Row i predicts the token at start + i + 1.
-        rows = [i for i in range(end - start) if self.sampling.greedy or start + i + 1 in probs]
+        reads = sampler(self.sampling)
+        rows = [i for i in range(end - start) if reads.reviews(start + i + 1, probs)]
         if not rows:
             return None
         tokens = [context[start + i + 1] for i in rows]
-        px = None if self.sampling.greedy else [probs[start + i + 1] for i in rows]
+        px = [probs.get(start + i + 1, 1.0) for i in rows]  # read at T > 0 only, where all are
         if self.head_ids is None:
             logits = fit_vocab(logits, self.vocab)
         if len(rows) < end - start:
@@ -132,14 +144,11 @@ def pick_token(
     rows: list[mx.array],
     softmax: Softmax | None = None,
 ) -> mx.array:
-    """The i-th drafted token from one row of draft logits (lazy): argmax at temperature 0,
-    else an inverse-CDF sample with uniform u[i] from the warped row, which is appended to `rows`
-    (the drafted q). A reduced-head draft's column index is mapped to its token id."""
-    if u is None:
-        tok = mx.argmax(logits).astype(mx.int32)
-    else:
-        rows.append(warp(logits, sampling, softmax))
-        tok = sample(rows[-1], u[i])
+    """The i-th drafted token from one row of draft logits (lazy), as `sampling`'s sampler picks
+    it (sampling.Sampler.pick: argmax at temperature 0, else an inverse-CDF sample with uniform
+    u[i] from the warped row, which is appended to `rows`, the drafted q). A reduced-head draft's
+    column index is mapped to its token id."""
+    tok = sampler(sampling).pick(logits, u, i, rows, softmax)
     return tok if head_ids is None else head_ids[tok]
 
 

@@ -1,7 +1,7 @@
 """Draft families: how a loaded draft is run, chosen once when the pair is loaded.
 
     family = family_of(loaded_draft)        # the one place that asks what kind of draft it is
-    target, draft = family.new_states(cpu, loaded_target, loaded_draft, kv_bits)
+    target, draft = family.new_states(backend, loaded_target, loaded_draft, kv_bits)
     drafter = chain_drafter(spec, sampling, family, draft, vocab, name)
 
 A family (`Family`) owns its draft's state across rounds, the prompt's prefill, its chain
@@ -37,7 +37,7 @@ from edgespec.cache import Forward, KVState, quantized
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.ngram import HYBRID_MIN_MATCH, HybridDrafter, NgramDrafter
-from edgespec.drafting.token import ModelDrafter, fit_vocab
+from edgespec.drafting.token import DraftSteps, ModelDrafter, fit_vocab
 from edgespec.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -63,19 +63,19 @@ class Family(Protocol):
 
     def new_states(
         self,
-        cpu: Any,
+        backend: Any,
         target: Any,
         draft: Any | None,
         kv_bits: int | None = None,
         run: Forward | None = None,
     ) -> tuple[KVState, Any]:
-        """Empty caches for a loaded target and this family's draft, over the backend `cpu`'s
-        twins of the models, its caches and sampling softmax (edgespec/cpu/backend.py).
+        """Empty caches for a loaded target and this family's draft, over the backend's
+        models (its twins on the CPU), its caches and sampling softmax (edgespec/backend.py).
         `kv_bits` (8 or 4): the target's (and a token draft's) full-attention layers are
         quantized caches (cache.quantized). `run`: who runs the target's (and a token draft's)
         forwards (cache.Forward: a server's batch packs them; None: each state its own)."""
-        kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
-        return KVState(cpu.model(target.model), f"target {target.name}", *kv, run), None
+        kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
+        return KVState(backend.model(target.model), f"target {target.name}", *kv, run), None
 
     def prepare(self, state: Any, spec: SpecConfig) -> None:
         """Before a speculative generation: check that the draft's cache can rewind and bound it
@@ -102,7 +102,7 @@ class Family(Protocol):
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int, name: str,
-        pairs: bool = False,
+        steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
         """The family's model drafter for a chain (methods draft, hybrid, block, mtp)."""
         raise ConfigError(
@@ -111,7 +111,7 @@ class Family(Protocol):
 
     def tree_drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int, name: str,
-        kernels: Kernels, pairs: bool = False,
+        kernels: Kernels, steps: DraftSteps | None = None,
     ) -> TreeDrafter:  # fmt: skip
         """The family's model drafter for draft trees, or a one-line refusal."""
         raise ConfigError(f"{name} has no draft model; tree drafting needs one")
@@ -162,16 +162,16 @@ class TokenFamily(NoDraft):
 
     def new_states(
         self,
-        cpu: Any,
+        backend: Any,
         target: Any,
         draft: Any,
         kv_bits: int | None = None,
         run: Forward | None = None,
     ) -> tuple[KVState, KVState]:
         """The target's and the draft's KVStates, alike (both quantized with `kv_bits`)."""
-        kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
-        verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv, run)
-        return verifier, KVState(cpu.model(draft.model), f"draft {draft.name}", *kv, run)
+        kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
+        verifier = KVState(backend.model(target.model), f"target {target.name}", *kv, run)
+        return verifier, KVState(backend.model(draft.model), f"draft {draft.name}", *kv, run)
 
     def prepare(self, state: KVState, spec: SpecConfig) -> None:
         if spec.method in ("draft", "hybrid"):
@@ -201,13 +201,13 @@ class TokenFamily(NoDraft):
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: KVState, vocab: int, name: str,
-        pairs: bool = False,
+        steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
-        return ModelDrafter(state, sampling, vocab, pairs)
+        return ModelDrafter(state, sampling, vocab, steps)
 
     def tree_drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: KVState, vocab: int, name: str,
-        kernels: Kernels, pairs: bool = False,
+        kernels: Kernels, steps: DraftSteps | None = None,
     ) -> TreeDrafter:  # fmt: skip
         """Trees from the draft's own cache; chain-shaped rounds go through the chain drafter
         (ModelTreeDrafter's `chains`) unless a lookup branch is added (method hybrid)."""
@@ -215,7 +215,7 @@ class TokenFamily(NoDraft):
             raise ConfigError(f"--method {spec.method} needs a block draft (DFlash-style)")
         from edgespec.trees.draft import ModelTreeDrafter
 
-        chains = None if spec.method == "hybrid" else ModelDrafter(state, sampling, vocab, pairs)
+        chains = None if spec.method == "hybrid" else ModelDrafter(state, sampling, vocab, steps)
         return ModelTreeDrafter(state, sampling, vocab, kernels, chains)
 
     def cached_ids(self, state: KVState) -> list[int]:
@@ -274,12 +274,12 @@ def chain_drafter(
     state: Any,
     vocab: int,
     name: str,
-    pairs: bool = False,
+    steps: DraftSteps | None = None,
 ) -> Drafter:
     """The drafter for spec.method over `family`'s draft: "ngram" a lookup alone, "hybrid" a
     lookup in front of the family's model drafter, "draft" / "block" / "mtp" the model drafter
     (a block draft drafts as a block for "draft" and "hybrid" too; "block" needs one, "mtp" the
-    target's own head). pairs: draft steps two positions at a time (edgespec.cpu.draft_pairs).
+    target's own head). steps: the backend's token-draft steps (drafting/token.py DraftSteps).
     Raises ConfigError when the method needs a draft the engine does not have."""
     if spec.method == "ngram":
         return _ngram(spec)
@@ -292,7 +292,7 @@ def chain_drafter(
         raise ConfigError(f"method {spec.method!r} has no drafter; use draft, ngram or hybrid")
     if spec.method == "block" and family.name != "none" and not family.blocks:
         raise ConfigError(f"--method block needs a block draft (DFlash-style); {name}'s is not")
-    model = family.drafter(spec, sampling, state, vocab, name, pairs)
+    model = family.drafter(spec, sampling, state, vocab, name, steps)
     if spec.method != "hybrid":
         return model
     return HybridDrafter(_ngram(spec), model, _min_match(spec), max(spec.k, spec.ngram_k))
@@ -306,12 +306,12 @@ def tree_drafter(
     vocab: int,
     name: str,
     kernels: Kernels,
-    pairs: bool = False,
+    steps: DraftSteps | None = None,
 ) -> TreeDrafter:
     """The family's tree drafter; with method "hybrid" an n-gram lookup adds a branch
     (trees/ngram.py). ConfigError without a draft model, TreeUnsupportedError for a draft the
     tree forward cannot run."""
-    model = family.tree_drafter(spec, sampling, state, vocab, name, kernels, pairs)
+    model = family.tree_drafter(spec, sampling, state, vocab, name, kernels, steps)
     if spec.method != "hybrid":
         return model
     from edgespec.trees.ngram import NgramBranch

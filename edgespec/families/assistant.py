@@ -9,15 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import TOP, KVState, target_features
+from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.assistant import AssistantDrafter, AssistantState, shared_kv
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.token import fit_vocab
 from edgespec.errors import ConfigError, TreeUnsupportedError
 from edgespec.families.feature import FeatureFamily
+from edgespec.taps import TOP, target_features
 
 if TYPE_CHECKING:
+    from edgespec.drafting.token import DraftSteps
     from edgespec.trees.forward import Kernels
     from edgespec.trees.proposal import TreeDrafter
 
@@ -35,20 +37,20 @@ class AssistantFamily(FeatureFamily):
     def __init__(self) -> None:
         super().__init__(own_head=True)
 
-    def _draft_state(self, cpu: Any, draft: Any, verifier: KVState) -> AssistantState:
+    def _draft_state(self, backend: Any, draft: Any, verifier: KVState) -> AssistantState:
         """The assistant's state over the target's (the keys and values each round reads, its
         top hidden state); the model runs as loaded (no CPU twin of its own)."""
-        return AssistantState(draft.model, verifier, f"draft {draft.name}", cpu.softmax)
+        return AssistantState(draft.model, verifier, f"draft {draft.name}", backend.softmax)
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, pairs: bool = False,
+        name: str, steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
         return AssistantDrafter(state, sampling, vocab)
 
     def tree_drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, kernels: Kernels, pairs: bool = False,
+        name: str, kernels: Kernels, steps: DraftSteps | None = None,
     ) -> TreeDrafter:  # fmt: skip
         raise TreeUnsupportedError(
             "a Gemma 4 assistant drafts chains only (and the tree forward runs no Gemma 4 "

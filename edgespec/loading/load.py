@@ -19,7 +19,7 @@ from edgespec.architectures.token_draft import input_embedding, load_draft
 from edgespec.cache import check_trimmable as check_cache
 from edgespec.cache import common_prefix
 from edgespec.config import MTP_DRAFT
-from edgespec.cpu import on_cpu
+from edgespec.device import kind as backend_kind
 from edgespec.errors import ConfigError, ModelLoadError, TokenizerMismatchError, one_line
 from edgespec.families import family_of
 from edgespec.loading import ProgressFn, report
@@ -125,7 +125,7 @@ def load_model(
     config = read_config(path)
     model, config = _load_weights(path, config, embedding, target)
     tokenizer = load_tokenizer(path, config, tokenizer_fallback)
-    if on_cpu() if dequantize is None else dequantize:
+    if backend_kind().dequantizes if dequantize is None else dequantize:
         dequantize_model(model)
     elif quantize_bits and not is_quantized(model):
         quantize_model(model, quantize_bits)

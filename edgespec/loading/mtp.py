@@ -33,7 +33,7 @@ from edgespec.architectures.nextn import (
     load_head,
     read_head,
 )
-from edgespec.cpu import on_cpu
+from edgespec.device import kind as backend_kind
 from edgespec.errors import ConfigError
 from edgespec.loading import paths
 from edgespec.loading.folder import DTYPES, LoadedModel, cast_floats, dequantize_model, read_config
@@ -45,7 +45,7 @@ SOURCE_FILE = "edgespec-source.json"
 def load_mtp_draft(target: LoadedModel, dtype: str | None = None) -> LoadedModel:
     """The MTP head of a loaded target as a draft LoadedModel (its tokenizer and folder)."""
     model = load_head(target.path, target.config, target.model)
-    if on_cpu():
+    if backend_kind().dequantizes:
         dequantize_model(model)
     if dtype in DTYPES:
         cast_floats(model, dtype)

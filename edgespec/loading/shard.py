@@ -31,7 +31,7 @@ import mlx.nn as nn
 from mlx.utils import tree_map
 from mlx_lm.utils import load_model as mlx_load_model
 
-from edgespec.cpu import on_cpu
+from edgespec.device import kind as backend_kind
 from edgespec.distributed.group import Group
 from edgespec.errors import GroupError, ModelLoadError, one_line
 from edgespec.loading import ProgressFn, report
@@ -152,7 +152,7 @@ def load_sharded(
     it (the load ends on a barrier)."""
     path = resolve_model(spec, on_progress=on_progress, catalog=catalog)
     report(on_progress, f"loading {spec} ({mode} parallel, rank {group.rank}/{group.size})")
-    model, config = shard_model(path, group, mode, dequantize=on_cpu())
+    model, config = shard_model(path, group, mode, dequantize=backend_kind().dequantizes)
     tokenizer = load_tokenizer(path, config, None)
     if dtype in DTYPES:
         cast_floats(model, dtype)

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from edgespec.config import MTP_DRAFT
 from edgespec.errors import ConfigError, ModelLoadError, ModelNotFoundError
+from edgespec.loading.floors import MLX_LM_FLOORS, pair_floor, release
 
 
 def models_root() -> Path:
@@ -142,7 +143,11 @@ class Pair:
     # speculative decoding, which the bench compares against); None when `draft` is one already.
     token_draft: str | None = None
     vocab: PairVocab | None = None
-    min_mlx_lm: str | None = None  # the oldest mlx-lm that has this pair's architectures
+    min_mlx_lm: str | None = None  # a floor beyond its model types' (loading/floors.py)
+    model_types: tuple[str, ...] = ()  # the mlx-lm model types it loads (target, token draft)
+    # The chat template's thinking mode (enable_thinking) the pair runs by default: the mode its
+    # draft was trained for. None: not recorded (the template's own default, or no such mode).
+    thinking: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,21 @@ def _model_entry(name: str, raw: dict[str, Any], root: Path) -> ModelEntry:
     )
 
 
+def _thinking(pair: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"catalogue pair {pair!r}: thinking must be true or false")
+    return value
+
+
+def pair_thinking(target: str | None, pair: str | None, cat: Catalog) -> bool | None:
+    """The thinking mode a load of (target, pair) runs by default: the named pair's (the
+    default pair when both are None; a pair name given as the target counts), None for a
+    target named directly."""
+    if pair is None and target in cat.pairs and target not in cat.models:
+        pair, target = target, None
+    return cat.pair(pair).thinking if (pair is not None or target is None) else None
+
+
 def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
     """Build a Catalog from the JSON object; every pair must name a known default."""
     models = {n: _model_entry(n, m, root) for n, m in raw.get("models", {}).items()}
@@ -218,6 +238,8 @@ def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
             token_draft=p.get("token_draft"),
             vocab=PairVocab(**p["vocab"]) if "vocab" in p else None,
             min_mlx_lm=p.get("min_mlx_lm"),
+            model_types=_model_types(n, p.get("model_types", [])),
+            thinking=_thinking(n, p.get("thinking")),
         )
         for n, p in raw.get("pairs", {}).items()
     }
@@ -226,6 +248,17 @@ def parse_catalog(raw: dict[str, Any], root: Path) -> Catalog:
         raise ModelNotFoundError(f"catalogue default pair {default!r} is not defined")
     revisions = {repo: _revision(repo, r) for repo, r in raw.get("revisions", {}).items()}
     return Catalog(models=models, pairs=pairs, default_pair=default, root=root, revisions=revisions)
+
+
+def _model_types(pair: str, types: list[str]) -> tuple[str, ...]:
+    """A pair's model types, each one with a known mlx-lm floor (loading/floors.py)."""
+    unknown = [t for t in types if t not in MLX_LM_FLOORS]
+    if unknown:
+        raise ModelNotFoundError(
+            f"catalogue pair {pair!r} loads model_type {unknown[0]!r}, which has no mlx-lm floor "
+            "in edgespec/loading/floors.py"
+        )
+    return tuple(types)
 
 
 def _revision(repo: str, raw: dict[str, Any]) -> Revision:
@@ -319,26 +352,26 @@ def check_draft_available(spec: str, pair_name: str | None, cat: Catalog) -> Non
         raise ModelNotFoundError(f"{why}; run with --no-spec (or --method ngram), or pass --draft")
 
 
-def _release(text: str) -> tuple[int, ...]:
-    """The leading release numbers of a version string ('0.31.2.dev1' -> (0, 31, 2))."""
-    return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
-
-
 def check_mlx_lm(pair_name: str | None, cat: Catalog, have: str | None = None) -> None:
     """ConfigError, in one line, when the pair needs a newer mlx-lm than the installed one
-    (`min_mlx_lm` in the catalogue: the release that added its architectures). Reads the
-    installed version from the package metadata; imports nothing."""
-    need = cat.pair(pair_name).min_mlx_lm if pair_name is not None else None
-    if need is None:
+    (loading/floors.py: the first release mapping each of its model types, or its own
+    `min_mlx_lm`). Reads the installed version from the package metadata; imports nothing."""
+    if pair_name is None:
         return
+    pair = cat.pair(pair_name)
+    floor = pair_floor(pair.model_types, pair.min_mlx_lm)
+    if floor is None:
+        return
+    need, why = floor
     if have is None:
         try:
             have = version("mlx-lm")
         except PackageNotFoundError:
             have = "none installed"
-    if have == "none installed" or _release(have) < _release(need):
+    if have == "none installed" or release(have) < release(need):
+        because = f" ({why})" if why else ""
         raise ConfigError(
-            f"pair {pair_name!r} needs mlx-lm >= {need}; you have {have} "
+            f"pair {pair_name!r} needs mlx-lm >= {need}{because}; you have {have} "
             f"(pip install -U 'mlx-lm>={need}')"
         )
 

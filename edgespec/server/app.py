@@ -4,35 +4,32 @@
     GET  /v1/models             GET  /health           (answers while a generation runs)
 
 Requests are validated (protocol.py) and tokenized here, off the event loop; only then is a job
-queued, so every bad request gets its 4xx before any stream starts. The worker's events cross
-threads through `Channel` (call_soon_threadsafe into an asyncio queue). A client that goes away
-(a closed stream, or a dropped connection while waiting for a whole answer) sets its job's
-cancel event: the engine stops at the next round, with both caches consistent.
+queued, so every bad request gets its 4xx before any stream starts. The worker's events reach
+the client through streams.py (a server-sent event stream, or one whole answer); a client that
+goes away stops its job at the next round.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
-from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from edgespec.config import GenerationConfig
 from edgespec.errors import ContextLengthError, PromptError, check_context, one_line
 from edgespec.server import responses as R
-from edgespec.server.auth import ApiKeyMiddleware
+from edgespec.server.auth import ApiKeyMiddleware, authorized
 from edgespec.server.limits import (
     INCOMPLETE_BODY,
     Limits,
@@ -40,6 +37,7 @@ from edgespec.server.limits import (
     read_body,
     refuse_certain_overflow,
 )
+from edgespec.server.local import HostRule, LocalOnly, is_json
 from edgespec.server.protocol import (
     Defaults,
     ParsedRequest,
@@ -48,25 +46,18 @@ from edgespec.server.protocol import (
     parse_chat,
     parse_completion,
 )
+from edgespec.server.streams import Channel, JobStream, collect, error_response, sse_events
 from edgespec.server.worker import (
-    Done,
-    Failed,
     Job,
-    Piece,
     QueueFullError,
     ShuttingDownError,
     Worker,
-    WorkerEvent,
 )
 
-# A non-streaming request learns at once that its client left (uvicorn says so); a server that
-# answers "still here" at once is asked again after this long.
-DISCONNECT_POLL_S = 0.5
 # On shutdown a running job ends at its next round and its stream sends "the server is shutting
 # down"; a stream gets this long to do so before it is cut (under uvicorn's graceful timeout).
 SHUTDOWN_GRACE_S = 4.0
 GRACEFUL_SHUTDOWN_S = 5
-RETRY_AFTER_S = 2  # a 503's Retry-After: the queue moves every few seconds
 
 
 @dataclass(frozen=True)
@@ -79,24 +70,14 @@ class ServerState:
     limits: Limits = Limits()
     bound: TextBound | None = None  # a floor on a text's token count (limits.py)
     connections: Callable[[], dict[str, int]] | None = None  # the guard's figures (guard.py)
+    # Requests refused before they reached the worker (4xx), by status: GET /health's
+    # "bad_request" adds them to the worker's own refusals.
+    refused: Counter[int] = field(default_factory=Counter)
+    # The longest prompt accepted (--max-prompt-tokens); None: what the context window holds.
+    max_prompt_tokens: int | None = None
     # Tokenization runs in a thread pool; a Hugging Face fast tokenizer may refuse concurrent
     # calls ("Already borrowed"), so requests take turns (each takes a millisecond or so).
     tokenizing: threading.Lock = field(default_factory=threading.Lock)
-
-
-class Channel:
-    """The worker's events for one job, handed to the event loop that serves its request."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.queue: asyncio.Queue[WorkerEvent] = asyncio.Queue()
-
-    def emit(self, event: WorkerEvent) -> None:
-        """Called on the worker thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
 
 
 def create_app(
@@ -109,10 +90,14 @@ def create_app(
     allow_origins: tuple[str, ...] = (),
     limits: Limits | None = None,
     connections: Callable[[], dict[str, int]] | None = None,
+    hosts: HostRule | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> Starlette:
     """The ASGI app. `worker` must be started (its engine loaded). `allow_origins`: web pages
-    (origins) whose scripts may call the API (CORS); none by default. `connections`: figures
-    that GET /health shows (the connection guard's)."""
+    (origins) whose scripts may call the API (CORS); none by default: a request carrying any
+    other Origin is refused (local.py). `hosts`: the Host names it answers to (default: loopback
+    names only). `connections`: figures that GET /health shows (the connection guard's).
+    `max_prompt_tokens`: longer prompts are refused (400) before any work."""
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
@@ -130,7 +115,15 @@ def create_app(
     )
     bound = TextBound.of(getattr(worker.engine, "tokenizer", None))  # none: no bound
     app.state.edgespec = ServerState(
-        worker, defaults, description, R.now(), budget_bytes, limits or Limits(), bound, connections
+        worker,
+        defaults,
+        description,
+        R.now(),
+        budget_bytes,
+        limits or Limits(),
+        bound,
+        connections,
+        max_prompt_tokens=max_prompt_tokens,
     )
     if api_key:
         app.add_middleware(ApiKeyMiddleware, key=api_key)
@@ -141,6 +134,9 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    # Added last, so outermost: a request for another Host or from a page not allowed is
+    # refused before CORS, the key or any route sees it.
+    app.add_middleware(LocalOnly, hosts=hosts or HostRule.of("127.0.0.1"), origins=allow_origins)
     return app
 
 
@@ -149,7 +145,10 @@ def _state(request: Request) -> ServerState:
 
 
 async def health(request: Request) -> JSONResponse:
+    """Liveness, and with the key (or without one set) the server's figures."""
     s = _state(request)
+    if not authorized(request.scope):
+        return JSONResponse({"status": "ok"})
     cache = dict(s.worker.cache_info, budget_bytes=s.budget_bytes)
     return JSONResponse(
         {
@@ -158,11 +157,18 @@ async def health(request: Request) -> JSONResponse:
             "busy": s.worker.busy,
             "running": s.worker.running,
             "queued": s.worker.queued,
-            "requests": dict(s.worker.counts),
+            "requests": _counts(s),
             "cache": cache,
             "connections": s.connections() if s.connections else {},
         }
     )
+
+
+def _counts(s: ServerState) -> dict[str, int]:
+    """Requests by outcome: the worker's, and the bad requests refused before they reached it."""
+    counts = dict(s.worker.counts)
+    counts["bad_request"] = counts.get("bad_request", 0) + sum(s.refused.values())
+    return counts
 
 
 async def models(request: Request) -> JSONResponse:
@@ -180,6 +186,12 @@ async def completions(request: Request) -> Response:
 
 async def _complete(request: Request, kind: str) -> Response:
     s = _state(request)
+    if not is_json(request.headers.get("content-type")):
+        raise RequestError(
+            "send the request as JSON, with 'Content-Type: application/json'",
+            status=415,
+            code="unsupported_media_type",
+        )
     body = parse_body(await read_body(request, s.limits))
     parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
     ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
@@ -191,24 +203,9 @@ async def _complete(request: Request, kind: str) -> Response:
     s.worker.submit(job)
     rid, created = R.new_id(kind), R.now()
     if parsed.stream:
-        events = _stream(parsed, job, channel, rid, created)
+        events = sse_events(parsed, job, channel, rid, created)
         return JobStream(job, events, sep="\n", ping=15, shutdown_grace_period=SHUTDOWN_GRACE_S)
-    return await _collect(request, parsed, job, channel, rid, created)
-
-
-class JobStream(EventSourceResponse):
-    """The event stream of one job; however the response ends (done, the client gone before or
-    after the first event, shutdown), the job is told to stop."""
-
-    def __init__(self, job: Job, content: AsyncIterator[str], **kw: Any):
-        super().__init__(content, **kw)
-        self.job = job
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.job.cancel.set()
+    return await collect(request, parsed, job, channel, rid, created)
 
 
 def clamp_max_tokens(config: GenerationConfig, prompt_tokens: int, window: int) -> GenerationConfig:
@@ -225,23 +222,36 @@ def clamp_max_tokens(config: GenerationConfig, prompt_tokens: int, window: int) 
 
 def _tokenize_locked(s: ServerState, parsed: ParsedRequest) -> list[int]:
     with s.tokenizing:
-        return tokenize(s.worker.engine, parsed, s.bound)
+        return tokenize(s.worker.engine, parsed, s.bound, s.max_prompt_tokens)
 
 
-def tokenize(engine: Any, parsed: ParsedRequest, bound: TextBound | None = None) -> list[int]:
+def tokenize(
+    engine: Any,
+    parsed: ParsedRequest,
+    bound: TextBound | None = None,
+    max_prompt: int | None = None,
+) -> list[int]:
     """The request's prompt as token ids, checked against the model (no MLX is touched). With
-    `bound`, a text certain to overflow the context window is refused before tokenizing."""
+    `bound`, a text certain to overflow the context window (or to pass `max_prompt` tokens) is
+    refused before tokenizing."""
     param = "messages" if parsed.kind == "chat" else "prompt"
     try:
         if bound is not None:
-            refuse_certain_overflow(engine, parsed, bound, param)
+            refuse_certain_overflow(engine, parsed, bound, param, max_prompt)
         if parsed.messages is not None:
-            ids = engine.encode_chat(list(parsed.messages))
+            ids = engine.encode_chat(list(parsed.messages), think=parsed.think)
         elif isinstance(parsed.prompt, str):
-            ids = engine.encode_raw(parsed.prompt)
+            ids = engine.encode_raw(parsed.prompt, parse_special=parsed.parse_special)
         else:
             ids = list(parsed.prompt or ())
         check_context(len(ids), engine.context_window)  # before the token ids' range
+        if max_prompt is not None and len(ids) > max_prompt:
+            raise RequestError(
+                f"the prompt is {len(ids)} tokens; this server takes at most {max_prompt} "
+                "(edgespec serve --max-prompt-tokens)",
+                param=param,
+                code="context_length_exceeded",
+            )
         return engine.check_prompt(ids)  # type: ignore[no-any-return]
     except ContextLengthError as exc:
         raise RequestError(str(exc), param=param, code="context_length_exceeded") from None
@@ -255,100 +265,9 @@ def tokenize(engine: Any, parsed: ParsedRequest, bound: TextBound | None = None)
         ) from None
 
 
-def _dumps(body: dict[str, Any]) -> str:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-
-
-async def _stream(
-    parsed: ParsedRequest, job: Job, channel: Channel, rid: str, created: int
-) -> AsyncIterator[str]:
-    """The SSE data lines: (chat) a role chunk, a chunk per round, the finish chunk, the usage
-    chunk when asked, [DONE]. An error after the stream started is sent as an error object."""
-    kind, model, with_usage = parsed.kind, parsed.model, parsed.include_usage
-    try:
-        if kind == "chat":
-            yield _dumps(R.chunk(kind, rid, created, model, role=True, with_usage=with_usage))
-        while True:
-            event = await channel.queue.get()
-            if isinstance(event, Piece):
-                segs = list(event.segments)
-                yield _dumps(
-                    R.chunk(kind, rid, created, model, segments=segs, with_usage=with_usage)
-                )
-                continue
-            if isinstance(event, Failed):
-                yield _dumps(
-                    R.error_json(event.message, _error_type(event.status), None, event.code)
-                )
-                return
-            finish = event.finish_reason
-            yield _dumps(R.chunk(kind, rid, created, model, finish=finish, with_usage=with_usage))
-            if with_usage:
-                yield _dumps(R.chunk(kind, rid, created, model, usage=event.usage))
-            break
-        yield "[DONE]"
-    finally:
-        job.cancel.set()  # the client went away (or all is done: then it changes nothing)
-
-
-async def _collect(
-    request: Request, parsed: ParsedRequest, job: Job, channel: Channel, rid: str, created: int
-) -> Response:
-    """Wait for the whole answer; a client that closes its connection meanwhile cancels the job
-    at once (its events may keep coming without a pause, so waiting for a quiet moment to look
-    would let an abandoned job run to its end)."""
-    texts: list[str] = []
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        while True:
-            event = await _next_event(channel, gone)
-            if event is None:
-                return Response(status_code=499)  # nobody will read it
-            if isinstance(event, Piece):
-                texts.extend(s.text for s in event.segments)
-            elif isinstance(event, Failed):
-                body = R.error_json(event.message, _error_type(event.status), None, event.code)
-                return _error_response(body, event.status)
-            else:
-                return JSONResponse(_final(parsed, "".join(texts), event, rid, created))
-    finally:
-        gone.cancel()
-        job.cancel.set()
-
-
-async def _next_event(channel: Channel, gone: asyncio.Future[None]) -> WorkerEvent | None:
-    """The job's next event, or None once `gone` (the client left) is done first."""
-    if gone.done():
-        return None
-    if not channel.queue.empty():
-        return channel.queue.get_nowait()
-    getting = asyncio.ensure_future(channel.queue.get())
-    await asyncio.wait((getting, gone), return_when=asyncio.FIRST_COMPLETED)
-    if getting.done():
-        return getting.result()
-    getting.cancel()
-    return None
-
-
-async def _client_gone(request: Request) -> None:
-    """Returns when the client has closed its connection. The body was read before, so the
-    server's next message is the disconnect (uvicorn waits for it without polling); any other
-    message is looked at again after a pause (a server that answers at once)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        await asyncio.sleep(DISCONNECT_POLL_S)
-
-
-def _final(parsed: ParsedRequest, text: str, done: Done, rid: str, created: int) -> dict[str, Any]:
-    build = R.chat_response if parsed.kind == "chat" else R.completion_response
-    return build(rid, created, parsed.model, text, done.finish_reason, done.usage)
-
-
-def _error_type(status: int) -> str:
-    return "invalid_request_error" if status < 500 else "server_error"
-
-
 async def _request_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestError)
+    _state(request).refused[exc.status] += 1
     body = R.error_json(exc.message, exc.kind, exc.param, exc.code)
     # The body never came, was cut off, or is too large to read: the connection cannot carry
     # another request (a 413's upload would otherwise be read and discarded until the timeout).
@@ -358,13 +277,7 @@ async def _request_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    return _error_response(R.error_json(str(exc), "server_error"), 503)
-
-
-def _error_response(body: dict[str, Any], status: int) -> JSONResponse:
-    """An error body; a 503 says when to try again (Retry-After, as RFC 9110 suggests)."""
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    return error_response(R.error_json(str(exc), "server_error"), 503)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -11,13 +11,20 @@ every turn, and a turn costs about one request's round, not one per request. A r
 between two turns (its first turn runs its prefill, reusing its cached prefix), and one that
 ends, is cancelled or fails leaves without touching the others' caches.
 
+A long prompt does not hold the others up (chunked prefill, edgespec/server/pieces.py): a
+forward longer than pieces.LONG_ROWS (a prompt's chunk) is parked aside and read in pieces, one
+piece per turn after the turn's other rounds, each about as long as those rounds took (alone,
+about pieces.JOIN_S); its request resumes, with the whole forward's logits, the turn after its
+last piece. Only where the cache is plain KV layers (a recurrent or window layer reads a
+forward as a whole) and several may run (a packer).
+
 Peak memory: after each turn the batch reads MLX's peak and measures anew, and a request's
 usage reports the highest of its turns' (from the end of the turn before it joined, or its
 start where none ran). MLX's peak is the process's, so with requests batched it is theirs
 together (the weights, every running request's caches and forwards), not one request's share.
 
 Exactness: a request runs the computation it would run alone (its caches, its keys, its K
-policy); its target rows are computed beside others' (edgespec/packed.py: the same bits with a
+policy); its target rows are computed beside others' (server/packed.py: the same bits with a
 row-exact BLAS), so its T = 0 text, and its seeded T > 0 text, are the ones it gets alone.
 
     packer = Packer(engine.kernels)     # None with one place: nothing to pack
@@ -33,15 +40,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from edgespec.cpu import on_cpu
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
 from edgespec.families import family_of
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.mode import BatchMode, Gate
 from edgespec.server.packing import ROUND, Packer, Park, Task
+from edgespec.server.pieces import LONG_ROWS, PieceSize
 from edgespec.server.prefix import ConversationPool, Slot
 from edgespec.server.responses import Usage
 from edgespec.server.stops import Segment, StopScanner
@@ -53,13 +63,16 @@ Rounds = Generator[None, None, WorkerEvent]
 @dataclass
 class Running:
     """A request being answered: its job, its cache set, its rounds, the bytes it may use and
-    the process's peak memory in its turns so far (bytes)."""
+    the process's peak memory in its turns so far (bytes). `carry`: what is left of a long
+    forward it parked (read a piece a turn), `parts`: the logits of its pieces so far."""
 
     job: Job
     slot: Slot
     task: Task
     need: float
     peak: int = 0
+    carry: Park | None = None
+    parts: list[mx.array] = field(default_factory=list)
 
 
 class Batch:
@@ -78,10 +91,12 @@ class Batch:
         self.running: list[Running] = []
         self.packer = packer
         # Whether the batch drafts, measured (server/mode.py), for each generation's adaptive K
-        # (Engine.generate's gate) where several may run. Plain first on the CPU: there several
-        # requests' plain steps fill a forward's cheap rows.
-        self.mode = BatchMode(prefer_plain=on_cpu())
+        # (Engine.generate's gate) where several may run. Plain first where the backend says
+        # (the CPU: several requests' plain steps fill a forward's cheap rows).
+        plain_first = getattr(getattr(engine, "backend", None), "batches_plain_first", False)
+        self.mode = BatchMode(prefer_plain=plain_first)
         self.gate = self.mode.gate if max_batch > 1 else None
+        self.pieces: dict[int, PieceSize] = {}  # a model's piece sizes (chunked prefill)
 
     def __len__(self) -> int:
         return len(self.running)
@@ -123,12 +138,12 @@ class Batch:
 
         Draft steps run first: while any request still drafts, only the parked draft forwards
         run, and the target forwards wait, so that requests drafting different K still verify
-        in one packed forward."""
+        in one packed forward. Then a piece of each long forward parked aside (`_pieces`)."""
         ended = []
         t0, tokens0, running = time.perf_counter(), self._tokens(), len(self.running)
         self.mode.begin(running)
         ran = list(self.running)
-        resume: list[Running] = list(self.running)
+        resume: list[Running] = [run for run in self.running if run.carry is None]
         held: list[tuple[Running, Park]] = []
         while resume or held:
             for run in resume:
@@ -139,7 +154,9 @@ class Batch:
                     msg = run.task.resume()
                 except Exception as exc:  # noqa: BLE001 - outside its rounds; the others go on
                     msg = failure(exc)
-                if isinstance(msg, Park):
+                if isinstance(msg, Park) and self._long(msg):
+                    run.carry = msg  # read in pieces, from the end of this turn on
+                elif isinstance(msg, Park):
                     held.append((run, msg))
                 elif msg is not ROUND:  # the request ended
                     self._end(run)
@@ -150,12 +167,81 @@ class Batch:
             self._forward(now, targets=not drafts)
             resume = [run for run, _ in now]
         tokens = self._tokens() + sum(run.job.tokens for run, _ in ended) - tokens0
-        self.mode.observe(running, tokens, time.perf_counter() - t0)
+        # Requests that ran a round (not only parked a long forward): the time a piece matches
+        rounds_ran = any(run.carry is None for run in ran)
+        others_s = time.perf_counter() - t0 if rounds_ran else 0.0
+        if rounds_ran:  # the rounds' time, not the pieces'
+            self.mode.observe(running, tokens, others_s)
+        self._pieces(others_s)
         peak = peak_memory()  # since the last turn, every request's (MLX's is process-wide)
         reset_peak_memory()
         for run in ran:
             run.peak = max(run.peak, peak)
         return [(run.job, with_peak(msg, run.peak)) for run, msg in ended]
+
+    def _long(self, park: Park) -> bool:
+        """Whether a parked forward is read in pieces: longer than LONG_ROWS, on plain KV
+        layers (no recurrent or window layer, no bank)."""
+        state = park.state
+        if int(park.inputs.shape[0]) <= LONG_ROWS or state.layers.recurrent:
+            return False
+        return state.bank is None and all(type(c) is KVCache for c in state.cache)
+
+    def _pieces(self, others_s: float) -> None:
+        """A piece of each long forward parked aside, run now (evaluated into their caches):
+        per model (a target's rows cost more than a draft's), `rows(others_s)` rows of its
+        PieceSize shared among its requests. A request whose forward is all read resumes next
+        turn with its logits (the pieces' rows in order, lazy: a prefill never reads them)."""
+        by_model: dict[int, list[Running]] = {}
+        for run in self.running:
+            if run.carry is not None:
+                by_model.setdefault(id(run.carry.state.model), []).append(run)
+        for key, runs in by_model.items():
+            size = self.pieces.setdefault(key, PieceSize())
+            rows = size.rows(others_s / len(by_model))
+            if rows == 0 and not self.closing.is_set():
+                continue  # beside others, the pieces' time share is spent for now
+            share = max(1, rows // len(runs))
+            parked = [(run, self._cut(run, share)) for run in runs]
+            self._run_pieces(parked, size, beside=others_s > 0)
+
+    def _run_pieces(
+        self, parked: list[tuple[Running, Park]], size: PieceSize, beside: bool
+    ) -> None:
+        """Run one model's pieces together, timed for `size`; a failure is raised in each
+        request where it parked its forward."""
+        t0 = time.perf_counter()
+        try:
+            assert self.packer is not None  # only a packer parks
+            results = self.packer.run([piece for _, piece in parked])
+            mx.eval([c.state for _, piece in parked for c in piece.state.cache])
+        except Exception as exc:  # noqa: BLE001 - raised where each request asked for it
+            for run, _ in parked:
+                run.carry, run.parts, run.task.error = None, [], exc
+            return
+        rows = sum(int(p.inputs.shape[0]) for _, p in parked)
+        size.observe(rows, time.perf_counter() - t0, beside)
+        for (run, _), logits in zip(parked, results, strict=True):
+            run.parts.append(logits)
+            if run.carry is None:
+                whole = run.parts[0] if len(run.parts) == 1 else mx.concatenate(run.parts)
+                run.task.value, run.parts = whole, []
+
+    def _cut(self, run: Running, rows: int) -> Park:
+        """The next piece of the run's carried forward, `rows` rows (all that is left when
+        little more remains, or when the server is closing: every request then ends at its next
+        round, nobody waits behind it); the rest stays carried."""
+        carry = run.carry
+        assert carry is not None
+        left = int(carry.inputs.shape[0])
+        if self.closing.is_set():
+            run.job.cancel.set()
+            rows = left
+        if left - rows < LONG_ROWS // 8:
+            rows = left
+        rest = carry.inputs[rows:]
+        run.carry = None if rows >= left else Park(carry.state, rest, carry.head_only)
+        return Park(carry.state, carry.inputs[:rows], carry.head_only)
 
     def _tokens(self) -> int:
         return sum(run.job.tokens for run in self.running)

@@ -137,12 +137,12 @@ def _drops_characters(backend: Any) -> bool:
 
 
 def refuse_certain_overflow(
-    engine: Any, parsed: ParsedRequest, bound: TextBound, param: str
+    engine: Any, parsed: ParsedRequest, bound: TextBound, param: str, most: int | None = None
 ) -> None:
     """RequestError when the prompt's text (the chat template's output for messages) is
-    certain to be more tokens than the context window holds; the template is only rendered
-    when the messages alone are that long."""
-    room = engine.context_window - 1
+    certain to be more tokens than the context window holds (or than `most`, the server's
+    --max-prompt-tokens); the template is only rendered when the messages alone are that long."""
+    room = engine.context_window - 1 if most is None else min(most, engine.context_window - 1)
     if parsed.messages is not None:
         if not bound.exceeds("".join(m["content"] for m in parsed.messages), room):
             return
@@ -153,8 +153,9 @@ def refuse_certain_overflow(
         return
     if bound.exceeds(text, room):
         raise RequestError(
-            f"the prompt is at least {bound.fewest_tokens(text)} tokens but the context window "
-            f"is {engine.context_window} (prompt + at least one answer token); shorten it",
+            f"the prompt is at least {bound.fewest_tokens(text)} tokens but this server takes "
+            f"at most {room} (the context window is {engine.context_window}: prompt + at least "
+            "one answer token; edgespec serve --max-prompt-tokens); shorten it",
             param=param,
             code="context_length_exceeded",
         )

@@ -3,7 +3,7 @@ by its own adaptive K) against all of them stepping plainly, measured turn by tu
 runs, the better one kept.
 
 Why the batch decides and not each request: a request's adaptive K (drafting/adaptive.py) prices
-its own round, but in a packed forward (edgespec/packed.py) its drafted rows also lengthen every
+its own round, but in a packed forward (server/packed.py) its drafted rows also lengthen every
 other request's turn. Where a forward of a few rows costs about one of a single row (a laptop
 GPU's decode step; the CPU under MKL, whose one-row products run on one thread), several
 requests' plain steps already fill those rows, and drafting on top can lose: measured on a

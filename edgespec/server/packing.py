@@ -1,4 +1,4 @@
-"""The running requests' forwards, run together: one packed forward (edgespec/packed.py) per
+"""The running requests' forwards, run together: one packed forward (edgespec/server/packed.py) per
 model per step of the batch instead of one forward per request.
 
 Each running request's generation runs in a `Task`, a greenlet of the MLX thread (greenlets are
@@ -11,7 +11,7 @@ nothing of it: the server's cache sets are built with the packer as their states
 running request has finished its round or parked a forward, `Packer.run` runs the parked
 forwards together and each request resumes with its own logits, as if its own forward had
 returned them. Where the same requests' targets step one token each, forward after forward (a
-batch stepping plainly), those steps run in a bank instead (edgespec/bank.py): the requests'
+batch stepping plainly), those steps run in a bank instead (edgespec/server/bank.py): the requests'
 keys and values in one shared array, one attention for all of them.
 
     packer = Packer(kernels)
@@ -21,7 +21,7 @@ keys and values in one shared array, one attention for all of them.
     logits = packer.run([park, ...])     # then task.value = logits; task.resume()
 
 Exact: every request runs its own rounds on its own caches with its own random stream; only its
-target forwards share the weights' reads with the others' (edgespec/packed.py says why each row
+target forwards share the weights' reads with the others' (server/packed.py says why each row
 and each cache comes out as in a forward of its own); its drafts are the ones it drafts alone
 (up to the BLAS's rounding of a draft row, which changes what is proposed, never what is
 kept). A lone parked forward runs as its own (`KVState.forward_alone`), so a request alone runs
@@ -39,9 +39,9 @@ from typing import Any
 import greenlet
 import mlx.core as mx
 
-from edgespec.bank import Bank, fits
 from edgespec.cache import KVState
-from edgespec.packed import packable, packed_forward
+from edgespec.server.bank import Bank, fits
+from edgespec.server.packed import packable, packed_forward
 from edgespec.trees.forward import PLAIN, Kernels
 
 ROUND = "round"  # what a task switches back with after each round
@@ -150,7 +150,7 @@ class Packer:
 
     def _banked(self, parks: list[Park]) -> list[mx.array] | None:
         """One-token steps of the same requests as the forward before: run in the model's bank
-        (edgespec/bank.py), which takes their caches on the second such forward in a row (so a
+        (server/bank.py), which takes their caches on the second such forward in a row (so a
         turn of one-token steps between verifies does not move them). None: not such steps, or
         rows too unequal to share one bank (`bank.fits`)."""
         states = [p.state for p in parks]

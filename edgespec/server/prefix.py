@@ -73,7 +73,7 @@ def cache_bytes(cache: list[Any]) -> int:
 
 def cache_size(state: KVState) -> tuple[int, int]:
     """(positions allocated, bytes) of a target's cache, or of its row where a bank holds it
-    (edgespec/bank.py; reading `state.cache` would give the cache back)."""
+    (edgespec/server/bank.py; reading `state.cache` would give the cache back)."""
     if state.bank is not None:
         return state.bank.row_size()
     return positions(state.cache), cache_bytes(state.cache)

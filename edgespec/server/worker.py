@@ -72,8 +72,9 @@ class Worker:
         self._next: Job | None = None  # the first waiting job, taken off the queue, not started
         self._stopped = False  # the thread took the shutdown sentinel
         self.cache_info: dict[str, int] = {"conversations": 0, "bytes": 0}
-        # Requests served so far, by outcome (GET /health shows them).
-        self.counts = {"completed": 0, "cancelled": 0, "failed": 0}
+        # Requests served so far, by outcome (GET /health shows them): a request refused for what
+        # it asked (a 4xx, e.g. a method the pair cannot run) is a bad request, not a failure.
+        self.counts = {"completed": 0, "cancelled": 0, "failed": 0, "bad_request": 0}
 
     def start(self) -> ServedEngine:
         """Start the thread, wait until the engine is loaded and return it (or raise why not)."""
@@ -201,7 +202,7 @@ class Worker:
 
     def _count(self, outcome: WorkerEvent) -> None:
         if isinstance(outcome, Failed):
-            self.counts["failed"] += 1
+            self.counts["failed" if outcome.status >= 500 else "bad_request"] += 1
         elif isinstance(outcome, Done) and outcome.finish_reason == "cancelled":
             self.counts["cancelled"] += 1
         else:

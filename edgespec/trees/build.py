@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from edgespec.config import SpecConfig, spec_widths
 from edgespec.trees.loop import FixedPolicy, ShapePolicy
-from edgespec.trees.policy import AdaptiveTree
+from edgespec.trees.policy import AdaptiveTree, FallbackTree
 from edgespec.trees.shapes import (
     DynamicShape,
     FixedShape,
@@ -28,8 +28,11 @@ def tree_shape(spec: SpecConfig) -> Shape:
 
 
 def make_shape_policy(spec: SpecConfig) -> ShapePolicy:
-    """A fixed shape every round, or with tree "auto" the adaptive choice between chains and
-    trees (trees/policy.py)."""
+    """With tree "auto" the adaptive choice between chains and trees (trees/policy.py); with a
+    shape and spec.adaptive (the default) that shape where it pays, else a chain or a plain step
+    (FallbackTree); otherwise ("chain", or --no-adaptive) the same shape every round."""
     if spec.tree == "auto":
         return AdaptiveTree(spec.k, spec.k_max)
+    if spec.adaptive and spec.tree != "chain":
+        return FallbackTree(tree_shape(spec), spec.k, spec.k_max)
     return FixedPolicy(tree_shape(spec))

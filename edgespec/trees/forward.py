@@ -9,8 +9,8 @@ them), with
   offset), once per forward for a plain RoPE (`Rotary`);
 - an explicit boolean mask [L, S] (edgespec/trees/shapes.py `tree_mask`), in the attention the chain's
   forward would use on the same cache: MLX's kernel (its fused one on a GPU) with the mask, or
-  what the backend hands in (`Kernels`: the Engine passes the CPU's grouped verify attention and
-  compiled blocks from edgespec/cpu/backend.py; this package never imports edgespec.cpu).
+  what the backend hands in (`Kernels`: the Engine passes its backend's, on the CPU the grouped
+  verify attention and compiled blocks; this package never imports edgespec.cpu).
 A chain-shaped tree therefore gives the logits of the ordinary forward (tested bit for bit).
 
 Supported: llama-style blocks (mlx-lm's llama, mistral, qwen2, qwen3; EdgeSpec's token and
@@ -33,8 +33,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from edgespec.cache import TOP
 from edgespec.errors import TreeUnsupportedError
+from edgespec.taps import TOP
 
 BLOCK_MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
 
@@ -91,9 +91,9 @@ BlockParts = Callable[[Any, mx.array], "tuple[Any, Any] | None"]
 class Kernels:
     """What a backend may put into a tree forward: `attention(q, k, v, scale, allowed, cache)`
     (as `mlx_attention`) and `parts(layer, x)`, a block's compiled (before, after) functions
-    around the attention or None. The Engine passes the CPU's (cpu/backend.py masked_attention,
-    block_parts), which keep the bits of the chain's forward on the same cache; the defaults are
-    MLX's own."""
+    around the attention or None. The Engine passes its backend's (`Backend.kernels`; on the CPU
+    the grouped attention and compiled block parts, which keep the bits of the chain's forward
+    on the same cache); the defaults are MLX's own."""
 
     attention: Attention = mlx_attention
     parts: BlockParts = no_parts
@@ -152,7 +152,7 @@ def block_qkv(
     """A llama-style block's part before the attention over x [1, L, d] at the rotary's per-row
     positions: (q [1, H, L, D], k, v [1, G, L, D], the part after the attention). The cache and
     the attention are the caller's (one cache here; one per packed sequence in
-    edgespec/packed.py)."""
+    edgespec/server/packed.py)."""
     attn = layer.self_attn
     b, length, _ = x.shape
     compiled = kernels.parts(layer, x)  # the backend's compiled cache-free parts, if any
@@ -225,7 +225,7 @@ def tree_forward(
     layers: Sequence[int] = (TOP,),
 ) -> tuple[mx.array, mx.array]:
     """One forward of a token model over inputs [L] at positions [L] under mask allowed [L, S]
-    (S = cache offset + L): (hidden states of `layers` [L, k * d] as cache.target_features,
+    (S = cache offset + L): (hidden states of `layers` [L, k * d] as taps.target_features,
     logits [L, V or the draft's head]). Appends L positions to the cache (then `compact` it)."""
     trunk = model.model
     h = trunk.embed_tokens(inputs[None])

@@ -4,8 +4,8 @@
 
 Cache invariants after every round, as for chain rounds: the target's cache holds context[:-1]
 (its tree positions compacted to the accepted path, then rewound); the drafter's state a prefix of
-the context. Rounds whose shape is empty (an adaptive policy switched drafting off) run as
-pipelined plain steps (loop.plain_run), exactly as the chain rounds' K = 0 rounds.
+the context. A round whose shape is empty (an adaptive policy switched drafting off) is a plain
+step, the chain rounds' own (loop.Chains): queued, and pipelined, exactly as their K = 0 rounds.
 
 Key schedule, as the chain's (sampling.round_keys): a round's draft key gives one uniform per
 node (uniforms(draft_key, N)), its verify key N + 1 (node i's ratio test takes u[i], the last
@@ -21,9 +21,10 @@ import mlx.core as mx
 
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
-from edgespec.drafting.base import Capabilities, Proposal
+from edgespec.drafting.base import Capabilities, Proposal, no_proposal
 from edgespec.events import Round
-from edgespec.rounds import Progress, Step, fed_one, run_round
+from edgespec.loop import Chains
+from edgespec.rounds import Progress, Queued, Step, fed_one, run_round
 from edgespec.trees.acceptance import accept_tree
 from edgespec.trees.forward import (
     PLAIN,
@@ -80,7 +81,7 @@ def verify_tree_round(
     kernels: Kernels = PLAIN,
 ) -> tuple[mx.array, mx.array | None]:
     """One target forward over [pending..., the tree's nodes] and the acceptance walk, lazy
-    (rounds.verify_round's twin: rounds.run_round runs it).
+    (loop.verify_round's twin: rounds.run_round runs it).
     Returns [deepest accepted p row, n_accepted, next_token, node tokens...] (int32, the round's
     one host transfer) and, when `features`, the target's top hidden states of the root and every
     node ([N + 1, d], lazy)."""
@@ -133,16 +134,29 @@ class Trees:
         self.target, self.drafter, self.cfg, self.policy = target, drafter, cfg, policy
         self.verify = partial(verify_tree_round, kernels=kernels)
         self.caps = Capabilities.of(drafter)
+        self.plain = Chains(target, drafter, cfg)  # plain steps: chain rounds of d = 0
 
     def size(self, plan: Shape) -> int:
         return plan.size
 
-    def draft(self, run: Progress, plan: Shape, key: mx.array) -> TreeProposal | None:
+    def draft(self, run: Progress, plan: Shape, key: mx.array) -> Proposal:
         shape = _fit(plan, run.room())
         if shape.size == 0:
-            return None
+            return no_proposal(self.drafter.method)
         prop = self.drafter.propose_tree(run.context, shape, key)
         return prop.cut(run.room() - 1)  # a lookup branch may reach past the context window
+
+    def behind(self, run: Progress, plan: Shape) -> Proposal | None:
+        """A plain step for an empty shape; a tree drafts from the token computing (None)."""
+        return no_proposal(self.drafter.method) if plan.size == 0 else None
+
+    def queue(
+        self, run: Progress, prop: Proposal, key: mx.array, before: Queued | None = None
+    ) -> Queued:
+        return self.plain.queue(run, prop, key, before)
+
+    def read(self, run: Progress, queued: Queued, upcoming: Queued | None) -> Step:
+        return self.plain.read(run, queued, upcoming)
 
     def finish(self, run: Progress, plan: Shape, prop: Proposal, t0: float, key: mx.array) -> Step:
         """Verify, keep the accepted path, commit one tree round."""

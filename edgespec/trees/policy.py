@@ -29,10 +29,24 @@ view of the coming tokens, so exactness holds whatever it picks.
 
 from __future__ import annotations
 
-from edgespec.drafting.adaptive import ALPHA_DECAY, TIE_TOLERANCE
+from edgespec.drafting.adaptive import (
+    ALPHA_DECAY,
+    OFF_AFTER,
+    PRICE_EDGE,
+    PRICE_STEPS,
+    PRICE_TRIES,
+    TIE_TOLERANCE,
+)
 from edgespec.drafting.costs import Probes, Timings, verify_curve
 from edgespec.events import Round
-from edgespec.trees.shapes import FixedShape, Shape, Tree, chain_shape, greedy_nodes
+from edgespec.trees.shapes import (
+    FixedShape,
+    Shape,
+    Tree,
+    chain_shape,
+    expected_accepted,
+    greedy_nodes,
+)
 
 PRIOR_RANK = (0.5, 0.3, 0.2, 0.15)  # acceptance of a rank-r candidate before any is seen
 PRIOR_WEIGHT = 2.0
@@ -103,6 +117,7 @@ class AdaptiveTree:
         self._after_plain = False
         self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of tree rounds
         self._probes = Probes()
+        self._price_tries, self._pricing = PRICE_TRIES, 0  # price checks left, steps left
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
@@ -145,11 +160,12 @@ class AdaptiveTree:
             return max(narrower)
         return measured.get(("chain", 1))
 
-    def candidates(self) -> list[tuple[float, FixedShape]]:
+    def candidates(self) -> list[tuple[float, Shape]]:
         """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
         every node budget up to max_nodes (the greedy order's prefixes, shapes.greedy_nodes)."""
         table = self.accept.table()
-        out, chain_e, reach = [], 0.0, 1.0
+        out: list[tuple[float, Shape]] = []
+        chain_e, reach = 0.0, 1.0
         for k in range(1, self.k_max + 1):
             reach *= table[min(k, len(table)) - 1][0]
             chain_e += reach
@@ -163,7 +179,7 @@ class AdaptiveTree:
                 out.append((total, FixedShape(tuple(paths))))
         return out
 
-    def rates(self) -> list[tuple[float, FixedShape]] | None:
+    def rates(self) -> list[tuple[float, Shape]] | None:
         """(predicted tokens per second, shape) of every candidate, the plain step last; None
         before the costs were measured. Chains: the chain draft's cost per forward and the chain
         verify curve; trees: the draft's cost per forward at their width, and the tree verify
@@ -177,13 +193,39 @@ class AdaptiveTree:
         chain_curve = verify_curve(chain_means)
         tree_curve = verify_curve(tree_means) if tree_means else chain_curve
         curves = {"tree": tree_curve, "chain": lambda L: min(chain_curve(L), tree_curve(L))}
-        out = []
+        out: list[tuple[float, Shape]] = []
         for e, shape in self.candidates():
-            kind, width = cost_key(shape.size, shape.depth)
+            nodes = self.nodes(shape)
+            kind, width = cost_key(nodes, shape.depth)
             c = self._draft_cost(kind, width) or 0.0
-            out.append(((1.0 + e) / (shape.depth * c + curves[kind](shape.size + 1)), shape))
+            out.append(((1.0 + e) / (shape.depth * c + curves[kind](nodes + 1)), shape))
         out.append((1.0 / curves["chain"](1), FixedShape(())))
         return out
+
+    def _price_check(self) -> bool:
+        """Whether this round is a step of a price check, as AdaptiveK's (drafting/adaptive.py,
+        PRICE_STEPS): a plain step is priced from the shortest verify until one is timed, off
+        by up to ~1.9x; where drafting is predicted to win by less than PRICE_EDGE, a few plain
+        steps are timed once."""
+        if self._pricing > 0:
+            self._pricing -= 1
+            return True
+        chain = self.verify_costs["chain"]
+        timed = sum(len(m.samples) for m in chain.values())
+        if not self._price_tries or 1 in self._verify_means("chain") or timed < OFF_AFTER:
+            return False
+        rated = self.rates()
+        if rated is None:
+            return False
+        plain, best = rated[-1][0], max(rate for rate, _ in rated[:-1])
+        if not plain <= best < PRICE_EDGE * plain:
+            return False
+        self._price_tries, self._pricing = self._price_tries - 1, PRICE_STEPS - 1
+        return True
+
+    def nodes(self, shape: Shape) -> int:
+        """The nodes a round of `shape` verifies (a fixed shape: its size)."""
+        return shape.size
 
     def choose(self) -> Shape:
         """The best candidate, near-ties to the smaller one; a plain step only where it beats the
@@ -204,6 +246,54 @@ class AdaptiveTree:
 
     def decide(self) -> Shape:
         """The next round's shape (recorded in `chosen`)."""
-        shape = self.choose()
+        shape = FixedShape(()) if self._price_check() else self.choose()
         self.chosen.append(shape)
         return shape
+
+
+class FallbackTree(AdaptiveTree):
+    """`--tree SHAPE` under an adaptive policy (the default): SHAPE every round while it is
+    predicted to beat the best chain (1..k_max deep) and a plain step, else that chain or the
+    plain step. AdaptiveTree's pricing with its candidates cut to the chains and SHAPE, so where
+    a tree's extra verify rows cost more than they bring (a CPU, where a row costs a good part
+    of a step) the rounds fall back to chains, or to plain steps, and a tree never runs much
+    below the chain of the same run.
+
+    SHAPE's expected accepted drafts: a fixed shape's closed form from the acceptance table; a
+    dynamic shape (built per round from the draft's confidence, trees/shapes.py DynamicShape)
+    has none, so its own rounds' decayed mean, and before its first round the closed form of
+    the best fixed tree of as many nodes (optimistic: it is tried, then priced from itself).
+    Its verified nodes likewise: its rounds' decayed mean, before them `nodes` (T = 0's)."""
+
+    def __init__(self, shape: Shape, k_init: int = 4, k_max: int = 8, ranks: int = 4):
+        super().__init__(k_init, k_max, max_nodes=1, ranks=ranks)
+        self.shape = shape
+        self._rounds = 0.0  # decayed count of SHAPE's rounds, and their accepted and nodes sums
+        self._accepted = self._nodes = 0.0
+
+    def observe(self, r: Round) -> None:
+        super().observe(r)
+        if r.drafted > 0 and cost_key(r.drafted, r.k)[0] == "tree":
+            self._rounds = ALPHA_DECAY * self._rounds + 1.0
+            self._accepted = ALPHA_DECAY * self._accepted + r.accepted
+            self._nodes = ALPHA_DECAY * self._nodes + r.drafted
+
+    def nodes(self, shape: Shape) -> int:
+        if shape is not self.shape or isinstance(shape, FixedShape):
+            return shape.size
+        if self._rounds:
+            return max(1, round(self._nodes / self._rounds))
+        return min(shape.size, shape.nodes)
+
+    def candidates(self) -> list[tuple[float, Shape]]:
+        """The chains 1..k_max deep (AdaptiveTree's first candidates) and SHAPE."""
+        chains = super().candidates()[: self.k_max]
+        table = self.accept.table()
+        if isinstance(self.shape, FixedShape):
+            expected = expected_accepted(self.shape.paths, table)
+        elif self._rounds:
+            expected = self._accepted / self._rounds
+        else:
+            n = self.nodes(self.shape)
+            expected = sum(p for _, p in greedy_nodes(table, n, self.shape.depth, self.ranks))
+        return [*chains, (expected, self.shape)]

@@ -89,7 +89,7 @@ def write_chunk(path: Path, model, seqs: list[tuple[np.ndarray, int]], layers, b
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edgespec.cpu.blas import reexec_with_blas
+    from edgespec.blas import reexec_with_blas
 
     argv = sys.argv[1:] if argv is None else argv
     reexec_with_blas(argv, module="research.block_draft.features")

@@ -223,7 +223,7 @@ def agreement(hits: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edgespec.cpu.blas import reexec_with_blas
+    from edgespec.blas import reexec_with_blas
 
     argv = sys.argv[1:] if argv is None else argv
     reexec_with_blas(argv, module="research.block_draft.train")

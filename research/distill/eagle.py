@@ -29,9 +29,9 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from edgespec.architectures.eagle import MODEL_TYPE, EagleModel, build
-from edgespec.cache import TOP, target_features
 from edgespec.distill.shards import Sequence, atomic_write_npz
 from edgespec.files import atomic_write_bytes, sha256_file
+from edgespec.taps import TOP, target_features
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ class Item:
     ids: np.ndarray
     feats: np.ndarray
     prompt_len: int
+
+
+def target_head_logits(model: Any, features: mx.array) -> mx.array:
+    """The target's own logits over a feature draft's head ids from its features (training,
+    evaluation): features [.., d] -> [.., H]."""
+    return features @ model.head_weight.T
 
 
 def feature_chunks(folder: Path) -> list[Path]:
@@ -66,7 +72,7 @@ def extract_features(
     layers: tuple[int, ...] = (TOP,),
 ) -> int:
     """Run the target over `seqs` (in order, skipping those already cached) until `max_tokens`
-    tokens have features (of target `layers`, concatenated: cache.target_features); one chunk
+    tokens have features (of target `layers`, concatenated: taps.target_features); one chunk
     file per batch. Returns the number of tokens cached."""
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -137,7 +143,7 @@ def loss_fn(
     guess = model(model.fuse(f), t)
     ft = top_block(model, ft)
     z_draft = model.head_logits(guess)
-    z_target = model.target_head_logits(ft)
+    z_target = target_head_logits(model, ft)
     p = mx.softmax(z_target, axis=-1)
     ce = -(p * nn.log_softmax(z_draft, axis=-1)).sum(-1)
     reg = nn.losses.smooth_l1_loss(guess, ft, reduction="none").mean(-1)

@@ -28,8 +28,8 @@ import numpy as np
 
 from edgespec.architectures.eagle import EagleModel, build
 from edgespec.architectures.token_draft import read_weights
-from edgespec.cache import TOP
-from research.distill.eagle import Item, _num, make_batch, top_block
+from edgespec.taps import TOP
+from research.distill.eagle import Item, _num, make_batch, target_head_logits, top_block
 
 
 def ttt_mask(width: int, step: int) -> mx.array:
@@ -89,7 +89,7 @@ def ttt_loss(
 ) -> tuple[mx.array, mx.array]:
     """(loss, step-0 agreement) over a batch of distill.eagle.make_batch (f, ft: the target's
     concatenated features at i and i + 1). Step s counts at positions i >= s."""
-    z_target = model.target_head_logits(top_block(model, ft))
+    z_target = target_head_logits(model, top_block(model, ft))
     p = mx.softmax(z_target, axis=-1)
     best = mx.argmax(z_target, -1)
     pos = mx.arange(int(t.shape[1]))[None]
@@ -120,7 +120,7 @@ def chain_agreement(
         if greedy:  # position i decides token i + 2 = t[:, i + 1]
             best = mx.concatenate([t[:, 1:], mx.zeros_like(t[:, :1])], axis=1)
         else:
-            best = mx.argmax(model.target_head_logits(top_block(model, ft)), -1)
+            best = mx.argmax(target_head_logits(model, top_block(model, ft)), -1)
         pos = mx.arange(int(t.shape[1]))[None]
         for s, guess in enumerate(unroll(model, model.fuse(f), t, steps)):
             pick = mx.argmax(model.head_logits(guess), -1)

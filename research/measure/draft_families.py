@@ -1,4 +1,4 @@
-"""The draft's attention bound (SpecConfig.draft_window, cache.Bound) for feature and block drafts,
+"""The draft's attention bound (SpecConfig.draft_window, bound.Bound) for feature and block drafts,
 measured side by side in one process on seeded models (no real EAGLE or DFlash draft is at hand
 offline): a `hidden`-wide llama target (tests/helpers/tiny.py) with a one-layer EAGLE draft and a
 two-layer DFlash draft of the same width.
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgespec.cpu.blas import reexec_with_blas
+from edgespec.blas import reexec_with_blas
 
 if __name__ == "__main__":
     reexec_with_blas(sys.argv[1:], module="research.measure.draft_families")
@@ -34,9 +34,9 @@ if __name__ == "__main__":
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from edgespec.cache import Bound  # noqa: E402
+from edgespec.blas import active, cpu_model  # noqa: E402
+from edgespec.bound import Bound  # noqa: E402
 from edgespec.config import DRAFT_SINKS, DRAFT_WINDOW, SamplingConfig, SpecConfig  # noqa: E402
-from edgespec.cpu.blas import active, cpu_model  # noqa: E402
 from edgespec.families import chain_drafter, family_of  # noqa: E402
 from edgespec.runtime import Engine  # noqa: E402
 from tests.helpers.block_models import write_dflash  # noqa: E402

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edgespec.cpu.blas import reexec_with_blas
+from edgespec.blas import reexec_with_blas
 
 if __name__ == "__main__":
     reexec_with_blas(sys.argv[1:], module="research.measure.draft_temperature")

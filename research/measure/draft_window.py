@@ -20,21 +20,21 @@ import sys
 import time
 from pathlib import Path
 
-from edgespec.cpu.blas import reexec_with_blas
+from edgespec.blas import reexec_with_blas
 
 if __name__ == "__main__":
     reexec_with_blas(sys.argv[1:], module="research.measure.draft_window")
 
 import mlx.core as mx  # noqa: E402
 
-from edgespec.cache import Bound  # noqa: E402
+from edgespec.blas import active, cpu_model  # noqa: E402
+from edgespec.bound import Bound  # noqa: E402
 from edgespec.config import (  # noqa: E402
     DRAFT_SINKS,
     DRAFT_WINDOW,
     GenerationConfig,
     SpecConfig,
 )
-from edgespec.cpu.blas import active, cpu_model  # noqa: E402
 from edgespec.events import Finished, Round  # noqa: E402
 from edgespec.runtime import Engine  # noqa: E402
 

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from edgespec.cpu.blas import reexec_with_blas
+from edgespec.blas import reexec_with_blas
 
 if __name__ == "__main__":
     reexec_with_blas(sys.argv[1:], module="research.measure.products")  # MKL, as `edgespec` runs

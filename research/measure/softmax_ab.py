@@ -1,5 +1,5 @@
 """The attention's softmax in NumPy (edgespec/cpu/attention.py) against MLX's, paired in one
-process: two engines on the embedded pair, one built with EDGESPEC_NUMPY_SOFTMAX=0 and one with
+process: two engines on the embedded pair, one built with EDGESPEC_CPU_OPT=-numpy_softmax and one with
 it on (the switch is read when an engine's CPU backend is built), plain decoding and the default
 method on each, interleaved prompt by prompt (the order of the two engines alternates).
 
@@ -29,11 +29,14 @@ METHODS = ("none", "hybrid")  # plain decoding; the default (hybrid drafting, ad
 
 
 def engine_with(numpy_softmax: bool) -> Engine:
-    os.environ["EDGESPEC_NUMPY_SOFTMAX"] = "1" if numpy_softmax else "0"
+    before = os.environ.get("EDGESPEC_CPU_OPT")
+    os.environ["EDGESPEC_CPU_OPT"] = "1" if numpy_softmax else "-numpy_softmax"
     try:
         return Engine.load()
     finally:
-        os.environ.pop("EDGESPEC_NUMPY_SOFTMAX", None)
+        os.environ.pop("EDGESPEC_CPU_OPT", None)
+        if before is not None:
+            os.environ["EDGESPEC_CPU_OPT"] = before
 
 
 def run(engine: Engine, ids: list[int], method: str, max_tokens: int) -> tuple[float, float, list]:

@@ -5,8 +5,8 @@ after each. Verify cost in plain steps, v(L) = time(L) / time(1), is what adapti
 
     python -m research.measure.verify_cost --contexts 1024,4096,8192 --lengths 1,2,3,5,8
 
-With EDGESPEC_GROUPED_ATTENTION=0 the 2..32-token forwards take MLX's own attention instead of
-edgespec/cpu/attention.py's grouped path; with EDGESPEC_FUSED_ATTENTION=0 the rows that see
+With EDGESPEC_CPU_OPT=-grouped_attention the 2..32-token forwards take MLX's own attention instead of
+edgespec/cpu/attention.py's grouped path; with EDGESPEC_CPU_OPT=-fused_attention the rows that see
 1,024 keys or more take MLX's products and NumPy's softmax instead of the fused kernel. Prints one line per context: milliseconds per forward
 (median of --reps after one warm-up) and, in brackets, in one-token steps.
 """

@@ -206,12 +206,13 @@ def cmd_gpu_pack(a: argparse.Namespace) -> int:
     answers (the same splits `train` uses). Token ids only."""
     import numpy as np
 
-    from edgespec.distill.shards import Meta, Sequence, done_ids, iter_sequences, read_shard
+    from edgespec.distill.shards import Meta, Sequence, done_ids, read_shard
     from edgespec.distill.target import load_target
     from edgespec.distill.train import split_data
     from research.distill.pool import read_pool
     from research.distill.realdata import _template, conversation
     from research.distill.requests import KINDS
+    from research.distill.tokens import iter_sequences
 
     out = Path(a.out)
     real = list(iter_sequences(Path(a.real)))
@@ -375,7 +376,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edgespec.cpu.blas import reexec_with_blas
+    from edgespec.blas import reexec_with_blas
 
     argv = sys.argv[1:] if argv is None else argv
     reexec_with_blas(argv, module="research.recipes.draft_r2")

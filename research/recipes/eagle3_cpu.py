@@ -164,11 +164,11 @@ def mtbench(a: argparse.Namespace) -> None:
     import mlx.core as mx
 
     from edgespec.architectures.eagle import load_eagle
-    from edgespec.cache import target_features
     from edgespec.distill.data import SamplingPlan, answer
     from edgespec.distill.evaluate import find_prompt_file, load_prompts
     from edgespec.distill.train import agreement_counts, head_index
     from edgespec.runtime import Engine
+    from edgespec.taps import target_features
     from research.distill.eagle import Item
     from research.distill.eagle3 import chain_agreement
 

@@ -4,7 +4,7 @@
         --reports run1/report.json run2/report.json run3/report.json --column 0 \
         --gpu-data OUT/data-00.npz --out models/smollm2-135m-draft --command "..."
 
-Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/cpu/blas.py):
+Run it with OpenBLAS preloaded like any EdgeSpec script on Linux (edgespec/blas.py):
 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 python research/recipes/...
 
 Loads the fp16 trunk + head (mlx-lm names) into edgespec.architectures.token_draft with the target's own
@@ -29,7 +29,6 @@ from edgespec.distill.build import draft_config
 from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
 from edgespec.distill.shards import (
     Meta,
-    iter_sequences,
     next_index,
     read_shard,
     recount,
@@ -38,6 +37,7 @@ from edgespec.distill.shards import (
 from edgespec.distill.target import load_target, teacher_topk
 from edgespec.distill.train import agreement, head_index, split_data
 from edgespec.loading.folder import dequantize_model
+from research.distill.tokens import iter_sequences
 
 
 def curve_rows(reports: list[dict], column: int) -> list[dict[str, float]]:

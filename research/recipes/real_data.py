@@ -7,7 +7,7 @@ source code, let the target answer it (resumable, for hours), describe and expor
     python -m research.recipes.real_data export --data DIR --dest models/smollm2-135m-draft/data-real
 
 Run it with PYTHONPATH at the repository root. `generate` re-executes itself with the BLAS EdgeSpec
-picks (edgespec/cpu/blas.py; EDGESPEC_BLAS=mkl-fast is fastest and exactness does not matter for data).
+picks (edgespec/blas.py; EDGESPEC_BLAS=mkl-fast is fastest and exactness does not matter for data).
 It writes a shard every --shard-size answers and one log line per shard; kill it at any time and
 run the same command again to go on. The pool is read from its file, never rebuilt, so the prompt
 ids in the shards keep their meaning; meta.json records the pool's sha256 and refuses another.
@@ -46,7 +46,7 @@ def cmd_pool(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from edgespec.cpu.blas import reexec_with_blas
+    from edgespec.blas import reexec_with_blas
 
     reexec_with_blas(sys.argv[1:], module="research.recipes.real_data")
     from edgespec.distill.shards import Meta, SamplingPlan
@@ -151,7 +151,7 @@ def write_manifest(pool_path: Path, data_dir: Path, dest: Path) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from edgespec.distill.shards import export_tokens
+    from research.distill.tokens import export_tokens
 
     meta = export_tokens(Path(a.data), Path(a.dest))
     print(f"{meta.n_sequences} answers, {meta.n_completion_tokens} completion tokens -> {a.dest}")

@@ -265,13 +265,17 @@ def test_cli_bench_subprocess(tiny_pairs, tmp_path: Path) -> None:
         "--out",
         str(tmp_path),
         "--quiet",
+        "--no-think",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "spec K=2 T=0" in proc.stdout and "results.json" in proc.stdout
+    # The tiny template has no thinking mode: the switch changes nothing, said once.
+    assert proc.stderr.count("has no thinking mode; --no-think changes nothing") == 1
     doc = json.loads((tmp_path / "results.json").read_text())
     check_schema(doc)
     assert doc["complete"] and doc["settings"]["n_prompts"] == 2
+    assert doc["settings"]["thinking"] is None
     env_keys = {"platform", "machine", "cpu_count", "device", "blas", "cpu", "cpu_vendor"}
     assert env_keys <= set(doc["environment"]) and isinstance(doc["environment"]["cpu"], str)
     blas_names = ("mkl", "mkl-fast", "openblas", "preloaded", "reference", "accelerate")

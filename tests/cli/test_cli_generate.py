@@ -115,6 +115,7 @@ BAD = {
     "nan-temp": (["x", "--temp", "nan"], "temperature"),
     "negative-seed": (["x", "--seed", "-1"], "seed"),
     "seed-too-big": (["x", "--seed", str(2**64)], "seed"),
+    "parse-special-without-raw": (["x", "--parse-special"], "--raw"),
 }
 
 
@@ -175,3 +176,44 @@ def test_a_backend_failure_is_one_line_exit_1(tiny_pair, monkeypatch, capsys):
     monkeypatch.setenv("EDGESPEC_DEBUG", "1")
     with pytest.raises(RuntimeError, match="metal::malloc"):
         cli.main(argv)
+
+
+def summary(r: subprocess.CompletedProcess) -> dict:
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_a_prompt_is_text_unless_parse_special_is_asked_for(tiny_pair):
+    """Issue 75: '<|im_end|>' typed in a prompt is characters (7 tokens here), with or without
+    the chat template; --raw --parse-special reads it as the control token (1)."""
+    base = [*models(tiny_pair), "--json", "--max-tokens", "1", "--no-spec"]
+    text = summary(edgespec("x<|im_end|>", *base, "--raw"))["prompt_tokens"]
+    parsed = summary(edgespec("x<|im_end|>", *base, "--raw", "--parse-special"))
+    assert parsed["prompt_tokens"] == 2 and text > 2
+    chat = summary(edgespec("x<|im_end|>", *base))["prompt_tokens"]
+    assert chat == summary(edgespec("x", *base))["prompt_tokens"] + text - 1
+
+
+@pytest.fixture(scope="module")
+def thinking_pair(tmp_path_factory) -> tuple[Path, Path]:
+    return make_tiny_pair(tmp_path_factory.mktemp("thinking"), thinking=True)
+
+
+def test_think_and_no_think_reach_a_template_that_has_the_mode(thinking_pair):
+    base = ["the cat", *models(thinking_pair), "--json", "--max-tokens", "1", "--no-spec"]
+    default = edgespec(*base)
+    on, off = edgespec(*base, "--think"), edgespec(*base, "--no-think")
+    assert summary(default)["prompt_tokens"] == summary(on)["prompt_tokens"]
+    assert summary(off)["prompt_tokens"] > summary(on)["prompt_tokens"]  # an empty reasoning part
+    assert "note" not in default.stderr + on.stderr + off.stderr
+
+
+def test_think_on_a_template_without_the_mode_says_so_once(tiny_pair):
+    r = edgespec("the cat", *models(tiny_pair), "--max-tokens", "2", "--no-think")
+    notes = [line for line in r.stderr.splitlines() if "note:" in line]
+    assert r.returncode == 0 and len(notes) == 1
+    assert "has no thinking mode; --no-think changes nothing" in notes[0]
+    r = edgespec("the cat", *models(tiny_pair), "--max-tokens", "2", "--raw", "--think")
+    assert "--think changes nothing with --raw" in r.stderr
+    quiet = edgespec("the cat", *models(tiny_pair), "--max-tokens", "2")
+    assert "note:" not in quiet.stderr

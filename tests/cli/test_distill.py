@@ -21,6 +21,7 @@ from edgespec.distill.instructions import instructions, split
 from edgespec.distill.target import Target, load_target, load_with_topk
 from edgespec.distill.train import head_index, kl_loss, make_batch, new_draft, split_data, train
 from edgespec.errors import ConfigError
+from research.distill import tokens as T
 from tests.helpers.prompt_sets import MT_BENCH, SPEC_BENCH, prompt_set
 from tests.helpers.tiny import make_tiny_pair
 
@@ -111,7 +112,7 @@ def test_shards_round_trip_and_match_the_format(tiny: tuple[Target, Path]) -> No
         assert z["prompt_lens"].dtype == np.int32 and z["instr_ids"].dtype == np.int32
         assert len(z["starts"]) == len(z["prompt_lens"]) + 1 == len(z["instr_ids"]) + 1
         assert z["topk_ids"].shape == (int(sum(np.diff(z["starts"]) - z["prompt_lens"])), 8)
-    seqs = list(S.iter_sequences(data_dir))
+    seqs = list(T.iter_sequences(data_dir))
     assert meta.n_sequences == len(seqs) == 20
     assert meta.n_completion_tokens == sum(s.n_completion for s in seqs) >= 250
     # Held-out instructions are answered first and greedily: top-1 == the emitted token.
@@ -153,7 +154,7 @@ def test_generation_continues_with_new_ids_only(tmp_path: Path, tiny: tuple[Targ
         shard_size=10,
         progress=False,
     )
-    ids = [s.instr_id for s in S.iter_sequences(copy)]
+    ids = [s.instr_id for s in T.iter_sequences(copy)]
     assert len(ids) == len(set(ids)) > 20
 
 
@@ -405,13 +406,8 @@ def test_load_prompts_selects_per_category_and_rejects_bad_lines(tmp_path: Path)
 
 
 def test_export_tokens_keeps_ids_and_drops_topk(tmp_path):
-    from edgespec.distill.shards import (
-        Meta,
-        Sequence,
-        export_tokens,
-        iter_sequences,
-        write_shard,
-    )
+    from edgespec.distill.shards import Meta, Sequence, write_shard
+    from research.distill.tokens import export_tokens, iter_sequences
 
     src = tmp_path / "src"
     src.mkdir()

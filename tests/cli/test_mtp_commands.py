@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from edgespec.architectures.mtp import MtpModel
-from edgespec.cache import text_model
 from edgespec.config import SpecConfig
 from edgespec.errors import TreeUnsupportedError
 from edgespec.server.process import ServerProcess
+from edgespec.taps import text_model
 from edgespec.trees.forward import tree_layers
 from tests.helpers.arch_models import PROMPT, generate
 from tests.helpers.cli import run_edgespec

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.cpu import blas
-from edgespec.cpu.blas import checkout_path, safe_command
+from edgespec import blas
+from edgespec.blas import checkout_path, safe_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def generate(pair, cwd: Path, command: list[str]) -> subprocess.CompletedProcess
     (its own BLAS re-exec set them), so the CLI re-executes itself."""
     args = ["generate", "the cat", "--target", str(pair[0]), "--draft", str(pair[1])]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    for name in (blas._MARK, blas.ACTIVE, "LD_PRELOAD"):
+    for name in (blas.ACTIVE, "LD_PRELOAD"):
         env.pop(name, None)
     return subprocess.run(
         [*command, *args, "--max-tokens", "4"],
@@ -71,7 +71,7 @@ def test_the_safe_forms():
 def test_a_checkout_run_from_its_own_folder_keeps_importing_that_checkout(tmp_path):
     """Safe-path mode drops the working directory; when edgespec was imported from there (a
     source checkout, not installed), the re-exec names it in PYTHONPATH instead."""
-    holder = Path(blas.__file__).resolve().parents[2]
+    holder = Path(blas.__file__).resolve().parents[1]
     assert checkout_path("", cwd=holder) == {"PYTHONPATH": str(holder)}
     assert checkout_path("/x", cwd=holder) == {"PYTHONPATH": os.pathsep.join([str(holder), "/x"])}
     assert checkout_path(str(holder), cwd=holder) == {}  # already there

@@ -74,3 +74,17 @@ def test_cli_bad_input(tiny_pair, bad):
     r = _cli("--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), *bad)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_verify_takes_the_thinking_switch(tmp_path):
+    from tests.helpers.tiny import make_tiny_pair
+
+    pair = make_tiny_pair(tmp_path / "thinking", thinking=True)
+    args = ["--target", str(pair[0]), "--draft", str(pair[1]), "--rounds", "200", "--json"]
+
+    def context(*extra: str) -> int:
+        r = _cli(*args[:-1], *extra)
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.split("context ")[1].split()[0])
+
+    assert context("--no-think") > context("--think") == context()

@@ -1,5 +1,5 @@
 """Grouped verify attention (edgespec.cpu.attention): same values as MLX's attention, taken only by
-a CPU backend's twin on caches EdgeSpec marks (mlx-lm's modules keep their function), and
+a CPU backend's twin (built with it) on EdgeSpec's caches (mlx-lm's modules keep their function), and
 row-exact where the BLAS is (tests/cpu/test_blas.py runs a KVState forward
 under the reference BLAS, which goes through this path on the CPU)."""
 
@@ -9,11 +9,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models import llama
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from edgespec.cache import KVState
-from edgespec.cpu import attention
+from edgespec.cpu import attention, heads
 from edgespec.cpu.backend import CpuBackend
+from edgespec.cpu.heads import GroupedAttention
 from tests.helpers import engine_state
 from tests.helpers.tiny import llama_config, random_llama_weights
 
@@ -51,8 +53,8 @@ def _tiny_llama():
 
 
 @pytest.mark.parametrize("numpy_softmax", ["0", "1"])
-def test_only_marked_caches_take_the_grouped_path(monkeypatch, numpy_softmax):
-    monkeypatch.setenv("EDGESPEC_NUMPY_SOFTMAX", numpy_softmax)
+def test_only_a_twin_on_edgespecs_caches_takes_the_grouped_path(monkeypatch, numpy_softmax):
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "1" if numpy_softmax == "1" else "-numpy_softmax")
     monkeypatch.setattr(attention, "FROM_KEYS", 22)  # rows that see 22 keys or more
     calls = []
     real = attention.grouped_attention
@@ -62,10 +64,9 @@ def test_only_marked_caches_take_the_grouped_path(monkeypatch, numpy_softmax):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(attention, "grouped_attention", spy)
-    monkeypatch.delenv("EDGESPEC_GROUPED_ATTENTION", raising=False)
     model = _tiny_llama()
-    state = engine_state(model)  # the Engine's cache is marked (the tests run on the CPU)
-    assert all(getattr(c, attention.FLAG, False) for c in state.cache)
+    state = engine_state(model)  # the Engine's twin and cache (the tests run on the CPU)
+    assert all(attention.groupable(c) for c in state.cache)
     state.prefill(list(range(1, 20)))
     calls.clear()
     state.forward(mx.array([3, 4, 5], dtype=mx.int32))
@@ -76,21 +77,21 @@ def test_only_marked_caches_take_the_grouped_path(monkeypatch, numpy_softmax):
     # FROM_KEYS keys: then they take the grouped path too (this one sees 22)
     assert calls == ([1, 1] if numpy_softmax == "1" else [])
     calls.clear()
-    other = make_prompt_cache(model)  # somebody else's cache (mlx-lm's own generate)
+    other = [RotatingKVCache(64, keep=4) for _ in model.layers]  # not one of EdgeSpec's
     state.model(mx.array([[1, 2, 3]]), cache=other)
     model(mx.array([[1, 2, 3]]), cache=make_prompt_cache(model))  # the model itself
-    model(mx.array([[1, 2, 3]]), cache=state.cache)  # even on a marked cache
+    model(mx.array([[1, 2, 3]]), cache=state.cache)  # even on an EdgeSpec cache
     assert calls == []
-    monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")
-    assert not any(getattr(c, attention.FLAG, False) for c in CpuBackend().new_cache(model))
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-grouped_attention")
+    plain = CpuBackend()
+    assert plain.attend is scaled_dot_product_attention
+    assert not any(isinstance(m, GroupedAttention) for _, m in plain.model(model).named_modules())
 
 
-def test_a_marked_forward_equals_mlx_attention():
+def test_a_grouped_forward_equals_mlx_attention():
     model = _tiny_llama()
     prompt, toks = list(range(1, 30)), mx.array([7, 8, 9, 10], dtype=mx.int32)
-    a, b = engine_state(model), KVState(model)  # b: mlx-lm's own cache, unmarked
-    assert all(getattr(c, attention.FLAG, False) for c in a.cache)
-    assert not any(getattr(c, attention.FLAG, False) for c in b.cache)
+    a, b = engine_state(model), KVState(model)  # b: mlx-lm's own model
     a.prefill(prompt)
     b.prefill(prompt)
     np.testing.assert_allclose(
@@ -98,30 +99,26 @@ def test_a_marked_forward_equals_mlx_attention():
     )
 
 
-def test_attending_classes_call_the_given_function_and_leave_mlx_lm_alone():
-    from mlx_lm.models import base
-
-    original = base.scaled_dot_product_attention
+def test_twin_attention_calls_the_attention_it_is_built_with_and_leaves_mlx_lm_alone():
     calls = []
 
-    def sdpa(*args, **kwargs):
+    def attend(*args, **kwargs):
         calls.append(args[0].shape[2])
-        return original(*args, **kwargs)
+        return scaled_dot_product_attention(*args, **kwargs)
 
-    cls = attention.attending_class(llama.Attention, original, sdpa)
-    assert cls is not None and issubclass(cls, llama.Attention)
-    assert llama.scaled_dot_product_attention is original  # mlx-lm's module as it was
-    assert attention.attending_class(llama.MLP, original, sdpa) is None  # it attends nowhere
-    assert (
-        attention.attending_class(llama.Attention, mx.fast.scaled_dot_product_attention, sdpa)
-        is None
-    )
-
+    made: dict = {}
     model = _tiny_llama()
     layer = model.model.layers[0].self_attn
+    cls = heads.twin_class(layer, made)
+    assert cls is not None and issubclass(cls, llama.Attention) and made == {llama.Attention: cls}
+    assert heads.twin_class(model.model.layers[0].mlp, made) is None  # it attends nowhere
+    assert llama.scaled_dot_product_attention is scaled_dot_product_attention  # as it was
     twin = cls.__new__(cls)
     twin.__dict__.update(layer.__dict__)
     dict.update(twin, layer)
+    twin.attend = attend
     x = mx.random.normal((1, 3, 64))
-    assert mx.array_equal(twin(x, mask="causal"), layer(x, mask="causal")).item()
+    for cache in (KVCache(), None):  # an EdgeSpec cache layer takes `attend`; no cache, mlx-lm
+        want = layer(x, mask="causal", cache=KVCache() if cache is not None else None)
+        assert mx.array_equal(twin(x, mask="causal", cache=cache), want).item()
     assert calls == [3]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from edgespec.cpu import blas
+from edgespec import blas
 
 MKL = "/opt/lib/libmkl_rt.so.3"
 OPENBLAS = "/opt/libopenblas.so"
@@ -27,7 +27,6 @@ def calls(monkeypatch):
     for var in (
         "LD_PRELOAD",
         "EDGESPEC_BLAS",
-        blas._MARK,
         blas.ACTIVE,
         "MKL_CBWR",
         "MKL_THREADING_LAYER",
@@ -41,7 +40,7 @@ def test_reexec_prefers_mkl_in_exact_mode_and_keeps_arguments(calls):
     blas.reexec_with_blas(["generate", "hi", "-k", "3"])
     ((exe, argv, env),) = calls
     assert argv[1:] == ["-P", "-m", "edgespec", "generate", "hi", "-k", "3"]  # safe-path mode
-    assert env["LD_PRELOAD"] == MKL and env[blas._MARK] == "1"
+    assert env["LD_PRELOAD"] == MKL
     assert env["MKL_CBWR"] == "AUTO,STRICT" and env[blas.ACTIVE] == "mkl"
 
 
@@ -78,13 +77,13 @@ def test_openblas_reports_its_kernels():
     the set in use (`kernels`, which the bench records)."""
     lib = blas.openblas_path()
     assert lib is not None and blas.openblas_core(lib) != ""
-    code = f"from edgespec.cpu import blas; print(blas.openblas_core({lib!r}))"
+    code = f"from edgespec import blas; print(blas.openblas_core({lib!r}))"
     env = {**os.environ, "OPENBLAS_CORETYPE": "Sandybridge"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "Sandybridge", out.stderr
     assert blas.openblas_core("/nonexistent/libblas.so.3") == ""
     env.update({"LD_PRELOAD": lib, blas.ACTIVE: "openblas"})
-    code = "from edgespec.cpu import blas; import mlx.core; print(blas.kernels())"
+    code = "from edgespec import blas; import mlx.core; print(blas.kernels())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "Sandybridge", out.stderr
 
@@ -108,7 +107,7 @@ def test_existing_preload_is_kept_after_the_blas(calls, monkeypatch):
     "env",
     [
         {"EDGESPEC_BLAS": "system"},
-        {blas._MARK: "1"},
+        {blas.ACTIVE: "mkl"},
         {"LD_PRELOAD": OPENBLAS},
         {"LD_PRELOAD": "/somewhere/libmkl_rt.so.2"},
     ],
@@ -153,8 +152,8 @@ def _bits(mode: str, numpy_softmax: str = "1", hidden: int = 576) -> str:
     """Run BITS in a subprocess under EDGESPEC_BLAS=mode (the BLAS is fixed at process start), on
     a model `hidden` wide (4 heads: 576 makes heads of 144, which the fused kernel does not take,
     256 heads of 64, which it does)."""
-    env = {k: v for k, v in os.environ.items() if k not in (blas._MARK, "LD_PRELOAD")}
-    env["EDGESPEC_NUMPY_SOFTMAX"] = numpy_softmax
+    env = {k: v for k, v in os.environ.items() if k not in (blas.ACTIVE, "LD_PRELOAD")}
+    env["EDGESPEC_CPU_OPT"] = "1" if numpy_softmax == "1" else "-numpy_softmax"
     env["BITS_HIDDEN"] = str(hidden)
     chosen = blas.plan(mode)
     if chosen is not None:
@@ -215,7 +214,7 @@ def test_processes_side_by_side_share_the_cores_unless_the_user_set_a_count(monk
 
 
 def test_xdist_worker_counts_are_read_from_every_spelling(monkeypatch):
-    from edgespec.cpu.pytest_blas import xdist_workers
+    from tests.plugins.pytest_blas import xdist_workers
 
     monkeypatch.setitem(sys.modules, "psutil", None)  # counted as xdist does without psutil
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
@@ -238,7 +237,7 @@ def test_xdist_workers_inherit_their_share_of_the_cores(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k not in blas.THREAD_VARIABLES}
     env.pop("PYTEST_ADDOPTS", None)
-    argv = ["-p", "edgespec.cpu.pytest_blas", "-p", "no:cacheprovider", "-q", "-n", "2"]
+    argv = ["-p", "tests.plugins.pytest_blas", "-p", "no:cacheprovider", "-q", "-n", "2"]
     r = subprocess.run(
         [sys.executable, "-m", "pytest", *argv, str(tmp_path / "test_env.py")],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,

@@ -1,7 +1,7 @@
 """Compiled llama blocks (edgespec/blocks.py): the same logits as mlx-lm's blocks for every
 forward length a decoding loop uses, standing only for exact llama blocks in a CPU backend's twin
 (the model keeps mlx-lm's), traced again when a weight is replaced, off for prompt chunks and
-with EDGESPEC_COMPILED_BLOCKS=0."""
+with EDGESPEC_CPU_OPT=-compiled_blocks."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from edgespec.cache import KVState
 from edgespec.cpu import blocks
 from edgespec.cpu.backend import CpuBackend
 from edgespec.cpu.blocks import CompiledBlock
+from edgespec.cpu.fastexp import compiler_works
 from tests.helpers import engine_state, same_bits
 
-pytestmark = pytest.mark.skipif(not blocks.compiler_works(), reason="MLX cannot compile here")
+pytestmark = pytest.mark.skipif(not compiler_works(), reason="MLX cannot compile here")
 
 
 @pytest.fixture(autouse=True)
 def blocks_on(monkeypatch):
-    monkeypatch.delenv("EDGESPEC_COMPILED_BLOCKS", raising=False)
+    monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
 
 
 def fresh_target(tiny_pair) -> nn.Module:
@@ -48,7 +49,7 @@ def test_compiled_blocks_keep_the_logits_bit_for_bit(tiny_pair, monkeypatch):
     compiled_state = engine_state(fresh_target(tiny_pair), "target")
     kinds = {type(layer) for layer in compiled_state.model.model.layers}
     assert kinds == {CompiledBlock}
-    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-compiled_blocks")
     plain_state = engine_state(fresh_target(tiny_pair), "target")
     assert {type(layer) for layer in plain_state.model.model.layers} == {llama.TransformerBlock}
     prefix = [1, 5, 9, 2, 7, 3, 8, 4, 6, 10, 11]
@@ -68,18 +69,18 @@ def test_prompt_chunks_the_model_and_cache_free_calls_keep_mlx_lm_code(tiny_pair
     block = state.model.model.layers[0]
     long = mx.array(list(range(4, 4 + blocks.MAX_LENGTH + 1)), dtype=mx.int32)
     mx.eval(state.forward(long))  # a prompt chunk: no trace made
-    assert blocks._FNS not in block.__dict__
+    assert blocks._TRACES not in block.__dict__
     mx.eval(KVState(model).forward(mx.array([5], dtype=mx.int32)))  # the model itself
-    assert blocks._FNS not in block.__dict__ and type(model.model.layers[0]) is not CompiledBlock
+    assert blocks._TRACES not in block.__dict__ and type(model.model.layers[0]) is not CompiledBlock
     mx.eval(state.model(mx.array([[5, 6]], dtype=mx.int32)))  # no cache (training, checks)
-    assert blocks._FNS not in block.__dict__
+    assert blocks._TRACES not in block.__dict__
     mx.eval(state.forward(mx.array([5], dtype=mx.int32)))
-    assert blocks._FNS in block.__dict__
+    assert blocks._TRACES in block.__dict__
 
 
 def test_a_replaced_weight_is_used_at_once(tiny_pair, monkeypatch):
     compiled = engine_state(fresh_target(tiny_pair), "target")
-    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-compiled_blocks")
     plain = engine_state(fresh_target(tiny_pair), "target")
     prefix, ids = [1, 5, 9, 2], [7, 3, 8]
     run(compiled, prefix, [1, 2], ids)  # traced with the first weights
@@ -107,10 +108,10 @@ def test_only_exact_llama_blocks_compile_and_the_switch_turns_it_off(tiny_pair, 
     assert type(twin.model.layers[0]) is OtherBlock
     assert {type(layer) for layer in twin.model.layers[1:]} == {CompiledBlock}
     assert type(model.model.layers[1]) is llama.TransformerBlock  # the model keeps its blocks
-    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-compiled_blocks")
     twin = CpuBackend().model(fresh_target(tiny_pair))
     assert not any(isinstance(layer, CompiledBlock) for layer in twin.model.layers)
-    monkeypatch.delenv("EDGESPEC_COMPILED_BLOCKS")
+    monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
     twin = CpuBackend().model(llama.Model(args))
     assert {type(layer) for layer in twin.model.layers} == {CompiledBlock}
 
@@ -137,7 +138,7 @@ def test_a_head_size_other_than_hidden_over_heads_keeps_the_logits(monkeypatch):
     plain_model.update(compiled_model.parameters())
     compiled = engine_state(compiled_model, "target")
     assert {type(layer) for layer in compiled.model.model.layers} == {CompiledBlock}
-    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-compiled_blocks")
     plain = engine_state(plain_model, "target")
     prefix, ids = [1, 5, 9, 2, 7], [3, 8, 4, 6, 10, 11]
     got, want = run(compiled, prefix, [1, 2, 3], ids), run(plain, prefix, [1, 2, 3], ids)

@@ -5,14 +5,16 @@ keeps its own state."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import base
 
 from edgespec.config import GenerationConfig, SpecConfig
-from edgespec.cpu import attention
 from edgespec.cpu.backend import CpuBackend, Switches
 from edgespec.cpu.blocks import CompiledBlock
 from edgespec.cpu.leanops import LeanLinear
@@ -29,7 +31,7 @@ def _attention_functions() -> dict[str, object]:
     return {
         name: module.scaled_dot_product_attention
         for name, module in list(sys.modules.items())
-        if name.startswith("mlx_lm.models.") and hasattr(module, attention.NAME)
+        if name.startswith("mlx_lm.models.") and hasattr(module, "scaled_dot_product_attention")
     }
 
 
@@ -73,3 +75,35 @@ def test_a_twin_points_plain_references_at_twins_and_backends_keep_their_own_sta
     assert cpu.tables.tables and not other.tables.tables
     assert rope_b.tables is other.tables
     assert CpuBackend(Switches()).model(target) is target  # nothing switched on (a GPU)
+
+
+ON_A_GPU = """
+import sys
+import mlx.core as mx
+from edgespec.config import GenerationConfig, SpecConfig
+from edgespec.runtime import Engine  # (mlx-lm makes its streams on the real device, at import)
+
+# What mx.default_device() answers on Metal or CUDA; MLX itself goes on computing on the CPU.
+mx.default_device = lambda: mx.Device(mx.DeviceType.gpu, 0)
+engine = Engine.load(target=sys.argv[1], draft=sys.argv[2])
+for spec in (SpecConfig(method="none"), SpecConfig(k=3, method="draft", adaptive=False)):
+    list(engine.generate([1, 5, 9, 2, 7], GenerationConfig(max_tokens=6, spec=spec)))
+print(type(engine.backend).__name__, engine._target.model is engine.target.model)
+print(" ".join(sorted(m for m in sys.modules if m.startswith("edgespec.cpu"))) or "none")
+"""
+
+
+def test_a_gpu_process_imports_no_cpu_module(tiny_pair):
+    """The backend is chosen by the device: where MLX's default device is a GPU (faked here:
+    the machine has none) the Engine runs the models as they are and no edgespec.cpu module is
+    imported, loading and decoding alike."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out = subprocess.run(
+        [sys.executable, "-c", ON_A_GPU, str(tiny_pair[0]), str(tiny_pair[1])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["Backend True", "none"]

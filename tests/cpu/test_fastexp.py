@@ -1,7 +1,7 @@
 """The CPU's fast exp and softmax (edgespec/fastexp.py): accurate to float32 rounding against
 float64, exact zeros where e^x leaves float32's normal range (masked -inf entries included),
 handed to warp by the Engine on the CPU (its CpuBackend's softmax) and switched off by
-EDGESPEC_FAST_EXP=0."""
+EDGESPEC_CPU_OPT=-fast_exp."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.cpu import fastexp
-from edgespec.cpu.backend import CpuBackend
+from edgespec.cpu.backend import CpuBackend, Switches
 from edgespec.sampling import warp
 
 pytestmark = pytest.mark.skipif(not fastexp.compiler_works(), reason="MLX cannot compile here")
@@ -64,8 +64,8 @@ def test_warp_uses_it_on_the_cpu_and_the_switch_turns_it_off(monkeypatch, engine
     mx.random.seed(3)
     logits = mx.random.normal((2, 1000)) * 4
     cfg = SamplingConfig(temperature=0.7)
-    assert fastexp.enabled()  # the CPU backend, a compiler (else the module is skipped)
-    softmax = engine.cpu.softmax
+    assert Switches.from_environment().fast_exp  # the CPU, a compiler (else skipped)
+    softmax = engine.backend.softmax
     assert softmax is not None
     # The Engine hands it to its states, whose logits warp turns into p and q.
     assert engine._target.softmax is softmax and engine._draft.softmax is softmax
@@ -74,12 +74,12 @@ def test_warp_uses_it_on_the_cpu_and_the_switch_turns_it_off(monkeypatch, engine
     # and the temperature scales the row inside the compiled function.
     assert mx.array_equal(fast, softmax(logits, 1 / 0.7)).item()
     assert mx.allclose(fast, softmax(logits / 0.7), rtol=1e-5, atol=1e-12).item()
-    monkeypatch.setenv("EDGESPEC_FAST_EXP", "0")
-    assert not fastexp.enabled() and CpuBackend().softmax is None
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-fast_exp")
+    assert not Switches.from_environment().fast_exp and CpuBackend().softmax is None
     slow = warp(logits, cfg, CpuBackend().softmax)
     assert mx.array_equal(slow, mx.softmax(logits / 0.7, axis=-1)).item()
     # warp itself never picks a softmax: without one it is MLX's, switch or not
-    monkeypatch.delenv("EDGESPEC_FAST_EXP")
+    monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
     assert mx.array_equal(warp(logits, cfg), slow).item()
     assert not mx.array_equal(fast, slow).item()  # MLX's exp differs in the last digits
     assert mx.allclose(fast, slow, rtol=1e-5, atol=1e-9).item()
@@ -87,7 +87,7 @@ def test_warp_uses_it_on_the_cpu_and_the_switch_turns_it_off(monkeypatch, engine
 
 def test_sampled_decoding_warps_with_the_states_softmax_and_configs_hold_values(engine):
     calls = []
-    real = engine.cpu.softmax
+    real = engine.backend.softmax
 
     def spy(z: mx.array, scale: float) -> mx.array:
         calls.append(z.shape)

@@ -128,7 +128,7 @@ def test_gccs_own_shuffle_gives_the_same_bits(kernel, tmp_path):
     if gcc is None:
         pytest.skip("needs GCC")
     out = tmp_path / "old.so"
-    cmd = [gcc, *fused.flags(), "-DEDGESPEC_GCC_SHUFFLE", "-o", str(out), str(fused.SOURCE)]
+    cmd = [gcc, *fused.flags(), "-DATTEND_GCC_SHUFFLE", "-o", str(out), str(fused.SOURCE)]
     subprocess.run(cmd, check=True, capture_output=True)
     old = fused.load(out)
     q, k, v = _qkv(9, 3, 64, 5, 1500, seed=11, room=20)
@@ -175,8 +175,8 @@ def test_the_switch_turns_it_off(monkeypatch):
     from edgespec.cpu.backend import Switches
 
     assert Switches.from_environment().fused_attention  # the tests run on the CPU backend
-    monkeypatch.setenv("EDGESPEC_FUSED_ATTENTION", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-fused_attention")
     assert not Switches.from_environment().fused_attention
-    monkeypatch.delenv("EDGESPEC_FUSED_ATTENTION")
-    monkeypatch.setenv("EDGESPEC_NUMPY_SOFTMAX", "0")  # it takes the NumPy softmax's rows
+    monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-numpy_softmax")  # it takes the NumPy softmax's rows
     assert not Switches.from_environment().fused_attention

@@ -1,6 +1,6 @@
 """Lean Linear / RMSNorm (edgespec/leanops.py): the same bits as MLX's layers, fewer graph
 operations, standing only for exact nn.Linear / nn.RMSNorm in a CPU backend's twin (the model
-keeps its layers), safe when weights change or are differentiated, off with EDGESPEC_LEAN_OPS=0."""
+keeps its layers), safe when weights change or are differentiated, off with EDGESPEC_CPU_OPT=-lean_ops."""
 
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ from mlx.utils import tree_flatten
 from edgespec.cache import KVState
 from edgespec.cpu.backend import CpuBackend
 from edgespec.cpu.leanops import LeanLinear, LeanRMSNorm
-from edgespec.cpu.rowpad import RowPadLinear
 from tests.helpers import engine_state, same_bits
 
 
 @pytest.fixture(autouse=True)
 def lean_on(monkeypatch):
-    monkeypatch.delenv("EDGESPEC_LEAN_OPS", raising=False)
+    monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
 
 
 def lean(module: nn.Module) -> nn.Module:
@@ -90,12 +89,16 @@ def test_gradients_flow_to_the_weights_as_through_mlx_layers():
             assert k1 == k2 and mx.allclose(g1, g2, atol=1e-6).item(), k1
 
 
+class OtherLinear(nn.Linear):  # someone else's subclass: not ours to change
+    pass
+
+
 def test_the_twin_changes_only_exact_layers_and_keeps_the_tree(monkeypatch):
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
             self.proj = nn.Linear(8, 8, bias=False)
-            self.padded = RowPadLinear(8, 8)  # someone else's subclass: not ours to change
+            self.padded = OtherLinear(8, 8)
             self.norm = nn.RMSNorm(8)
             self.layer_norm = nn.LayerNorm(8)
             self.quantized = nn.QuantizedLinear(64, 64)
@@ -104,7 +107,7 @@ def test_the_twin_changes_only_exact_layers_and_keeps_the_tree(monkeypatch):
     before = [(k, v.shape) for k, v in tree_flatten(model.parameters())]
     twin = backend.model(model)
     assert type(twin.proj) is LeanLinear and type(twin.norm) is LeanRMSNorm
-    assert type(twin.padded) is RowPadLinear and type(twin.layer_norm) is nn.LayerNorm
+    assert type(twin.padded) is OtherLinear and type(twin.layer_norm) is nn.LayerNorm
     assert type(twin.quantized) is nn.QuantizedLinear
     assert type(model.proj) is nn.Linear and type(model.norm) is nn.RMSNorm  # left as it was
     assert twin.proj.weight is model.proj.weight  # the same arrays, nothing copied
@@ -112,7 +115,7 @@ def test_the_twin_changes_only_exact_layers_and_keeps_the_tree(monkeypatch):
     Block().update(twin.parameters())  # weights move both ways between lean and plain trees
     twin.update(Block().parameters())
     assert backend.model(model) is twin  # one twin per model
-    monkeypatch.setenv("EDGESPEC_LEAN_OPS", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-lean_ops")
     assert type(CpuBackend().model(Block()).proj) is nn.Linear
 
 
@@ -140,8 +143,8 @@ def test_a_real_forward_keeps_its_logits_and_builds_fewer_operations(
 ):
     from mlx_lm import load
 
-    monkeypatch.setenv("EDGESPEC_COMPILED_BLOCKS", "0")  # the lean layers alone (test_blocks.py)
-    monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")  # the prompt as mlx-lm attends to it
+    # the lean layers alone (test_blocks.py), the prompt as mlx-lm attends to it
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-compiled_blocks,-grouped_attention")
     target = SimpleNamespace(model=load(str(tiny_pair[0]))[0])
     lean_state = engine_state(target.model, "target")  # the Engine's twin: the lean layers (CPU)
     kinds = {type(m) for _, m in lean_state.model.named_modules()}

@@ -89,12 +89,9 @@ def test_a_chain_shaped_tree_mask_is_the_causal_forward(monkeypatch):
     """masked_attention (draft trees) splits its rows at FROM_KEYS as a causal forward does."""
     monkeypatch.setattr(attention, "FROM_KEYS", 100)
 
-    class Marked:
-        pass
+    from mlx_lm.models.cache import KVCache
 
-    cache = Marked()
-    setattr(cache, attention.FLAG, True)
-    setattr(cache, attention.ROWS_FLAG, True)
+    cache = KVCache()  # an EdgeSpec state's full-attention layer
     q, k, v = _qkv(6, 102, seed=5)
     allowed = mx.arange(102)[None, :] <= mx.arange(96, 102)[:, None]
     tree = attention.masked_attention(q, k, v, 0.25, allowed, cache, rows=attention.numpy_softmax)
@@ -114,22 +111,24 @@ def test_numpy_from_counts_the_keys_each_row_sees(monkeypatch):
 def test_the_switch_turns_it_off(monkeypatch):
     from edgespec.cpu.backend import Switches
 
-    monkeypatch.setenv("EDGESPEC_NUMPY_SOFTMAX", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-numpy_softmax")
     assert not Switches.from_environment().numpy_softmax
-    monkeypatch.delenv("EDGESPEC_NUMPY_SOFTMAX")
+    monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
     assert Switches.from_environment().numpy_softmax  # the tests run on the CPU backend
-    monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")  # it rides on the grouped path
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-grouped_attention")  # it rides on the grouped path
     assert not Switches.from_environment().numpy_softmax
 
 
-def test_only_plain_kv_layers_take_numpy_rows():
-    """A window layer attends under its own masks (an array for a verify, none for a one-token
-    step), so NumPy's softmax would reach its steps and not its verifies: it keeps MLX's."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
+def test_only_plain_kv_layers_and_draft_bounds_take_numpy_rows():
+    """A model's window layer attends under its own masks (an array for a verify, none for a
+    one-token step), so NumPy's softmax would reach its steps and not its verifies: it keeps
+    MLX's. A draft's attention bound, made of a full layer, keeps that layer's rows."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 
     from edgespec.rewind import WindowKVCache
 
-    layers = [KVCache(), RotatingKVCache(max_size=2048), WindowKVCache(2048)]
-    attention.mark(layers)
-    assert [getattr(c, attention.FLAG, False) for c in layers] == [True, True, True]
-    assert [getattr(c, attention.ROWS_FLAG, False) for c in layers] == [True, False, False]
+    full = KVCache()
+    layers = [full, RotatingKVCache(max_size=2048), WindowKVCache(2048)]
+    layers += [WindowKVCache.of(full, 2048), QuantizedKVCache()]
+    assert [attention.groupable(c) for c in layers] == [True, False, True, True, False]
+    assert [attention.numpy_rows(c) for c in layers] == [True, False, False, True, False]

@@ -1,6 +1,6 @@
 """Rotary embeddings from tables (edgespec/rope.py): the same bits as mx.fast.rope, standing for
 nn.RoPE in a CPU backend's twin only where it applies (the model keeps its own), off with
-EDGESPEC_TABLE_ROPE=0."""
+EDGESPEC_CPU_OPT=-table_rope."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ OFFSETS = [0, 1, 2, 7, 31, 255, 256, 1000, 4093, 4095, 4096, 5000, 9000]
 
 @pytest.fixture(autouse=True)
 def tables_on(monkeypatch):
-    monkeypatch.delenv("EDGESPEC_TABLE_ROPE", raising=False)
+    monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_the_twin_replaces_only_plain_non_traditional_ropes_and_no_parameters(mo
     # the same tree shape: parameters move between twin and model both ways
     Attention(False).update(twin.layers[0].parameters())
     twin.layers[0].update(Attention(False).parameters())
-    monkeypatch.setenv("EDGESPEC_TABLE_ROPE", "0")
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-table_rope")
     assert type(CpuBackend().model(Model()).layers[0].rope) is nn.RoPE
 
 
@@ -88,7 +88,7 @@ def test_other_inputs_take_mlx_own_path():
 
 
 def test_a_real_forward_has_the_same_logits_with_tables(tiny_models, monkeypatch):
-    monkeypatch.setenv("EDGESPEC_GROUPED_ATTENTION", "0")  # the verify as mlx-lm attends
+    monkeypatch.setenv("EDGESPEC_CPU_OPT", "-grouped_attention")  # the verify as mlx-lm attends
     target = tiny_models[0]
     tabled = engine_state(target.model, "target")  # the Engine's twin: the tables (CPU)
     assert any(isinstance(m.get("rope"), TableRoPE) for _, m in tabled.model.named_modules())

@@ -102,9 +102,10 @@ def toks(prop: Proposal) -> list[int]:
 
 
 class RoundByRound(Drafter):
-    """Wraps a drafter so that its K = 0 rounds go through speculate's round path one at a time:
-    with `propose_free` (FreeLookups; always empty here) the loop asks it instead of starting a
-    pipelined plain run (loop.plain_run). The reference the pipelined runs must equal."""
+    """Wraps a drafter so that its K = 0 rounds run one at a time: with `propose_free`
+    (FreeLookups; always empty here) a K = 0 round looks up from the whole context, so the loop
+    queues nothing behind the plain step before it (loop.Chains.behind). The reference the
+    pipelined runs must equal."""
 
     def __init__(self, inner: Drafter):
         self.inner = inner
@@ -137,7 +138,7 @@ class NeverDrafter(Drafter):
 
 class BehindOnce(Drafter):
     """A lookup-like drafter whose fresh lookups always miss, so the loop runs plain steps
-    pipelined (loop.plain_run), and which proposes `drafts` one token behind once: while the
+    pipelined (edgespec/loop.py), and which proposes `drafts` one token behind once: while the
     token after `at` committed tokens is being computed. The run's next step then verifies them,
     queued with that token still unknown. Every other lookup one behind misses (an empty
     proposal: the pipelined run goes on)."""
@@ -168,8 +169,7 @@ def same_bits(a: mx.array, b: mx.array) -> bool:
 
 def engine_state(model: Any, name: str = "model") -> KVState:
     """A KVState built as the Engine builds one: a CPU backend's twin of `model` with the rewrites
-    that are switched on (`model` itself is left as it is) and a cache marked for grouped
-    attention."""
+    that are switched on (`model` itself is left as it is) and the backend's cache."""
     cpu = CpuBackend()
     return KVState(cpu.model(model), name, cpu.new_cache)
 

@@ -11,17 +11,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_edgespec(
-    *args: str, timeout: float = 300, path_first: Path | None = None
+    *args: str,
+    timeout: float = 300,
+    path_first: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """`python -m edgespec ARGS` from the repo root, offline from the Hugging Face Hub;
-    `path_first` comes before the repo on the import path (see `mlx_lm_stopper`)."""
+    `path_first` comes before the repo on the import path (see `mlx_lm_stopper`); `env` adds
+    variables."""
     path = [str(path_first)] if path_first is not None else []
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([*path, str(ROOT)]))
+    environ = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([*path, str(ROOT)]))
     return subprocess.run(
         [sys.executable, "-m", "edgespec", *args],
         capture_output=True,
         text=True,
-        env=env,
+        env=environ | (env or {}),
         cwd=ROOT,
         timeout=timeout,
     )

@@ -113,6 +113,8 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path, self.headers.get("Range")))
             parts = path.strip("/").split("/")
+            if parts == [""]:  # the front page: what EdgeSpec asks to see whether the Hub answers
+                return self._json({})
             if parts[:2] == ["api", "models"] and len(parts) >= 6:
                 repo, kind, rev = "/".join(parts[2:4]), parts[4], parts[5]
                 if kind == "revision":
@@ -132,7 +134,8 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":  # an answer to HEAD has no body
+                self.wfile.write(body)
 
         def _json(self, value: object) -> None:
             body = json.dumps(value).encode()
@@ -140,7 +143,8 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
         def _files(self, repo: str, rev: str) -> tuple[str, dict[str, bytes]] | None:
             entry = hub.repos.get(repo)

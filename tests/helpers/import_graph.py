@@ -4,7 +4,7 @@ cycle from a linter, not from the interpreter). Modules carry their installed na
 models/ install as edgespec.tui and edgespec.models (pyproject's package-dir).
 
     graph = import_graph(module_files())
-    graph["edgespec.cli"]            # {"edgespec.cpu.blas", "edgespec.errors", ...}
+    graph["edgespec.cli"]            # {"edgespec.blas", "edgespec.errors", ...}
     find_cycle(graph)                # None, or ["a", "b", "a"]
     reachable(graph, {"edgespec.cli"})
 """

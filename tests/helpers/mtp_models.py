@@ -32,7 +32,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.architectures.mtp import MtpModel, feed_layers, text_config
 from edgespec.architectures.nextn import FAMILIES, NextnModel, build_head, layer_prefix
-from edgespec.cache import target_features
+from edgespec.taps import target_features
 from tests.helpers.tiny import make_tokenizer
 from tests.helpers.tiny_arch import (
     EOS,
@@ -236,20 +236,29 @@ def greedy_answer(model: nn.Module, prompt: list[int], length: int) -> list[int]
     return ids
 
 
-def train_mtp(model: nn.Module, mtp: MtpModel, seqs: list[list[int]], steps: int) -> float:
+def train_mtp(
+    model: nn.Module, mtp: MtpModel, seqs: list[list[int]], steps: int, depth: int = 1
+) -> float:
     """Fit the MTP layer to the target's next-next distributions: at position i it reads
-    (h_i, x_{i+1}) and should give p(. | x_0..x_{i+1}). Returns the last loss."""
+    (h_i, x_{i+1}) and should give p(. | x_0..x_{i+1}); with `depth` 2 also the chained step,
+    which reads its own output at i (what `mtp(...)` returns: the state it recycles) beside
+    x_{i+2} and should give p(. | x_0..x_{i+2}). Returns the last loss."""
     batch = []
     for ids in seqs:
         feats, logits = target_features(model, mx.array(ids), None, mtp.feature_layers)
-        batch.append((feats[None, :-2], mx.array(ids[1:-1])[None], mx.softmax(logits[1:-1])))
+        p = mx.softmax(logits)
+        batch.append((feats[None, :-2], mx.array(ids)[None], p[1:-1], p[2:-1]))
     mx.eval(batch)
 
     def loss_fn(m: MtpModel) -> mx.array:
         total = mx.array(0.0)
-        for feats, toks, p in batch:
-            logq = nn.log_softmax(m.head_logits(m(feats, toks))[0], axis=-1)
-            total = total - (p * logq).sum(-1).mean()
+        for feats, ids, p1, p2 in batch:
+            out = m(feats, ids[:, 1:-1])
+            logq = nn.log_softmax(m.head_logits(out)[0], axis=-1)
+            total = total - (p1 * logq).sum(-1).mean()
+            if depth > 1:  # the chained step, teacher-forced on the true tokens
+                chained = m.head_logits(m(out[:, :-1], ids[:, 2:-1]))[0]
+                total = total - (p2 * nn.log_softmax(chained, axis=-1)).sum(-1).mean()
         return total / len(batch)
 
     opt = optim.Adam(learning_rate=3e-3)
@@ -272,6 +281,16 @@ def spread_final_norm(model: nn.Module, spread: float, seed: int) -> None:
     mx.eval(model.parameters())
 
 
+def spread_head_norm(mtp: nn.Module, seed: int, spread: float = 1.0) -> None:
+    """A next-n head's output norm (`shared_head.norm`) with seeded per-channel weights
+    exp(spread * N(0, 1)), frozen: training leaves them as they are."""
+    norm = mtp.shared_head.norm
+    rng = np.random.default_rng(seed)
+    w = np.exp(spread * rng.standard_normal(norm.weight.shape)).astype(np.float32)
+    norm.weight = mx.array(w)
+    norm.freeze()
+
+
 def make_checkpoint(
     root: Path,
     prompts: list[str],
@@ -285,6 +304,7 @@ def make_checkpoint(
     feed: str | None = None,
     norm_spread: float = 0.0,
     seed: int = 0,
+    recycle: str | None = None,
 ) -> Path:
     """Write `root/checkpoint` (original layout, MTP kept) of the tiny `family` model whose MTP
     layer learnt the target's greedy answers (`length` tokens) to `prompts`: raw text, or with
@@ -293,7 +313,10 @@ def make_checkpoint(
     `context`: checkpoint_config's (Qwen3.5 / Qwen3-Next only). `feed`: the
     hidden state the head is trained on (None: its family's); `norm_spread` > 0: the target's
     final norm gets per-channel weights (spread_final_norm); `seed`: the target's weights (the
-    head's: seed + 1)."""
+    head's: seed + 1). `recycle` (a next-n family's "raw" or "normed", nextn.RECYCLES): the
+    head's output norm gets fixed per-channel weights (as a trained head's has; all ones make
+    the two states differ by a scale that `hnorm` removes) and the head learns two steps deep,
+    chaining that state."""
     from mlx_lm.utils import load_tokenizer
 
     tok_dir = root / "tokenizer"
@@ -311,6 +334,9 @@ def make_checkpoint(
     seed_weights(mtp, seed + 1)
     if feed is not None:
         mtp.feed, mtp.feature_layers = feed, feed_layers(feed, LAYERS)
+    if recycle is not None:
+        mtp.recycle = recycle
+        spread_head_norm(mtp, seed + 2)
     mtp.attach(model)
     turns = [[{"role": "user", "content": p}] for p in prompts]
     encoded = (
@@ -319,7 +345,7 @@ def make_checkpoint(
         else [tokenizer.encode(p) for p in prompts]
     )
     answers = [greedy_answer(model, ids, length) for ids in encoded]
-    train_mtp(model, mtp, answers, steps)
+    train_mtp(model, mtp, answers, steps, depth=2 if recycle is not None else 1)
     path = root / "checkpoint"
     path.mkdir(parents=True)
     if not isinstance(mtp, NextnModel):

@@ -201,7 +201,7 @@ class _Run:
         return _Proposal(found, None, "ngram", n)
 
     def propose(self, plan: int, draft_key: mx.array) -> _Proposal | None:
-        """A round's proposal for K = plan (rounds.Chains.draft); None: plain steps."""
+        """A round's proposal for K = plan (loop.Chains.draft); None: plain steps."""
         hybrid = self.spec.method == "hybrid"
         if plan <= PLAIN_ONLY or (plan == 0 and not hybrid):
             return None
@@ -213,7 +213,7 @@ class _Run:
         return prop if prop.tokens else None
 
     def behind(self, plan: int) -> _Proposal | None:
-        """What a plain run queues behind the step computing (loop._ahead): a lookup one token
+        """What a plain run queues behind the step computing (loop.Chains.behind): a lookup one token
         behind while K <= 0 (hybrid), a plain step, or None (the run ends)."""
         if plan <= PLAIN_ONLY or (plan <= 0 and self.spec.method != "hybrid"):
             return _Proposal([], None, "draft")
@@ -251,7 +251,7 @@ class _Run:
         self.ctx += new
 
     def plain_run(self) -> int | None:
-        """Plain steps, each decided before the previous one is read back (loop.plain_run);
+        """Plain steps, each decided before the previous one is read back (edgespec/loop.py);
         returns the plan decided for the round after the run, if any."""
         self.key, _, verify_key = round_keys(self.key)
         queued = (_Proposal([], None, "draft"), verify_key)

@@ -21,6 +21,15 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# A reasoning model's template (Qwen3's shape): thinking unless enable_thinking is false, which
+# opens and closes an empty reasoning part itself.
+THINKING_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+THINK_TOKENS = ["<think>", "</think>"]  # plain added tokens (not special), as Qwen3's
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _WORDS = (
     "the a of to and in is it that for on with as was at by this be from or are an have not "
@@ -35,9 +44,12 @@ def _corpus(seed: int) -> list[str]:
     return [" ".join(rng.choice(_WORDS, size=12)) + "." for _ in range(400)]
 
 
-def make_tokenizer(path: Path, vocab_size: int = 384, seed: int = 0) -> int:
-    """Train a byte-level BPE on a seeded word soup; write tokenizer.json + config. Returns vocab size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def make_tokenizer(
+    path: Path, vocab_size: int = 384, seed: int = 0, *, thinking: bool = False
+) -> int:
+    """Train a byte-level BPE on a seeded word soup; write tokenizer.json + config. Returns vocab
+    size. `thinking`: a reasoning model's tokenizer (THINK_TOKENS, THINKING_TEMPLATE)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -49,11 +61,13 @@ def make_tokenizer(path: Path, vocab_size: int = 384, seed: int = 0) -> int:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    if thinking:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": THINKING_TEMPLATE if thinking else CHAT_TEMPLATE,
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
@@ -137,6 +151,7 @@ def make_tiny_pair(
     noise: float = 0.0,
     context: int = 512,
     hidden: int = 64,
+    thinking: bool = False,
 ) -> tuple[Path, Path]:
     """Write `root/target` and `root/draft`; return their paths.
 
@@ -146,11 +161,12 @@ def make_tiny_pair(
     `context`: both models' max_position_embeddings (the engine's context window); past the
     default 512 RoPE's base grows with it (as long-context checkpoints scale theirs), so
     positions stay apart. `hidden`: the models' width (4 heads; 128
-    makes heads of 32, the narrowest a quantized KV cache takes).
+    makes heads of 32, the narrowest a quantized KV cache takes). `thinking`: the tokenizer
+    and chat template of a reasoning model (make_tokenizer).
     """
     root = Path(root)
     tok_dir = root / "tokenizer"
-    vocab = make_tokenizer(tok_dir, seed=seed)
+    vocab = make_tokenizer(tok_dir, seed=seed, thinking=thinking)
     theta = 1e4 * max(1.0, context / 512) ** 2
     tcfg = llama_config(vocab, target_layers, hidden, context=context, rope_theta=theta)
     tw = random_llama_weights(tcfg, seed)

@@ -23,16 +23,26 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
 from edgespec.architectures.gemma4_assistant import Gemma4Assistant, assistant_args
-from edgespec.cache import TOP, target_features, text_model
 from edgespec.loading.load import load_model
+from edgespec.taps import TOP, target_features, text_model
 from tests.helpers.arch_models import PROMPT
 from tests.helpers.mtp_models import greedy_answer
 from tests.helpers.tiny_arch import EOS, TARGET_LAYERS, make_family, seed_weights
 
 HIDDEN = 32  # the assistant's own width (the target's is 64: backbone_hidden_size)
+
+
+def training_masks(model: Gemma4Assistant, length: int) -> dict[str, Any]:
+    """Masks for `length` queries at positions 0.. over as many keys, each query seeing what a
+    draft step at its position sees: all keys up to it (full), the last window (sliding)."""
+    return {
+        "full_attention": "causal",
+        "sliding_attention": create_causal_mask(length, 0, window_size=model.window),
+    }
 
 
 def assistant_config(target: dict[str, Any], ordered: bool = False) -> dict[str, Any]:
@@ -113,7 +123,7 @@ def train(model: Gemma4Assistant, target: nn.Module, ids: list[int], steps: int)
     p1, p2 = mx.softmax(logits[1 : n + 1]), mx.softmax(logits[2 : n + 2])
     kv = {k: (keys[..., :n, :], values[..., :n, :]) for k, (keys, values) in kv.items()}
     e1, e2 = (model.embed(mx.array(ids[a : a + n])[None]) for a in (1, 2))
-    masks = model.training_masks(n)
+    masks = training_masks(model, n)
     mx.eval(feats, p1, p2, kv, e1, e2)
     model.freeze(keys=["token_ordering"], strict=False)  # an index, never trained
 

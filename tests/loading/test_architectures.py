@@ -14,18 +14,22 @@ recurrent state not restored, a window cache that forgets what a rewind needs) a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import make_prompt_cache
 
+from edgespec import blas
+from edgespec.backend import Backend, on_cpu
 from edgespec.cache import KVState
 from edgespec.config import SpecConfig
-from edgespec.cpu import attention, blas, blocks
-from edgespec.cpu.backend import CpuBackend, on_cpu
+from edgespec.cpu import attention, blocks, heads
+from edgespec.cpu.backend import CpuBackend, twin
 from edgespec.cpu.leanops import LeanLinear, LeanRMSNorm
 from edgespec.cpu.rope import TableRoPE
 from edgespec.errors import TreeUnsupportedError
@@ -143,36 +147,40 @@ def _logits(state: KVState, prefix: list[int], lengths: list[int]) -> list[mx.ar
 
 # Which rewrites take each family: rotary tables replace plain nn.RoPE only (Llama 3's, longrope
 # and yarn keep theirs), compiled blocks take exact llama blocks only, grouped attention takes
-# multi-token forwards whose mask is None or causal (sliding-window masks are arrays past the
-# window, attention sinks never).
+# the families whose attention the twin writes out (edgespec/cpu/heads.py), for multi-token
+# forwards whose mask is None or causal.
 TABLE_ROPE = {"llama": 0, "phi3": 0, "ministral3": 0, "qwen3_next": 2, "qwen3_5": 2}
 TABLE_ROPE["gemma4_text"] = 2  # its sliding layers: global ones keep their proportional rope
 COMPILED = {"llama": 4}
-NOT_GROUPED = ("gpt_oss",)
+GROUPED = tuple(f for f in ALL if f != "gpt_oss")  # gpt-oss: attention sinks, MLX's kernel
 
 
 @pytest.mark.parametrize("family", ALL)
 def test_cpu_rewrites_keep_the_logits_bit_for_bit_or_step_aside(families, family, monkeypatch):
     """The model with the rotary tables, lean Linear / RMSNorm and compiled blocks against
     mlx-lm's own over a prompt, decode steps and verifies reaching past the sliding windows: the
-    same bits. Grouped attention (marked caches) computes the same values (it keeps a verify's
-    rows bit-exact only under a row-exact BLAS: test_verify_rows_carry_the_bits_of_steps)."""
+    same bits. Grouped attention computes the same values (it keeps a verify's rows bit-exact
+    only under a row-exact BLAS: test_verify_rows_carry_the_bits_of_steps)."""
     monkeypatch.delenv("EDGESPEC_CPU_OPT", raising=False)
     if not on_cpu():
         pytest.skip("the rewrites run on the CPU backend only")
     path = families.paths(family)[0]
     slow, cpu = load_model(str(path)).model, CpuBackend()
     fast = cpu.model(slow)  # the twin: mlx-lm's model itself is left as it is
+    ungrouped = dataclasses.replace(
+        cpu.switches, grouped_attention=False, numpy_softmax=False, fused_attention=False
+    )
+    exact = CpuBackend(ungrouped).model(slow)  # the same rewrites, mlx-lm's attention
     kinds = [type(m) for _, m in fast.named_modules()]
     assert kinds.count(TableRoPE) == TABLE_ROPE.get(family, 4)
     assert LeanLinear in kinds or LeanRMSNorm in kinds
-    if blocks.enabled():
+    if cpu.switches.compiled_blocks:
         assert kinds.count(blocks.CompiledBlock) == COMPILED.get(family, 0)
     assert not {TableRoPE, LeanLinear, LeanRMSNorm} & {type(m) for _, m in slow.named_modules()}
     lengths = [1, 2, 1, 3, 5, 1, 2, 8, 1, 4, 1, 1, 6, 1, 3]
     prefix = [(5 * i + 1) % 300 + 4 for i in range(20)]
     want = _logits(KVState(slow, "mlx-lm", make_prompt_cache), prefix, lengths)
-    got = _logits(KVState(fast, "rewritten", make_prompt_cache), prefix, lengths)
+    got = _logits(KVState(exact, "rewritten", make_prompt_cache), prefix, lengths)
     assert all(mx.array_equal(x, y).item() for x, y in zip(got, want, strict=True))
     grouped = []
     real = attention.grouped_attention
@@ -182,15 +190,44 @@ def test_cpu_rewrites_keep_the_logits_bit_for_bit_or_step_aside(families, family
     marked = _logits(KVState(fast, "grouped", cpu.new_cache), prefix, lengths)
     for x, y in zip(marked, want, strict=True):
         assert mx.allclose(x, y, rtol=1e-4, atol=1e-4).item()
-    if attention.enabled():
-        assert bool(grouped) == (family not in NOT_GROUPED)
+    if cpu.switches.grouped_attention:
+        assert bool(grouped) == (family in GROUPED)
+
+
+@pytest.mark.parametrize("family", GROUPED)
+def test_the_twins_attention_written_out_gives_mlx_lms_bits(families, family):
+    """Each family's twin attention (edgespec/cpu/heads.py) projects, normalises, rotates and
+    updates the cache as mlx-lm's module does: with mlx-lm's own attention function as its
+    `attend`, the twin's logits over a prompt, decode steps and verifies reaching past the
+    sliding windows are mlx-lm's bit for bit, on the caches an EdgeSpec state holds, and every
+    forward went through `attend`."""
+    slow = load_model(str(families.paths(family)[0])).model
+    made: dict[type, type | None] = {}
+    fast = twin(slow, lambda key, module: heads.twin_class(module, made), {})
+    calls = []
+
+    def attend(*args, **kwargs):
+        calls.append(args[0].shape[2])
+        return scaled_dot_product_attention(*args, **kwargs)
+
+    twinned = [m for _, m in fast.named_modules() if isinstance(m, heads.GroupedAttention)]
+    assert twinned
+    for module in twinned:
+        module.attend = attend
+    lengths = [1, 2, 1, 3, 5, 1, 2, 8, 1, 4, 1, 1, 6, 1, 3]
+    prefix = [(5 * i + 1) % 300 + 4 for i in range(20)]
+    caches = Backend().new_cache  # mlx-lm's caches, window layers made rewindable
+    want = _logits(KVState(slow, "mlx-lm", caches), prefix, lengths)
+    got = _logits(KVState(fast, "twin", caches), prefix, lengths)
+    assert all(mx.array_equal(x, y).item() for x, y in zip(got, want, strict=True))
+    assert 2 in calls and 8 in calls  # verifies took the twin's attention
 
 
 ROWS = """
 import sys
 import mlx.core as mx
 from edgespec.cache import KVState
-from edgespec.cpu import blas
+from edgespec import blas
 from edgespec.cpu.backend import CpuBackend
 from edgespec.loading.load import load_model
 assert blas.rows_exact(), blas.active()
@@ -213,7 +250,7 @@ def test_verify_rows_carry_the_bits_of_steps_under_a_row_exact_blas(families):
     BLAS (the reference one here) a verify's rows are bit-identical to one-token steps, past the
     sliding windows and through the gated delta-nets too, with every CPU rewrite on."""
     paths = [str(families.paths(f)[0]) for f in ALL]
-    drop = (blas._MARK, blas.ACTIVE, "LD_PRELOAD")
+    drop = (blas.ACTIVE, "LD_PRELOAD")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["EDGESPEC_BLAS"] = "system"  # the reference BLAS
     out = subprocess.run(

@@ -9,11 +9,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
+from edgespec.architectures import architecture_of
 from edgespec.architectures.block import (
     MODEL_TYPE,
     BlockArgs,
     BlockModel,
-    is_block,
     load_block,
 )
 from edgespec.loading.load import load_model
@@ -41,10 +41,10 @@ def test_config_formats_round_trip(pair):
     args = BlockArgs.from_config(zlab)
     assert args.target_layer_ids == (0, 2) and args.mask_token_id == 5 and args.block_size == 4
     assert args.num_target_layers == 4 and args.qk_norm
-    assert is_block(zlab) and is_block(args.to_config())
+    assert architecture_of(zlab) == "block" and architecture_of(args.to_config()) == "block"
     assert args.to_config()["model_type"] == MODEL_TYPE
     assert BlockArgs.from_config(args.to_config()) == args
-    assert not is_block({"model_type": "qwen3"})
+    assert architecture_of({"model_type": "qwen3"}) != "block"
 
 
 def test_cached_context_gives_the_same_block(pair):

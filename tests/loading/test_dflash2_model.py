@@ -11,8 +11,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from edgespec.architectures.block import is_block
-from edgespec.architectures.dflash2 import DFlash2Args, grouped_conv, is_dflash2, load_dflash2
+from edgespec.architectures import architecture_of
+from edgespec.architectures.dflash2 import DFlash2Args, grouped_conv, load_dflash2
 from edgespec.errors import ModelLoadError
 from edgespec.loading.folder import cast_floats
 from edgespec.loading.load import load_model, load_pair
@@ -41,7 +41,7 @@ def test_published_configs_read_as_published():
     qwen = DFlash2Args.from_config({**PUBLISHED, "dflash_config": QWEN38_DRAFT})
     assert qwen.block_size == 8 and qwen.mask_token_id == 248070
     assert qwen.output_multiplier == 1.0 and qwen.final_logit_softcapping == 0.0
-    assert is_dflash2(PUBLISHED) and not is_block(PUBLISHED)
+    assert architecture_of(PUBLISHED) == "dflash2" and architecture_of(PUBLISHED) != "block"
 
 
 def test_the_tiny_checkpoint_has_the_published_key_set(target, tmp_path):

@@ -18,12 +18,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from edgespec.cache import TOP, target_features
 from edgespec.config import SpecConfig
 from edgespec.errors import ConfigError
 from edgespec.loading.load import load_pair
 from edgespec.rewind import Rewinder, WindowKVCache
 from edgespec.runtime import Engine
+from edgespec.taps import TOP, target_features
 from tests.helpers.arch_models import PROMPT, Families, first_difference, generate, sampled_p_value
 from tests.helpers.cli import run_edgespec
 from tests.helpers.stats import assert_follows
@@ -125,7 +125,7 @@ def test_a_next_request_sharing_a_prefix_reuses_the_caches_exactly(families):
 
 @pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
 def test_a_forward_with_features_gives_the_models_own_logits(families, family):
-    """What a feature draft's verify reads (cache.target_features): the logits of model(ids),
+    """What a feature draft's verify reads (taps.target_features): the logits of model(ids),
     soft-capped, through the multimodal config too (once: no soft-capping, and an AttributeError
     on gemma4), and the hidden states of the layers asked for (here layer 1 and the top)."""
     model = families.pair(family)[0].model

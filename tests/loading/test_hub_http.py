@@ -27,7 +27,10 @@ from tests.helpers.tiny_arch import make_family
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET, DRAFT = "mlx-community/Qwen3-4B-4bit", "mlx-community/Qwen3-0.6B-4bit"
-UNPINNED = "mlx-community/Qwen3-8B-4bit"  # target of pair qwen3-8b, no catalogue revision
+# The draft of pair gemma4-26b-a4b-assistant: the one id without a catalogue revision (its
+# target, pinned, is published here with the tiny target's files; `pull` only downloads).
+UNPINNED, UNPINNED_PAIR = "google/gemma-4-26B-A4B-it-assistant", "gemma4-26b-a4b-assistant"
+UNPINNED_TARGET = "mlx-community/gemma-4-26b-a4b-it-4bit"
 DFLASH = "z-lab/Qwen3-4B-DFlash-b16"
 
 
@@ -151,22 +154,22 @@ def test_pull_then_generate_at_the_pinned_commits(tiny, hub, tmp_path):
 def test_an_unpinned_id_is_locked_until_update(tiny, hub, tmp_path):
     """An id the catalogue does not pin is locked at the commit the first pull got; a moved
     branch changes nothing until `pull --update`, which moves the lock and the snapshot."""
-    first = hub.publish(UNPINNED, tiny["target"])
-    hub.publish(DRAFT, tiny["draft"], commit=pinned(DRAFT))
-    assert edgespec(tmp_path, hub, "pull", "qwen3-8b", "--quiet").returncode == 0
+    first = hub.publish(UNPINNED, tiny["draft"])
+    hub.publish(UNPINNED_TARGET, tiny["target"], commit=pinned(UNPINNED_TARGET))
+    assert edgespec(tmp_path, hub, "pull", UNPINNED_PAIR, "--quiet").returncode == 0
     assert lock(tmp_path, UNPINNED)["commit"] == first  # type: ignore[index]
     moved = hub.publish(UNPINNED, tiny["other"])
     hub.requests.clear()
-    again = edgespec(tmp_path, hub, "pull", "qwen3-8b", "--quiet")
+    again = edgespec(tmp_path, hub, "pull", UNPINNED_PAIR, "--quiet")
     assert again.returncode == 0, again.stderr
     assert f"at {first} (lock)" in again.stdout
     assert not [r for r in hub.requests if "/revision/" in r[1]]  # the lock, not main
     assert snapshots(tmp_path, UNPINNED) == [first]
-    upd = edgespec(tmp_path, hub, "pull", "qwen3-8b", "--update", "--quiet")
+    upd = edgespec(tmp_path, hub, "pull", UNPINNED_PAIR, "--update", "--quiet")
     assert upd.returncode == 0, upd.stderr
     assert f"at {moved} (lock)" in upd.stdout
     assert lock(tmp_path, UNPINNED)["commit"] == moved  # type: ignore[index]
-    assert revisions(tmp_path, hub, "qwen3-8b")[0] == moved
+    assert revisions(tmp_path, hub, UNPINNED_PAIR)[1] == moved
 
 
 @pytest.mark.slow

@@ -46,21 +46,30 @@ def test_a_branch_name_is_not_a_pin():
 def test_gemma4_ids_as_published_and_their_mlx_lm_floor():
     cat = catalog.load_catalog()
     assert cat.pair("gemma4-12b").target == "mlx-community/gemma-4-12B-it-4bit"
-    for name in ("gemma4-12b", "gemma4-31b"):
-        assert cat.pair(name).min_mlx_lm == "0.31.2"  # mlx_lm.models.gemma4 (git tag v0.31.2)
+    assert "gemma4_unified" in cat.pair("gemma4-12b").model_types  # mlx-lm PR #1349
+    assert catalog.pair_floor(cat.pair("gemma4-12b").model_types, None) == (
+        "0.32.0",
+        "model_type gemma4_unified",
+    )
+    assert catalog.pair_floor(cat.pair("gemma4-31b").model_types, None)[0] == "0.31.2"
 
 
 def test_an_older_mlx_lm_is_refused_in_one_line(monkeypatch):
     cat = catalog.load_catalog()
     with pytest.raises(ConfigError) as err:
-        check_mlx_lm("gemma4-12b", cat, have="0.30.7")
-    assert str(err.value).startswith("pair 'gemma4-12b' needs mlx-lm >= 0.31.2; you have 0.30.7")
+        check_mlx_lm("gemma4-12b", cat, have="0.31.3")
+    assert str(err.value).startswith(
+        "pair 'gemma4-12b' needs mlx-lm >= 0.32.0 (model_type gemma4_unified); you have 0.31.3"
+    )
     assert "\n" not in str(err.value)
-    check_mlx_lm("gemma4-12b", cat, have="0.31.2")
+    check_mlx_lm("gemma4-12b", cat, have="0.32.0")
     check_mlx_lm("gemma4-12b", cat, have="0.32.2.dev3")
-    check_mlx_lm("smollm2-135m", cat, have="0.1")  # no floor of its own
+    check_mlx_lm("gemma4-31b", cat, have="0.31.2")
+    with pytest.raises(ConfigError, match=r"needs mlx-lm >= 0\.31\.3; you have 0\.31\.2"):
+        check_mlx_lm("gemma4-31b-assistant", cat, have="0.31.2")  # its own min_mlx_lm
+    check_mlx_lm("smollm2-135m", cat, have="0.22.0")
     monkeypatch.setattr("edgespec.loading.specs.version", lambda _: "0.31.1")
-    with pytest.raises(ConfigError, match="needs mlx-lm >= 0.31.2; you have 0.31.1"):
+    with pytest.raises(ConfigError, match="needs mlx-lm >= 0.31.2 .*; you have 0.31.1"):
         check_pair(None, None, "gemma4-31b", catalog=cat)  # what commands call before imports
 
 
@@ -140,8 +149,39 @@ def test_models_shows_the_revision_each_hub_model_loads_at(offline_hub, capsys):
     assert pin is not None
     assert rows["qwen3-4b"]["target"]["revision"] == pin.commit
     assert rows["qwen3-4b"]["target"]["pinned_by"] == "catalogue"
-    assert rows["qwen3-8b"]["target"]["revision"] is None  # not pinned, never pulled
+    assert rows["qwen3-4b"]["target"]["pin"] == "pinned"
     models_cmd.run(type("A", (), {"json": False})())
     table = capsys.readouterr().out
     assert "REVISION" in table.splitlines()[0]
-    assert f"{pin.commit[:12]} (catalogue)" in table
+    assert f"pinned {pin.commit[:12]}" in table
+
+
+# Hub ids for which public sources name no single commit (two commits, neither more often).
+NO_PUBLIC_COMMIT = {"google/gemma-4-26B-A4B-it-assistant"}
+
+
+def test_every_hub_id_with_a_public_commit_is_pinned():
+    cat = catalog.load_catalog()
+    used = {m.hf_repo for m in cat.models.values() if m.hf_repo}
+    used |= {p.target for p in cat.pairs.values()} | {p.draft for p in cat.pairs.values()}
+    hub = {r for r in used if r and catalog.is_repo_id(r)}
+    assert hub - set(cat.revisions) == NO_PUBLIC_COMMIT
+    dflash = cat.revision("z-lab/Qwen3-8B-DFlash-b16")
+    assert dflash is not None and dflash.commit == "9b41424b7109f9c5413454f481b09a82b85333f4"
+
+
+def test_models_says_pinned_locked_or_unpinned_per_id(offline_hub, capsys):
+    """The one unpinned id reads "unpinned" until a first pull locks it, then "locked"."""
+    repo = next(iter(NO_PUBLIC_COMMIT))
+
+    def rows() -> dict[str, dict]:
+        models_cmd.run(type("A", (), {"json": True})())
+        return {r["pair"]: r for r in json.loads(capsys.readouterr().out)}
+
+    assert rows()["gemma4-26b-a4b-assistant"]["draft"]["pin"] == "unpinned"
+    assert rows()["gemma4-26b-a4b-assistant"]["target"]["pin"] == "pinned"
+    assert rows()["smollm2-135m"]["draft"]["pin"] == "in repository"
+    locks.write_lock(repo, "e" * 40, "lock")
+    assert rows()["gemma4-26b-a4b-assistant"]["draft"]["pin"] == "locked"
+    models_cmd.run(type("A", (), {"json": False})())
+    assert f"locked {'e' * 12}" in capsys.readouterr().out

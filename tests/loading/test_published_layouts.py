@@ -34,7 +34,7 @@ from tests.helpers.published import (
 from tests.helpers.tiny import make_tokenizer
 
 TARGET, DFLASH = "mlx-community/Qwen3-4B-4bit", "z-lab/Qwen3-4B-DFlash-b16"
-SPARE = "mlx-community/Qwen3-8B-4bit"  # unpinned: each broken copy is a fresh commit of it
+SPARE = "edgespec-tests/Qwen3-spare-4bit"  # unpinned: each broken copy is a fresh commit of it
 # The keys mlx-lm's qwen3 cannot do without: each one's absence must be named.
 REQUIRED = (
     "model_type",
@@ -166,9 +166,9 @@ def test_a_missing_dflash_key_is_named(published, hub, tmp_path, where, key):
     (cfg[where] if where else cfg).pop(key)
     (out / "config.json").write_text(json.dumps(cfg))
     hub.publish(TARGET, published["target"], commit=pinned(TARGET))
-    hub.publish("z-lab/Qwen3-8B-DFlash-b16", out)
+    hub.publish("edgespec-tests/Qwen3-spare-DFlash-b16", out)  # unpinned: a fresh commit each
     with pytest.raises(ModelLoadError) as err:
-        load_pair(TARGET, "z-lab/Qwen3-8B-DFlash-b16")
+        load_pair(TARGET, "edgespec-tests/Qwen3-spare-DFlash-b16")
     assert key in str(err.value) and "\n" not in str(err.value)
 
 

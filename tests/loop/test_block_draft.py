@@ -23,6 +23,7 @@ from edgespec.loading.load import load_pair
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, uniforms, warp
 from tests.helpers import (
+    GREEDY,
     PROMPT,
     ask,
     chi2_pvalue,
@@ -415,3 +416,25 @@ def test_head_rows_of_a_quantized_head_are_its_dequantized_rows():
     dense = mx.dequantize(q.weight, q.scales, q.biases, 32, 4)
     assert mx.allclose(head_rows(q, ids), dense[ids]).item()
     assert mx.allclose(head_rows(lin, ids), lin.weight[ids]).item()
+
+
+@pytest.mark.parametrize(
+    ("block", "method", "k_max", "bound"),
+    [
+        (16, "block", None, 15),  # a b16 draft: its block, not the default 8
+        (16, "hybrid", None, 15),  # a block draft behind the lookup too
+        (16, "block", 6, 6),  # an explicit bound is the user's
+        (4, "block", None, 3),
+    ],
+)
+def test_adaptive_k_of_a_block_draft_is_bound_by_its_block(tmp_path, block, method, k_max, bound):
+    """A block draft fills block_size - 1 positions in one forward, as it was trained: the
+    adaptive policy chooses K within that, by measured cost; greedy output stays plain's."""
+    target = tiny_qwen3(tmp_path)
+    t, d = load_pair(str(target), str(write_dflash(target, tmp_path / "dflash", block=block)))
+    engine = Engine(t, d)
+    spec = SpecConfig(method=method, k=4, adaptive=True, **({"k_max": k_max} if k_max else {}))
+    strategy = engine.factory.build(spec, GREEDY, engine._target, engine._draft)
+    assert strategy.policy.k_max == bound
+    ids = engine.encode_raw(PROMPT)
+    assert token_ids(gen(engine, ids, spec, 24)) == plain_ids(engine, ids, 24)

@@ -21,7 +21,6 @@ from edgespec.architectures.eagle import EagleModel
 from edgespec.bench.plan import BenchPlan
 from edgespec.bench.runner import check_methods
 from edgespec.bench.unbiased import verify_pair
-from edgespec.cache import target_features
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distill.shards import Sequence
 from edgespec.drafting.feature import FeatureDrafter, FeatureState
@@ -29,6 +28,7 @@ from edgespec.errors import ConfigError, ModelLoadError
 from edgespec.events import Token
 from edgespec.loading.load import load_model, load_pair, load_token_draft
 from edgespec.runtime import Engine
+from edgespec.taps import target_features
 from research.distill.eagle import (
     EagleTrainConfig,
     agreement,
@@ -380,9 +380,15 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
     s = trained[2][9]
     prompt = s.ids[: s.prompt_len].tolist()
     script = [2, 0, 0, 0, 0, 2, 0, 0, 1, 2]
-    plain_runs: list = []
-    real = loop.plain_run  # speculate calls it by its module-level name
-    monkeypatch.setattr(loop, "plain_run", lambda *a: plain_runs.append(1) or real(*a))
+    plain_runs: list = []  # plain steps queued behind a plain step still computing
+    real = loop.Chains.queue
+
+    def queue(self, run, prop, key, before=None):
+        if before is not None:
+            plain_runs.append(1)
+        return real(self, run, prop, key, before)
+
+    monkeypatch.setattr(loop.Chains, "queue", queue)
     runs = {}
     for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
         drafter = wrap(FeatureDrafter(engine._draft, sampling, engine._vocab))
@@ -408,7 +414,7 @@ def test_pipelined_plain_runs_hand_the_feature_draft_its_features(
         )
         assert engine._draft.n_features == len(engine._target.tokens)  # every committed position
         if name == "pipelined":
-            assert len(plain_runs) >= 3  # the K = 0 runs did take the pipelined path
+            assert len(plain_runs) >= 3  # the K = 0 runs were pipelined
             taken = len(plain_runs)
     assert len(plain_runs) == taken  # and none in the round-by-round reference
     assert runs["pipelined"] == runs["round by round"]

@@ -17,13 +17,13 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.architectures.eagle import EagleModel
-from edgespec.cache import TOP, target_features
 from edgespec.config import SpecConfig
 from edgespec.distill.shards import Sequence
 from edgespec.errors import ConfigError
 from edgespec.events import Round
 from edgespec.loading.load import load_model, load_pair
 from edgespec.runtime import Engine
+from edgespec.taps import TOP, target_features
 from research.distill.eagle import (
     EagleTrainConfig,
     extract_features,

@@ -26,6 +26,7 @@ from edgespec.architectures.gemma4_assistant import Gemma4Assistant
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.assistant import AssistantState, _held
 from edgespec.errors import ConfigError, TreeUnsupportedError
+from edgespec.events import Token
 from edgespec.families import model_family
 from edgespec.loading.load import load_model, load_pair
 from edgespec.loading.specs import Catalog, parse_catalog
@@ -313,4 +314,41 @@ def test_an_mlx_lm_whose_shared_layers_hold_keys_is_named(folders, monkeypatch):
     monkeypatch.setattr(gemma4_text, "DecoderLayer", Old)
     with pytest.raises(ConfigError, match=r"mlx-lm >= 0\.31\.3") as err:
         load_pair(str(folders[0]), str(folders[1]))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("head", [1, 2], ids=["dense-head", "centroid-head"])
+def test_generation_config_suppress_tokens_are_never_proposed(folders, tmp_path, head):
+    """Google's assistants list tokens in generation_config.json's `suppress_tokens` (as vLLM
+    masks them from its drafter, PR #53884): here the three tokens the head drafts and gets
+    accepted most often. With them suppressed they are never accepted from a draft (only
+    corrected or bonus tokens from the target), and the answer is still plain decoding's."""
+    spec = SpecConfig(k=3, method="draft", adaptive=False)
+    before = Engine.load(target=str(folders[0]), draft=str(folders[head]))
+    ids = before.encode_raw(PROMPT)
+    plain = generate(before, ids, SpecConfig(method="none"), 120)[0]
+    first = [e for e in gen(before, ids, spec, 120) if isinstance(e, Token)]
+    counts: dict[int, int] = {}
+    for t in first:
+        if t.kind == "accepted":
+            counts[t.id] = counts.get(t.id, 0) + 1
+    banned = sorted(counts, key=lambda i: -counts[i])[:3]
+    assert banned and [t.id for t in first] == plain
+    draft = shutil.copytree(folders[head], tmp_path / "assistant")
+    (draft / "generation_config.json").write_text(json.dumps({"suppress_tokens": banned}))
+    after = Engine.load(target=str(folders[0]), draft=str(draft))
+    events = gen(after, ids, spec, 120)
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert [t.id for t in tokens] == plain
+    assert {t.id for t in tokens} & set(banned)  # the target still says them
+    assert not [t for t in tokens if t.kind == "accepted" and t.id in banned]
+    logits = after.draft.model.logits(mx.ones((1, 1, after.draft.model.args.hidden_size)))
+    assert bool(mx.all(mx.isneginf(logits[..., mx.array(banned)])))
+
+
+def test_a_bad_suppress_tokens_list_is_one_line(folders, tmp_path):
+    draft = shutil.copytree(folders[1], tmp_path / "assistant")
+    (draft / "generation_config.json").write_text(json.dumps({"suppress_tokens": [-1]}))
+    with pytest.raises(ConfigError, match="suppress_tokens must be token ids below") as err:
+        Engine.load(target=str(folders[0]), draft=str(draft))
     assert "\n" not in str(err.value)

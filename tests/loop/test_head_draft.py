@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.cpu.backend import draft_pairs
+from edgespec.device import for_device
 from edgespec.distill.build import build_draft
 from edgespec.drafting.token import ModelDrafter
 from edgespec.runtime import Engine
@@ -46,7 +46,7 @@ def _drafters(draft_model, vocab: int, sampling: SamplingConfig, prompt: list[in
     for head_only in (True, False):
         state = engine_state(draft_model, "draft")  # as the Engine builds it
         state.prefill(prompt)
-        d = ModelDrafter(state, sampling, vocab, pairs=draft_pairs())
+        d = ModelDrafter(state, sampling, vocab, for_device().draft_steps)
         assert d.head_ids is not None  # the draft is detected as reduced-head
         if not head_only:
             d.head_ids = None

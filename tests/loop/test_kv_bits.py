@@ -15,8 +15,8 @@ from edgespec.cache import KVState
 from edgespec.config import MIN_DRAFT_WINDOW, GenerationConfig, SpecConfig
 from edgespec.errors import ConfigError, TreeUnsupportedError
 from edgespec.events import Finished
-from edgespec.packed import packable
 from edgespec.runtime import Engine
+from edgespec.server.packed import packable
 from edgespec.server.prefix import Slot, forkable
 from tests.helpers import gen, plain_ids, rounds_of, token_ids
 from tests.helpers.tiny import make_tiny_pair
@@ -156,7 +156,7 @@ def test_the_embedded_pair_with_quantized_kv_caches_keeps_greedy_output(bits):
     with the same kv_bits. Under a BLAS whose verify rows do not keep one-token steps' bits (MKL
     on AMD), a quantized cache turns their last-digit differences into whole quantization steps,
     so near-ties flip more often there (docs/measurements/2026-11-28-kv-bits.md)."""
-    from edgespec.cpu import blas
+    from edgespec import blas
     from edgespec.loading.specs import load_catalog
     from edgespec.loading.status import model_status
 

@@ -1,5 +1,5 @@
 """Long contexts on tiny seeded models: a token draft's attention bound (SpecConfig.draft_window,
-cache.Bound) keeps output exact at 32K tokens, greedy and sampled, and bounds what the draft holds
+bound.Bound) keeps output exact at 32K tokens, greedy and sampled, and bounds what the draft holds
 and reads; adaptive K prices rounds with costs measured at the current context length."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Long contexts on the two other kinds of cache (edgespec/rewind.py; docs/architectures.md,
 "Three kinds of cache"): greedy output equals plain decoding at 32K tokens of context on tiny
 seeded targets whose layers are not all full attention, with a token draft whose attention bound
-is on (SpecConfig.draft_window, cache.Bound), with the default method (hybrid, adaptive K) and
+is on (SpecConfig.draft_window, bound.Bound), with the default method (hybrid, adaptive K) and
 with the target's own kind of draft:
 
 - sliding window: a Gemma 4 target (a sliding-window layer of 16 positions, a WindowKVCache

@@ -1,4 +1,4 @@
-"""Long contexts with the draft's attention bound (SpecConfig.draft_window, cache.Bound) on feature
+"""Long contexts with the draft's attention bound (SpecConfig.draft_window, bound.Bound) on feature
 drafts (EAGLE; MTP and next-n heads share its state, drafting/feature.py), block drafts (DFlash,
 DFlash2) and Gemma 4 assistants, on tiny seeded models: greedy output equals plain decoding at
 32K tokens of context for each of them, the bounded draft holds and reads only its sinks and last
@@ -16,7 +16,7 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from edgespec.architectures.block_mask import block_mask
-from edgespec.cache import Bound
+from edgespec.bound import Bound
 from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
 from edgespec.drafting import assistant
 from edgespec.rewind import WindowKVCache

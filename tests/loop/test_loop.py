@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
-from edgespec.cpu.backend import draft_pairs
+from edgespec.cpu.pairs import PairedSteps
+from edgespec.device import for_device
 from edgespec.drafting.adaptive import FixedK
-from edgespec.drafting.token import ModelDrafter
+from edgespec.drafting.token import DraftSteps, ModelDrafter
 from edgespec.events import Token
-from edgespec.loop import speculate
-from edgespec.rounds import Chains, Limits
+from edgespec.loop import Chains, speculate
+from edgespec.rounds import Limits
 from tests.helpers import GREEDY, PROMPT, engine_state, gen, plain_ids, rounds_of, token_ids
 
 
@@ -77,6 +78,7 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
     a GPU the draft computes while the host builds the verify (no idle device in between)."""
     (target, draft), log = tiny_models, []
     t_state, d_state = engine_state(target.model, "target"), engine_state(draft.model, "draft")
+    draft_steps = for_device().draft_steps  # (building a backend may evaluate: not logged)
     for state, name in ((t_state, "verify"), (d_state, "draft")):
         forward = state.forward
         monkeypatch.setattr(
@@ -89,7 +91,7 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
     d_state.prefill(prompt)
     log.clear()
     vocab = int(target.model.args.vocab_size)
-    drafter = ModelDrafter(d_state, GREEDY, vocab, draft_pairs())
+    drafter = ModelDrafter(d_state, GREEDY, vocab, draft_steps)
     limits = Limits(12, frozenset(), 512)
     chains = Chains(t_state, drafter, GREEDY)
     steps = list(speculate(t_state, chains, drafter, prompt, GREEDY, FixedK(2), limits))
@@ -103,15 +105,15 @@ def test_a_round_builds_the_verify_before_waiting_for_the_draft(tiny_models, mon
 
 def test_draft_steps_run_in_pairs_on_the_cpu(tiny_models, monkeypatch):
     """On the CPU every draft forward runs two positions: a step with one new token runs the
-    newest cached position again beside it (ModelDrafter.pairs; one-row products are the slow
-    ones under MKL). EDGESPEC_DRAFT_PAIRS=0 runs one. Same proposals, same q up to rounding, and
+    newest cached position again beside it (edgespec/cpu/pairs.py; one-row products are the slow
+    ones under MKL). The default DraftSteps run one. Same proposals, same q up to rounding, and
     the draft's cache holds the same positions afterwards, across rounds."""
     target, draft = tiny_models
     vocab = int(target.model.args.vocab_size)
     prompt = list(range(3, 20))
     seen = {}
     for pairs in ("1", "0"):
-        monkeypatch.setenv("EDGESPEC_DRAFT_PAIRS", pairs)
+        steps = PairedSteps() if pairs == "1" else DraftSteps()
         state = engine_state(draft.model, "draft")
         state.prefill(prompt)  # holds prompt[:-1]: one token pending
         lengths: list[int] = []
@@ -124,7 +126,7 @@ def test_draft_steps_run_in_pairs_on_the_cpu(tiny_models, monkeypatch):
         monkeypatch.setattr(state, "forward", counted)
         context, out = list(prompt), []
         for i, cfg in enumerate([SamplingConfig(temperature=0), SamplingConfig(1.0)] * 2):
-            drafter = ModelDrafter(state, cfg, vocab, draft_pairs())
+            drafter = ModelDrafter(state, cfg, vocab, steps)
             prop = drafter.propose(context, 3, mx.random.key(i))
             tokens = [int(t) for t in prop.tokens.tolist()]
             assert state.offset == len(context) + 2  # context and x_1, x_2 (x_3 never fed)

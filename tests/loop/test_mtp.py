@@ -30,7 +30,7 @@ from edgespec.architectures.mtp import (
     sanitize_hf,
     stack_experts,
 )
-from edgespec.cache import PREFILL_CHUNK, TOP
+from edgespec.cache import PREFILL_CHUNK
 from edgespec.commands.common import draft_from_args
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.feature import FeatureState
@@ -41,6 +41,7 @@ from edgespec.loading.pull import pull
 from edgespec.loading.specs import parse_catalog
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
+from edgespec.taps import TOP
 from tests.helpers import gen, rounds_of, token_ids
 from tests.helpers.arch_models import (
     PROMPT,

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from edgespec.architectures.mtp import FEEDS, POST_NORM, PRE_NORM
-from edgespec.cache import TOP
 from edgespec.config import SpecConfig
 from edgespec.runtime import Engine
+from edgespec.taps import TOP
 from tests.helpers import gen, rounds_of, token_ids
 from tests.helpers.arch_models import PROMPT, first_difference, generate
 from tests.helpers.mtp_models import make_checkpoint

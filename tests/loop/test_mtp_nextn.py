@@ -32,12 +32,12 @@ from edgespec.architectures.nextn import (
     read_head,
     sanitize_nextn,
 )
-from edgespec.cache import TOP
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
 from edgespec.loading.mtp import is_checkpoint_with_mtp
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
+from edgespec.taps import TOP
 from tests.helpers import gen, rounds_of, token_ids
 from tests.helpers.arch_models import (
     PROMPT,

@@ -1,4 +1,4 @@
-"""The packed forward (edgespec/packed.py): several sequences' new tokens through one forward give
+"""The packed forward (edgespec/server/packed.py): several sequences' new tokens through one forward give
 each the logits and the cache its own forward gives, at its own positions over its own cache;
 with mlx-lm's modules and with the CPU backend's twin; and a one-line refusal is `packable`'s.
 """
@@ -13,12 +13,12 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edgespec.cache import KVState
 from edgespec.cpu.backend import CpuBackend
-from edgespec.packed import causal, packable, packed_forward
-from edgespec.trees.forward import PLAIN, Kernels
+from edgespec.server.packed import causal, packable, packed_forward
+from edgespec.trees.forward import PLAIN
 from tests.helpers.tiny import tiny_gpt2
 
 CPU = CpuBackend()
-CPU_KERNELS = Kernels(CPU.masked_attention, CPU.block_parts)  # as the Engine passes
+CPU_KERNELS = CPU.kernels()  # as the Engine passes
 # Prompts of different lengths (so different offsets) and new tokens of different lengths: a
 # one-token step, a verify of 3 and one of 6.
 PROMPTS = [list(range(3, 40)), list(range(5, 17)), list(range(9, 70))]

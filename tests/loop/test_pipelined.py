@@ -1,4 +1,4 @@
-"""Rounds with nothing drafted, pipelined like plain decoding (edgespec.loop.plain_run): runs of
+"""Rounds with nothing drafted, pipelined like plain decoding (edgespec/loop.py): runs of
 K = 0 rounds and of lookup misses, lookups made one token behind, and cancelling inside a run.
 Each pipelined step is the d = 0 round the loop would otherwise run, so tokens, kinds and Round
 records must equal the round-by-round path's, and the caches must stay consistent."""
@@ -122,7 +122,9 @@ def test_pipelined_plain_runs_equal_the_round_path_token_for_token(engine, sampl
     ids = engine.encode_raw(PROMPT)
     runs = {}
     for name, wrap in (("pipelined", lambda d: d), ("round by round", RoundByRound)):
-        drafter = wrap(ModelDrafter(engine._draft, sampling, engine._vocab, engine._pairs))
+        drafter = wrap(
+            ModelDrafter(engine._draft, sampling, engine._vocab, engine.backend.draft_steps)
+        )
         engine.reset()
         calls: list = []
         events = gen(

@@ -17,7 +17,6 @@ from edgespec.cpu.backend import CpuBackend
 from edgespec.errors import TreeUnsupportedError
 from edgespec.trees.forward import (
     PLAIN,
-    Kernels,
     check_tree_cache,
     compact,
     tree_forward,
@@ -44,7 +43,7 @@ def _state(model, optimised: bool) -> KVState:
     return state
 
 
-CPU_KERNELS = Kernels(CPU.masked_attention, CPU.block_parts)  # as the Engine passes
+CPU_KERNELS = CPU.kernels()  # as the Engine passes
 
 
 def _tree_logits(state: KVState, tree: Tree, tokens: list[int], pending: list[int]):

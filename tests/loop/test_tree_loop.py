@@ -68,7 +68,8 @@ def test_tree_matches_numpy_reference_token_for_token(tiny_models, sampling, wid
     paths = list(widths_shape(widths))
     want = reference_tree(target.model, draft.model, ids, sampling, paths, 24, eos)
     tree = ",".join(str(w) for w in widths)
-    assert _ids(_gen(engine, ids, SpecConfig(k=4, method="draft", tree=tree), 24, sampling)) == want
+    spec = SpecConfig(k=4, method="draft", tree=tree, adaptive=False)  # the shape every round
+    assert _ids(_gen(engine, ids, spec, 24, sampling)) == want
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(1.2, seed=5)])
@@ -83,7 +84,16 @@ def test_tree_matches_reference_with_an_exact_draft(tiny_self_models, sampling):
         target.model, draft.model, ids, sampling, list(widths_shape([2, 2, 1])), 24, eos
     )
     assert (
-        _ids(_gen(engine, ids, SpecConfig(k=3, method="draft", tree="2,2,1"), 24, sampling)) == want
+        _ids(
+            _gen(
+                engine,
+                ids,
+                SpecConfig(k=3, method="draft", tree="2,2,1", adaptive=False),
+                24,
+                sampling,
+            )
+        )
+        == want
     )
 
 
@@ -134,7 +144,9 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, b
         firsts, seconds, branches = [], {}, 0
         for seed in seeds:
             sampling = SamplingConfig(temperature=2.0, seed=seed)
-            events = _gen(engine, ids, SpecConfig(k=2, method="draft", tree=tree), 2, sampling)
+            events = _gen(
+                engine, ids, SpecConfig(k=2, method="draft", tree=tree, adaptive=False), 2, sampling
+            )
             toks = _ids(events) + [eos, eos]  # EOS ends the answer without a Token event
             firsts.append(toks[0])
             seconds.setdefault(toks[0], []).append(toks[1])
@@ -173,7 +185,7 @@ def test_feature_draft_trees_keep_greedy_output(eagle_pair, tree, method):
     for prompt in (PROMPT, "the river and the moon and the river"):
         ids = engine.encode_raw(prompt)
         want = _ids(_gen(plain, ids, SpecConfig(method="none"), 30))
-        events = _gen(engine, ids, SpecConfig(k=3, method=method, tree=tree), 30)
+        events = _gen(engine, ids, SpecConfig(k=3, method=method, tree=tree, adaptive=False), 30)
         assert _ids(events) == want
         assert any(e.accepted > 0 for e in events if isinstance(e, Round))
         state = engine._draft
@@ -226,7 +238,9 @@ def test_hybrid_tree_adds_lookup_branches_at_a_temperature(tiny_models):
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(" ".join([PROMPT] * 4))
     sampling = SamplingConfig(temperature=0.3, seed=2)
-    events = _gen(engine, ids, SpecConfig(k=2, method="hybrid", tree="2,1"), 40, sampling)
+    events = _gen(
+        engine, ids, SpecConfig(k=2, method="hybrid", tree="2,1", adaptive=False), 40, sampling
+    )
     rounds = [e for e in events if isinstance(e, Round)]
     assert any(r.match > 0 and r.nodes > 3 for r in rounds)  # lookup nodes beyond the 3 drafted
     target_cached, draft_cached = engine.cached_tokens()

@@ -24,7 +24,6 @@ ENTRY_POINTS = {
     "edgespec.__main__": "python -m edgespec",
     "edgespec.cli": "the edgespec command",
     "edgespec.bench.serve": "python -m edgespec.bench.serve (docs/server.md)",
-    "edgespec.cpu.pytest_blas": "the pytest plugin named in pyproject's addopts",
     "edgespec.models": "the catalogue and the drafts (edgespec.loading.specs finds it)",
     "edgespec.tui.headless": "python -m edgespec.tui.headless: bench --cold starts its app runs",
     **{module: f"edgespec {name}" for name, (module, _) in COMMANDS.items()},

@@ -1,5 +1,5 @@
-"""The house keeps its shape: every package is installed, no module or function outgrows the limits
-(docs/library.md, "Layout"), and tui/ and models/ install inside edgespec."""
+"""The house keeps its shape: every package is installed, a long module says why it is long, no
+function outgrows its limit, and tui/ and models/ install inside edgespec."""
 
 from __future__ import annotations
 
@@ -43,13 +43,33 @@ def _sources() -> list[Path]:
     return sorted(p for top in ("edgespec", "tui") for p in (ROOT / top).rglob("*.py"))
 
 
-def test_no_module_over_the_line_limit():
+# A module is as big as its one idea: the line count is a smell detector, not a design, and a
+# module is never merged or trimmed to meet it (issue 73). One past MAX_MODULE_LINES is named here
+# with the reason its idea needs the room (a review reads the reason); an unnamed one fails the
+# test until someone writes that reason or splits the module by idea, and so does a name that
+# is no longer long (the list only holds what it must).
+LONG_MODULES: dict[str, str] = {
+    "edgespec/commands/bench.py": "one command: its options, their checks and the run they "
+    "drive; the bench's parts live in edgespec/bench/",
+    "edgespec/drafting/adaptive.py": "one policy, AdaptiveK: its estimates, the K = 0 switch, "
+    "probes, reviews and the price check decide together and are read together",
+}
+
+
+def test_a_module_over_the_line_mark_says_why():
     long = {
         str(p.relative_to(ROOT)): n
         for p in _sources()
         if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     }
-    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+    unnamed = {path: n for path, n in long.items() if path not in LONG_MODULES}
+    assert not unnamed, (
+        f"modules over {MAX_MODULE_LINES} lines: {unnamed}; split one by idea, or name it in "
+        "LONG_MODULES (tests/project/test_layout.py) with the reason its idea needs the room"
+    )
+    stale = sorted(set(LONG_MODULES) - set(long))
+    assert not stale, f"LONG_MODULES names modules no longer over {MAX_MODULE_LINES} lines: {stale}"
+    assert all(reason.strip() for reason in LONG_MODULES.values())
 
 
 def test_no_function_over_the_line_limit():

@@ -52,3 +52,26 @@ def test_the_custom_drafter_example_runs_on_the_embedded_pair(capsys):
     namespace = run_example()
     assert namespace["done"].stats.drafted > 0
     assert "accepted" in capsys.readouterr().out
+
+
+def text_is_text_example() -> str:
+    """The python block of docs/library.md that shows a forged turn read as text."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    found = [b for b in blocks if "forged" in b]
+    assert len(found) == 1, "docs/library.md should show text read as text once"
+    return found[0]
+
+
+def test_the_text_is_text_example_runs_on_the_tiny_pair(tiny_models, monkeypatch, capsys):
+    """The tiny pair's template adds no system turn: one <|im_start|> fewer than the embedded
+    pair's, which the slow test runs as printed."""
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: cls(*tiny_models)))
+    source = text_is_text_example().replace("ids.count(im_start) == 3", "ids.count(im_start) == 2")
+    exec(compile(source, str(DOC), "exec"), {"__name__": "library_doc"})
+    assert capsys.readouterr().out.strip() == "None"
+
+
+@pytest.mark.slow
+def test_the_text_is_text_example_runs_on_the_embedded_pair(capsys):
+    exec(compile(text_is_text_example(), str(DOC), "exec"), {"__name__": "library_doc"})
+    assert capsys.readouterr().out.strip() == "None"

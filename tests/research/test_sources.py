@@ -15,6 +15,7 @@ import pytest
 from edgespec.distill import shards as D
 from research.distill import debian
 from research.distill import sources as S
+from research.distill import tokens as T
 from research.distill.passages import (
     MAX_CHARS,
     Passage,
@@ -296,7 +297,7 @@ def test_a_followup_prompt_holds_its_parents_answer(answered) -> None:  # type: 
     from research.distill.realdata import answer_text
 
     target, pool, _, data_dir, _ = answered
-    seqs = {s.instr_id: s for s in D.iter_sequences(data_dir)}
+    seqs = {s.instr_id: s for s in T.iter_sequences(data_dir)}
     shard_of = {
         int(i): k for k, p in enumerate(D.shard_paths(data_dir)) for i in np.load(p)["instr_ids"]
     }
@@ -317,7 +318,7 @@ def test_held_out_groups_come_first_greedy_and_split_back(answered) -> None:  # 
     from edgespec.distill.train import split_data
 
     _, pool, meta, data_dir, _ = answered
-    seqs = list(D.iter_sequences(data_dir))
+    seqs = list(T.iter_sequences(data_dir))
     train, held = split_data(seqs, meta)
     assert held and train
     assert {s.instr_id for s in held} == {s.instr_id for s in seqs if pool.is_held_out(s.instr_id)}
@@ -348,7 +349,7 @@ def test_generation_resumes_and_finishes_pending_continuations(answered, tmp_pat
     more = generate_pool_data(
         target.model, target.tokenizer, copy, pool, meta, tokens=400, batch_size=8, shard_size=10
     )
-    ids = [s.instr_id for s in D.iter_sequences(copy)]
+    ids = [s.instr_id for s in T.iter_sequences(copy)]
     assert len(ids) == len(set(ids)) == more.n_sequences > same.n_sequences
     done = set(ids)
     # Every continuation whose parent was answered before the last shard is answered too.
@@ -376,14 +377,14 @@ def test_another_pool_is_refused_and_old_meta_still_reads(answered, tmp_path) ->
 
 def test_export_keeps_token_ids_and_kinds_only(answered, tmp_path) -> None:  # type: ignore[no-untyped-def]
     _, _, _, data_dir, _ = answered
-    D.export_tokens(data_dir, tmp_path / "compact")
+    T.export_tokens(data_dir, tmp_path / "compact")
     src, dst = D.shard_paths(data_dir)[0], D.shard_paths(tmp_path / "compact")[0]
     with np.load(src) as a, np.load(dst) as b:
         assert set(b.files) == {"tokens", "starts", "prompt_lens", "instr_ids", "kinds"}
         assert all((a[k] == b[k]).all() for k in b.files)
     assert D.Meta.read(tmp_path / "compact").kinds == list(KINDS)
     before = {p: p.stat().st_mtime_ns for p in D.shard_paths(tmp_path / "compact")}
-    D.export_tokens(data_dir, tmp_path / "compact")  # again: unchanged shards are not rewritten
+    T.export_tokens(data_dir, tmp_path / "compact")  # again: unchanged shards are not rewritten
     assert {p: p.stat().st_mtime_ns for p in D.shard_paths(tmp_path / "compact")} == before
 
 

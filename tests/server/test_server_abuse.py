@@ -41,14 +41,17 @@ def port(srv: ServerProcess) -> int:
 
 
 def post(srv: ServerProcess, body=None, headers=KEY, **kw):
+    """A chat completion; raw bytes are sent as JSON too (a POST of another type is a 415)."""
     body = {"messages": HI} if body is None else body
     kw.setdefault("timeout", 60)
     data = {"json": body} if isinstance(body, dict) else {"content": body}
+    headers = {"Content-Type": "application/json", **headers}
     return httpx.post(f"{srv.base}/chat/completions", headers=headers, **data, **kw)
 
 
 def health(srv: ServerProcess) -> dict:
-    return httpx.get(f"{srv.url}/health", timeout=10).json()
+    """Every figure: /health without the key says only that the server is alive."""
+    return httpx.get(f"{srv.url}/health", headers=KEY, timeout=10).json()
 
 
 def in_thread(fn):
@@ -118,9 +121,11 @@ def read_all(sock: socket.socket) -> bytes:
 
 def test_a_half_sent_request_is_closed_and_a_slow_body_gets_408(server):
     half = socket.create_connection(("127.0.0.1", port(server)), timeout=TIMEOUT_S + 10)
-    half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n")
+    half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n")
     slow = socket.create_connection(("127.0.0.1", port(server)), timeout=TIMEOUT_S + 10)
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer sesame\r\n"
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sesame\r\n"
+    )
     slow.sendall(f"{head}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{".encode())
     t0 = time.monotonic()
     assert half.recv(100) == b""  # closed by the server
@@ -215,7 +220,7 @@ def test_more_idle_connections_than_open_files_do_not_stop_a_request(tiny_pair):
             assert time.monotonic() - t0 < 60, f"only {i} connections in 60 s"
             s = socket.create_connection(("127.0.0.1", port(srv)), timeout=10)
             if i % 2:
-                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n")
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n")
             socks.append(s)
         r = httpx.post(f"{srv.base}/chat/completions", json={"messages": HI}, timeout=30)
         assert r.status_code == 200

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HI = [{"role": "user", "content": "hi"}]
 CAP = 12  # --max-connections: a flood of stalled bodies fills it at once
 BODY_LIMIT = 65536
-HEAD = "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+HEAD = "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
 LONG = {"messages": [{"role": "user", "content": "go on"}], "temperature": 0}
 
 

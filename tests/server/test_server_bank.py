@@ -1,4 +1,4 @@
-"""A bank (edgespec/bank.py): several sequences' one-token steps over one shared KV buffer give
+"""A bank (edgespec/server/bank.py): several sequences' one-token steps over one shared KV buffer give
 the logits and leave the caches their own forwards give, bit for bit, across a rewind and past
 the bank's first capacity; reading a banked cache gives it back; a served batch of plain
 requests runs its steps there."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from edgespec.bank import STEP, Bank, fits
 from edgespec.runtime import Engine
+from edgespec.server.bank import STEP, Bank, fits
 from edgespec.server.packing import Packer
 from edgespec.server.worker import Done
 from tests.helpers.worker import answer_together, greedy, tiny_worker
@@ -95,7 +95,7 @@ def test_a_take_that_fails_half_way_starts_its_states_over(engine, monkeypatch):
     def broken(parts, lengths, room):
         raise MemoryError("no room")
 
-    monkeypatch.setattr("edgespec.bank._rows", broken)
+    monkeypatch.setattr("edgespec.server.bank._rows", broken)
     with pytest.raises(MemoryError):
         bank.take(banked)
     bank.drop()  # what the packer does on any failure

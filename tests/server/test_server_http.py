@@ -223,7 +223,8 @@ BAD = [
 @pytest.mark.parametrize(("body", "status", "words"), BAD, ids=lambda v: str(v)[:30])
 def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, body, status, words):
     kw = {"content": body} if isinstance(body, bytes) else {"json": body}
-    r = httpx.post(f"{server.base}/chat/completions", timeout=30, **kw)
+    json_type = {"Content-Type": "application/json"}
+    r = httpx.post(f"{server.base}/chat/completions", headers=json_type, timeout=30, **kw)
     assert r.status_code == status
     err = r.json()["error"]
     assert words in err["message"] and "\n" not in err["message"] and err["type"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.bank import Bank
 from edgespec.server import packing
+from edgespec.server.bank import Bank
 from edgespec.server.worker import Done, Failed
 from tests.helpers.worker import answer_together, greedy, run, tiny_worker
 
@@ -50,7 +50,7 @@ def test_one_place_means_no_packer(tiny_pair):
 
 @pytest.mark.parametrize("where", ["packed", "bank"])
 def test_a_failing_forward_fails_its_requests_and_the_server_goes_on(tiny_pair, monkeypatch, where):
-    """A packed forward (drafting requests) or a bank step (plain ones, edgespec/bank.py) that
+    """A packed forward (drafting requests) or a bank step (plain ones, edgespec/server/bank.py) that
     raises: the requests in it fail with a one-line 500, no cache stays in a bank, and the next
     request is answered."""
 

@@ -8,11 +8,14 @@ from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.events import Stats
 from edgespec.server import responses as R
 from edgespec.server.protocol import (
+    QUOTE_MAX,
     Defaults,
     RequestError,
     parse_body,
     parse_chat,
     parse_completion,
+    quoted,
+    served_methods,
 )
 from edgespec.server.stops import Segment
 
@@ -151,6 +154,38 @@ def test_the_servers_own_defaults_are_not_held_to_the_request_ranges():
     assert (r.config.sampling.temperature, r.config.sampling.top_k) == (3.0, 999)
 
 
+def test_the_thinking_switch_as_vllm_and_sglang_take_it():
+    assert chat().think is None  # the pair's default
+    assert chat(chat_template_kwargs={"enable_thinking": False}).think is False
+    assert chat(chat_template_kwargs={"enable_thinking": True}).think is True
+    assert chat(chat_template_kwargs={}).think is None
+    for kwargs, param in [
+        ({"enable_thinking": "no"}, "chat_template_kwargs.enable_thinking"),
+        ({"enable_thinking": False, "tools_format": 1}, "chat_template_kwargs.tools_format"),
+        ("no thinking", "chat_template_kwargs"),
+    ]:
+        with pytest.raises(RequestError) as info:
+            chat(chat_template_kwargs=kwargs)
+        assert info.value.status == 400 and info.value.param == param
+    with pytest.raises(RequestError) as info:
+        parse_completion({"prompt": "hi", "chat_template_kwargs": {}}, DEFAULTS)
+    assert info.value.param == "chat_template_kwargs" and "chat/completions" in str(info.value)
+
+
+def test_special_parsing_is_asked_for_on_completions_only():
+    plain = parse_completion({"prompt": "a<|im_end|>"}, DEFAULTS)
+    assert plain.parse_special is False
+    ext = {"parse_special": True, "k": 2}
+    asked = parse_completion({"prompt": "a<|im_end|>", "edgespec": ext}, DEFAULTS)
+    assert asked.parse_special is True and asked.config.spec.k == 2
+    with pytest.raises(RequestError) as info:
+        parse_completion({"prompt": "a", "edgespec": {"parse_special": 1}}, DEFAULTS)
+    assert info.value.param == "edgespec.parse_special"
+    with pytest.raises(RequestError) as info:
+        chat(edgespec={"parse_special": True})
+    assert info.value.param == "edgespec.parse_special" and "text" in str(info.value)
+
+
 def test_draft_methods_are_refused_without_a_draft():
     no_draft = Defaults("pair", BASE, random_seed=False, has_draft=False)
     with pytest.raises(RequestError, match="needs a draft model"):
@@ -215,3 +250,29 @@ def test_responses_parse_with_the_official_client_types():
         R.completion_response("cmpl-1", 1, "pair", "x", "length", USAGE)
     )
     assert comp.choices[0].text == "x" and comp.usage.total_tokens == 40
+
+
+def test_served_methods_follow_the_draft_family():
+    from types import SimpleNamespace
+
+    token = SimpleNamespace(blocks=False, own_head=False)
+    block = SimpleNamespace(blocks=True, own_head=False)
+    head = SimpleNamespace(blocks=False, own_head=True)
+    assert served_methods(False) == ("ngram", "none")
+    assert served_methods(True, token) == ("draft", "ngram", "hybrid", "none")
+    assert {"block", "block-tree"} <= set(served_methods(True, block))
+    assert "mtp" in served_methods(True, head) and "block" not in served_methods(True, head)
+    only_token = Defaults("pair", BASE, has_draft=True, methods=served_methods(True, token))
+    body = {"messages": [{"role": "user", "content": "hi"}], "edgespec": {"method": "block"}}
+    with pytest.raises(RequestError, match="needs a block draft") as err:
+        parse_chat(body, only_token)
+    assert err.value.param == "edgespec.method"
+
+
+def test_quoted_values_are_cut_to_quote_max():
+    assert quoted("abc") == "'abc'"
+    long = quoted("x" * 10_000)
+    assert len(long) == QUOTE_MAX + 3 and long.endswith("...")
+    with pytest.raises(RequestError) as err:
+        parse_chat({"messages": [{"role": "r" * 5000, "content": "hi"}]}, DEFAULTS)
+    assert len(err.value.message) < QUOTE_MAX + 200

@@ -146,9 +146,9 @@ def test_engine_thread_warms_up_after_ready_and_before_the_first_turn() -> None:
             order.append("warm")
             super().warm_up(config)
 
-        def chat(self, messages, config, cancel=None, on_prefill=None):  # noqa: ANN001, ANN201
+        def chat(self, messages, config, cancel=None, on_prefill=None, *, think=None):  # noqa: ANN001, ANN201
             order.append("chat")
-            return super().chat(messages, config, cancel, on_prefill)
+            return super().chat(messages, config, cancel, on_prefill, think=think)
 
     config = GenerationConfig(max_tokens=5)
     worker = EngineThread(lambda p: Slow(FakeScript()), inbox, flush_interval=0.01, warm=config)

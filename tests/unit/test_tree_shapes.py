@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from edgespec.config import SpecConfig, parse_tree_spec
+from edgespec.drafting.adaptive import PRICE_STEPS
 from edgespec.errors import ConfigError
 from edgespec.events import Round, expected_tokens_per_round
-from edgespec.trees.policy import AcceptanceTable, AdaptiveTree, cost_key
+from edgespec.trees.build import make_shape_policy
+from edgespec.trees.loop import FixedPolicy
+from edgespec.trees.policy import AcceptanceTable, AdaptiveTree, FallbackTree, cost_key
 from edgespec.trees.shapes import (
     DynamicShape,
     FixedShape,
@@ -219,6 +222,74 @@ def test_one_slow_chain_sample_does_not_price_chains_out():
     shape = policy.decide()
     assert 0 < shape.size == shape.depth  # a chain again (rank 1 is rarely accepted)
     assert policy._draft_cost("chain", 1) == pytest.approx(0.05)
+
+
+def _fallback(shape, verify_slope: float, rank1: float) -> FallbackTree:
+    """A FallbackTree fed _trained's outcomes and costs."""
+    trained = _trained(verify_slope, rank1)
+    policy = FallbackTree(shape, k_init=2, k_max=4)
+    policy.accept, policy.draft_costs, policy.verify_costs = (
+        trained.accept, trained.draft_costs, trained.verify_costs,
+    )  # fmt: skip
+    return policy
+
+
+@pytest.mark.parametrize("shape", [FixedShape(widths_shape([2, 2, 2, 2])), DynamicShape(depth=4)])
+def test_fallback_keeps_its_tree_where_wide_verifies_are_cheap(shape):
+    assert _fallback(shape, verify_slope=0.0, rank1=0.5).decide() is shape
+
+
+@pytest.mark.parametrize("shape", [FixedShape(widths_shape([2, 2, 2, 2])), DynamicShape(depth=4)])
+def test_fallback_runs_a_chain_where_the_trees_rows_cost_more_than_they_bring(shape):
+    """Only the user's tree, the chains and a plain step are candidates: where a row costs 0.3
+    of a step, a chain (never another tree)."""
+    got = _fallback(shape, verify_slope=0.3, rank1=0.5).decide()
+    assert got is not shape and got.size == got.depth
+
+
+def test_fallback_prices_a_dynamic_tree_from_its_own_rounds():
+    """A dynamic tree is priced by what its rounds accepted and verified: a tree that kept 24
+    nodes and accepted nothing falls back to a chain even where rows are cheap."""
+    shape = DynamicShape(depth=4)
+    policy = _fallback(shape, verify_slope=0.0, rank1=0.5)
+    for _ in range(12):
+        policy.observe(Round(0, 24, 0, 4, 0.2, 1.0, "draft", True, 0, 24, 0))
+    assert policy.nodes(shape) == 24
+    got = policy.decide()
+    assert got is not shape and got.size == got.depth
+
+
+def test_tree_flag_falls_back_unless_adaptive_is_off():
+    assert isinstance(make_shape_policy(SpecConfig(k=3, tree="3,2,1")), FallbackTree)
+    assert isinstance(make_shape_policy(SpecConfig(k=3, tree="dynamic")), FallbackTree)
+    fixed = make_shape_policy(SpecConfig(k=3, tree="3,2,1", adaptive=False))
+    assert isinstance(fixed, FixedPolicy)
+    assert isinstance(make_shape_policy(SpecConfig(k=3, tree="chain")), FixedPolicy)
+    assert isinstance(make_shape_policy(SpecConfig(k=3, tree="auto")), AdaptiveTree)
+
+
+def test_tree_policy_times_plain_steps_once_where_the_choice_hangs_on_them():
+    """As AdaptiveK's price check: on an M2-like cliff (a 2-row verify 1.725 steps) a plain step
+    is priced 1.57 from it while it costs 1.0; a few plain steps are timed once, and then plain
+    steps win where the draft is accepted 30% of the time."""
+    policy = AdaptiveTree(k_init=1, k_max=4)
+    chain = shape_tree(chain_shape(1))
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        shape = policy.decide()
+        if shape.size == 0:
+            policy.observe(Round(i, 0, 0, 0, 0.0, 1.0, "draft", True))
+            continue
+        ok = rng.random() < 0.3
+        policy.observe_path(shape.tree, [0] if ok and shape.size == 1 else [])
+        rows = shape.size + 1
+        policy.observe(Round(i, shape.size, int(ok), shape.depth, 0.05 * shape.depth,
+                             1.725 + 0.05 * (rows - 2), "draft", True, 0, shape.size, 0))  # fmt: skip
+    sizes = [s.size for s in policy.chosen]
+    first = sizes.index(0)
+    assert sizes[first : first + PRICE_STEPS] == [0] * PRICE_STEPS
+    assert sizes[-10:].count(0) >= 9
+    assert chain.size == 1
 
 
 def test_cost_key():

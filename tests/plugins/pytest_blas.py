@@ -1,7 +1,7 @@
-"""pytest plugin (loaded with `-p edgespec.cpu.pytest_blas` from pyproject's addopts).
+"""pytest plugin (loaded with `-p tests.plugins.pytest_blas` from pyproject's addopts).
 
 Loaded before pytest starts capturing output, it re-executes pytest once with an optimised BLAS
-preloaded (MKL in exact mode, else OpenBLAS; see edgespec/cpu/blas.py), so in-process MLX tests run on
+preloaded (MKL in exact mode, else OpenBLAS; see edgespec/blas.py), so in-process MLX tests run on
 the same BLAS as the CLI. Under pytest-xdist (`-n N`) it first gives each worker its share of the
 cores (`share_cores`), which the workers and the processes they start inherit.
 """
@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 
-from edgespec.cpu.blas import reexec_with_blas, share_cores
+from edgespec.blas import reexec_with_blas, share_cores
 
 
 def xdist_workers(argv: list[str]) -> int:

@@ -2,7 +2,7 @@
 
 The `mlx[cpu]` wheel links the unoptimised reference BLAS (docs/cpu-backend.md has its speed next
 to the others'). A library cannot swap BLAS after MLX is loaded, so the `edgespec` command (and pytest,
-through edgespec.cpu.pytest_blas) re-executes itself once, before importing MLX, with a better one in
+through tests.plugins.pytest_blas) re-executes itself once, before importing MLX, with a better one in
 LD_PRELOAD. EDGESPEC_BLAS picks it:
 
 - `auto` (default): Intel MKL in exact mode when the `mkl` wheel is installed (`pip install
@@ -37,6 +37,8 @@ import sysconfig
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
+from edgespec.switches import BLAS, BLAS_ACTIVE
+
 CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3",
@@ -46,8 +48,8 @@ CANDIDATES = (
 MKL_NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")
 MODES = ("auto", "mkl", "mkl-fast", "openblas", "system")
 EXACT_CBWR = "AUTO,STRICT"
-_MARK = "EDGESPEC_BLAS_REEXEC"
-ACTIVE = "EDGESPEC_BLAS_ACTIVE"  # set in the re-executed process: which BLAS it runs on
+# Set in the re-executed process: which BLAS it runs on (and that it need not re-execute again).
+ACTIVE = BLAS_ACTIVE
 THREAD_VARIABLES = ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -105,7 +107,7 @@ def plan(
     variable, else auto), or None for nothing to preload. When the choice falls back, a one-line
     note is appended to `notes` (if given)."""
     said = notes if notes is not None else []
-    mode = (mode if mode is not None else os.environ.get("EDGESPEC_BLAS", "auto")).strip() or "auto"
+    mode = (mode if mode is not None else os.environ.get(BLAS, "auto")).strip() or "auto"
     if mode not in MODES:
         said.append(
             f"edgespec: EDGESPEC_BLAS={mode!r} is not one of {', '.join(MODES)}; using auto"
@@ -202,13 +204,6 @@ def rows_exact(name: str | None = None) -> bool:
     return name == "reference" or (name == "mkl" and cpu_vendor() == "GenuineIntel")
 
 
-def pads_single_rows() -> bool:
-    """Whether one-row matrix products should run as two rows (edgespec.cpu.rowpad): only when
-    EDGESPEC_PAD_ROWS=1. Off by default: under MKL a lone forward gets faster, but the pipelined
-    decode loop got slower on a 2-core machine (edgespec/cpu/rowpad.py)."""
-    return os.environ.get("EDGESPEC_PAD_ROWS", "").strip() == "1"
-
-
 def active() -> str:
     """The BLAS under this process's MLX CPU backend: mkl / mkl-fast / openblas (preloaded by
     the re-exec), `preloaded` (someone else's LD_PRELOAD), `accelerate` (macOS) or `reference`."""
@@ -236,7 +231,7 @@ def reexec_with_blas(
     """
     if not sys.platform.startswith("linux"):
         return
-    if os.environ.get(_MARK) or "mlx.core" in sys.modules:
+    if os.environ.get(ACTIVE) or "mlx.core" in sys.modules:
         return
     preload = os.environ.get("LD_PRELOAD", "")
     if any(("mkl_rt" in p or "blas" in p) for p in preload.split(":") if p):
@@ -249,7 +244,7 @@ def reexec_with_blas(
     if chosen is None:
         return
     name, lib, extra = chosen
-    env = dict(os.environ, **extra, **{_MARK: "1", ACTIVE: name})
+    env = dict(os.environ, **extra, **{ACTIVE: name})
     env["LD_PRELOAD"] = ":".join(filter(None, [lib, preload]))
     env.update(checkout_path(env.get("PYTHONPATH", "")))
     try:
@@ -265,7 +260,7 @@ def checkout_path(pythonpath: str, cwd: Path | None = None) -> dict[str, str]:
 
         checkout_path("", cwd=Path("/src/edgespec-repo"))  -> {"PYTHONPATH": "/src/edgespec-repo"}
     """
-    holder = Path(__file__).resolve().parents[2]
+    holder = Path(__file__).resolve().parents[1]
     if holder != (cwd or Path.cwd()).resolve() or str(holder) in pythonpath.split(os.pathsep):
         return {}
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(holder), pythonpath]))}

@@ -1,7 +1,7 @@
 """Several sequences' one-token forwards over one shared KV buffer (a bank): the plain steps of a
 served batch, with one attention for all of them.
 
-A packed forward (edgespec/packed.py) runs every sequence's attention on its own cache: per
+A packed forward (edgespec/server/packed.py) runs every sequence's attention on its own cache: per
 layer and sequence, slices of the new rows, the cache update and an attention of its own. With
 a handful of one-token steps that graph work costs more than the rows' products on a 2-core CPU
 (docs/measurements/2026-11-27-serve-bank.md). A bank

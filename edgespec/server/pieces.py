@@ -1,0 +1,92 @@
+"""Chunked prefill beside decoding: how much of a long prompt the batch reads in one turn.
+
+A prompt's prefill runs as forwards of up to cache.PREFILL_CHUNK tokens. In a batch
+(edgespec/server/batching.py) such a long forward does not run in one go: it is cut into pieces,
+one piece per turn, run after the turn's other rounds, so the running requests keep streaming
+while the prompt is read, and a request that arrives meanwhile joins at the next turn. The
+piece's size follows vLLM's chunked prefill (vllm-project/vllm, vllm/v1/core/sched/scheduler.py
+at 00024d31, `Scheduler.schedule`: running requests take their tokens first, a prompt gets what
+is left of the step's token budget), with the budget in seconds rather than tokens, measured on
+this machine: over the turns the pieces take about SHARE (half) of the other rounds' time, so a
+request beside a long prompt runs at about two thirds of its pace at worst (its turn 1.5 times
+as long), leaving room for the wait to join, and the prompt is read at about a third of its pace
+while others run, at full pace once alone. Alone, a piece takes about `join_s`, so that a request
+arriving meanwhile waits about that long for its turn, yet at least `alone_rows` rows (a forward
+of fewer rows reads the weights for less work).
+
+    size = PieceSize()
+    rows = size.rows(others_s=0.24)       # rows of the next piece (0: none this turn)
+    size.observe(rows, seconds=0.1)       # after it ran (taken off the credit)
+
+Exact: a piece is the next rows of the same forward, appended to the same cache; each row
+attends to the positions before it, as in the whole forward (rows keep their bits with a BLAS
+whose products do not depend on the row count, as packed forwards do, edgespec/packed.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from edgespec.cache import PREFILL_CHUNK
+
+# A parked forward longer than this is a prompt's chunk, read in pieces (a verify, or the short
+# prompt tail a first round feeds, cache.MERGE_MAX, is shorter).
+LONG_ROWS = 64
+MIN_ROWS = 8  # a piece beside others: at least this many rows
+ALONE_ROWS = 64  # a piece with nothing else running: at least this many rows
+START_ROWS = 64  # before any piece has been timed
+JOIN_S = 0.25  # alone: about this long a piece, so a new request joins within about that
+SHARE = 0.5  # beside others: a piece takes about this fraction of the turn's other rounds' time
+WINDOW = 5  # pieces whose cost a row is the median of
+
+
+class PieceSize:
+    """Rows for the next piece from the measured seconds a row (the median of the last WINDOW
+    pieces). Beside others, the pieces take `share` of the other rounds' time over the turns:
+    each turn adds that much to a credit, a piece runs when the credit is positive, as many rows
+    as it buys (at least min_rows), and its measured time is taken off (a piece of a few rows
+    still reads all the weights, so it may cost more than a turn's credit: the next piece then
+    waits a turn or more). Alone, `join_s` worth of rows, at least alone_rows; never more than
+    max_rows."""
+
+    def __init__(
+        self,
+        join_s: float = JOIN_S,
+        share: float = SHARE,
+        min_rows: int = MIN_ROWS,
+        alone_rows: int = ALONE_ROWS,
+        max_rows: int = PREFILL_CHUNK,
+    ):
+        self.join_s, self.share = join_s, share
+        self.min_rows, self.alone_rows, self.max_rows = min_rows, alone_rows, max_rows
+        self._row_s: deque[float] = deque(maxlen=WINDOW)
+        self.credit = 0.0  # seconds the pieces may still take beside others
+
+    def rows(self, others_s: float) -> int:
+        """Rows of the next piece, where the turn's other rounds took `others_s` (0: none ran);
+        0: no piece this turn.
+
+        With 10 ms a row measured and no credit: rows(0.24) -> 12 (half of 0.24 s); rows(0.0)
+        -> 64 (join_s 0.25 alone would be 25, below alone_rows); with 1 ms a row, rows(0.0)
+        -> 250.
+        """
+        if others_s <= 0:
+            self.credit = 0.0
+            budget, floor = self.join_s, self.alone_rows
+        else:
+            self.credit = min(self.credit + self.share * others_s, self.share * others_s * 2)
+            budget, floor = self.credit, self.min_rows
+            if budget <= 0:
+                return 0
+        if not self._row_s:
+            return START_ROWS
+        fit = int(budget / statistics.median(self._row_s))
+        return max(floor, min(self.max_rows, fit))
+
+    def observe(self, rows: int, seconds: float, beside: bool = True) -> None:
+        """A piece of `rows` rows took `seconds` (`beside` others: off the credit)."""
+        if rows > 0 and seconds > 0:
+            self._row_s.append(seconds / rows)
+            if beside:
+                self.credit -= seconds
