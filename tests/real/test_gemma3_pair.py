@@ -125,15 +125,24 @@ def test_it_continues_text_sensibly(target_only):
     assert math.exp(nll) < 40, math.exp(nll)
 
 
+@pytest.fixture(scope="module")
+def plain_ids(engine):
+    """Each prompt's plain greedy continuation, decoded once for every method's test."""
+    cfg = GenerationConfig(
+        SamplingConfig(temperature=0.0), SpecConfig(method="none"), max_tokens=40
+    )
+    out = {}
+    for text in PROMPTS:
+        engine.reset()
+        out[text] = token_ids(list(engine.generate(engine.encode_raw(text), cfg)))
+    return out
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft", "hybrid"])
-def test_greedy_speculative_equals_plain(engine, method):
+def test_greedy_speculative_equals_plain(engine, plain_ids, method):
     for text in PROMPTS:
         prompt = engine.encode_raw(text)
-        cfg = GenerationConfig(
-            SamplingConfig(temperature=0.0), SpecConfig(method="none"), max_tokens=40
-        )
-        engine.reset()
-        plain = token_ids(list(engine.generate(prompt, cfg)))
+        plain = plain_ids[text]
         spec = SpecConfig(k=3, method=method, adaptive=False)
         engine.reset()
         events = list(
