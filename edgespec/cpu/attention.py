@@ -237,7 +237,9 @@ def grouped_sdpa(
     original: Callable[..., mx.array], masks: Masks, rows: Rows | None = None, fused: bool = False
 ) -> Callable[..., mx.array]:
     """mlx-lm's `scaled_dot_product_attention` (`original`, same signature) that takes the grouped
-    path for a groupable cache's forwards of 2..MAX_ROWS rows with no mask or a causal one. With
+    path for a groupable cache's forwards of 2..MAX_ROWS rows with no mask, a causal one, or a
+    window layer's boolean mask past its window (masked_attention, which keeps MLX's kernel for
+    other lengths, so one-token steps there keep MLX's path). With
     `rows` (the NumPy softmax) a groupable cache's float32 forwards of every length take it once
     they reach FROM_KEYS keys, one-token steps and prompt chunks included: a row that sees that
     many keys has its softmax computed by NumPy whatever the forward's length; with `fused`,
@@ -266,6 +268,13 @@ def grouped_sdpa(
             return grouped_attention(
                 queries, keys, values, scale, causal, masks, rows if every else None, fused
             )
+        if (  # a window layer past its window: a boolean mask [L, S] of its own
+            isinstance(mask, mx.array)
+            and mask.dtype == mx.bool_
+            and mask.shape == (queries.shape[2], keys.shape[2])
+            and sinks is None
+        ):
+            return masked_attention(queries, keys, values, scale, mask, cache, rows, fused)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     return scaled_dot_product_attention

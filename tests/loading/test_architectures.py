@@ -182,16 +182,20 @@ def test_cpu_rewrites_keep_the_logits_bit_for_bit_or_step_aside(families, family
     want = _logits(KVState(slow, "mlx-lm", make_prompt_cache), prefix, lengths)
     got = _logits(KVState(exact, "rewritten", make_prompt_cache), prefix, lengths)
     assert all(mx.array_equal(x, y).item() for x, y in zip(got, want, strict=True))
-    grouped = []
-    real = attention.grouped_attention
+    grouped, masked = [], []
+    real, real_masked = attention.grouped_attention, attention.masked_attention
     monkeypatch.setattr(
         attention, "grouped_attention", lambda *a, **k: grouped.append(1) or real(*a, **k)
+    )
+    monkeypatch.setattr(  # a window layer's verify past its window: under its own mask
+        attention, "masked_attention", lambda *a, **k: masked.append(1) or real_masked(*a, **k)
     )
     marked = _logits(KVState(fast, "grouped", cpu.new_cache), prefix, lengths)
     for x, y in zip(marked, want, strict=True):
         assert mx.allclose(x, y, rtol=1e-4, atol=1e-4).item()
     if cpu.switches.grouped_attention:
         assert bool(grouped) == (family in GROUPED)
+        assert bool(masked) == (family in GROUPED and family in WINDOWED)
 
 
 @pytest.mark.parametrize("family", GROUPED)
