@@ -88,7 +88,7 @@ def test_chat_method_mtp_loads_the_head(checkpoint, monkeypatch):
     class NoUi:
         load_error = None
 
-        def __init__(self, load, config, what, collect_when_idle):
+        def __init__(self, load, config, what, collect_when_idle, think=None):
             self.load, self.config = load, config
 
         def run(self) -> None:
