@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from edgespec.config import SamplingConfig
-from edgespec.sampling import Softmax, sample, uniforms, warp
+from edgespec.sampling import Softmax, sample, sampler, uniforms
 
 
 def _leading_run(ok: mx.array) -> mx.array:
@@ -100,15 +100,15 @@ def accept(
 ) -> tuple[mx.array, mx.array, mx.array | None]:
     """The acceptance step of one round on the target's logits [K + 1, V] of the pending token and
     the K drafted ones x (q: verify's): (n_accepted, next_token, p), lazy; K = 0 is a plain target
-    step. The one place temperature 0 is decided: there the longest prefix agreeing with the
-    target's argmax (verify_greedy, what `verify` gives on warp's one-hot rows, without them) and
-    p None; else the ratio test on p = warp(logits) (`softmax`: the target's, KVState.softmax)
-    with uniforms(key, K + 1), the key schedule's verify key (sampling.round_keys). p is returned
-    for a caller that wants the probability of what was sampled (a plain step's p[0, next]: the
-    review of an idle draft, below)."""
-    if cfg.greedy:
+    step. p is what cfg's sampler hands over (sampling.sampler): at temperature 0 none, and the
+    longest prefix agreeing with the target's argmax is kept (verify_greedy, what `verify` gives
+    on warp's one-hot rows, without them); else the ratio test on p = warp(logits) (`softmax`:
+    the target's, KVState.softmax) with uniforms(key, K + 1), the key schedule's verify key
+    (sampling.round_keys). p is returned for a caller that wants the probability of what was
+    sampled (a plain step's p[0, next]: the review of an idle draft, below)."""
+    p = sampler(cfg).probs(logits, softmax)
+    if p is None:
         return (*verify_greedy(x, logits), None)
-    p = warp(logits, cfg, softmax)
     return (*verify(x, q, p, uniforms(key, x.shape[-1] + 1)), p)
 
 
@@ -162,7 +162,7 @@ class Review:
 @dataclass(frozen=True)
 class PendingReview:
     """A review whose forward is queued: its values are read (`done`) a step later, once computed,
-    so that it never holds up a pipelined run of plain steps (loop.plain_run)."""
+    so that it never holds up a pipelined run of plain steps (drafting/review.py)."""
 
     method: str
     values: mx.array
@@ -192,12 +192,12 @@ def review_values(
         cols = np.minimum(np.searchsorted(head, ids), len(head) - 1)
         inside = head[cols] == ids
     columns, present = mx.array(cols.astype(np.int32)), mx.array(inside)
-    if sampling.greedy:
+    q = sampler(sampling).probs(logits, softmax)
+    if q is None:  # temperature 0: whether the draft's argmax is the token
         best = mx.argmax(logits, axis=-1).astype(mx.int32)
         return ((best == columns) & present).astype(mx.float32)
     if probs is None:
         raise ValueError("a review at T > 0 needs the target's probabilities of the tokens")
-    q = warp(logits, sampling, softmax)
     qx = mx.take_along_axis(q, columns[:, None], axis=-1)[:, 0]
     qx = mx.where(present, qx, mx.zeros_like(qx))
     return mx.minimum(qx / mx.array(probs, dtype=mx.float32), 1.0).astype(mx.float32)

@@ -4,11 +4,16 @@
 to the target's logits (p) and the draft's (q), so the ratio test compares like with like.
 Sampling is inverse-CDF on an explicit uniform, so a slow reference
 (tests/helpers/reference_loop.py) fed the same uniforms picks the same tokens.
+
+Greedy is decided once, where the sampler is built (`sampler(cfg)`): a Sampler at T > 0, Greedy at
+T = 0 (argmax, no uniforms, no distributions). Drafters pick their tokens with it, and the
+acceptance reads what it hands over (`probs`: None at T = 0, where the argmax rule applies).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 import mlx.core as mx
 
@@ -93,3 +98,81 @@ def round_keys(key: mx.array) -> tuple[mx.array, mx.array, mx.array]:
     """
     nxt, draft_key, verify_key = split(key, 3)
     return nxt, draft_key, verify_key
+
+
+class Sampler:
+    """Sampling at T > 0 (`sampler(cfg)` builds the one a config asks for): drafted tokens are
+    drawn by inverse CDF from warped rows with the round's uniforms, and the acceptance runs the
+    ratio test on the target's warped rows."""
+
+    def __init__(self, cfg: SamplingConfig):
+        self.cfg = cfg
+
+    def uniforms(self, key: mx.array, n: int) -> mx.array | None:
+        """The n uniforms a draft of n tokens draws (None: it draws none, Greedy)."""
+        return uniforms(key, n)
+
+    def probs(self, logits: mx.array, softmax: Softmax | None = None) -> mx.array | None:
+        """The distribution rows [..., V] tokens are drawn from (None: Greedy, the argmax)."""
+        return warp(logits, self.cfg, softmax)
+
+    def pick(
+        self,
+        logits: mx.array,
+        u: mx.array | None,
+        i: int,
+        rows: list[mx.array],
+        softmax: Softmax | None = None,
+    ) -> mx.array:
+        """The i-th drafted token from one row of logits [V] (lazy): an inverse-CDF sample with
+        u[i] from the warped row, which is appended to `rows` (the drafted q)."""
+        assert u is not None
+        rows.append(warp(logits, self.cfg, softmax))
+        return sample(rows[-1], u[i])
+
+    def draw(
+        self, logits: mx.array, key: mx.array, softmax: Softmax | None = None
+    ) -> tuple[mx.array, mx.array | None]:
+        """Tokens [k] and their q [k, V] from k rows of logits at once (a block draft): q =
+        warp(rows), token i = sample(q_i, u_i), u = uniforms(key, k)."""
+        q = warp(logits, self.cfg, softmax)
+        return sample(q, uniforms(key, int(logits.shape[0]))), q
+
+    def reviews(self, position: int, probs: dict[int, float]) -> bool:
+        """Whether a review reads `position` (acceptance.py, reviews): at T > 0 only where the
+        target's probability of its token is known (a plain step's)."""
+        return position in probs
+
+
+class Greedy(Sampler):
+    """Temperature 0: every token is its row's argmax; nothing is drawn, q is None."""
+
+    def uniforms(self, key: mx.array, n: int) -> mx.array | None:
+        return None
+
+    def probs(self, logits: mx.array, softmax: Softmax | None = None) -> mx.array | None:
+        return None
+
+    def pick(
+        self,
+        logits: mx.array,
+        u: mx.array | None,
+        i: int,
+        rows: list[mx.array],
+        softmax: Softmax | None = None,
+    ) -> mx.array:
+        return mx.argmax(logits).astype(mx.int32)
+
+    def draw(
+        self, logits: mx.array, key: mx.array, softmax: Softmax | None = None
+    ) -> tuple[mx.array, mx.array | None]:
+        return mx.argmax(logits, axis=-1).astype(mx.int32), None
+
+    def reviews(self, position: int, probs: dict[int, float]) -> bool:
+        return True  # every committed token is the target's argmax
+
+
+@lru_cache(maxsize=64)
+def sampler(cfg: SamplingConfig) -> Sampler:
+    """The sampler `cfg` asks for: the one place temperature 0 is decided."""
+    return Greedy(cfg) if cfg.greedy else Sampler(cfg)

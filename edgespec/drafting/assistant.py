@@ -30,7 +30,7 @@ from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.feature import FeatureState
 from edgespec.drafting.token import fit_vocab, full_q, pick_token
 from edgespec.rewind import WindowKVCache
-from edgespec.sampling import Softmax, uniforms
+from edgespec.sampling import Softmax, sampler
 
 
 def _no_cache(_model: Any) -> list[Any]:
@@ -144,7 +144,7 @@ class AssistantDrafter(Drafter):
         assert st.features is not None
         hidden = st.features[None]
         token = mx.array([context[-1]], dtype=mx.int32)
-        u = None if self.sampling.greedy else uniforms(key, k)
+        u = sampler(self.sampling).uniforms(key, k)
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
         for i in range(k):

@@ -28,7 +28,7 @@ from edgespec.architectures.block import BlockModel
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.feature import FeatureState
-from edgespec.sampling import Softmax, sample, uniforms, warp
+from edgespec.sampling import Softmax, sampler
 
 
 class BlockState(FeatureState):
@@ -85,10 +85,7 @@ def draw_block(
     """Tokens [k] and q [k, V] from a block's logits rows [k, V]: argmax per row and q None at
     temperature 0; else q = warp(rows) and token i = sample(q_i, u_i), u = uniforms(key, k).
     Example (T = 1): rows giving q_1 = [.7, .3], q_2 = [.2, .8] and u = [.5, .1] -> tokens [0, 0]."""
-    if sampling.greedy:
-        return mx.argmax(logits, axis=-1).astype(mx.int32), None
-    q = warp(logits, sampling, softmax)
-    return sample(q, uniforms(key, int(logits.shape[0]))), q
+    return sampler(sampling).draw(logits, key, softmax)
 
 
 class BlockDrafter(Drafter):

@@ -38,7 +38,7 @@ from edgespec.architectures.dflash2 import DFlash2Model
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Proposal, no_proposal
 from edgespec.drafting.block import BlockDrafter
-from edgespec.sampling import Softmax, uniforms, warp
+from edgespec.sampling import Softmax, sampler, uniforms
 
 
 def path_scores(
@@ -83,11 +83,11 @@ def choose_path(
     logits = model.logits(hidden) if logits is None else logits
     ids, scores = path_scores(model, hidden, logits, anchor)
     k, K = ids.shape
-    if sampling.greedy:
+    probs = sampler(sampling).probs(scores.reshape(k * K, K), softmax)
+    if probs is None:  # temperature 0: the argmax walk
         picks = walk(np.array(scores), None)
-        probs = None
     else:
-        probs = warp(scores.reshape(k * K, K), sampling, softmax).reshape(k, K, K)
+        probs = probs.reshape(k, K, K)
         picks = walk(np.array(probs), np.array(uniforms(key, k)))
     steps = mx.arange(k)
     chosen = mx.array(picks, dtype=mx.int32)

@@ -21,7 +21,7 @@ from edgespec.cache import PREFILL_CHUNK, KVState, common_prefix
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.token import full_q, pick_token
-from edgespec.sampling import Softmax, uniforms
+from edgespec.sampling import Softmax, sampler
 
 FEATURE_ROOM = 256  # rows a fresh feature buffer holds at least
 
@@ -181,7 +181,7 @@ class FeatureDrafter(Drafter):
             return no_proposal()  # no features yet (a one-token prompt): a plain target step
         feats, toks = first
         self._valid = st.n_features
-        u = None if self.sampling.greedy else uniforms(key, k)
+        u = sampler(self.sampling).uniforms(key, k)
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
         for i in range(k):

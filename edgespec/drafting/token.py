@@ -11,7 +11,7 @@ from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal
-from edgespec.sampling import Softmax, sample, uniforms, warp
+from edgespec.sampling import Softmax, sampler
 
 
 class DraftSteps:
@@ -83,7 +83,7 @@ class ModelDrafter(Drafter):
         state, steps = self.state, self.steps
         state.catch_up(context)  # a bounded draft far behind reads only what it attends to
         inputs = steps.first(state, context)
-        u = None if self.sampling.greedy else uniforms(key, k)
+        u = sampler(self.sampling).uniforms(key, k)
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
         for i in range(k):
@@ -111,11 +111,12 @@ class ModelDrafter(Drafter):
         )
         state.rewind(context, state.offset)
         # Row i predicts the token at start + i + 1.
-        rows = [i for i in range(end - start) if self.sampling.greedy or start + i + 1 in probs]
+        reads = sampler(self.sampling)
+        rows = [i for i in range(end - start) if reads.reviews(start + i + 1, probs)]
         if not rows:
             return None
         tokens = [context[start + i + 1] for i in rows]
-        px = None if self.sampling.greedy else [probs[start + i + 1] for i in rows]
+        px = [probs.get(start + i + 1, 1.0) for i in rows]  # read at T > 0 only, where all are
         if self.head_ids is None:
             logits = fit_vocab(logits, self.vocab)
         if len(rows) < end - start:
@@ -143,14 +144,11 @@ def pick_token(
     rows: list[mx.array],
     softmax: Softmax | None = None,
 ) -> mx.array:
-    """The i-th drafted token from one row of draft logits (lazy): argmax at temperature 0,
-    else an inverse-CDF sample with uniform u[i] from the warped row, which is appended to `rows`
-    (the drafted q). A reduced-head draft's column index is mapped to its token id."""
-    if u is None:
-        tok = mx.argmax(logits).astype(mx.int32)
-    else:
-        rows.append(warp(logits, sampling, softmax))
-        tok = sample(rows[-1], u[i])
+    """The i-th drafted token from one row of draft logits (lazy), as `sampling`'s sampler picks
+    it (sampling.Sampler.pick: argmax at temperature 0, else an inverse-CDF sample with uniform
+    u[i] from the warped row, which is appended to `rows`, the drafted q). A reduced-head draft's
+    column index is mapped to its token id."""
+    tok = sampler(sampling).pick(logits, u, i, rows, softmax)
     return tok if head_ids is None else head_ids[tok]
 
 

@@ -45,7 +45,7 @@ import mlx.core as mx
 
 from edgespec.acceptance import verify_greedy
 from edgespec.config import SamplingConfig
-from edgespec.sampling import Softmax, sample, uniforms, warp
+from edgespec.sampling import Softmax, sample, sampler, uniforms
 from edgespec.trees.shapes import Tree
 
 
@@ -124,12 +124,13 @@ def accept_tree(
     At temperature 0 the walk along the target's argmax (a chain's: the longest agreeing prefix,
     acceptance.verify_greedy, whose deepest row is n); else verify_tree on warp(logits) with
     uniforms(key, N + 1), the round's verify key."""
-    if cfg.greedy and tree.is_chain:
+    p = sampler(cfg).probs(logits, softmax)  # None at temperature 0
+    if p is None and tree.is_chain:
         n, nxt = verify_greedy(x, logits)
         return n, n, nxt
-    if cfg.greedy:
+    if p is None:
         return verify_tree_greedy(tree, x, logits)
-    return verify_tree(tree, x, q, warp(logits, cfg, softmax), uniforms(key, tree.size + 1))
+    return verify_tree(tree, x, q, p, uniforms(key, tree.size + 1))
 
 
 def verify_tree_greedy(tree: Tree, x: mx.array, target_logits: mx.array):

@@ -23,7 +23,7 @@ from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.token import ModelDrafter, fit_vocab
-from edgespec.sampling import uniforms, warp
+from edgespec.sampling import sampler, warp
 from edgespec.trees.acceptance import draw_siblings, top_siblings
 from edgespec.trees.dynamic import propose_dynamic
 from edgespec.trees.forward import (
@@ -159,7 +159,7 @@ class ModelTreeDrafter(TreeDrafter):
         root = self.root_logits(context)
         if root is None:
             return empty_tree()
-        u = None if self.sampling.greedy else uniforms(key, n)
+        u = sampler(self.sampling).uniforms(key, n)
         draft = TreeDraft([None] * n, [None] * n, [-1] * n)
         draft.logits[-1] = root
         for depth in range(1, tree.depth + 1):

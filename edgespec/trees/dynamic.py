@@ -18,7 +18,7 @@ from typing import Protocol, cast
 import mlx.core as mx
 
 from edgespec.config import SamplingConfig
-from edgespec.sampling import uniforms
+from edgespec.sampling import sampler
 from edgespec.trees.proposal import TreeDraft, TreeProposal, empty_tree
 from edgespec.trees.shapes import DynamicShape, Tree
 
@@ -52,9 +52,9 @@ def propose_dynamic(
     root = drafter.root_logits(context)
     if root is None:
         return empty_tree()
-    greedy = drafter.sampling.greedy
-    shape = shape if greedy else shape.sampled()
-    u = None if greedy else uniforms(key, shape.size)
+    sampled = shape.sampled()
+    u = sampler(drafter.sampling).uniforms(key, sampled.size)  # None at temperature 0
+    shape = shape if u is None else sampled
     parents: list[int] = []
     score: list[float] = []
     draft = TreeDraft([], [], [])
@@ -81,7 +81,7 @@ def propose_dynamic(
         frontier = _best(level, score, shape.beam)
         drafter.run_nodes(draft, Tree(tuple(parents)), frontier)
     keep = list(range(len(parents)))
-    if greedy:
+    if u is None:
         keep = sorted(sorted(keep, key=lambda i: (-score[i], i))[: shape.nodes])
     return _pruned(drafter, draft, parents, keep)
 
