@@ -36,7 +36,7 @@ from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, _BaseCa
 from edgespec.config import MAX_K
 
 # How far back a sliding-window cache can be trimmed: a verify of up to MAX_K drafts plus the
-# pending input, plus a pipelined step queued behind it (edgespec/rounds.py).
+# pending input, plus a pipelined step queued behind it (edgespec/loop.py).
 DEPTH = MAX_K + 2
 # A verify refeeds the tokens a restore dropped together with its drafts while they are fewer than
 # this, else in a forward of their own first (KVState.settle; docs/architectures.md).

@@ -9,7 +9,7 @@ per generation, `Capabilities.of`); nothing else of a drafter is read:
   made in rounds where the K policy chose K = 0.
 - LooksBehind, `propose_behind(context, k)`: point-mass proposals for the positions after
   len(context) + 1, made while the token at len(context) is still being computed (pipelined plain
-  steps, edgespec/rounds.py). None ends the pipelined run.
+  steps, loop.Chains.behind). None ends the pipelined run.
 - FeatureInput, `take_features(context, start, features)`: the target's top hidden states of each
   round's committed positions start .. start + len(features) - 1, for a feature draft
   (edgespec/architectures/eagle.py). A drafter that wraps another offers it when the inner one
@@ -18,7 +18,8 @@ per generation, `Capabilities.of`); nothing else of a drafter is read:
   policy sizes (edgespec/strategy.py).
 - Reviews, `review(context, probs)`: while an adaptive policy has the draft model off, what it
   would have accepted over the tokens committed meanwhile (edgespec/acceptance.py, reviews), read
-  from one catch-up forward, without a verify row.
+  from one catch-up forward, without a verify row; drafting/review.py's Reviewer asks for them
+  at plain steps, for a policy that reads them (the loop never does).
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class NgramDrafter(Drafter):
 
     def propose_behind(self, context: list[int], k: int, n_min: int | None = None) -> Proposal:
         """Up to k tokens for the positions after len(context), proposed while the token at
-        len(context) is still being computed (pipelined plain steps, edgespec/rounds.py): the
+        len(context) is still being computed (pipelined plain steps, edgespec/loop.py): the
         continuation of the longest earlier match of context's suffix, past its first token,
         which is the match's guess for the token being computed. Empty when nothing matches (or
         k <= 0: a plain step).
