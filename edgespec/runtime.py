@@ -309,15 +309,9 @@ class Engine:
         generation, its own shapes), their post-compile costs added to the calibration saved in `folder` (default
         <home>/calibration) for this machine, backend and pair; then forget both caches. Later
         adaptive requests start from the calibration's medians."""
-        from importlib.metadata import version
-
-        import mlx.core as mx
-
         import edgespec.calibration as calib
-        from edgespec.loading.paths import home
 
-        key = calib.calibration_key(self.name, str(mx.default_device()), {"mlx": version("mlx")})
-        path = calib.calibration_path(folder or home() / "calibration", self.name)
+        key, path = self._calibration_file(folder)
         saved = calib.Calibration.load(path, key) or calib.Calibration(key)
         prompt = self.encode_chat([{"role": "user", "content": calib.WARM_PROMPT}])
         cycle = calib.KCycle(config.spec.k_max)
@@ -334,6 +328,30 @@ class Engine:
         self.calibration = saved.add(*calib.round_costs(e for e in events if isinstance(e, Round)))
         self.calibration.save(path)
         return self.calibration
+
+    def use_saved_calibration(self, folder: Path | None = None) -> Calibration | None:
+        """Seed adaptive K from the calibration an earlier warm_up saved for this machine,
+        backend and pair (`folder`: as warm_up's), without measuring anything; None (and no
+        seed) where there is none. `edgespec generate` starts from it."""
+        from edgespec.calibration import Calibration
+
+        key, path = self._calibration_file(folder)
+        saved = Calibration.load(path, key)
+        if saved is not None:
+            self.calibration = saved
+        return saved
+
+    def _calibration_file(self, folder: Path | None) -> tuple[dict[str, str], Path]:
+        """This engine's calibration key and the file it is saved in (edgespec.calibration)."""
+        from importlib.metadata import version
+
+        import mlx.core as mx
+
+        import edgespec.calibration as calib
+        from edgespec.loading.paths import home
+
+        key = calib.calibration_key(self.name, str(mx.default_device()), {"mlx": version("mlx")})
+        return key, calib.calibration_path(folder or home() / "calibration", self.name)
 
     def reset(self) -> None:
         """Forget both caches (the next request prefills from scratch)."""

@@ -32,9 +32,10 @@ from edgespec.bench.methods import (
     mlx_lm_draft,
     peer_draft,
 )
-from edgespec.bench.plan import BenchPlan
+from edgespec.bench.plan import SPEC_METHODS, BenchPlan
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord, bucket_rounds
+from edgespec.config import GenerationConfig, SpecConfig
 from edgespec.errors import ConfigError
 from edgespec.families import family_of
 
@@ -114,12 +115,28 @@ def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
     an H100) could otherwise land inside a timed run."""
     if engine.backend.compiles_per_shape:
         warm_kernels(engine, KERNEL_LENGTHS)
+    calibrate(engine, plan)
     n = min(plan.warmup_tokens, plan.max_tokens)
     for temp in plan.temps:
         for method, k in plan.variants():
             METHODS[method].run(
                 engine_for(engine, method), prompt_ids, Point(max(k, 1), temp, n, plan.seed)
             )
+
+
+def calibrate(engine: Any, plan: BenchPlan) -> None:
+    """Calibrate adaptive K on each engine an adaptive method of `plan` runs on, as the chat and
+    the server do at load (Engine.warm_up, edgespec.calibration): the bench then times the
+    policy users run, which starts from measured costs (a plain step's among them) instead of
+    learning them inside each answer."""
+    done: set[int] = set()
+    for method, _ in plan.variants():
+        fields = SPEC_METHODS[method][3] if method in SPEC_METHODS else {}
+        runs_on = engine_for(engine, method)
+        if not fields.get("adaptive") or id(runs_on) in done or not runs_on.has_draft:
+            continue
+        done.add(id(runs_on))
+        runs_on.warm_up(GenerationConfig(spec=SpecConfig(**fields)))
 
 
 def iter_bench(

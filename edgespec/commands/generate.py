@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if sys.stderr.isatty() and primary:
         print("\r".ljust(61), end="\r", file=sys.stderr, flush=True)
+    if group is None:
+        engine.use_saved_calibration()  # adaptive K starts from the chat's or bench's costs
     note = apply_think(engine, args.think, raw=args.raw)
     if note and primary:
         print(f"edgespec generate: note: {note}", file=sys.stderr)

@@ -68,7 +68,8 @@ REVIEW_EVERY, REVIEW_MOST = 8, 32
 # that loses to plain decoding stays on), on a CPU at 32K tokens a row's attention does the
 # same. So once per generation, where the decision could hang on it (drafting predicted to win
 # by less than PRICE_EDGE), PRICE_STEPS plain steps are run and timed (a pipelined run times the
-# middle ones), at most PRICE_TRIES times while lookups take those rounds instead.
+# middle ones), at most PRICE_TRIES times while lookups take those rounds instead; never where
+# a calibration (Engine.warm_up: the chat, the server, the bench) priced a plain step already.
 # (research/replay/: the cost-profile replay.)
 PRICE_STEPS, PRICE_EDGE, PRICE_TRIES = 4, 2.0, 2
 
@@ -356,13 +357,16 @@ class AdaptiveK:
 
     def _price_check(self, method: str | None) -> bool:
         """Whether this round is a step of a price check (PRICE_STEPS): no plain step timed in
-        this generation yet, the draft's cost measured (OFF_AFTER timings) and drafting
-        predicted to beat a plain step, but by less than PRICE_EDGE. The draft stays on meanwhile
+        this generation yet nor seeded by a calibration, the draft's cost measured (OFF_AFTER
+        timings) and drafting predicted to beat a plain step, but by less than PRICE_EDGE. The draft stays on meanwhile
         (no reviews, no probes: the check is not the policy switching it off)."""
         if self._pricing > 0:
             self._pricing -= 1
             return True
-        if not self._price_tries or not self.allow_plain or 1 in self.verify_costs.medians():
+        # A plain step priced by this run, or by a calibration (Engine.warm_up, scaled to this
+        # context by verify_means): no check, whose steps cost more than they look on a CPU
+        # (the pipeline's restart, the draft's catch-up after them).
+        if not self._price_tries or not self.allow_plain or 1 in self.verify_means:
             return False
         args = self._inputs(method)
         if args is None or self.estimates[method].timings < OFF_AFTER:  # type: ignore[index]

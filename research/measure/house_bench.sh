@@ -15,7 +15,7 @@ mkdir -p "$out"
 summary='
 import json, sys
 doc = json.load(open(sys.argv[1]))
-cells = [m["label"] + ": " + format(m["tokens_per_s"], ".1f") for m in doc["methods"]]
+cells = [m["label"] + ": " + format(m["overall"]["tokens_per_s"], ".1f") for m in doc["methods"]]
 print(sys.argv[2], "|", " | ".join(sorted(cells)))
 '
 args=(bench --limit 2 --max-tokens 96 --temp 0,0.7 --methods plain,adaptive-hybrid --quiet)

@@ -97,3 +97,34 @@ def test_warm_up_generates_again_when_an_answer_stops_before_the_cycle_ends(
     config = GenerationConfig(spec=SpecConfig(k=2, k_max=3, adaptive=True, method="draft"))
     cal = engine.warm_up(config, tmp_path)
     assert len(calls) == 2 and {2, 3, 4} <= set(cal.verify)
+
+
+def test_a_saved_calibration_seeds_an_engine_that_did_not_warm_up(
+    engine, tiny_models, tmp_path: Path
+) -> None:
+    """`edgespec generate` runs no warm-up: it starts from the calibration the chat, the server
+    or the bench saved for this machine and pair (Engine.use_saved_calibration), or from none."""
+    from edgespec.runtime import Engine
+
+    fresh = Engine(*tiny_models)
+    assert fresh.use_saved_calibration(tmp_path) is None and fresh.calibration is None
+    config = GenerationConfig(spec=SpecConfig(k=2, k_max=3, adaptive=True, method="draft"))
+    saved = engine.warm_up(config, tmp_path)
+    assert fresh.use_saved_calibration(tmp_path) == saved == fresh.calibration
+    assert 1 in saved.medians()[1]  # a plain step priced: adaptive K runs no price check
+
+
+def test_the_bench_calibrates_the_engines_its_adaptive_methods_run_on(
+    engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench times what the chat and the server run: adaptive K from a calibration. Fixed
+    K and plain decoding need none."""
+    from edgespec.bench.plan import BenchPlan
+    from edgespec.bench.runner import calibrate
+
+    calls: list[SpecConfig] = []
+    monkeypatch.setattr(engine, "warm_up", lambda config: calls.append(config.spec))
+    calibrate(engine, BenchPlan(methods=("plain", "spec", "hybrid")))
+    assert calls == []
+    calibrate(engine, BenchPlan(methods=("plain", "adaptive-hybrid", "adaptive")))
+    assert [(s.method, s.adaptive) for s in calls] == [("hybrid", True)]  # once per engine
