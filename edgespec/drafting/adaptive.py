@@ -69,9 +69,13 @@ REVIEW_EVERY, REVIEW_MOST = 8, 32
 # same. So once per generation, where the decision could hang on it (drafting predicted to win
 # by less than PRICE_EDGE), PRICE_STEPS plain steps are run and timed (a pipelined run times the
 # middle ones), at most PRICE_TRIES times while lookups take those rounds instead; never where
-# a calibration (Engine.warm_up: the chat, the server, the bench) priced a plain step already.
+# a calibration (Engine.warm_up: the chat, the server, the bench) priced a plain step at a
+# context whose costs this run's still match (SEED_TRUST).
 # (research/replay/: the cost-profile replay.)
 PRICE_STEPS, PRICE_EDGE, PRICE_TRIES = 4, 2.0, 2
+# A calibration's plain step is trusted (no price check) while this run's verifies cost at most
+# this many times the calibration's.
+SEED_TRUST = 1.25
 
 
 @dataclass
@@ -293,9 +297,14 @@ class AdaptiveK:
         own = self.verify_costs.medians()
         if not self._seeded:
             return own
-        ratios = [t / self._seeded[L] for L, t in own.items() if L in self._seeded]
-        scale = statistics.median(ratios) if ratios else 1.0
+        scale = self._seed_scale(own)
         return {**{L: t * scale for L, t in self._seeded.items()}, **own}
+
+    def _seed_scale(self, own: dict[int, float]) -> float:
+        """The median ratio of this run's verify costs to the seed's over the lengths both
+        have, 1.0 before any."""
+        ratios = [t / self._seeded[L] for L, t in own.items() if L in self._seeded]
+        return statistics.median(ratios) if ratios else 1.0
 
     def _inputs(
         self, method: str | None
@@ -363,10 +372,15 @@ class AdaptiveK:
         if self._pricing > 0:
             self._pricing -= 1
             return True
-        # A plain step priced by this run, or by a calibration (Engine.warm_up, scaled to this
-        # context by verify_means): no check, whose steps cost more than they look on a CPU
-        # (the pipeline's restart, the draft's catch-up after them).
-        if not self._price_tries or not self.allow_plain or 1 in self.verify_means:
+        # A plain step priced by this run, or by a calibration (Engine.warm_up) whose costs
+        # this run's verifies still match (the calibration's short context): no check, whose
+        # steps cost more than they look on a CPU (the pipeline's restart, the draft's catch-up
+        # after them). Where the verifies cost more (a longer context), the seed's plain step
+        # scaled with them is a guess again (on a CPU at 32K a row's attention costs more than
+        # the step's weights), and the check runs.
+        own = self.verify_costs.medians()
+        seeded = 1 in self._seeded and self._seed_scale(own) <= SEED_TRUST
+        if not self._price_tries or not self.allow_plain or 1 in own or seeded:
             return False
         args = self._inputs(method)
         if args is None or self.estimates[method].timings < OFF_AFTER:  # type: ignore[index]

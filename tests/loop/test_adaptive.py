@@ -449,8 +449,8 @@ def test_a_calibrated_plain_step_needs_no_price_check() -> None:
     """A calibration that timed a plain step (Engine.warm_up: the chat, the server, the bench)
     prices it already: no check's plain steps, which cost a CPU more than they look (the
     pipeline restarts, the draft catches up after them); the policy decides from the seed (here
-    the true 1.0: the hopeless draft goes off without a check), and a seed without a plain
-    step still gets its check."""
+    the true 1.0: the hopeless draft goes off without a check). A seed without a plain step, or
+    one whose verifies this run finds 2x dearer (a longer context), still gets its check."""
     seeded = AdaptiveK(4, 8)
     seeded.seed({"draft": 0.1}, {1: 1.0, 2: 1.725})
     chosen = _hopeless(seeded, 60, v1=1.0)
@@ -459,11 +459,12 @@ def test_a_calibrated_plain_step_needs_no_price_check() -> None:
     on_costs.seed({"draft": 0.1}, {1: 1.57, 2: 1.725})  # a plain step as dear as the guess
     chosen = _hopeless(on_costs, 60, v1=1.57)
     assert 0 not in chosen  # no check ran: the draft stayed on throughout
-    unseeded = AdaptiveK(4, 8)
-    unseeded.seed({"draft": 0.1}, {2: 1.725})
-    chosen = _hopeless(unseeded, 60, v1=1.57)
-    first = chosen.index(0)
-    assert chosen[first : first + PRICE_STEPS] == [0] * PRICE_STEPS
+    for seed in ({2: 1.725}, {1: 0.8, 2: 0.8}):  # no plain step; one from a shorter context
+        checked = AdaptiveK(4, 8)
+        checked.seed({"draft": 0.1}, seed)
+        chosen = _hopeless(checked, 60, v1=1.57)
+        first = chosen.index(0)
+        assert chosen[first : first + PRICE_STEPS] == [0] * PRICE_STEPS, seed
 
 
 def test_lookups_behind_plain_steps_are_priced_though_never_timed() -> None:
