@@ -10,7 +10,9 @@ prints one JSON line:
 
 short_solo_s      a short chat request's latency alone (max_tokens 8; the median of --runs)
 long_solo_ttft_s  a long prompt's time to its first token alone (--notes notes, ~15 tokens each)
-short_beside_s    the short request's latency when it arrives 1 s after the long one started
+short_beside_s    the short request's latency beside the long one's prefill: the median of --runs
+                  such requests, one after another from 1 s after the long one started
+                  (each in short_besides_s)
 long_beside_ttft_s  the long prompt's TTFT in that run
 long_beside4_ttft_s the long prompt's TTFT when it arrives while 4 short streams run
                     (max_tokens 32 each, started together just before it)
@@ -106,7 +108,7 @@ def measure(url: str, text: str, runs: int) -> dict[str, Any]:
     thread, beside = in_thread(lambda: chat(url, text, 4))
     wait_running(url, 1)
     time.sleep(1.0)
-    short_beside = chat(url, SHORTS[0], 8)["latency"]
+    besides = [chat(url, SHORTS[0], 8)["latency"] for _ in range(runs)]  # one after another
     thread.join()
     streams = [in_thread(lambda s=s: chat(url, s, 32)) for s in SHORTS[1:5]]
     wait_running(url, 4)
@@ -117,7 +119,8 @@ def measure(url: str, text: str, runs: int) -> dict[str, Any]:
         "prompt_tokens": long_solo["prompt_tokens"],
         "short_solo_s": round(short_solo, 3),
         "long_solo_ttft_s": round(long_solo["ttft"], 3),
-        "short_beside_s": round(short_beside, 3),
+        "short_beside_s": round(statistics.median(besides), 3),
+        "short_besides_s": [round(t, 3) for t in besides],
         "long_beside_ttft_s": round(beside["ttft"], 3),
         "long_beside4_ttft_s": round(long4["ttft"], 3),
         "short4_latency_s": [round(out["latency"], 3) for _, out in streams],
