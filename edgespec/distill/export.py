@@ -37,9 +37,17 @@ class Card:
         "the target's top-k log-probabilities)"
     )
     curve: list[dict[str, float]] = field(default_factory=list)
-    licence: str = (
-        "Derived from SmolLM2-135M-Instruct (Apache-2.0, HuggingFaceTB): its embedding and "
-        "layers initialise this draft and its answers are the training data. Apache-2.0."
+    licence: str = ""  # the card's licence section; "" : derived_licence(target)
+
+
+def derived_licence(target: str) -> str:
+    """A distilled draft's licence text: the target's layers initialise it and its answers are
+    the training data, so the target's terms carry over (whatever they are: EdgeSpec does not
+    know them)."""
+    return (
+        f"Derived from {target}: its embedding and layers initialise this draft and its answers "
+        "are the training data, so this draft is under the target's licence (see the target's "
+        "model card and licence file)."
     )
 
 
@@ -112,5 +120,5 @@ Curve (held-out agreement versus training tokens seen):
 
 ## Licence
 
-{card.licence}
+{card.licence or derived_licence(card.target)}
 """

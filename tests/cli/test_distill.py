@@ -278,7 +278,9 @@ def test_cli_end_to_end_exports_a_loadable_4bit_draft(
     on[np.array(model.head_ids)] = True
     assert np.isneginf(logits[~on]).all() and np.isfinite(logits[on]).all()
     card = (out / "draft" / "README.md").read_text()
-    assert "edgespec distill --target" in card and "Apache-2.0" in card
+    assert "edgespec distill --target" in card and "Apache-2.0" not in card
+    licence = card.split("## Licence")[1]
+    assert "under the target's licence" in licence  # not the embedded target's Apache-2.0
     assert "--warmup 1" in card and "--bits 4" in card  # the card's command reproduces the run
     assert "4-bit" in card
 
