@@ -69,8 +69,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 WINDOW_HELP = (
     f"past 2N tokens of context a draft attends to its first {DRAFT_SINKS} positions and "
     f"its last N only, so its steps cost the same at any length (0: the whole context; default: "
-    f"the draft family's, {DRAFT_WINDOW} for a token draft and the whole context for the others; "
-    f"output is unchanged)"
+    f"the draft family's, {DRAFT_WINDOW} for token and EAGLE drafts, the whole context for "
+    f"block drafts, MTP heads and assistants; output is unchanged)"
 )
 
 

@@ -149,11 +149,11 @@ def test_short_contexts_and_trees_keep_a_feature_drafts_full_cache(engines):
     assert all(type(c) is KVCache for c in engine._draft.kv.cache)  # a tree's: full, from scratch
 
 
-@pytest.mark.parametrize("name", DRAFTS)
-def test_feature_and_block_drafts_keep_the_whole_context_by_default(engines, name):
-    """No window asked for: past twice the token draft's window, an EAGLE, DFlash or DFlash2
-    draft still attends to the whole context, its family's default (as its references read it:
-    docs/drafting.md, Long contexts); a window asked for still bounds it."""
+@pytest.mark.parametrize("name", ["dflash", "dflash2"])
+def test_block_drafts_keep_the_whole_context_by_default(engines, name):
+    """No window asked for: past twice DRAFT_WINDOW tokens, a DFlash or DFlash2 draft still
+    attends to the whole context, its family's default (as z-lab's DFlash does: docs/drafting.md,
+    Long contexts); a window asked for still bounds it."""
     engine = engines[name]
     prompt = _prompt(engine, 2 * DRAFT_WINDOW + 200, seed=5)
     engine.reset()
@@ -164,6 +164,22 @@ def test_feature_and_block_drafts_keep_the_whole_context_by_default(engines, nam
     assert token_ids(events) == plain_ids(engine, prompt, 8)
     gen(engine, prompt, _spec(), 8)
     _assert_bounded(engine)
+
+
+def test_an_eagle_draft_takes_its_familys_window_by_default(engines):
+    """No window asked for: past twice DRAFT_WINDOW tokens, an EAGLE draft is bounded to
+    DRAFT_WINDOW, its family's measured default; `--draft-window 0` still attends to it all."""
+    engine = engines["eagle"]
+    prompt = _prompt(engine, 2 * DRAFT_WINDOW + 200, seed=5)
+    engine.reset()
+    events = gen(engine, prompt, SpecConfig(k=3, method="draft", adaptive=False), 8)
+    assert any(r.drafted for r in rounds_of(events))
+    assert engine._draft.kv.bound == Bound(DRAFT_WINDOW, DRAFT_SINKS)
+    _assert_bounded(engine, DRAFT_WINDOW)
+    assert token_ids(events) == plain_ids(engine, prompt, 8)
+    gen(engine, prompt, _spec(0), 8)
+    assert engine._draft.kv.bound is None
+    assert all(type(c) is KVCache for c in engine._draft.kv.cache)
 
 
 def test_a_bounded_block_draft_attends_to_its_sinks_and_last_window_only(engines):

@@ -19,7 +19,7 @@ from edgespec.families.feature import FEATURE, OWN_HEAD
 # The table in docs/drafting.md: 0 is the whole context.
 DEFAULTS = {
     "token": (TOKEN, DRAFT_WINDOW),
-    "eagle": (FEATURE, 0),
+    "eagle": (FEATURE, DRAFT_WINDOW),
     "mtp": (OWN_HEAD, 0),
     "dflash": (BLOCK, 0),
     "dflash2": (DFLASH2, 0),
