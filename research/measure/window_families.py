@@ -155,7 +155,7 @@ def report(args: argparse.Namespace) -> None:
         kind, n = prompt.split("@")
         groups.setdefault((pair, n, w), []).append(c)
         texts.setdefault((pair, prompt), set()).add(c["text"])
-    for (pair, n, w), cs in sorted(groups.items()):
+    for (pair, n, w), cs in sorted(groups.items(), key=lambda g: (g[0][0], int(g[0][1]), g[0][2])):
         d, a = sum(c["drafted"] for c in cs), sum(c["accepted"] for c in cs)
         r, rej = sum(c["rounds"] for c in cs), sum(c["rejections"] for c in cs)
         tokens = sum(c["tokens"] for c in cs)
@@ -163,6 +163,32 @@ def report(args: argparse.Namespace) -> None:
         print(
             f"| {pair} | {n} | {w} | {d} | {r} | {a / d:.3f} | {alpha_mle(a, rej):.3f} | "
             f"{tokens / r:.2f} | {same} |"
+        )
+
+    print()
+    print("| pair | context | texts | acceptance, window - whole (points) | relative | per text |")
+    print("|---|---|---|---|---|---|")
+    pairs = sorted({(k.split("|")[0], k.split("|")[1].split("@")[1]) for k in cells})
+    for pair, n in sorted(pairs, key=lambda p: (p[0], int(p[1]))):
+        prompts = sorted(
+            {k.split("|")[1] for k in cells if k.startswith(pair + "|") and k.endswith(f"@{n}|0")}
+        )
+        both = [p for p in prompts if f"{pair}|{p}|1024" in cells]
+        if not both:
+            continue
+        acc = {
+            w: sum(cells[f"{pair}|{p}|{w}"]["accepted"] for p in both)
+            / sum(cells[f"{pair}|{p}|{w}"]["drafted"] for p in both)
+            for w in ("1024", "0")
+        }
+        per = [
+            cells[f"{pair}|{p}|1024"]["acceptance"] - cells[f"{pair}|{p}|0"]["acceptance"]
+            for p in both
+        ]
+        print(
+            f"| {pair} | {n} | {len(both)} | {100 * (acc['1024'] - acc['0']):+.1f} | "
+            f"{100 * (acc['1024'] / acc['0'] - 1):+.1f}% | "
+            f"{', '.join(f'{100 * d:+.1f}' for d in per)} |"
         )
 
 
