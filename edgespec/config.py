@@ -15,9 +15,12 @@ DEFAULT_K_MAX = 8  # SpecConfig.k_max's default
 # A draft's attention bound (SpecConfig.draft_window, bound.Bound): the window, in positions,
 # and the first positions every draft position also sees (attention sinks). On this project's
 # measurements a window of 256 to 1024 kept a token draft's acceptance at 2K tokens of context
-# (docs/measurements/2026-11-28-long-context-draft.md); 1024 leaves room to spare. Feature, block
-# and assistant drafts take the same (docs/measurements/2026-11-29-long-context-drafts.md).
+# (docs/measurements/2026-11-28-long-context-draft.md); 1024 leaves room to spare. The window a
+# draft gets when no window is asked for is its family's (Family.default_window, measured per
+# family at 4K and 8K: docs/measurements/2026-12-06-block-bound-and-window.md); DRAFT_WINDOW is
+# the one a family that keeps a window takes.
 DRAFT_WINDOW = 1024
+WHOLE_CONTEXT = 0  # a draft_window of 0: the draft attends to the whole context
 DRAFT_SINKS = 4
 MIN_DRAFT_WINDOW = 2 * (MAX_K + 2)  # twice what a rewind may drop (rewind.DEPTH)
 # Bits of a quantized KV cache (Engine kv_bits, --kv-bits; edgespec/cache.py quantized).
@@ -132,9 +135,10 @@ class SpecConfig:
     # A draft's attention bound (bound.Bound; token, feature and block drafts' own attention, a
     # Gemma 4 assistant's reading of the target's full layer): past 2 * draft_window tokens of
     # context it attends to its first DRAFT_SINKS positions and its last draft_window ones, so a
-    # draft step costs the same at any length; 0 attends to the whole context. Drafts only: the
-    # target verifies every token over the whole context, so output is unchanged either way.
-    draft_window: int = DRAFT_WINDOW
+    # draft step costs the same at any length; 0 attends to the whole context; None (the
+    # default) takes the draft family's own default (`window`, Family.default_window). Drafts
+    # only: the target verifies every token over the whole context, so output is unchanged.
+    draft_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.draft_window and not MIN_DRAFT_WINDOW <= self.draft_window:
@@ -188,6 +192,14 @@ class SpecConfig:
         """The suffix match length from which a lookup proposes up to ngram_long_k tokens
         (0: never): ngram_long, capped at ngram_max, the longest match looked up."""
         return min(self.ngram_long, self.ngram_max)
+
+    def window(self, default: int) -> int:
+        """The draft window this request bounds a draft to (0: the whole context): the one asked
+        for, else `default` (the draft family's, Family.default_window); 0 for a tree, whose
+        forward needs the draft's full cache."""
+        if self.tree:
+            return WHOLE_CONTEXT
+        return default if self.draft_window is None else self.draft_window
 
 
 @dataclass(frozen=True)

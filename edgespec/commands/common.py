@@ -8,6 +8,7 @@ from typing import Any
 
 from edgespec.config import (
     DRAFT_SINKS,
+    DRAFT_WINDOW,
     KV_BITS,
     MTP_DRAFT,
     GenerationConfig,
@@ -67,8 +68,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 WINDOW_HELP = (
     f"past 2N tokens of context a draft attends to its first {DRAFT_SINKS} positions and "
-    f"its last N only, so its steps cost the same at any length (0: the whole context; default "
-    f"{SpecConfig.draft_window}; output is unchanged)"
+    f"its last N only, so its steps cost the same at any length (0: the whole context; default: "
+    f"the draft family's, {DRAFT_WINDOW} for token and EAGLE drafts, the whole context for "
+    f"block drafts, MTP heads and assistants; output is unchanged)"
 )
 
 

@@ -34,7 +34,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import Forward, KVState, quantized
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_WINDOW, WHOLE_CONTEXT, SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.ngram import HYBRID_MIN_MATCH, HybridDrafter, NgramDrafter
 from edgespec.drafting.token import DraftSteps, ModelDrafter, fit_vocab
@@ -53,13 +53,20 @@ class Family(Protocol):
     `name`: "none", "token", "feature", "block" or "assistant". `reads_features`: its drafter
     reads the verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head
     (`--method mtp`); `blocks`: it drafts a whole block in one forward (`--method block`);
-    `reads_target_cache`: it keeps no cache of its own (nothing of it to check for rewinding)."""
+    `reads_target_cache`: it keeps no cache of its own (nothing of it to check for rewinding).
+    `default_window`: the draft window (SpecConfig.draft_window; 0: the whole context) its
+    drafts get when a request asks for none (SpecConfig.window), measured per family
+    (docs/drafting.md, Long contexts)."""
 
     name: str
     reads_features: bool
     own_head: bool
     blocks: bool
     reads_target_cache: bool
+
+    @property
+    def default_window(self) -> int:
+        return WHOLE_CONTEXT  # no draft to bound
 
     def new_states(
         self,
@@ -160,6 +167,12 @@ class TokenFamily(NoDraft):
 
     name = "token"
 
+    @property
+    def default_window(self) -> int:
+        """DRAFT_WINDOW: a window costs a token draft no acceptance at 8K tokens of context
+        (docs/drafting.md, Long contexts)."""
+        return DRAFT_WINDOW
+
     def new_states(
         self,
         backend: Any,
@@ -176,7 +189,7 @@ class TokenFamily(NoDraft):
     def prepare(self, state: KVState, spec: SpecConfig) -> None:
         if spec.method in ("draft", "hybrid"):
             state.check_speculation()
-        state.bind(0 if spec.tree else spec.draft_window)  # a tree's forward needs the full cache
+        state.bind(spec.window(self.default_window))  # 0 for a tree: it needs the full cache
 
     def prefill(
         self,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from edgespec.cache import KVState
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.config import WHOLE_CONTEXT, SamplingConfig, SpecConfig
 from edgespec.drafting.assistant import AssistantDrafter, AssistantState, shared_kv
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.token import fit_vocab
@@ -33,6 +33,12 @@ class AssistantFamily(FeatureFamily):
 
     name = "assistant"
     reads_target_cache = True
+
+    @property
+    def default_window(self) -> int:
+        """The whole context: its full layer reads all of the target's keys and values, as
+        mlx-vlm's Gemma 4 assistant does (docs/drafting.md, Long contexts)."""
+        return WHOLE_CONTEXT
 
     def __init__(self) -> None:
         super().__init__(own_head=True)

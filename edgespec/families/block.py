@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from edgespec.cache import KVState
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.config import WHOLE_CONTEXT, SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.block import BlockDrafter, BlockState
 from edgespec.drafting.dflash2 import DFlash2Drafter
@@ -32,6 +32,12 @@ class BlockFamily(FeatureFamily):
 
     name = "block"
     blocks = True
+
+    @property
+    def default_window(self) -> int:
+        """The whole context, as z-lab's DFlash (dflash/model_mlx.py, `sliding_window_size`
+        None by default; docs/drafting.md, Long contexts)."""
+        return WHOLE_CONTEXT
 
     def _draft_state(self, backend: Any, draft: Any, verifier: KVState) -> BlockState:
         return BlockState(draft.model, f"draft {draft.name}", backend.new_cache, backend.softmax)

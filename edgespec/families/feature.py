@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from edgespec.cache import PREFILL_CHUNK, Forward, KVState, quantized
-from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_WINDOW, WHOLE_CONTEXT, SamplingConfig, SpecConfig
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.feature import FeatureDrafter, FeatureState, prefill
 from edgespec.errors import ConfigError
@@ -37,6 +37,14 @@ class FeatureFamily:
 
     def __init__(self, own_head: bool = False):
         self.own_head = own_head
+
+    @property
+    def default_window(self) -> int:
+        """The draft window when a request asks for none (SpecConfig.window): DRAFT_WINDOW for
+        EAGLE and EAGLE-3 drafts (measured: at 8K tokens of context the window costs them no
+        acceptance, docs/drafting.md, Long contexts); the whole context for the target's own MTP
+        / next-n head, which could not be measured here, as vLLM's MTP drafts read it."""
+        return WHOLE_CONTEXT if self.own_head else DRAFT_WINDOW
 
     def new_states(
         self,
@@ -65,7 +73,7 @@ class FeatureFamily:
         holds its sinks and last window, and it reads only those of a long prompt
         (FeatureState.first_input). Nothing to check: positions drafted on guesses are rolled
         back every round."""
-        state.kv.bind(0 if spec.tree else spec.draft_window)
+        state.kv.bind(spec.window(self.default_window))
 
     def later(self, target: KVState, state: FeatureState, draft_too: bool) -> None:
         return None  # its prefill is the target's

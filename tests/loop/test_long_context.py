@@ -10,8 +10,9 @@ import pytest
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
+from edgespec.bound import Bound
 from edgespec.cache import KVState
-from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_SINKS, DRAFT_WINDOW, SamplingConfig, SpecConfig
 from edgespec.rewind import WindowKVCache
 from edgespec.runtime import Engine
 from tests.helpers import first_two_p_value, gen, plain_ids, rounds_of, token_ids
@@ -108,6 +109,20 @@ def test_short_contexts_and_trees_keep_the_drafts_full_cache(long_engine):
     tree = SpecConfig(k=2, method="draft", tree="2,1", draft_window=WINDOW)
     assert token_ids(gen(engine, long, tree, 12)) == want  # a tree's draft starts over, full
     assert not any(isinstance(layer, WindowKVCache) for layer in engine._draft.cache)
+
+
+def test_a_token_draft_takes_its_familys_window_by_default(long_engine):
+    """No window asked for: past twice DRAFT_WINDOW tokens, a token draft is bounded to its
+    family's default window (docs/drafting.md, Long contexts), and output is plain decoding's."""
+    engine = long_engine
+    prompt = _prompt(engine, 2 * DRAFT_WINDOW + 200, seed=7)
+    engine.reset()
+    events = gen(engine, prompt, SpecConfig(k=2, method="draft", adaptive=False), 8)
+    assert any(r.drafted for r in rounds_of(events))
+    assert engine._draft.bound == Bound(DRAFT_WINDOW, DRAFT_SINKS)
+    assert all(isinstance(layer, WindowKVCache) for layer in engine._draft.cache)
+    assert _held(engine._draft) <= DRAFT_SINKS + DRAFT_WINDOW + 2 * WindowKVCache.step
+    assert token_ids(events) == plain_ids(engine, prompt, 8)
 
 
 N_SEEDS = 400

@@ -17,7 +17,7 @@ from mlx_lm.models.cache import KVCache
 
 from edgespec.architectures.block_mask import block_mask
 from edgespec.bound import Bound
-from edgespec.config import DRAFT_SINKS, SamplingConfig, SpecConfig
+from edgespec.config import DRAFT_SINKS, DRAFT_WINDOW, SamplingConfig, SpecConfig
 from edgespec.drafting import assistant
 from edgespec.rewind import WindowKVCache
 from edgespec.runtime import Engine
@@ -149,6 +149,39 @@ def test_short_contexts_and_trees_keep_a_feature_drafts_full_cache(engines):
     assert all(type(c) is KVCache for c in engine._draft.kv.cache)  # a tree's: full, from scratch
 
 
+@pytest.mark.parametrize("name", ["dflash", "dflash2"])
+def test_block_drafts_keep_the_whole_context_by_default(engines, name):
+    """No window asked for: past twice DRAFT_WINDOW tokens, a DFlash or DFlash2 draft still
+    attends to the whole context, its family's default (as z-lab's DFlash does: docs/drafting.md,
+    Long contexts); a window asked for still bounds it."""
+    engine = engines[name]
+    prompt = _prompt(engine, 2 * DRAFT_WINDOW + 200, seed=5)
+    engine.reset()
+    events = gen(engine, prompt, SpecConfig(k=3, method="draft", adaptive=False), 8)
+    assert any(r.drafted for r in rounds_of(events))
+    assert engine._draft.kv.bound is None
+    assert all(type(c) is KVCache for c in engine._draft.kv.cache)
+    assert token_ids(events) == plain_ids(engine, prompt, 8)
+    gen(engine, prompt, _spec(), 8)
+    _assert_bounded(engine)
+
+
+def test_an_eagle_draft_takes_its_familys_window_by_default(engines):
+    """No window asked for: past twice DRAFT_WINDOW tokens, an EAGLE draft is bounded to
+    DRAFT_WINDOW, its family's measured default; `--draft-window 0` still attends to it all."""
+    engine = engines["eagle"]
+    prompt = _prompt(engine, 2 * DRAFT_WINDOW + 200, seed=5)
+    engine.reset()
+    events = gen(engine, prompt, SpecConfig(k=3, method="draft", adaptive=False), 8)
+    assert any(r.drafted for r in rounds_of(events))
+    assert engine._draft.kv.bound == Bound(DRAFT_WINDOW, DRAFT_SINKS)
+    _assert_bounded(engine, DRAFT_WINDOW)
+    assert token_ids(events) == plain_ids(engine, prompt, 8)
+    gen(engine, prompt, _spec(0), 8)
+    assert engine._draft.kv.bound is None
+    assert all(type(c) is KVCache for c in engine._draft.kv.cache)
+
+
 def test_a_bounded_block_draft_attends_to_its_sinks_and_last_window_only(engines):
     """The block forward over a bounded cache equals the one over a full cache given the mask of
     the bound (sinks and the last `window` context positions for every block query, every block
@@ -210,6 +243,27 @@ def test_greedy_output_equals_plain_at_32k_tokens_with_a_bounded_assistant(
     read.clear()
     gen(engine, prompt, _spec(0), 4)
     assert read and min(read) >= len(prompt) - 1  # unbounded: every position
+
+
+def test_an_assistant_reads_the_whole_full_layer_by_default(assistant_engine, monkeypatch):
+    """No window asked for: past twice the token draft's window, a Gemma 4 assistant's full
+    layer reads every position of the target's, as mlx-vlm's does."""
+    engine = assistant_engine
+    prompt = _prompt(engine, 2 * DRAFT_WINDOW + 200, seed=6)
+    read: list[int] = []
+    shared_kv = assistant.shared_kv
+
+    def spy(target: Any, window: int, bound: Bound | None = None) -> Any:
+        kv = shared_kv(target, window, bound)
+        read.append(int(kv["full_attention"][0].shape[2]))
+        return kv
+
+    monkeypatch.setattr(assistant, "shared_kv", spy)
+    engine.reset()
+    events = gen(engine, prompt, SpecConfig(k=3, method="draft", adaptive=False), 8)
+    assert any(r.drafted for r in rounds_of(events))
+    assert read and min(read) >= len(prompt) - 1
+    assert token_ids(events) == plain_ids(engine, prompt, 8)
 
 
 # ------------------------------------------------------------------------ sampled output
