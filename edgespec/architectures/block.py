@@ -79,12 +79,16 @@ class BlockArgs:
     causal_layers: tuple[bool, ...] = ()
     input_context: bool = False
     head_size: int = 0  # ours: score only head_ids (0: the whole vocabulary)
+    # Trained by EdgeSpec (model_type edgespec_block, research/block_draft/): on short answers,
+    # so past 2K of context it drafts better through the draft window (families/block.py).
+    ours: bool = False
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> BlockArgs:
         """Our config.json (fields at top level) or z-lab's (`dflash_config` nesting).
         head_dim defaults to hidden_size / num_attention_heads."""
-        flat = {**cfg, **cfg.get("dflash_config", {})}
+        ours = bool(cfg.get("ours", cfg.get("model_type") == MODEL_TYPE))
+        flat = {**cfg, **cfg.get("dflash_config", {}), "ours": ours}
         missing = [k for k in ("target_layer_ids", "mask_token_id", "block_size") if k not in flat]
         if missing:
             raise ValueError(f"a block draft's config.json needs {', '.join(missing)}")

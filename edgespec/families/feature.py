@@ -73,7 +73,11 @@ class FeatureFamily:
         holds its sinks and last window, and it reads only those of a long prompt
         (FeatureState.first_input). Nothing to check: positions drafted on guesses are rolled
         back every round."""
-        state.kv.bind(spec.window(self.default_window))
+        state.kv.bind(spec.window(self.window_of(state)))
+
+    def window_of(self, state: FeatureState) -> int:
+        """The draft window of this draft when a request asks for none: its family's."""
+        return self.default_window
 
     def later(self, target: KVState, state: FeatureState, draft_too: bool) -> None:
         return None  # its prefill is the target's

@@ -57,3 +57,26 @@ def test_the_command_line_leaves_the_window_to_the_family_unless_given():
     assert spec_from_args(_args()).draft_window is None
     assert spec_from_args(_args("--draft-window", "0")).draft_window == 0
     assert spec_from_args(_args("--draft-window", "2048")).draft_window == 2048
+
+
+def test_a_block_draft_edgespec_trained_keeps_the_window():
+    """z-lab's block drafts attend to the whole context (their reference); the block drafts
+    EdgeSpec trains (model_type edgespec_block) were measured to draft better through the
+    window at 4K and 8K, and keep it; a window asked for still wins."""
+    from types import SimpleNamespace
+
+    from edgespec.architectures.block import BlockArgs
+
+    base = {"target_layer_ids": [1], "mask_token_id": 3, "block_size": 8, "rope_theta": 1e4}
+    base |= {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}
+    base |= {"num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128}
+    base |= {"rms_norm_eps": 1e-6, "max_position_embeddings": 512}
+    ours = BlockArgs.from_config({"model_type": "edgespec_block", **base})
+    zlab = BlockArgs.from_config({"architectures": ["DFlashDraftModel"], "dflash_config": base})
+    assert ours.ours and not zlab.ours
+    for family in (BLOCK, DFLASH2):
+        state = SimpleNamespace(block=SimpleNamespace(args=ours))
+        assert SpecConfig().window(family.window_of(state)) == DRAFT_WINDOW
+        assert SpecConfig(draft_window=0).window(family.window_of(state)) == 0
+        state = SimpleNamespace(block=SimpleNamespace(args=zlab))
+        assert SpecConfig().window(family.window_of(state)) == 0
