@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import Forward, KVState, quantized
 from edgespec.config import SamplingConfig, SpecConfig
@@ -68,14 +67,16 @@ class Family(Protocol):
         draft: Any | None,
         kv_bits: int | None = None,
         run: Forward | None = None,
+        kind: type[KVState] = KVState,
     ) -> tuple[KVState, Any]:
         """Empty caches for a loaded target and this family's draft, over the backend's
         models (its twins on the CPU), its caches and sampling softmax (edgespec/backend.py).
         `kv_bits` (8 or 4): the target's (and a token draft's) full-attention layers are
         quantized caches (cache.quantized). `run`: who runs the target's (and a token draft's)
-        forwards (cache.Forward: a server's batch packs them; None: each state its own)."""
+        forwards (cache.Forward: a server's batch packs them; None: each state its own).
+        `kind`: the target state's class (KVState, or a caller's subclass of it)."""
         kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
-        return KVState(backend.model(target.model), f"target {target.name}", *kv, run), None
+        return kind(backend.model(target.model), f"target {target.name}", *kv, run), None
 
     def prepare(self, state: Any, spec: SpecConfig) -> None:
         """Before a speculative generation: check that the draft's cache can rewind and bound it
@@ -97,7 +98,7 @@ class Family(Protocol):
 
     def later(self, target: KVState, state: Any, draft_too: bool) -> KVState | None:
         """The draft state whose prompt reading waits for its first drafting round (a token
-        draft in a packed batch), else None."""
+        draft whose forwards are shared with other sequences', KVState.shared), else None."""
         return None
 
     def drafter(
@@ -119,20 +120,6 @@ class Family(Protocol):
     def cached_ids(self, state: Any) -> list[int] | None:
         """The token ids the draft's KV cache holds (None without a draft)."""
         return None
-
-    def forwards(self, state: Any) -> list[KVState]:
-        """The draft's states whose forwards a packed batch may route (the server's packer) and
-        that a warm-up runs alone: a token draft's."""
-        return []
-
-    def memory(self, state: Any) -> tuple[list[Any], int]:
-        """What the draft's state holds: its per-layer caches, and the bytes it holds besides
-        them (a feature draft's features)."""
-        return [], 0
-
-    def forkable(self, state: Any) -> bool:
-        """Whether a prefix of the draft's state can be copied into another (server/prefix.py)."""
-        return True
 
     def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
         """The target's and the draft's logits [V] for the token after `prompt`, from the two
@@ -167,10 +154,12 @@ class TokenFamily(NoDraft):
         draft: Any,
         kv_bits: int | None = None,
         run: Forward | None = None,
+        kind: type[KVState] = KVState,
     ) -> tuple[KVState, KVState]:
-        """The target's and the draft's KVStates, alike (both quantized with `kv_bits`)."""
+        """The target's and the draft's KVStates, alike (both quantized with `kv_bits`; the
+        target's of `kind`)."""
         kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
-        verifier = KVState(backend.model(target.model), f"target {target.name}", *kv, run)
+        verifier = kind(backend.model(target.model), f"target {target.name}", *kv, run)
         return verifier, KVState(backend.model(draft.model), f"draft {draft.name}", *kv, run)
 
     def prepare(self, state: KVState, spec: SpecConfig) -> None:
@@ -220,16 +209,6 @@ class TokenFamily(NoDraft):
 
     def cached_ids(self, state: KVState) -> list[int]:
         return list(state.tokens)
-
-    def forwards(self, state: KVState) -> list[KVState]:
-        return [state]
-
-    def memory(self, state: KVState) -> tuple[list[Any], int]:
-        return state.cache, 0
-
-    def forkable(self, state: KVState) -> bool:
-        """Plain mlx-lm KVCache layers only (no rotating or quantized ones)."""
-        return all(type(c) is KVCache for c in state.cache)
 
     def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
         inputs = mx.array(prompt, dtype=mx.int32)[None]

@@ -45,11 +45,12 @@ class FeatureFamily:
         draft: Any,
         kv_bits: int | None = None,
         run: Forward | None = None,
+        kind: type[KVState] = KVState,
     ) -> tuple[KVState, FeatureState]:
-        """The target's KVState (its cache quantized with `kv_bits`, returning the features the
-        draft reads) and the draft's state, on its own full-precision caches."""
+        """The target's state of `kind` (its cache quantized with `kv_bits`, returning the
+        features the draft reads) and the draft's state, on its own full-precision caches."""
         kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
-        verifier = KVState(backend.model(target.model), f"target {target.name}", *kv, run)
+        verifier = kind(backend.model(target.model), f"target {target.name}", *kv, run)
         verifier.feature_layers = draft.model.feature_layers  # what the draft reads
         return verifier, self._draft_state(backend, draft, verifier)
 
@@ -103,16 +104,6 @@ class FeatureFamily:
 
     def cached_ids(self, state: FeatureState) -> list[int]:
         return list(state.kv.tokens)
-
-    def memory(self, state: FeatureState) -> tuple[list[Any], int]:
-        features = 0 if state.features is None else int(state.features.nbytes)
-        return state.kv.cache, features
-
-    def forwards(self, state: FeatureState) -> list[KVState]:
-        return []  # its forwards read features: never packed with others'
-
-    def forkable(self, state: FeatureState) -> bool:
-        return False  # it also holds features, which a copied prefix would not bring
 
     def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
         """The draft reads the target's features of the prompt but its last token."""
