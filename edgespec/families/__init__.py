@@ -11,12 +11,13 @@ Engine, the round factory, the server, the bench) asks the family, never the dra
 - no draft (`NoDraft`): plain decoding or n-gram lookups only;
 - token (`TokenFamily`, here: the default): a draft LM with its own KV cache (EdgeSpec's drafts,
   any mlx-lm model);
-- feature (families/feature.py): EAGLE, EAGLE-3, MTP and next-n heads fed the target's hidden
-  states (`own_head`: the target's own MTP / next-n head, `--method mtp`);
-- block (families/block.py): DFlash-style block drafts, a whole block in one forward (DFlash2
-  drafts, model class `draft_family` "dflash2", are its variant whose chains walk a selector);
-- assistant (families/assistant.py): Gemma 4's `-assistant` heads, which read the target's top
-  hidden state and its KV cache (no cache of their own); also `--method mtp`.
+- feature (families/feature_family.py): EAGLE, EAGLE-3, MTP and next-n heads fed the target's
+  hidden states (`own_head`: the target's own MTP / next-n head, `--method mtp`);
+- block (families/block_family.py): DFlash-style block drafts, a whole block in one forward
+  (DFlash2 drafts, model class `draft_family` "dflash2", are its variant whose chains walk a
+  selector);
+- assistant (families/assistant_family.py): Gemma 4's `-assistant` heads, which read the target's
+  top hidden state and its KV cache (no cache of their own); also `--method mtp`.
 
 The methods "ngram" and "hybrid" are choices over a family (`chain_drafter`, `tree_drafter`): a
 lookup alone, or a lookup in front of the family's model drafter. Which family runs a model is
@@ -48,11 +49,12 @@ OnChunk = Callable[[int, int], object] | None
 
 class Family(Protocol):
     """What every family answers; the bodies are the empty family's (`NoDraft`). A family module
-    imported by `family_of` answers it in full without importing this one (families/feature.py).
-    `name`: "none", "token", "feature", "block" or "assistant". `reads_features`: its drafter
-    reads the verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head
-    (`--method mtp`); `blocks`: it drafts a whole block in one forward (`--method block`);
-    `reads_target_cache`: it keeps no cache of its own (nothing of it to check for rewinding)."""
+    imported by `family_of` answers it in full without importing this one
+    (families/feature_family.py). `name`: "none", "token", "feature", "block" or "assistant".
+    `reads_features`: its drafter reads the verify's features (FeatureInput); `own_head`: the
+    target's own MTP / next-n head (`--method mtp`); `blocks`: it drafts a whole block in one
+    forward (`--method block`); `reads_target_cache`: it keeps no cache of its own (nothing of it to
+    check for rewinding)."""
 
     name: str
     reads_features: bool
@@ -232,15 +234,15 @@ def model_family(model: Any) -> Family:
     if kind == "token":
         return TOKEN
     if kind in ("feature", "mtp"):
-        from edgespec.families.feature import FEATURE, OWN_HEAD
+        from edgespec.families.feature_family import FEATURE, OWN_HEAD
 
         return OWN_HEAD if kind == "mtp" else FEATURE
     if kind in ("block", "dflash2"):
-        from edgespec.families.block import BLOCK, DFLASH2
+        from edgespec.families.block_family import BLOCK, DFLASH2
 
         return DFLASH2 if kind == "dflash2" else BLOCK
     if kind == "assistant":
-        from edgespec.families.assistant import ASSISTANT
+        from edgespec.families.assistant_family import ASSISTANT
 
         return ASSISTANT
     raise ValueError(f"unknown draft family {kind!r}")
@@ -288,12 +290,12 @@ def tree_drafter(
     steps: DraftSteps | None = None,
 ) -> TreeDrafter:
     """The family's tree drafter; with method "hybrid" an n-gram lookup adds a branch
-    (trees/ngram.py). ConfigError without a draft model, TreeUnsupportedError for a draft the
+    (trees/ngram_branch.py). ConfigError without a draft model, TreeUnsupportedError for a draft the
     tree forward cannot run."""
     model = family.tree_drafter(spec, sampling, state, vocab, name, kernels, steps)
     if spec.method != "hybrid":
         return model
-    from edgespec.trees.ngram import NgramBranch
+    from edgespec.trees.ngram_branch import NgramBranch
 
     return NgramBranch(model, _ngram(spec), _min_match(spec), max(spec.k, spec.ngram_k), vocab)
 

@@ -28,7 +28,7 @@ UNUSED = (
     PACKAGES
     | ARCHITECTURES
     | {
-        "block",  # block drafts (drafting/block.py, families/block.py)
+        "block",  # block drafts (drafting/block.py, families/block_family.py)
         "feature",  # feature drafts (EAGLE, MTP, next-n)
         "assistant",  # Gemma 4 assistant drafts (families/, drafting/assistant.py)
         "dflash2",

@@ -236,7 +236,7 @@ class BlockModel(nn.Module):
     """fc + hidden_norm over the target's layer outputs, `num_hidden_layers` layers that read
     them as keys and values, a final norm; the target's embedding and head (attach)."""
 
-    draft_family = "block"  # run by edgespec/families/block.py
+    draft_family = "block"  # run by edgespec/families/block_family.py
 
     def __init__(self, args: BlockArgs):
         super().__init__()

@@ -1,5 +1,5 @@
 """The feature family: EAGLE, EAGLE-3, MTP and next-n heads, fed the target's hidden states
-(edgespec/drafting/feature.py; its trees: edgespec/trees/eagle.py). The verify forward returns
+(edgespec/drafting/feature.py; its trees: edgespec/trees/eagle_tree.py). The verify forward returns
 the features the draft reads (the target's `feature_layers`); the prompt's prefill records them."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class FeatureFamily:
     ) -> TreeDrafter:  # fmt: skip
         if spec.method in ("block", "block-tree"):
             raise ConfigError(f"--method {spec.method} needs a block draft (DFlash-style)")
-        from edgespec.trees.eagle import EagleTreeDrafter
+        from edgespec.trees.eagle_tree import EagleTreeDrafter
 
         return EagleTreeDrafter(state, sampling, vocab, kernels)
 
