@@ -5,8 +5,9 @@
     drafter = chain_drafter(spec, sampling, family, draft, vocab, name)
 
 A family (`Family`) owns its draft's state across rounds, the prompt's prefill, its chain
-drafter, its tree drafter (or a one-line refusal) and what it offers; the rest of EdgeSpec (the
-Engine, the round factory, the server, the bench) asks the family, never the draft's type:
+drafter, its tree drafter (or a one-line refusal) and what it offers; the Engine and the round
+factory ask the family, never the draft's type (the server, which copies and weighs cache sets,
+asks a draft's state itself: edgespec/server/prefix.py):
 
 - no draft (`NoDraft`): plain decoding or n-gram lookups only;
 - token (`TokenFamily`, here: the default): a draft LM with its own KV cache (EdgeSpec's drafts,
