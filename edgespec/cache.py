@@ -123,8 +123,6 @@ class KVState:
         self.softmax = softmax
         self.name = name
         self.new_cache = new_cache
-        # Set while a server's bank holds this cache's keys and values (edgespec/server/bank.py).
-        self.bank: Any = None
         self.cache = rewindable(new_cache(model))
         self.layers = Rewinder(self.cache)
         self.tokens: list[int] = []
@@ -135,20 +133,6 @@ class KVState:
         self._run = run
         # Its forwards may run with other sequences': one queued behind another waits for theirs.
         self.shared = run is not None
-
-    @property
-    def cache(self) -> list[Any]:
-        """The cache's layers (mlx-lm's), with their keys and values: a bank holding them gives
-        them back first."""
-        if self.bank is not None:
-            self.bank.flush()
-        return self._cache
-
-    @cache.setter
-    def cache(self, layers: list[Any]) -> None:
-        if self.bank is not None:
-            self.bank.flush()
-        self._cache = layers
 
     @property
     def offset(self) -> int:

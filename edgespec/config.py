@@ -63,7 +63,7 @@ class SamplingConfig:
 
 # Drafting methods: "draft" (a draft model), "ngram" (prompt lookup), "hybrid", "mtp" (the target's
 # own multi-token-prediction head, edgespec/architectures/mtp.py), "block" a block draft (DFlash-style:
-# architectures/block.py), "block-tree" trees from it, or "none" (plain target).
+# architectures/block_model.py), "block-tree" trees from it, or "none" (plain target).
 METHODS = ("draft", "ngram", "hybrid", "mtp", "none", "block", "block-tree")
 MTP_DRAFT = "mtp"  # the draft spec that names the target's own MTP head
 BLOCK_METHODS = ("block", "block-tree")

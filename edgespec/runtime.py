@@ -361,12 +361,17 @@ class Engine:
 
     # ------------------------------------------------------------------ cache sets
 
-    def new_states(self, run: Forward | None = None) -> tuple[KVState, Any]:
+    def new_states(
+        self, run: Forward | None = None, kind: type[KVState] = KVState
+    ) -> tuple[KVState, Any]:
         """Empty caches for both models (target, the draft family's state or None), e.g. for
         one more conversation kept aside (edgespec.server.prefix); `swap_states` installs them.
         `run`: who runs the target's and a token draft's forwards (cache.Forward: a server's
-        batch packs them; None: each state its own)."""
-        return self.family.new_states(self.backend, self.target, self.draft, self.kv_bits, run)
+        batch packs them; None: each state its own). `kind`: the target state's class (KVState,
+        or a caller's subclass of it: the server's, edgespec/server/bank.py)."""
+        return self.family.new_states(
+            self.backend, self.target, self.draft, self.kv_bits, run, kind
+        )
 
     def swap_states(self, target: KVState, draft: Any) -> tuple[KVState, Any]:
         """Hold these caches (from `new_states`, or returned by an earlier swap) from now on and

@@ -149,7 +149,7 @@ class FakeEngine:
         self.threads.add(threading.get_ident())
         self.warmed.append(config)
 
-    def new_states(self, run: object = None) -> tuple[list[int], None]:
+    def new_states(self, run: object = None, kind: object = None) -> tuple[list[int], None]:
         """An empty cache set for one more conversation (the fake's draft keeps no cache)."""
         return [], None
 

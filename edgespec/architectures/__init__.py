@@ -6,9 +6,9 @@ edgespec/families/).
 - eagle.py: EAGLE / EAGLE-3 feature drafts (one layer over the target's hidden states);
 - mtp.py: a Qwen3.5 / Qwen3-Next checkpoint's own multi-token-prediction layer;
 - nextn.py: DeepSeek-V3, GLM-4.5 and MiMo next-n layers (the MTP contract under other names);
-- block.py and block_head.py: DFlash-style block drafts and their reduced output head
+- block_model.py and block_head.py: DFlash-style block drafts and their reduced output head
   (block_mask.py: which keys a block query sees; weight_keys.py: one-line weight-key errors);
-- dflash2.py: DFlash2 block drafts (DFlash's layers with convolutions, a candidate selector);
+- dflash2_model.py: DFlash2 block drafts (DFlash's layers with convolutions, a candidate selector);
 - gemma4_assistant.py: Google's Gemma 4 `-assistant` drafters (heads over the target's states
   and KV cache).
 

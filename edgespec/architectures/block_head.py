@@ -1,6 +1,6 @@
-"""A block draft's reduced head (edgespec/architectures/block.py, `head_size`): the target head's rows
-of the tokens the draft was trained on, scored alone. Scoring 8,192 of SmolLM2's 49,152 tokens
-reads a sixth of the head's weights, which on a CPU cost about as much as a whole target step
+"""A block draft's reduced head (edgespec/architectures/block_model.py, `head_size`): the target
+head's rows of the tokens the draft was trained on, scored alone. Scoring 8,192 of SmolLM2's 49,152
+tokens reads a sixth of the head's weights, which on a CPU cost about as much as a whole target step
 for a block of drafted positions. Every other token gets -inf, so its draft probability is 0:
 it is never proposed, and the ratio test stays exact (the residual covers it).
 """

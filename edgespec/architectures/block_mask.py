@@ -1,4 +1,5 @@
-"""Which block rows a block draft's layer lets each block query see (edgespec/architectures/block.py).
+"""Which block rows a block draft's layer lets each block query see
+(edgespec/architectures/block_model.py).
 
 z-lab's reference (dflash/model.py, `_attention_mask`) and vLLM's and SGLang's loaders decide per
 layer: a layer is causal within the block when the config says `is_causal: true`, and, when the

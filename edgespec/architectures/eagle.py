@@ -52,7 +52,7 @@ class EagleModel(nn.Module):
     """fc(concat(f_i, emb(t_{i+1}))) -> llama blocks -> norm = guess of f_{i+1}; with several
     `feature_layers` (EAGLE-3), f_i = fuse(the target's hidden states of those layers)."""
 
-    draft_family = "feature"  # run by edgespec/families/feature.py
+    draft_family = "feature"  # run by edgespec/families/feature_family.py
 
     def __init__(
         self,

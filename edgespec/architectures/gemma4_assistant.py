@@ -126,7 +126,7 @@ class Gemma4Assistant(nn.Module):
     """A Gemma 4 assistant drafter (module docstring). `attach(target)` gives it the target
     whose embedding it reads; its keys and values come from the target's cache each call."""
 
-    draft_family = "assistant"  # run by edgespec/families/assistant.py
+    draft_family = "assistant"  # run by edgespec/families/assistant_family.py
 
     def __init__(self, config: dict[str, Any], args: gemma4_text.ModelArgs):
         super().__init__()

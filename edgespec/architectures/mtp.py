@@ -84,7 +84,9 @@ class MtpModel(nn.Module):
     records its final-normed top hidden state, which `__call__` reads beside the embedding of the
     token after it."""
 
-    draft_family = "mtp"  # a feature draft that is the target's own head (families/feature.py)
+    draft_family = (
+        "mtp"  # a feature draft that is the target's own head (families/feature_family.py)
+    )
 
     def __init__(self, args: Any, family: str = "qwen3_5"):
         super().__init__()

@@ -28,7 +28,7 @@ only in compute_logits), MiMo the normed output (its MiMoMultiTokenPredictorLaye
 `final_layernorm(...)`). DeepSeek-V3's layer goes through
 mlx-lm's own deepseek_v3 sanitize (fp8 weights, the MLA `kv_b_proj` split). mlx-lm's sanitize
 drops these layers, so an mlx-community folder has no head; `edgespec pull FOLDER` converts an
-original checkpoint keeping it (edgespec/loading/mtp.py).
+original checkpoint keeping it (edgespec/loading/mtp_checkpoint.py).
 """
 
 from __future__ import annotations

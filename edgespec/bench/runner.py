@@ -35,6 +35,7 @@ from edgespec.bench.methods import (
 from edgespec.bench.plan import SPEC_METHODS, BenchPlan
 from edgespec.bench.prompts import Prompt
 from edgespec.bench.records import RunRecord, bucket_rounds
+from edgespec.cache import KVState
 from edgespec.config import GenerationConfig, SpecConfig
 from edgespec.errors import ConfigError
 from edgespec.families import family_of
@@ -95,9 +96,9 @@ def warm_kernels(engine: Any, lengths: Iterable[int]) -> None:
 
     GPU backends compile some kernels on first use, per input shape (MLX's CUDA backend builds
     its quantized matmuls with NVRTC, up to a minute each), so that no compile lands inside a
-    timed run. A feature draft is left out (it needs features)."""
+    timed run. A token draft's KVState runs too; a feature draft is left out (it needs features)."""
     target, draft = engine.new_states()
-    for state in [target] + engine.family.forwards(draft):
+    for state in [target] + ([draft] if isinstance(draft, KVState) else []):
         for n in lengths:
             inputs = mx.zeros((n,), dtype=mx.int32)
             outs = [state.forward(inputs)]

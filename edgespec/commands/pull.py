@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     cat = load_catalog()
     if args.name in cat.pairs:  # a newer mlx-lm needed: one line, before any import or download
         check_mlx_lm(args.name, cat)
+    from edgespec.loading.download import pull
     from edgespec.loading.load import resolve_model
-    from edgespec.loading.pull import pull
 
     if args.quiet:  # huggingface_hub's bars too
         from huggingface_hub.utils import disable_progress_bars
@@ -112,7 +112,7 @@ def _at(name: str, cat: Catalog) -> str:
 def _convert(folder: Path, mtp_bits: int) -> int:
     """Convert a local original checkpoint (safetensors + config.json declaring an MTP layer)
     into the cache once, the MTP head kept; print where it is."""
-    from edgespec.loading.mtp import convert_checkpoint, converted_dir
+    from edgespec.loading.mtp_checkpoint import convert_checkpoint, converted_dir
 
     start = time.perf_counter()
     path = convert_checkpoint(folder, converted_dir(folder, mtp_bits), mtp_bits=mtp_bits)

@@ -177,7 +177,7 @@ def _start_worker(
 ) -> tuple[Any, Any]:
     """Load the pair on the worker thread (it owns MLX); (worker, engine) or a one-line error.
     Under a group, rank 0's worker and engine send each request to the other ranks."""
-    from edgespec.server.group import GroupEngine, GroupWorker
+    from edgespec.server.sharded import GroupEngine, GroupWorker
     from edgespec.server.worker import Worker
     from edgespec.worker import freeze_heap
 
@@ -195,7 +195,7 @@ def _start_worker(
 
     budget = args.cache_mb << 20
     kind = Worker if group is None else GroupWorker
-    # Under a group every rank runs rank 0's requests one after another (server/group.py).
+    # Under a group every rank runs rank 0's requests one after another (server/sharded.py).
     worker = kind(
         load,
         budget_bytes=budget,
@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
             "reach this machine can use it",
             file=sys.stderr,
         )
-    if group is not None:  # a lost rank stops the server (edgespec.server.group)
+    if group is not None:  # a lost rank stops the server (edgespec.server.sharded)
         engine.on_lost = lambda: server.handle_exit(signal.SIGTERM, None)
     _serve(server, sock, worker)
     if getattr(engine, "lost", None) is not None:
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _follow(args: argparse.Namespace, group: Any, draft: str | None) -> int:
     """Ranks > 0: load this rank's shard, then run what rank 0 sends until it stops."""
-    from edgespec.server.group import follow
+    from edgespec.server.sharded import follow
 
     follow(_load(args, group, draft), group, args.cache_mb << 20, args.cache_slots)
     return 0

@@ -22,7 +22,6 @@ import numpy as np
 from mlx.utils import tree_map
 
 from edgespec.architectures.token_draft import DraftModel
-from edgespec.distill.build import build_draft, choose_head, freeze_for_training, resolve_layers
 from edgespec.distill.checkpoints import (
     State,
     TrainConfig,
@@ -30,6 +29,12 @@ from edgespec.distill.checkpoints import (
     load_checkpoint,
     restore_optimizer,
     save_checkpoint,
+)
+from edgespec.distill.init_draft import (
+    build_draft,
+    choose_head,
+    freeze_for_training,
+    resolve_layers,
 )
 from edgespec.distill.instructions import is_eval
 from edgespec.distill.shards import Meta, Sequence

@@ -51,9 +51,10 @@ ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of mem
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
 LOOKUP = "ngram"  # the method of a hybrid drafter's lookups (drafting/ngram.py HybridDrafter)
-# Methods whose drafting is one forward a round whatever K (a block draft, architectures/block.py):
-# their cost is that forward's, d(K), measured per K (a line fitted between, as v(L); nearly flat
-# on a GPU, but on a CPU the output head over the vocabulary grows with K): T(K) = d(K) + v(K + 1).
+# Methods whose drafting is one forward a round whatever K (a block draft,
+# architectures/block_model.py): their cost is that forward's, d(K), measured per K (a line
+# fitted between, as v(L); nearly flat on a GPU, but on a CPU the output head over the
+# vocabulary grows with K): T(K) = d(K) + v(K + 1).
 ROUND_COST = ("block",)
 # Draft timings a method needs before the policy may switch it off: a median of fewer is one
 # timing, and a fresh engine's first rounds hold compiles (each new shape, on first use).

@@ -92,10 +92,10 @@ def _held(layer: Any, n: int, bound: Bound | None = None) -> tuple[mx.array, mx.
         spans = [(0, bound.sinks), (n - bound.window, n)]
 
     def held(part: Any, a: int, b: int) -> mx.array:
-        if isinstance(layer, QuantizedKVCache):  # --kv-bits: (packed, scales, biases) each
-            packed, scales, biases = (x[..., a:b, :] for x in part)
+        if isinstance(layer, QuantizedKVCache):  # --kv-bits: (codes, scales, biases) each
+            codes, scales, biases = (x[..., a:b, :] for x in part)
             group, bits = layer.group_size, layer.bits
-            return mx.dequantize(packed, scales, biases, group_size=group, bits=bits)
+            return mx.dequantize(codes, scales, biases, group_size=group, bits=bits)
         return part[..., a:b, :]
 
     if not isinstance(layer, QuantizedKVCache | WindowKVCache | KVCache):

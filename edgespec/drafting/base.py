@@ -62,8 +62,9 @@ class Proposal:
 
 
 # A chain plan (K) below 0: a plain step that looks nothing up either (a drafter's free lookups,
-# and the ones one token behind, are skipped). A batch of requests stepping plainly asks for it
-# (edgespec/server/mode.py): there a lookup's rows lengthen every request's packed forward.
+# and the ones one token behind, are skipped). A caller asks for it where a lookup's rows cost
+# more than they could save (the server, for requests stepping plainly together:
+# edgespec/server/mode.py).
 PLAIN_ONLY = -1
 
 

@@ -1,4 +1,5 @@
-"""Running a block draft (edgespec/architectures/block.py): its state across rounds and its drafter.
+"""Running a block draft (edgespec/architectures/block_model.py): its state across rounds and its
+drafter.
 
 State across rounds (BlockState, kept by the Engine between generations): FeatureState's, read
 for a block draft. `features` [P, d] are the block draft's contexts (BlockModel.context of the
@@ -24,7 +25,7 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from edgespec.architectures.block import BlockModel
+from edgespec.architectures.block_model import BlockModel
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Drafter, Proposal, no_proposal
 from edgespec.drafting.feature import FeatureState

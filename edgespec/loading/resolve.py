@@ -61,10 +61,10 @@ def _resolve_catalogue(
     if entry.local is not None:
         return entry.local
     hit = None if update else paths.cached(name)
-    if hit is not None:  # already pulled: nothing of loading/pull.py is needed
+    if hit is not None:  # already pulled: nothing of loading/download.py is needed
         report(on_progress, "cached", 1.0)
         return hit
-    from edgespec.loading.pull import pull
+    from edgespec.loading.download import pull
 
     return pull(name, on_progress=on_progress, catalog=cat, update=update)
 

@@ -16,11 +16,13 @@ A bank test checks the logits and the caches against lone forwards.
 
 While a sequence is in a bank, the bank holds its keys and values and its own cache layers only
 count positions (their offsets move with every step, and a rewind trims them as before: the bank
-reads the offsets at each step). Anything that reads its cache (`KVState.cache`) first empties
-the bank (`flush`): every row goes back into its own cache layers.
+reads the offsets at each step). Anything that reads its cache (`BankedState.cache`) first
+empties the bank (`flush`): every row goes back into its own cache layers. A bank takes only
+BankedStates: the server builds its targets' states of that kind (Engine.new_states(run, kind),
+edgespec/server/prefix.py); the core's KVState knows nothing of banks.
 
     bank = Bank(model, kernels)
-    bank.take(states)                   # states' caches into the bank (all llama-style KV caches)
+    bank.take(states)                   # states' caches into the bank (BankedStates, llama-style)
     logits = bank.forward(states, ids)  # ids: one [1] int32 per state; logits [1, V] each, lazy
     bank.flush()                        # back into each state's own cache
 """
@@ -36,6 +38,32 @@ from edgespec.cache import KVState
 from edgespec.trees.forward import PLAIN, Kernels, Rotary, block_qkv, head_of, tree_layers
 
 STEP = 256  # positions a row grows by (mlx-lm's KVCache.step)
+
+
+class BankedState(KVState):
+    """A KVState whose keys and values a Bank may hold (`bank`, set while it does): reading its
+    cache gives them back first."""
+
+    bank: Bank | None = None
+
+    @property  # type: ignore[override]
+    def cache(self) -> list[Any]:
+        """The cache's layers (mlx-lm's), with their keys and values: a bank holding them gives
+        them back first."""
+        if self.bank is not None:
+            self.bank.flush()
+        return self._cache
+
+    @cache.setter
+    def cache(self, layers: list[Any]) -> None:
+        if self.bank is not None:
+            self.bank.flush()
+        self._cache = layers
+
+
+def in_bank(state: Any) -> Bank | None:
+    """The bank holding `state`'s keys and values, if any (any state: a KVState is never banked)."""
+    return state.bank if isinstance(state, BankedState) else None
 
 
 def _room(positions: int) -> int:
@@ -56,7 +84,7 @@ class Bank:
 
     def __init__(self, model: Any, kernels: Kernels = PLAIN):
         self.model, self.kernels = model, kernels
-        self.states: list[KVState] = []
+        self.states: list[BankedState] = []
         self.keys: list[mx.array] = []  # per layer [B, G, capacity, D]
         self.values: list[mx.array] = []
 
@@ -72,7 +100,7 @@ class Bank:
         nbytes = sum(int(a.nbytes) for a in (*self.keys, *self.values))
         return (int(self.keys[0].shape[2]) if self.keys else 0), nbytes // rows
 
-    def take(self, states: Sequence[KVState]) -> None:
+    def take(self, states: Sequence[BankedState]) -> None:
         """Move the states' keys and values into the bank (emptying it first)."""
         self.flush()
         caches = [state.cache for state in states]  # each flushed from any other bank
@@ -112,7 +140,7 @@ class Bank:
             state.bank = None
             state.reset()
 
-    def forward(self, states: Sequence[KVState], inputs: Sequence[mx.array]) -> list[mx.array]:
+    def forward(self, states: Sequence[BankedState], inputs: Sequence[mx.array]) -> list[mx.array]:
         """One token per state (`holds(states)` must be true): logits [1, V] each, lazy; one
         position appended to each state's row and counted in its cache layers."""
         lengths = [state.offset for state in states]

@@ -47,7 +47,7 @@ from mlx_lm.models.cache import KVCache
 
 from edgespec.errors import EdgeSpecError, one_line
 from edgespec.events import Finished, Round, Token
-from edgespec.families import family_of
+from edgespec.server.bank import in_bank
 from edgespec.server.jobs import SHUTTING_DOWN, Done, Failed, Job, Piece, WorkerEvent
 from edgespec.server.mode import BatchMode, Gate
 from edgespec.server.packing import ROUND, Packer, Park, Task
@@ -185,7 +185,7 @@ class Batch:
         state = park.state
         if int(park.inputs.shape[0]) <= LONG_ROWS or state.layers.recurrent:
             return False
-        return state.bank is None and all(type(c) is KVCache for c in state.cache)
+        return in_bank(state) is None and all(type(c) is KVCache for c in state.cache)
 
     def _pieces(self, others_s: float) -> None:
         """A piece of each long forward parked aside, run now (evaluated into their caches):
@@ -264,8 +264,7 @@ class Batch:
     def _end(self, run: Running) -> None:
         self.running.remove(run)
         if self.packer is not None:  # a set back in the pool holds its own caches
-            draft = run.slot.draft
-            self.packer.release([run.slot.target, *family_of(draft).forwards(draft)])
+            self.packer.release([run.slot.target, run.slot.draft])
         self.pool.release(run.slot)
 
 

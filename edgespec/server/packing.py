@@ -40,7 +40,7 @@ import greenlet
 import mlx.core as mx
 
 from edgespec.cache import KVState
-from edgespec.server.bank import Bank, fits
+from edgespec.server.bank import Bank, BankedState, fits, in_bank
 from edgespec.server.packed import packable, packed_forward
 from edgespec.trees.forward import PLAIN, Kernels
 
@@ -115,7 +115,7 @@ class Packer:
         """The states' caches out of any bank (a request ended: its set, back in the pool, holds
         its own; a fake engine's sets have no bank)."""
         for state in states:
-            bank = getattr(state, "bank", None)
+            bank = in_bank(state)
             if bank is not None:
                 bank.flush()
 
@@ -151,13 +151,14 @@ class Packer:
     def _banked(self, parks: list[Park]) -> list[mx.array] | None:
         """One-token steps of the same requests as the forward before: run in the model's bank
         (server/bank.py), which takes their caches on the second such forward in a row (so a
-        turn of one-token steps between verifies does not move them). None: not such steps, or
-        rows too unequal to share one bank (`bank.fits`)."""
-        states = [p.state for p in parks]
-        model = states[0].model
+        turn of one-token steps between verifies does not move them). None: not such steps, not
+        the server's BankedStates, or rows too unequal to share one bank (`bank.fits`)."""
+        states = [p.state for p in parks if isinstance(p.state, BankedState)]
+        model = parks[0].state.model
         lengths = [s.offset for s in states]
         one_token = all(p.inputs.shape[0] == 1 and not p.head_only for p in parks)
-        if not one_token or min(lengths) < 1 or not fits(lengths):
+        banked = len(states) == len(parks)  # the server's targets are all BankedStates
+        if not banked or not one_token or min(lengths) < 1 or not fits(lengths):
             self._last = ()
             return None
         key = tuple(id(s) for s in states)

@@ -34,7 +34,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from edgespec.cache import Forward, KVState, common_prefix
-from edgespec.families import family_of
+from edgespec.server.bank import BankedState, in_bank
 from edgespec.worker import ServedEngine
 
 # A set whose cached tokens go on for more than this past the prompt's match is copied, not taken.
@@ -55,7 +55,7 @@ class Slot:
 
     def nbytes(self) -> int:
         """Allocated bytes of both caches (and a feature draft's features)."""
-        caches, more = family_of(self.draft).memory(self.draft)
+        caches, more = draft_memory(self.draft)
         return cache_size(self.target)[1] + cache_bytes(caches) + more
 
 
@@ -74,8 +74,9 @@ def cache_bytes(cache: list[Any]) -> int:
 def cache_size(state: KVState) -> tuple[int, int]:
     """(positions allocated, bytes) of a target's cache, or of its row where a bank holds it
     (edgespec/server/bank.py; reading `state.cache` would give the cache back)."""
-    if state.bank is not None:
-        return state.bank.row_size()
+    bank = in_bank(state)
+    if bank is not None:
+        return bank.row_size()
     return positions(state.cache), cache_bytes(state.cache)
 
 
@@ -87,11 +88,37 @@ def positions(cache: list[Any]) -> int:
 
 def forkable(slot: Slot) -> bool:
     """Whether a set's prefix can be copied: plain mlx-lm KVCache layers (no rotating or
-    quantized ones) and a draft whose family allows it (a token draft's; a feature draft also
-    holds features)."""
+    quantized ones) and a draft that allows it (`draft_forkable`)."""
     target = slot.target
     plain = isinstance(target, KVState) and all(type(c) is KVCache for c in target.cache)
-    return plain and family_of(slot.draft).forkable(slot.draft)
+    return plain and draft_forkable(slot.draft)
+
+
+# A draft's state is None (no draft), a token draft's KVState, or a feature family's state (a
+# FeatureState, edgespec/drafting/feature.py: EAGLE, MTP, block and assistant drafts): the pool
+# asks these two what it holds, by its type, without importing the families' modules.
+
+
+def draft_memory(draft: Any) -> tuple[list[Any], int]:
+    """What a draft's state holds: its per-layer caches, and the bytes it holds besides them (a
+    feature draft's features)."""
+    if draft is None:
+        return [], 0
+    if isinstance(draft, KVState):
+        return draft.cache, 0
+    features = 0 if draft.features is None else int(draft.features.nbytes)
+    return draft.kv.cache, features
+
+
+def draft_forkable(draft: Any) -> bool:
+    """Whether a prefix of a draft's state can be copied into another: none's, or a token
+    draft's on plain KVCache layers; never a feature draft's (it also holds features, which a
+    copied prefix would not bring)."""
+    if draft is None:
+        return True
+    if isinstance(draft, KVState):
+        return all(type(c) is KVCache for c in draft.cache)
+    return False
 
 
 def copy_prefix(src: KVState, dst: KVState, n: int) -> None:
@@ -128,7 +155,7 @@ class ConversationPool:
             raise ValueError("the cache budget and the number of conversations must be >= 0")
         self.engine, self.budget, self.max_slots = engine, budget_bytes, max_slots
         self._clock, self._run = 0, run
-        self.active = Slot(*engine.new_states(run))
+        self.active = Slot(*engine.new_states(run, BankedState))
         engine.swap_states(self.active.target, self.active.draft)
         self.slots = [self.active]
         self.held: list[Slot] = []  # sets held by running requests
@@ -205,12 +232,12 @@ class ConversationPool:
         else a new one."""
         slot = next((s for s in self.slots if not s.tokens and not self._is_held(s)), None)
         if slot is None:
-            slot = Slot(*self.engine.new_states(self._run))
+            slot = Slot(*self.engine.new_states(self._run, BankedState))
             self.slots.append(slot)
         return slot
 
     def _fork(self, src: Slot, prompt: list[int], match: int) -> Slot:
-        slot = Slot(*self.engine.new_states(self._run))
+        slot = Slot(*self.engine.new_states(self._run, BankedState))
         copy_prefix(src.target, slot.target, min(match, len(prompt) - 1))
         if src.draft is not None:
             shared = common_prefix(src.draft.tokens, prompt)

@@ -4,9 +4,9 @@ edgespec/trees/forward.py). A fixed shape (edgespec/trees/shapes.py) is drafted 
 a dynamic one (EAGLE-2 style) reads the candidates' probabilities once per depth.
 
 Candidates: at temperature 0 a node's children are the draft's top tokens in order; at T > 0
-they are drawn WITHOUT replacement from the draft's warped q (trees/acceptance.py draw_siblings), one
-uniform per node from `uniforms(key, N)` (node i takes u[i]), and each carries the distribution
-it was drawn from, as the recursive rejection test needs.
+they are drawn WITHOUT replacement from the draft's warped q (trees/tree_acceptance.py
+draw_siblings), one uniform per node from `uniforms(key, N)` (node i takes u[i]), and each carries
+the distribution it was drawn from, as the recursive rejection test needs.
 
 Draft-cache invariant (as ModelDrafter's): after `keep_path` and `commit` the draft's cache holds
 a prefix of the committed context. The tree's nodes the draft ran sit after the context in its
@@ -24,7 +24,6 @@ from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.token import ModelDrafter, fit_vocab
 from edgespec.sampling import sampler, warp
-from edgespec.trees.acceptance import draw_siblings, top_siblings
 from edgespec.trees.dynamic import propose_dynamic
 from edgespec.trees.forward import (
     PLAIN,
@@ -36,6 +35,7 @@ from edgespec.trees.forward import (
 )
 from edgespec.trees.proposal import TreeDraft, TreeDrafter, TreeProposal, empty_tree
 from edgespec.trees.shapes import DynamicShape, FixedShape, Shape, Tree
+from edgespec.trees.tree_acceptance import draw_siblings, top_siblings
 
 
 class ModelTreeDrafter(TreeDrafter):

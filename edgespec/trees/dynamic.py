@@ -5,7 +5,7 @@ draft's probabilities along the path: softmax of its logits at temperature 0, th
 T > 0) with `width` candidates each; at temperature 0 the `nodes` most probable nodes are then
 kept (a node is never more probable than its parent, so they form a tree). At T > 0 every drawn
 node is kept (with beam and width cut so that they are at most `nodes`, DynamicShape.sampled): which nodes get children may depend on anything the draft computed, but dropping
-a sampled sibling because of its own value would bias the ratio test (trees/acceptance.py).
+a sampled sibling because of its own value would bias the ratio test (trees/tree_acceptance.py).
 
 Costs one host read per depth (the probabilities decide the next forward's nodes).
 """

@@ -1,6 +1,6 @@
 """Draft-tree rounds for loop.speculate (`Trees`), where a round drafts a tree
 (edgespec/trees/draft.py), verifies all its nodes in one target forward with a tree mask
-(edgespec/trees/forward.py) and keeps the longest accepted path (edgespec/trees/acceptance.py).
+(edgespec/trees/forward.py) and keeps the longest accepted path (edgespec/trees/tree_acceptance.py).
 
 Cache invariants after every round, as for chain rounds: the target's cache holds context[:-1]
 (its tree positions compacted to the accepted path, then rewound); the drafter's state a prefix of
@@ -25,7 +25,6 @@ from edgespec.drafting.base import Capabilities, Proposal, no_proposal
 from edgespec.events import Round
 from edgespec.loop import Chains
 from edgespec.rounds import Progress, Queued, Step, fed_one, run_round
-from edgespec.trees.acceptance import accept_tree
 from edgespec.trees.forward import (
     PLAIN,
     Kernels,
@@ -36,6 +35,7 @@ from edgespec.trees.forward import (
 )
 from edgespec.trees.proposal import TreeDrafter, TreeProposal
 from edgespec.trees.shapes import FixedShape, Shape, Tree, tree_mask, tree_positions
+from edgespec.trees.tree_acceptance import accept_tree
 
 
 class ShapePolicy(Protocol):

@@ -225,7 +225,7 @@ class DynamicShape:
     """EAGLE-2 style, built per round from the draft's confidence: `width` candidates below each
     of the `beam` nodes of highest cumulative draft probability at every depth, `depth` deep;
     at temperature 0 the `nodes` most probable are kept (at T > 0 all: pruning a sampled sibling
-    because of its own value would bias the ratio test, trees/acceptance.py)."""
+    because of its own value would bias the ratio test, trees/tree_acceptance.py)."""
 
     depth: int
     beam: int = 4

@@ -3,10 +3,10 @@
     python -m research.block_draft.export --run WORK/run --out research/block_draft/smollm2-135m-block --bits 4
 
 Writes config.json (model_type edgespec_block, with `quantization` when --bits is 4 or 8) and
-model.safetensors, plus the run's curve.csv; the folder loads with edgespec.architectures.block's
-load_block beside its target. The draft scores only the run's training head (head_ids.npy, the
-tokens it was trained to predict: `head_size`, edgespec/architectures/block_head.py) unless
---full-head.
+model.safetensors, plus the run's curve.csv; the folder loads with
+edgespec.architectures.block_model's load_block beside its target. The draft scores only the run's
+training head (head_ids.npy, the tokens it was trained to predict: `head_size`,
+edgespec/architectures/block_head.py) unless --full-head.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.nn as nn
     import numpy as np
 
-    from edgespec.architectures.block import BlockArgs, BlockModel
+    from edgespec.architectures.block_model import BlockArgs, BlockModel
 
     run = Path(a.run)
     cfg = json.loads((run / "config.json").read_text())
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def save_block(model: Any, config: dict[str, Any], path: str | Path) -> None:
-    """Write a block draft (edgespec.architectures.block.BlockModel) as config.json +
+    """Write a block draft (edgespec.architectures.block_model.BlockModel) as config.json +
     model.safetensors (config must carry `quantization` if quantized)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten

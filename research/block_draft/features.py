@@ -1,7 +1,7 @@
 """Stage 1 of the block draft's recipe: the target's hidden states at the draft's layers.
 
-A block draft (edgespec/architectures/block.py) reads the outputs of a few target layers at every
-context position. Training needs them for every position of every training sequence, so this
+A block draft (edgespec/architectures/block_model.py) reads the outputs of a few target layers at
+every context position. Training needs them for every position of every training sequence, so this
 stage runs the target once over each sequence (teacher forcing, no output head) and stores the
 chosen layers' outputs as float16 chunks, with the token ids. It resumes: chunks already written
 are skipped, so the job accumulates across sessions.

@@ -5,10 +5,11 @@ Two pure forwards over plain dicts of tensors, each the twin of an MLX one:
 - `layer_outputs`: the target (a llama: weights in Hugging Face / mlx-lm names, "model.layers.3.
   self_attn.q_proj.weight") run causally over right-padded token ids, returning the outputs of the
   chosen layers concatenated, as features.py's `layer_outputs` does with mlx-lm's llama;
-- `block_hidden`: the draft (weights in edgespec.architectures.block's names, "layers.0.mlp.up_proj.
-  weight", "fc.weight") over the blocks of several sequences at once, as train.py's
-  `block_forward` does for one sequence: block r of sequence s sits at positions a .. a + B - 1
-  (a = its anchor), sees the context positions before a and its own block, nothing else.
+- `block_hidden`: the draft (weights in edgespec.architectures.block_model's names,
+  "layers.0.mlp.up_proj.weight", "fc.weight") over the blocks of several sequences at once, as
+  train.py's `block_forward` does for one sequence: block r of sequence s sits at positions
+  a .. a + B - 1 (a = its anchor), sees the context positions before a and its own block, nothing
+  else.
 
 RoPE is MLX's non-traditional one (the two halves of each head rotated), RMSNorm MLX's
 (x * rsqrt(mean(x^2) + eps) * weight). Example: anchors [[5, 9]] with B = 4 give the 8 block
@@ -119,7 +120,7 @@ def block_hidden(w, cfg: dict, embed, raw, anchors, toks) -> torch.Tensor:
 
 def draft_names(n_layers: int) -> list[str]:
     """Every parameter of a block draft with `n_layers` layers (qk_norm off, no biases), in
-    edgespec.architectures.block's names."""
+    edgespec.architectures.block_model's names."""
     per = [f"self_attn.{x}_proj.weight" for x in "qkvo"]
     per += [f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
     per += ["input_layernorm.weight", "post_attention_layernorm.weight"]

@@ -104,7 +104,7 @@ def init_from_target(model, target, layers: list[int]) -> None:
 def build(args_ns, target, head: np.ndarray):
     import mlx.core as mx
 
-    from edgespec.architectures.block import BlockArgs, BlockModel
+    from edgespec.architectures.block_model import BlockArgs, BlockModel
 
     t = target.args
     feats_meta = json.loads((Path(args_ns.features) / "meta.json").read_text())

@@ -3,7 +3,7 @@ written and read without MLX, the shipped form a device call can bring back, and
 read from its GGUF or mlx-lm folder.
 
 A run folder (train.py's --out): config.json, head_ids.npy, curve.csv, ckpt/model.safetensors
-(float32, edgespec.architectures.block's names), ckpt/opt.safetensors (MLX's optimiser state:
+(float32, edgespec.architectures.block_model's names), ckpt/opt.safetensors (MLX's optimiser state:
 `step`, `learning_rate`, NAME.m, NAME.v), ckpt/state.json ({"step": N}).
 
 A shipped folder: config.json, curve.csv, state.json ({"step": N, "head_ids": [...]}) and the

@@ -25,7 +25,6 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edgespec.architectures.token_draft import EMBED, DraftModel, build
-from edgespec.distill.build import choose_head, freeze_for_training
 from edgespec.distill.checkpoints import (
     State,
     TrainConfig,
@@ -34,6 +33,7 @@ from edgespec.distill.checkpoints import (
     restore_optimizer,
     save_checkpoint,
 )
+from edgespec.distill.init_draft import choose_head, freeze_for_training
 from edgespec.distill.shards import Sequence
 from edgespec.distill.train import (
     agreement_counts,

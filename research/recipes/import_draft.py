@@ -25,8 +25,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edgespec.architectures.token_draft import build
-from edgespec.distill.build import draft_config
 from edgespec.distill.export import DEFAULT_BITS, Card, export_draft, model_card
+from edgespec.distill.init_draft import draft_config
 from edgespec.distill.shards import (
     Meta,
     next_index,

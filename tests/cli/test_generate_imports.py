@@ -28,10 +28,14 @@ UNUSED = (
     PACKAGES
     | ARCHITECTURES
     | {
-        "block",  # block drafts (drafting/block.py, families/block.py)
+        "block",  # block drafts (drafting/block.py)
         "feature",  # feature drafts (EAGLE, MTP, next-n)
-        "assistant",  # Gemma 4 assistant drafts (families/, drafting/assistant.py)
+        "assistant",  # Gemma 4 assistant drafts (drafting/assistant.py)
         "dflash2",
+        "block_family",  # their families (edgespec/families/)
+        "feature_family",
+        "assistant_family",
+        "mtp_checkpoint",  # a target's own MTP head, read or converted (loading/)
         "gguf",  # GGUF conversion
         "shard",  # sharded targets
         "bank",  # the server's banked and packed forwards
@@ -81,7 +85,7 @@ def test_unused_parts_name_real_modules():
     parts = {p.stem for p in (ROOT / "edgespec").rglob("*.py")}
     parts |= {p.name for p in (ROOT / "edgespec").iterdir() if p.is_dir()}
     assert UNUSED <= parts, UNUSED - parts
-    assert {"eagle", "block", "mtp", "dflash2"} <= ARCHITECTURES  # the glob finds them
+    assert {"eagle", "block_model", "mtp", "dflash2_model"} <= ARCHITECTURES  # the glob finds them
 
 
 def test_a_token_draft_imports_only_what_it_runs(tiny_pair):

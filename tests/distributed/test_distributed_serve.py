@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
-from edgespec.distributed.serve import decode_config, encode_config
+from edgespec.distributed.messages import decode_config, encode_config
 from edgespec.server.process import READY, ServerProcess
 from tests.helpers.cli import ROOT
 from tests.helpers.dist_serve import REQUESTS

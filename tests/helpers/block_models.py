@@ -1,5 +1,5 @@
-"""Tiny random block drafts (edgespec/architectures/block.py) written the way z-lab publishes DFlash
-drafts: a Hugging Face config.json with `architectures: ["DFlashDraftModel"]` and the
+"""Tiny random block drafts (edgespec/architectures/block_model.py) written the way z-lab publishes
+DFlash drafts: a Hugging Face config.json with `architectures: ["DFlashDraftModel"]` and the
 `dflash_config` nesting, safetensors without a `model.` prefix. Random weights: acceptance is low,
 exactness is what the tests check."""
 

@@ -14,7 +14,7 @@ import threading
 
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.distributed.group import init_group
-from edgespec.distributed.serve import (
+from edgespec.distributed.messages import (
     GroupCancel,
     align_caches,
     encode_config,

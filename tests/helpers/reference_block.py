@@ -1,6 +1,7 @@
 """A numpy reference of one block-draft forward (DFlash), written from the architecture as
-published (docs/drafting.md, Block drafts) and sharing no code with edgespec/architectures/block.py:
-explicit rotate-half RoPE, grouped heads repeated by hand, a softmax over every key."""
+published (docs/drafting.md, Block drafts) and sharing no code with
+edgespec/architectures/block_model.py: explicit rotate-half RoPE, grouped heads repeated by hand, a
+softmax over every key."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Tiny random DFlash2 drafts (edgespec/architectures/dflash2.py) written as z-lab publishes them:
-the full key set of z-lab/Qwen3.8-27B-DFlash2's config.json (PUBLISHED, docs/architectures.md),
-scaled down to a tiny target's width and vocabulary, and its tensor names, bf16 like the real
-ones. Random weights: acceptance is low, exactness is what the tests check."""
+"""Tiny random DFlash2 drafts (edgespec/architectures/dflash2_model.py) written as z-lab publishes
+them: the full key set of z-lab/Qwen3.8-27B-DFlash2's config.json (PUBLISHED,
+docs/architectures.md), scaled down to a tiny target's width and vocabulary, and its tensor names,
+bf16 like the real ones. Random weights: acceptance is low, exactness is what the tests check."""
 
 from __future__ import annotations
 

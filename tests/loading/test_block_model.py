@@ -1,5 +1,6 @@
-"""The block draft model (edgespec/architectures/block.py): config formats, z-lab's file layout, the
-context cache, the non-causal block, the training mask, and refusing a target it was not made for."""
+"""The block draft model (edgespec/architectures/block_model.py): config formats, z-lab's file
+layout, the context cache, the non-causal block, the training mask, and refusing a target it was not
+made for."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import mlx.nn as nn
 import pytest
 
 from edgespec.architectures import architecture_of
-from edgespec.architectures.block import (
+from edgespec.architectures.block_model import (
     MODEL_TYPE,
     BlockArgs,
     BlockModel,

@@ -1,6 +1,6 @@
-"""DFlash2 drafts (edgespec/architectures/dflash2.py) as published: the config.json fields, the tensor
-names (tests/helpers/tiny_dflash2.py), a forward against the numpy reference, and a one-line
-error naming a changed or missing key."""
+"""DFlash2 drafts (edgespec/architectures/dflash2_model.py) as published: the config.json fields,
+the tensor names (tests/helpers/tiny_dflash2.py), a forward against the numpy reference, and a
+one-line error naming a changed or missing key."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgespec.architectures import architecture_of
-from edgespec.architectures.dflash2 import DFlash2Args, grouped_conv, load_dflash2
+from edgespec.architectures.dflash2_model import DFlash2Args, grouped_conv, load_dflash2
 from edgespec.errors import ModelLoadError
 from edgespec.loading.folder import cast_floats
 from edgespec.loading.load import load_model, load_pair

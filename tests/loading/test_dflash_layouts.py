@@ -13,7 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from edgespec.architectures.block import BlockModel
+from edgespec.architectures.block_model import BlockModel
 from edgespec.config import SpecConfig
 from edgespec.errors import ModelLoadError
 from edgespec.loading.load import load_pair
@@ -95,7 +95,7 @@ def test_sliding_layers_are_causal_unless_the_config_says_not(target, tmp_path, 
     within the block (a row does not see the rows after it), `is_causal` decides for every
     layer when given. All layers slide here, so a causal draft's rows before the changed one
     stay as they were."""
-    from edgespec.architectures.block import load_block
+    from edgespec.architectures.block_model import load_block
     from edgespec.loading.load import load_model
 
     folder = _write(target, tmp_path / "june", "june")

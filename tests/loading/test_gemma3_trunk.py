@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 
 from edgespec.architectures.token_draft import load_draft, save_draft
-from edgespec.distill.build import build_draft
+from edgespec.distill.init_draft import build_draft
 from tests.helpers.gemma3_gguf import TINY, tiny_model
 
 

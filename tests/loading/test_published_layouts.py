@@ -18,8 +18,8 @@ from huggingface_hub.utils import disable_progress_bars
 
 from edgespec.architectures.mtp import MTP_FILE, MtpModel
 from edgespec.errors import ModelLoadError
+from edgespec.loading.download import SOURCE_FILE, pull
 from edgespec.loading.load import load_model, load_pair
-from edgespec.loading.pull import SOURCE_FILE, pull
 from edgespec.loading.specs import load_catalog, parse_catalog
 from edgespec.loading.status import model_status
 from tests.helpers.block_models import write_dflash

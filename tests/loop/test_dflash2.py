@@ -1,5 +1,6 @@
-"""DFlash2 drafts (edgespec/architectures/dflash2.py, drafting/dflash2.py) through the Engine: a tiny
-random checkpoint of the published layout (tests/helpers/tiny_dflash2.py) for a tiny qwen3 target.
+"""DFlash2 drafts (edgespec/architectures/dflash2_model.py, drafting/dflash2.py) through the Engine:
+a tiny random checkpoint of the published layout (tests/helpers/tiny_dflash2.py) for a tiny qwen3
+target.
 
 Greedy output equals plain decoding over 300 tokens (past the draft's 16-token sliding window),
 with the checkpoint's own rows and with an "oracle" whose rows are the target's (most drafts
@@ -13,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from edgespec.architectures.dflash2 import DFlash2Model
+from edgespec.architectures.dflash2_model import DFlash2Model
 from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
 from edgespec.drafting.base import Proposal, no_proposal
 from edgespec.drafting.dflash2 import DFlash2Drafter, choose_path, path_scores, walk
@@ -93,11 +94,11 @@ def test_greedy_equals_plain_over_300_tokens(engine):
 
 
 def test_the_family_walks_the_selector_for_every_chain_method(engine):
-    """The model names the block family's DFlash2 variant (families/block.py): its chain drafter,
-    alone or behind a lookup, is the selector's walk; its trees are the block family's."""
+    """The model names the block family's DFlash2 variant (families/block_family.py): its chain
+    drafter, alone or behind a lookup, is the selector's walk; its trees are the block family's."""
     from edgespec.drafting.block import BlockDrafter
     from edgespec.families import chain_drafter, family_of
-    from edgespec.families.block import BLOCK, DFLASH2
+    from edgespec.families.block_family import BLOCK, DFLASH2
 
     assert family_of(engine._draft) is DFLASH2 and DFLASH2.blocks and DFLASH2.name == "block"
     sampling = SamplingConfig(temperature=1.0)

@@ -336,7 +336,7 @@ def test_a_draft_grown_from_a_token_draft_starts_as_it_and_stores_only_the_mixer
     the token draft does one position later; export_grown stores the mixer and points at the base
     (checked by sha256), and loading it back gives the same model."""
     from edgespec.architectures.token_draft import save_draft
-    from edgespec.distill.build import build_draft
+    from edgespec.distill.init_draft import build_draft
     from research.distill.eagle import export_grown, from_token_draft
 
     t = load_model(str(tiny_dir / "target"))

@@ -13,7 +13,7 @@ import pytest
 
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.device import for_device
-from edgespec.distill.build import build_draft
+from edgespec.distill.init_draft import build_draft
 from edgespec.drafting.token import ModelDrafter
 from edgespec.runtime import Engine
 from edgespec.sampling import make_key, round_keys

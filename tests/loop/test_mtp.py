@@ -35,9 +35,9 @@ from edgespec.commands.common import draft_from_args
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.drafting.feature import FeatureState
 from edgespec.errors import ConfigError
+from edgespec.loading.download import pull
 from edgespec.loading.load import load_pair
-from edgespec.loading.mtp import convert_checkpoint, converted_dir
-from edgespec.loading.pull import pull
+from edgespec.loading.mtp_checkpoint import convert_checkpoint, converted_dir
 from edgespec.loading.specs import parse_catalog
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp

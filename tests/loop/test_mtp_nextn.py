@@ -34,7 +34,7 @@ from edgespec.architectures.nextn import (
 )
 from edgespec.config import SamplingConfig, SpecConfig
 from edgespec.errors import ConfigError
-from edgespec.loading.mtp import is_checkpoint_with_mtp
+from edgespec.loading.mtp_checkpoint import is_checkpoint_with_mtp
 from edgespec.runtime import Engine
 from edgespec.sampling import sample, warp
 from edgespec.taps import TOP

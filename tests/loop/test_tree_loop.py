@@ -130,11 +130,11 @@ def test_sampled_tree_tokens_follow_the_target(tiny_models, monkeypatch, tree, b
     the most frequent first, p(. | prompt, first) (EOS included: a round may end on it). With a
     planted bug (siblings tried against p instead of the residual) the same check must fail.
     "chain": a chain-shaped tree, drafted by the chain drafter and verified by the chain path."""
-    from edgespec.trees import acceptance
-    from edgespec.trees.acceptance import verify_tree
+    from edgespec.trees import tree_acceptance
+    from edgespec.trees.tree_acceptance import verify_tree
 
-    if bug:  # where the round's acceptance (acceptance.accept_tree) looks it up
-        monkeypatch.setattr(acceptance, "verify_tree", lambda *a: verify_tree(*a, bug=bug))
+    if bug:  # where the round's acceptance (tree_acceptance.accept_tree) looks it up
+        monkeypatch.setattr(tree_acceptance, "verify_tree", lambda *a: verify_tree(*a, bug=bug))
     engine = Engine(*tiny_models)
     ids = engine.encode_raw(PROMPT)
     (eos,) = engine.tokenizer.eos_token_ids
@@ -178,7 +178,7 @@ def eagle_pair(tiny_pair, tmp_path_factory):
     "tree,method", [("3,2,1", "draft"), ("dynamic", "draft"), ("2,2", "hybrid")]
 )
 def test_feature_draft_trees_keep_greedy_output(eagle_pair, tree, method):
-    """A feature draft drafts trees from the target's features (trees/eagle.py); two
+    """A feature draft drafts trees from the target's features (trees/eagle_tree.py); two
     answers in a row also check that its state follows the committed context."""
     engine = Engine(*eagle_pair)
     plain = Engine(eagle_pair[0], None)

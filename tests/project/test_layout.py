@@ -1,9 +1,11 @@
 """The house keeps its shape: every package is installed, a long module says why it is long, no
-function outgrows its limit, and tui/ and models/ install inside edgespec."""
+function outgrows its limit, few module names repeat, and tui/ and models/ install inside
+edgespec."""
 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,22 @@ def test_no_function_over_the_line_limit():
                 if n > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = n
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+# One name, one module (issue 73): a file name read in a traceback, a grep or a review names one
+# module of edgespec/. A few pairs stay, each a general module and its specialised twin (the
+# device backend and the CPU's, the Engine's thread and the server's, the chain loop and the
+# tree one, the serve command and its benchmark); __init__.py does not count.
+MAX_REPEATED_NAMES = 4
+
+
+def test_few_module_names_repeat_in_the_package():
+    names = Counter(p.name for p in (ROOT / "edgespec").rglob("*.py") if p.name != "__init__.py")
+    repeated = sorted(name for name, n in names.items() if n > 1)
+    assert len(repeated) <= MAX_REPEATED_NAMES, (
+        f"{len(repeated)} file names repeat in edgespec/ (at most {MAX_REPEATED_NAMES}): "
+        f"{repeated}; name a new module for what it holds (e.g. trees/block_tree.py)"
+    )
 
 
 def test_ci_runs_the_readme_test_command():

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.architectures.block import BlockModel
 from edgespec.architectures.block_head import ReducedHead
+from edgespec.architectures.block_model import BlockModel
 from edgespec.config import SpecConfig
 from edgespec.events import Finished
 from tests.helpers import token_ids

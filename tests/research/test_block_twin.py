@@ -51,7 +51,7 @@ def write_data(folder: Path, n: int = 70, seed: int = 0) -> Path:
 
 def mlx_draft(target, hp):
     """train.py's draft for the tiny target (its build(), without a features folder)."""
-    from edgespec.architectures.block import BlockArgs, BlockModel
+    from edgespec.architectures.block_model import BlockArgs, BlockModel
 
     ns = Namespace(init_layers=INIT, block=BLOCK, layers=LAYERS, mask_id=16)
     cfg = gpu_train.draft_config(hp, ns)
@@ -281,7 +281,7 @@ def test_parts_fit_the_limit_and_join_restores_the_run(tmp_path):
 
 
 def test_smoke_run_resumes_ships_and_exports(pair, tmp_path, monkeypatch):
-    from edgespec.architectures.block import load_block
+    from edgespec.architectures.block_model import load_block
 
     folder, target, _, _ = pair
     data = write_data(tmp_path / "data", n=80)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from edgespec.cache import KVState
 from edgespec.runtime import Engine
-from edgespec.server.bank import STEP, Bank, fits
+from edgespec.server.bank import STEP, Bank, BankedState, fits
 from edgespec.server.packing import Packer
 from edgespec.server.worker import Done
 from tests.helpers.worker import answer_together, greedy, tiny_worker
@@ -25,7 +26,7 @@ def prefilled(engine, lengths):
     pairs = []
     for n in lengths:
         prompt = [3 + (i * 7 + n) % 50 for i in range(n)]
-        a, b = engine.new_states()[0], engine.new_states()[0]
+        a, b = engine.new_states(kind=BankedState)[0], engine.new_states()[0]
         for s in (a, b):
             s.prefill(prompt)
         pairs.append((a, b))
@@ -80,6 +81,20 @@ def test_a_set_leaving_the_batch_takes_its_cache_out_of_the_bank(engine):
     assert banked[0].bank is None and banked[0]._cache[0].keys is not None
     for a, b in zip(keys_of(banked[0]), keys_of(alone[0]), strict=True):
         assert mx.array_equal(a, b).item()
+
+
+def test_only_the_servers_target_states_can_be_banked(tiny_pair):
+    """The pool builds its targets as BankedStates (Engine.new_states' kind); the core's
+    KVState, a draft's included, knows nothing of banks."""
+    w = tiny_worker(tiny_pair)
+    try:
+        answer_together(w, [greedy("draft"), greedy("none")])
+        slots = w._batch.pool.slots
+        assert all(type(s.target) is BankedState for s in slots)
+        assert all(not isinstance(s.draft, BankedState) for s in slots)
+    finally:
+        w.shutdown()
+    assert not hasattr(KVState, "bank")
 
 
 def test_rows_share_a_bank_only_when_padding_them_stays_small():

@@ -12,9 +12,9 @@ import pytest
 from edgespec.commands.common import add_spec_args, spec_from_args
 from edgespec.config import DRAFT_WINDOW, SpecConfig
 from edgespec.families import NO_DRAFT, TOKEN
-from edgespec.families.assistant import ASSISTANT
-from edgespec.families.block import BLOCK, DFLASH2
-from edgespec.families.feature import FEATURE, OWN_HEAD
+from edgespec.families.assistant_family import ASSISTANT
+from edgespec.families.block_family import BLOCK, DFLASH2
+from edgespec.families.feature_family import FEATURE, OWN_HEAD
 
 # The table in docs/drafting.md: 0 is the whole context.
 DEFAULTS = {
@@ -65,7 +65,7 @@ def test_a_block_draft_edgespec_trained_keeps_the_window():
     window at 4K and 8K, and keep it; a window asked for still wins."""
     from types import SimpleNamespace
 
-    from edgespec.architectures.block import BlockArgs
+    from edgespec.architectures.block_model import BlockArgs
 
     base = {"target_layer_ids": [1], "mask_token_id": 3, "block_size": 8, "rope_theta": 1e4}
     base |= {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}

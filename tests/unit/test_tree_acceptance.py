@@ -1,4 +1,4 @@
-"""Statistical losslessness of tree verification (edgespec/trees/acceptance.py).
+"""Statistical losslessness of tree verification (edgespec/trees/tree_acceptance.py).
 
 A synthetic target p and draft q that depend on the whole token prefix (seeded Dirichlet rows for
 every prefix up to the tree's depth) drive 120k vectorised rounds: each draws its tree (siblings
@@ -21,8 +21,13 @@ import pytest
 from scipy.stats import chi2
 
 from edgespec.sampling import make_key, split
-from edgespec.trees.acceptance import draw_siblings, top_siblings, verify_tree, verify_tree_greedy
 from edgespec.trees.shapes import Tree, shape_tree, widths_shape
+from edgespec.trees.tree_acceptance import (
+    draw_siblings,
+    top_siblings,
+    verify_tree,
+    verify_tree_greedy,
+)
 
 V = 6
 N_ROUNDS = 120_000

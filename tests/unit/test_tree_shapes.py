@@ -319,7 +319,7 @@ def test_policy_candidates_carry_their_closed_form():
 def test_lookup_branch_merges_then_hangs_below_and_depth_cut():
     import mlx.core as mx
 
-    from edgespec.trees.ngram import add_branch
+    from edgespec.trees.ngram_branch import add_branch
     from edgespec.trees.proposal import TreeProposal
 
     prop = TreeProposal(mx.array([5, 6, 7]), tree=Tree((-1, -1, 0)), fed=(10, -1, -1))

@@ -112,7 +112,7 @@ def _build(
                 raise DownloadError(f"cannot fetch {entry.hf_repo}: {e}") from None
             hf_error = one_line(e)
     # imported here: a model already in the cache needs no converter (`cached`, `is_complete`)
-    from edgespec.loading.mtp import convert_in_place, is_checkpoint_with_mtp
+    from edgespec.loading.mtp_checkpoint import convert_in_place, is_checkpoint_with_mtp
 
     if origin is not None and is_checkpoint_with_mtp(tmp):  # keep the MTP head it ships
         report(on_progress, "converting to MLX, MTP head kept", None)

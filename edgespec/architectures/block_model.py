@@ -80,7 +80,7 @@ class BlockArgs:
     input_context: bool = False
     head_size: int = 0  # ours: score only head_ids (0: the whole vocabulary)
     # Trained by EdgeSpec (model_type edgespec_block, research/block_draft/): on short answers,
-    # so past 2K of context it drafts better through the draft window (families/block.py).
+    # so past 2K of context it drafts better through the draft window (families/block_family.py).
     ours: bool = False
 
     @classmethod
@@ -240,7 +240,7 @@ class BlockModel(nn.Module):
     """fc + hidden_norm over the target's layer outputs, `num_hidden_layers` layers that read
     them as keys and values, a final norm; the target's embedding and head (attach)."""
 
-    draft_family = "block"  # run by edgespec/families/block.py
+    draft_family = "block"  # run by edgespec/families/block_family.py
 
     def __init__(self, args: BlockArgs):
         super().__init__()

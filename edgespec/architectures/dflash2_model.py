@@ -1,5 +1,5 @@
 """DFlash2 block drafts (`architectures: ["DFlash2DraftModel"]`, z-lab and Inco AI): a DFlash
-block draft (edgespec/architectures/block.py) with two additions, both in the checkpoint.
+block draft (edgespec/architectures/block_model.py) with two additions, both in the checkpoint.
 
 - A grouped dynamic causal convolution around each layer's attention and MLP
   (`attention_conv`, `mlp_conv`). With x [L, d] the sublayer's input (after its norm):
@@ -42,7 +42,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edgespec.architectures import DFLASH2
-from edgespec.architectures.block import BlockArgs, BlockLayer, BlockModel
+from edgespec.architectures.block_model import BlockArgs, BlockLayer, BlockModel
 from edgespec.architectures.token_draft import quantize_as_stored, read_weights
 from edgespec.architectures.weight_keys import load_checked
 
@@ -173,7 +173,7 @@ class CandidateSelector(nn.Module):
 
 class DFlash2Model(BlockModel):
     """BlockModel with DFlash2's layers, selector and output scalars (module docstring). Run by
-    the block family's DFlash2 variant (edgespec/families/block.py): its chains walk the
+    the block family's DFlash2 variant (edgespec/families/block_family.py): its chains walk the
     selector (edgespec/drafting/dflash2.py)."""
 
     draft_family = "dflash2"

@@ -1,5 +1,5 @@
 """The feature family: EAGLE, EAGLE-3, MTP and next-n heads, fed the target's hidden states
-(edgespec/drafting/feature.py; its trees: edgespec/trees/eagle.py). The verify forward returns
+(edgespec/drafting/feature.py; its trees: edgespec/trees/eagle_tree.py). The verify forward returns
 the features the draft reads (the target's `feature_layers`); the prompt's prefill records them."""
 
 from __future__ import annotations
@@ -53,11 +53,12 @@ class FeatureFamily:
         draft: Any,
         kv_bits: int | None = None,
         run: Forward | None = None,
+        kind: type[KVState] = KVState,
     ) -> tuple[KVState, FeatureState]:
-        """The target's KVState (its cache quantized with `kv_bits`, returning the features the
-        draft reads) and the draft's state, on its own full-precision caches."""
+        """The target's state of `kind` (its cache quantized with `kv_bits`, returning the
+        features the draft reads) and the draft's state, on its own full-precision caches."""
         kv = (quantized(backend.new_cache, kv_bits), backend.softmax)
-        verifier = KVState(backend.model(target.model), f"target {target.name}", *kv, run)
+        verifier = kind(backend.model(target.model), f"target {target.name}", *kv, run)
         verifier.feature_layers = draft.model.feature_layers  # what the draft reads
         return verifier, self._draft_state(backend, draft, verifier)
 
@@ -109,22 +110,12 @@ class FeatureFamily:
     ) -> TreeDrafter:  # fmt: skip
         if spec.method in ("block", "block-tree"):
             raise ConfigError(f"--method {spec.method} needs a block draft (DFlash-style)")
-        from edgespec.trees.eagle import EagleTreeDrafter
+        from edgespec.trees.eagle_tree import EagleTreeDrafter
 
         return EagleTreeDrafter(state, sampling, vocab, kernels)
 
     def cached_ids(self, state: FeatureState) -> list[int]:
         return list(state.kv.tokens)
-
-    def memory(self, state: FeatureState) -> tuple[list[Any], int]:
-        features = 0 if state.features is None else int(state.features.nbytes)
-        return state.kv.cache, features
-
-    def forwards(self, state: FeatureState) -> list[KVState]:
-        return []  # its forwards read features: never packed with others'
-
-    def forkable(self, state: FeatureState) -> bool:
-        return False  # it also holds features, which a copied prefix would not bring
 
     def first_logits(self, target: Any, draft: Any, prompt: list[int]) -> tuple[mx.array, mx.array]:
         """The draft reads the target's features of the prompt but its last token."""

@@ -5,7 +5,7 @@ The lookup's tokens follow the tree's own nodes while they agree (a lookup that 
 draft guessed adds nothing), then hang below as a chain of deterministic candidates, each its
 parent's last-ranked child. Exact at any temperature: a deterministic candidate's q is a point
 mass, tried after the draft's siblings, and whether it is added depends only on tokens drafted
-before it (edgespec/trees/acceptance.py).
+before it (edgespec/trees/tree_acceptance.py).
 
 Cost: merging reads the drafted tokens back (one host sync the draft-only tree does not need), so
 it runs only when the lookup matched.

@@ -1,8 +1,8 @@
 """The block family: DFlash-style block drafts, a whole block in one forward over the target's
-chosen layer outputs (edgespec/drafting/block.py; its trees: edgespec/trees/block.py). It drafts
-as a block whatever the chain method (draft, hybrid or block). DFlash2 drafts
-(edgespec/architectures/dflash2.py) are run by its variant `DFLASH2`: the same state and trees,
-chains whose tokens the draft's candidate selector walks (edgespec/drafting/dflash2.py)."""
+chosen layer outputs (edgespec/drafting/block.py; its trees: edgespec/trees/block_tree.py). It
+drafts as a block whatever the chain method (draft, hybrid or block). DFlash2 drafts
+(edgespec/architectures/dflash2_model.py) are run by its variant `DFLASH2`: the same state and
+trees, chains whose tokens the draft's candidate selector walks (edgespec/drafting/dflash2.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from edgespec.drafting.base import Drafter
 from edgespec.drafting.block import BlockDrafter, BlockState
 from edgespec.drafting.dflash2 import DFlash2Drafter
 from edgespec.errors import ConfigError
-from edgespec.families.feature import FeatureFamily
+from edgespec.families.feature_family import FeatureFamily
 from edgespec.taps import target_features
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class BlockFamily(FeatureFamily):
         self, spec: SpecConfig, sampling: SamplingConfig, state: Any, vocab: int,
         name: str, kernels: Kernels, steps: DraftSteps | None = None,
     ) -> TreeDrafter:  # fmt: skip
-        from edgespec.trees.block import BlockTreeDrafter
+        from edgespec.trees.block_tree import BlockTreeDrafter
 
         return BlockTreeDrafter(state, sampling, vocab, kernels)  # one block forward a round
 

@@ -15,7 +15,7 @@ from edgespec.drafting.assistant import AssistantDrafter, AssistantState, shared
 from edgespec.drafting.base import Drafter
 from edgespec.drafting.token import fit_vocab
 from edgespec.errors import ConfigError, TreeUnsupportedError
-from edgespec.families.feature import FeatureFamily
+from edgespec.families.feature_family import FeatureFamily
 from edgespec.taps import TOP, target_features
 
 if TYPE_CHECKING:

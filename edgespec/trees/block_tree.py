@@ -4,9 +4,9 @@ A block draft gives the distributions of every drafted depth at once: row i of i
 whatever tokens come before depth i. So a tree needs no further draft forward: the children of
 ANY node at depth i - 1 are candidates from q_i (at temperature 0 its top tokens in order, at
 T > 0 drawn without replacement from q_i, each with the distribution it was drawn from:
-trees/acceptance.py draw_siblings), and the shape is fixed ("3,2,1") or best-first under a node
+trees/tree_acceptance.py draw_siblings), and the shape is fixed ("3,2,1") or best-first under a node
 budget (dynamic: the nodes of highest cumulative draft probability get children, DDTree-style;
-trees/dynamic.py). Exact by the recursive rejection of trees/acceptance.py: it needs each
+trees/dynamic.py). Exact by the recursive rejection of trees/tree_acceptance.py: it needs each
 candidate drawn from the q_j reported for it, which holds here (the q at a node is the block's
 row for its depth, the same for every node of that depth).
 

@@ -1,7 +1,7 @@
 """`edgespec serve` on a target sharded over an MLX group (`mlx.launch ... -- edgespec serve`).
 
 Rank 0 serves HTTP as a lone server does, through a GroupWorker whose engine is a GroupEngine:
-before each generation it sends the request to the other ranks (edgespec.distributed.serve),
+before each generation it sends the request to the other ranks (edgespec.distributed.messages),
 and the cancel flag it hands the loop is read alike on every rank. The other ranks run
 `follow`: the same conversation pool and engine loop on each request received, output dropped,
 until rank 0 stops. A lost rank, or ranks that disagree on a step, fail the request running
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from edgespec.distributed.group import Group, lost
-from edgespec.distributed.serve import (
+from edgespec.distributed.messages import (
     GroupCancel,
     align_caches,
     receive_request,
