@@ -26,11 +26,12 @@ def main() -> None:
     ap.add_argument("--no-price-check", action="store_true")
     args = ap.parse_args()
     blas.reexec_with_blas(sys.argv[1:], module="research.measure.default_ab")
-    from edgespec import Engine, GenerationConfig, SamplingConfig, SpecConfig
     from edgespec.bench.prompts import load_prompts
+    from edgespec.config import GenerationConfig, SamplingConfig, SpecConfig
     from edgespec.drafting import adaptive
     from edgespec.drafting.base import PLAIN_ONLY
     from edgespec.events import Round, Token
+    from edgespec.runtime import Engine
 
     if args.no_price_check:
         adaptive.AdaptiveK._price_check = lambda self, method: False  # type: ignore[method-assign]

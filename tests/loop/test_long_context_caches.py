@@ -27,7 +27,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache
 
 from edgespec.cache import KVState
-from edgespec.config import DRAFT_SINKS, SpecConfig
+from edgespec.config import DRAFT_SINKS, DRAFT_WINDOW, SpecConfig
 from edgespec.drafting.assistant import AssistantState
 from edgespec.drafting.feature import FeatureState
 from edgespec.events import Round
@@ -111,7 +111,8 @@ def test_a_bounded_token_draft_keeps_greedy_output_at_32k_tokens(kind, spec, req
     assert all(isinstance(c, WindowKVCache) for c in draft.cache)  # the bound was on ...
     assert any(c.bounded for c in draft.cache)  # ... on the draft's full-attention layers
     held = max(int(c.size()) for c in draft.cache)  # its sinks and about one window
-    assert held <= DRAFT_SINKS + spec.draft_window + 2 * WindowKVCache.step
+    window = spec.window(DRAFT_WINDOW)  # the token family's default where none is asked for
+    assert held <= DRAFT_SINKS + window + 2 * WindowKVCache.step
 
 
 # The target's own draft kinds read its features over the whole context: they are passed
