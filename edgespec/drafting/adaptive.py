@@ -368,11 +368,14 @@ class AdaptiveK:
     def _price_check(self, method: str | None) -> bool:
         """Whether this round is a step of a price check (PRICE_STEPS): no plain step timed in
         this generation yet nor seeded by a calibration, the draft's cost measured (OFF_AFTER
-        timings) and drafting predicted to beat a plain step, but by less than PRICE_EDGE. The draft stays on meanwhile
-        (no reviews, no probes: the check is not the policy switching it off)."""
+        timings) and drafting predicted to beat a plain step, but by less than PRICE_EDGE. The
+        draft stays on meanwhile (no reviews, no probes: the check is not the policy switching
+        it off)."""
         if self._pricing > 0:
             self._pricing -= 1
             return True
+        if not self._price_tries or not self.allow_plain:
+            return False
         # A plain step priced by this run, or by a calibration (Engine.warm_up) whose costs
         # this run's verifies still match (the calibration's short context): no check, whose
         # steps cost more than they look on a CPU (the pipeline's restart, the draft's catch-up
@@ -381,7 +384,7 @@ class AdaptiveK:
         # the step's weights), and the check runs.
         own = self.verify_costs.medians()
         seeded = 1 in self._seeded and self._seed_scale(own) <= SEED_TRUST
-        if not self._price_tries or not self.allow_plain or 1 in own or seeded:
+        if 1 in own or seeded:
             return False
         args = self._inputs(method)
         if args is None or self.estimates[method].timings < OFF_AFTER:  # type: ignore[index]

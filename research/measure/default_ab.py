@@ -50,7 +50,8 @@ def main() -> None:
             rounds += isinstance(event, Round)
         return tokens, time.perf_counter() - start, rounds
 
-    run("Hello there", True), run("Hello there", False)  # compiles
+    for plain in (True, False):  # compiles
+        run("Hello there", plain)
     total = {"plain": [0, 0.0, 0], "default": [0, 0.0, 0]}
     for rep in range(args.repeats):
         for p in prompts:
