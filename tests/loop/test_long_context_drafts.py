@@ -220,12 +220,9 @@ def assistant_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     return Engine.load(target=str(target), draft=str(draft))
 
 
-@pytest.mark.slow  # a 32K-token prefill of a tiny Gemma 4 target
-def test_greedy_output_equals_plain_at_32k_tokens_with_a_bounded_assistant(
-    assistant_engine, monkeypatch
-):
-    engine = assistant_engine
-    prompt = _prompt(engine, LONG - 64, seed=4)
+def _full_layer_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The positions of the target's full-attention layer each assistant draft forward reads
+    (assistant.shared_kv spied on), appended as they happen."""
     read: list[int] = []
     shared_kv = assistant.shared_kv
 
@@ -235,6 +232,16 @@ def test_greedy_output_equals_plain_at_32k_tokens_with_a_bounded_assistant(
         return kv
 
     monkeypatch.setattr(assistant, "shared_kv", spy)
+    return read
+
+
+@pytest.mark.slow  # a 32K-token prefill of a tiny Gemma 4 target
+def test_greedy_output_equals_plain_at_32k_tokens_with_a_bounded_assistant(
+    assistant_engine, monkeypatch
+):
+    engine = assistant_engine
+    prompt = _prompt(engine, LONG - 64, seed=4)
+    read = _full_layer_reads(monkeypatch)
     events = gen(engine, prompt, _spec(), 24)
     assert any(r.drafted for r in rounds_of(events))
     assert token_ids(events) == plain_ids(engine, prompt, 24)
@@ -250,15 +257,7 @@ def test_an_assistant_reads_the_whole_full_layer_by_default(assistant_engine, mo
     layer reads every position of the target's, as mlx-vlm's does."""
     engine = assistant_engine
     prompt = _prompt(engine, 2 * DRAFT_WINDOW + 200, seed=6)
-    read: list[int] = []
-    shared_kv = assistant.shared_kv
-
-    def spy(target: Any, window: int, bound: Bound | None = None) -> Any:
-        kv = shared_kv(target, window, bound)
-        read.append(int(kv["full_attention"][0].shape[2]))
-        return kv
-
-    monkeypatch.setattr(assistant, "shared_kv", spy)
+    read = _full_layer_reads(monkeypatch)
     engine.reset()
     events = gen(engine, prompt, SpecConfig(k=3, method="draft", adaptive=False), 8)
     assert any(r.drafted for r in rounds_of(events))
