@@ -64,7 +64,9 @@ Rounds = Generator[None, None, WorkerEvent]
 class Running:
     """A request being answered: its job, its cache set, its rounds, the bytes it may use and
     the process's peak memory in its turns so far (bytes). `carry`: what is left of a long
-    forward it parked (read a piece a turn), `parts`: the logits of its pieces so far."""
+    forward it parked (read a piece a turn), `parts`: the logits of its pieces so far, `held`:
+    how long others' rounds have held its prompt up, `reads`: how many of its rows are read in
+    pieces (pieces.PieceSize.waits)."""
 
     job: Job
     slot: Slot
@@ -73,6 +75,8 @@ class Running:
     peak: int = 0
     carry: Park | None = None
     parts: list[mx.array] = field(default_factory=list)
+    held: float = 0.0  # seconds others' rounds ran while its prompt was read in pieces
+    reads: int = 0  # rows of its prompt read in pieces (from its first long forward on)
 
 
 class Batch:
@@ -140,7 +144,10 @@ class Batch:
         run, and the target forwards wait, so that requests drafting different K still verify
         in one packed forward. Then a piece of each long forward parked aside (`_pieces`)."""
         ended = []
-        t0, tokens0, running = time.perf_counter(), self._tokens(), len(self.running)
+        t0, tokens0 = time.perf_counter(), self._tokens()
+        # The requests whose rounds share this turn's forwards: one reading a prompt in pieces
+        # runs no round, so a request beside it alone is left to its own policy
+        running = sum(run.carry is None for run in self.running)
         self.mode.begin(running)
         ran = list(self.running)
         resume: list[Running] = [run for run in self.running if run.carry is None]
@@ -156,6 +163,8 @@ class Batch:
                     msg = failure(exc)
                 if isinstance(msg, Park) and self._long(msg):
                     run.carry = msg  # read in pieces, from the end of this turn on
+                    if not run.reads:  # its first: the prompt's rows from here on
+                        run.reads = len(run.job.prompt) - msg.state.cache[0].offset
                 elif isinstance(msg, Park):
                     held.append((run, msg))
                 elif msg is not ROUND:  # the request ended
@@ -190,14 +199,21 @@ class Batch:
     def _pieces(self, others_s: float) -> None:
         """A piece of each long forward parked aside, run now (evaluated into their caches):
         per model (a target's rows cost more than a draft's), `rows(others_s)` rows of its
-        PieceSize shared among its requests. A request whose forward is all read resumes next
-        turn with its logits (the pieces' rows in order, lazy: a prefill never reads them)."""
+        PieceSize shared among its requests, none while every one of them is within its
+        allowance (PieceSize.waits; others ran this turn). A request whose forward is all read
+        resumes next turn with its logits (the pieces' rows in order, lazy: a prefill never
+        reads them)."""
         by_model: dict[int, list[Running]] = {}
         for run in self.running:
             if run.carry is not None:
                 by_model.setdefault(id(run.carry.state.model), []).append(run)
         for key, runs in by_model.items():
             size = self.pieces.setdefault(key, PieceSize())
+            for run in runs:
+                run.held += others_s
+            waits = others_s > 0 and not self.closing.is_set()
+            if waits and all(size.waits(run.held, run.reads) for run in runs):
+                continue  # within their allowance: the others run at their full pace
             rows = size.rows(others_s / len(by_model))
             if rows == 0 and not self.closing.is_set():
                 continue  # beside others, the pieces' time share is spent for now

@@ -7,14 +7,19 @@ while the prompt is read, and a request that arrives meanwhile joins at the next
 piece's size follows vLLM's chunked prefill (vllm-project/vllm, vllm/v1/core/sched/scheduler.py
 at 00024d31, `Scheduler.schedule`: running requests take their tokens first, a prompt gets what
 is left of the step's token budget), with the budget in seconds rather than tokens, measured on
-this machine: over the turns the pieces take about SHARE (half) of the other rounds' time, so a
-request beside a long prompt runs at about two thirds of its pace at worst (its turn 1.5 times
-as long), leaving room for the wait to join, and the prompt is read at about a third of its pace
-while others run, at full pace once alone. Alone, a piece takes about `join_s`, so that a request
-arriving meanwhile waits about that long for its turn, yet at least `alone_rows` rows (a forward
-of fewer rows reads the weights for less work).
+this machine. A long prompt first spends an allowance: while the time others' rounds have held
+it up is within LAG (a quarter) of its own reading time (its rows at the measured cost a row),
+its pieces wait and the others run at their full pace (a short request beside it is answered as
+fast as alone, bar the wait to join), so its first token comes at most about 1.25 times as late
+as alone. Past the allowance, the pieces take about SHARE (half) of the other rounds' time over
+the turns, so a request beside it runs at about two thirds of its pace at worst (its turn 1.5
+times as long) and the prompt is read at about a third of its pace while others run, at full
+pace once alone. Alone, a piece takes about `join_s`, so that a request arriving meanwhile
+waits about that long for its turn, yet at least `alone_rows` rows (a forward of fewer rows
+reads the weights for less work).
 
     size = PieceSize()
+    size.waits(held_s=1.0, prompt_rows=3000)  # True once a piece was timed at 10 ms a row
     rows = size.rows(others_s=0.24)       # rows of the next piece (0: none this turn)
     size.observe(rows, seconds=0.1)       # after it ran (taken off the credit)
 
@@ -39,6 +44,7 @@ START_ROWS = 64  # before any piece has been timed
 JOIN_S = 0.25  # alone: about this long a piece, so a new request joins within about that
 SHARE = 0.5  # beside others: a piece takes about this fraction of the turn's other rounds' time
 WINDOW = 5  # pieces whose cost a row is the median of
+LAG = 0.25  # a long prompt may be held up by others' rounds this fraction of its reading time
 
 
 class PieceSize:
@@ -83,6 +89,20 @@ class PieceSize:
             return START_ROWS
         fit = int(budget / statistics.median(self._row_s))
         return max(floor, min(self.max_rows, fit))
+
+    def waits(self, held_s: float, prompt_rows: int) -> bool:
+        """Whether a long prompt's pieces wait this turn beside others: the others' rounds have
+        held it up `held_s` seconds (this turn's included), within LAG of its reading time
+        (`prompt_rows` at the median cost a row; the cost a row grows with the context, so the
+        estimate from earlier pieces is low, and the allowance with it). No piece timed yet:
+        no allowance.
+
+        With 10 ms a row: a 3,000-row prompt reads in about 30 s, so it may wait while others
+        have held it up to 7.5 s.
+        """
+        if not self._row_s:
+            return False
+        return held_s <= LAG * prompt_rows * statistics.median(self._row_s)
 
     def observe(self, rows: int, seconds: float, beside: bool = True) -> None:
         """A piece of `rows` rows took `seconds` (`beside` others: off the credit)."""

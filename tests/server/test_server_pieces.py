@@ -1,9 +1,10 @@
 """How much of a long prompt a batch reads in one turn (edgespec/server/pieces.py): a piece
-costs about SHARE of what the turn's other rounds cost, or JOIN_S alone, within its bounds."""
+costs about SHARE of what the turn's other rounds cost (once its allowance, LAG, is spent), or
+JOIN_S alone, within its bounds."""
 
 from __future__ import annotations
 
-from edgespec.server.pieces import ALONE_ROWS, MIN_ROWS, START_ROWS, PieceSize
+from edgespec.server.pieces import ALONE_ROWS, LAG, MIN_ROWS, START_ROWS, PieceSize
 
 
 def test_the_first_piece_has_the_start_size():
@@ -37,3 +38,12 @@ def test_a_median_ignores_one_slow_piece():
     for seconds in (0.1, 0.1, 5.0, 0.1, 0.1):
         size.observe(100, seconds, beside=False)
     assert size.rows(0.0) == 250
+
+
+def test_a_long_prompt_waits_within_its_allowance_then_takes_its_share():
+    size = PieceSize(share=0.5)
+    assert not size.waits(held_s=0.0, prompt_rows=3000)  # no piece timed: no allowance
+    size.observe(64, 0.64, beside=False)  # 10 ms a row: 3,000 rows read in about 30 s
+    assert size.waits(held_s=7.4, prompt_rows=3000)  # held up less than LAG of that
+    assert not size.waits(held_s=LAG * 30 + 0.1, prompt_rows=3000)
+    assert not size.waits(held_s=1.0, prompt_rows=64)  # a short prompt's allowance is small

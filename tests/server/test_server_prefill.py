@@ -38,13 +38,17 @@ def health(srv: ServerProcess) -> dict:
     return httpx.get(f"{srv.url}/health", timeout=30).json()
 
 
-def stream(srv: ServerProcess, text: str, max_tokens: int, log: list, tag: str) -> str:
-    """A greedy chat stream; `log` gets (time, tag, "token" | "done") as the chunks arrive."""
+def stream(
+    srv: ServerProcess, text: str, max_tokens: int, log: list, tag: str, usage: dict | None = None
+) -> str:
+    """A greedy chat stream; `log` gets (time, tag, "token" | "done") as the chunks arrive,
+    `usage` the usage object of its last chunk."""
     body = {
         "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     parts = []
     with httpx.stream("POST", f"{srv.base}/chat/completions", json=body, timeout=900) as r:
@@ -52,7 +56,10 @@ def stream(srv: ServerProcess, text: str, max_tokens: int, log: list, tag: str) 
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choices = json.loads(line[len("data: ") :])["choices"]
+            chunk = json.loads(line[len("data: ") :])
+            if usage is not None and chunk.get("usage"):
+                usage.update(chunk["usage"])
+            choices = chunk["choices"]
             content = choices[0]["delta"].get("content") if choices else None
             if content:
                 log.append((time.monotonic(), tag, "token"))
@@ -71,7 +78,8 @@ def test_a_short_request_is_answered_while_a_long_prompt_is_read(server):
     deadline = time.monotonic() + 120
     while health(server)["running"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    got["short"] = stream(server, SHORT, 8, log, "short")
+    usage: dict = {}
+    got["short"] = stream(server, SHORT, 8, log, "short", usage)
     long.join(900)
     assert not long.is_alive()
     short_done = next(t for t, tag, kind in log if (tag, kind) == ("short", "done"))
@@ -79,6 +87,9 @@ def test_a_short_request_is_answered_while_a_long_prompt_is_read(server):
     assert short_done < long_first  # the short answer did not wait for the long prompt
     assert (got["long"], got["short"]) == (solo_long, solo_short)  # each its solo answer
     assert solo_long and solo_short
+    # A prompt read in pieces runs no round: the short request is not a batch of two whose
+    # mode (server/mode.py) may step it plainly; its own adaptive K drafts, as alone
+    assert usage["speculation"]["drafted"] > 0
 
 
 def test_a_prompt_over_max_prompt_tokens_is_a_400_before_any_work(server):
