@@ -294,23 +294,11 @@ class AdaptiveK:
         has (a calibration's, `seed`) at its seeded cost scaled by the median ratio of this
         run's costs to the seed's over the lengths both have (a longer context costs more per
         forward), 1 before any. Example: seeded {2: 1.0, 8: 2.0}, measured {2: 3.0} ->
-        {2: 3.0, 8: 6.0}.
-
-        Where this run's costs have left the seed's (the ratio above SEED_TRUST: a longer
-        context) and it measured two lengths or more, a length only the seed has follows this
-        run's own line (fit_verify_line) instead: at a long context on a CPU each row's
-        attention costs a good part of a step, so the costs grow with the rows far more than
-        the short prompt's shape says, and the scaled seed priced a plain step at 32K three
-        times what it costs (research/replay/, the xeon profile: a draft that can hardly pay
-        kept drafting for half an answer). Example: seeded {1: 1.0, 3: 1.2, 5: 1.4},
-        measured {3: 14.6, 5: 23.8} -> {1: 5.4, 3: 14.6, 5: 23.8}."""
+        {2: 3.0, 8: 6.0}."""
         own = self.verify_costs.medians()
         if not self._seeded:
             return own
         scale = self._seed_scale(own)
-        if scale > SEED_TRUST and len(own) >= 2:
-            a, b = fit_verify_line(own)
-            return {**{L: a + b * (L - 1) for L in self._seeded}, **own}
         return {**{L: t * scale for L, t in self._seeded.items()}, **own}
 
     def _seed_scale(self, own: dict[int, float]) -> float:
