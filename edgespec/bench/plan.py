@@ -18,8 +18,9 @@ BENCH_TREE = "dynamic"
 
 
 # EdgeSpec's methods: name -> (description, needs a draft, takes a K list, SpecConfig fields).
-# A method that takes a K list gets SpecConfig(k=K, adaptive=False, ...) per K (`tree` keeps its
-# fallback: adaptive=True, K its depth, trees/policy.py FallbackTree); adaptive ones take
+# A method that takes a K list gets SpecConfig(k=K, adaptive=False, ...) per K (`tree` and
+# `block-tree` keep their fallback: adaptive=True, K the depth, trees/policy.py FallbackTree, as
+# `--tree` and `--method block-tree` run); adaptive ones take
 # no K list (K is chosen per round, starting from SpecConfig's default and capped by its k_max).
 SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
     PLAIN: ("target alone through EdgeSpec's loop", False, False, {"method": "none"}),
@@ -72,7 +73,8 @@ SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {
         f"EdgeSpec, trees from a block draft, {BENCH_TREE} K deep",
         True,
         True,
-        {"method": "block-tree"},
+        # as `--method block-tree` runs: the tree where it pays, else a chain or a plain step
+        {"method": "block-tree", "adaptive": True},
     ),
     "mtp": ("EdgeSpec, the target's own MTP head (--draft mtp)", True, True, {"method": "mtp"}),
 }
