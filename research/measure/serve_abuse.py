@@ -43,7 +43,7 @@ NORMAL = {
     "max_tokens": 32,
 }
 COUNTING = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "temperature": 0, "max_tokens": 1e12}
-HEAD = "POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+HEAD = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
 STALLED = f"{HEAD}Content-Length: 100\r\n\r\n{{".encode()
 
 
