@@ -294,11 +294,26 @@ class AdaptiveK:
         has (a calibration's, `seed`) at its seeded cost scaled by the median ratio of this
         run's costs to the seed's over the lengths both have (a longer context costs more per
         forward), 1 before any. Example: seeded {2: 1.0, 8: 2.0}, measured {2: 3.0} ->
-        {2: 3.0, 8: 6.0}."""
+        {2: 3.0, 8: 6.0}.
+
+        Where this run's costs have left the seed's (the ratio above SEED_TRUST: a longer
+        context) and two lengths or more are shared, a length only the seed has is priced by
+        seed_and_rows instead: the seed scaled plus a cost a row. At a long context on a CPU
+        each row's attention costs a good part of a step, so the costs grow with the rows far
+        more than the short prompt's shape says, and the scaled seed priced a plain step at 32K
+        about three times its cost (research/replay/, the xeon profile: a draft that can hardly
+        pay drafted for half an answer). A line through this run's own costs alone priced the
+        long verifies too dear on this project's CPU at 4K (K came out short, the default lost
+        ~13% at T = 0.7; docs/measurements/2026-12-07-policy-and-checks.md)."""
         own = self.verify_costs.medians()
         if not self._seeded:
             return own
         scale = self._seed_scale(own)
+        if scale > SEED_TRUST:
+            fit = seed_and_rows(self._seeded, own)
+            if fit is not None:
+                s, r = fit
+                return {**{L: s * t + r * L for L, t in self._seeded.items()}, **own}
         return {**{L: t * scale for L, t in self._seeded.items()}, **own}
 
     def _seed_scale(self, own: dict[int, float]) -> float:
@@ -429,6 +444,34 @@ class AdaptiveK:
             return 0
         args = self._inputs(method)
         return default if args is None else best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
+
+
+def seed_and_rows(seeded: dict[int, float], own: dict[int, float]) -> tuple[float, float] | None:
+    """(s, r) with own[L] ~ s * seeded[L] + r * L over the lengths both have (least squares,
+    s and r >= 0): this run's costs as the calibration's scaled (a slower or busier machine)
+    plus a cost a row (a longer context: each row reads every key); None with fewer than two
+    shared lengths. Example: seeded {1: 1.0, 3: 1.2, 5: 1.4}, own {3: 14.6, 5: 23.8} ->
+    s 0.89, r 4.51: a plain step 0.89 + 4.51 = 5.4 (a plain step scaled by the ratio of the
+    costs, 17.0 here)."""
+    shared = [L for L in own if L in seeded]
+    if len(shared) < 2:
+        return None
+    xs, ls, ys = [seeded[L] for L in shared], [float(L) for L in shared], [own[L] for L in shared]
+    sxx = sum(x * x for x in xs)
+    sll = sum(v * v for v in ls)
+    sxl = sum(x * v for x, v in zip(xs, ls, strict=True))
+    sxy = sum(x * y for x, y in zip(xs, ys, strict=True))
+    sly = sum(v * y for v, y in zip(ls, ys, strict=True))
+    det = sxx * sll - sxl * sxl
+    s = (sxy * sll - sly * sxl) / det if det > 1e-18 else -1.0
+    r = (sly * sxx - sxy * sxl) / det if det > 1e-18 else -1.0
+    if s >= 0 and r >= 0:
+        return s, r
+    # one of them negative: the best fit with it at zero
+    only_s, only_r = sxy / sxx, sly / sll
+    err_s = sum((y - only_s * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    err_r = sum((y - only_r * v) ** 2 for v, y in zip(ls, ys, strict=True))
+    return (only_s, 0.0) if err_s <= err_r else (0.0, only_r)
 
 
 class FixedK:

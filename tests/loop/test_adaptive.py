@@ -4,11 +4,19 @@ verify costs, stalls, repeats, probes while drafting is off), and its K in the R
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import pytest
 
 from edgespec.config import SpecConfig
-from edgespec.drafting.adaptive import PRICE_STEPS, TIE_TOLERANCE, AdaptiveK, DrafterEstimate
+from edgespec.drafting.adaptive import (
+    PRICE_STEPS,
+    TIE_TOLERANCE,
+    AdaptiveK,
+    DrafterEstimate,
+    seed_and_rows,
+)
 from edgespec.drafting.costs import best_k, fit_verify_line, verify_curve
 from edgespec.events import Round, expected_tokens_per_round
 from tests.helpers import PROMPT, ask, gen, rounds_of
@@ -491,3 +499,36 @@ def test_seeded_costs_are_used_from_the_first_round() -> None:
     # The shortest round; not K = 0 on one timing (a saved one is a timing like the others).
     assert policy.choose("draft") == 1
     assert AdaptiveK(4, 8).choose("draft") == 4  # unseeded: k_init until both were timed
+
+
+def test_a_calibration_left_behind_by_a_long_context_adds_a_cost_a_row() -> None:
+    """At a long context the costs grow with the rows far more than a short prompt's
+    calibration says: once two lengths are shared and this run's costs are past SEED_TRUST
+    times the seed's, a length it did not time is the seed scaled plus a cost a row
+    (seed_and_rows), not the seed scaled by the cost ratio alone (which priced a plain step at
+    32K about 3x its cost: research/replay/, xeon). Within SEED_TRUST, the seed's shape stays."""
+    policy = AdaptiveK(4, 8)
+    policy.seed({"draft": 0.05}, {1: 1.0, 3: 1.2, 5: 1.4})
+    policy.observe(Round(0, 4, 1, 4, 0.2, 23.8, "draft"))
+    assert policy.verify_means[1] == pytest.approx(23.8 / 1.4)  # one length: the scaled seed
+    policy.observe(Round(1, 2, 1, 2, 0.1, 14.6, "draft"))
+    assert policy.verify_means[1] == pytest.approx(5.4)
+    assert (policy.verify_means[3], policy.verify_means[5]) == (14.6, 23.8)  # its own, kept
+    near = AdaptiveK(4, 8)
+    near.seed({"draft": 0.05}, {1: 1.0, 3: 1.2, 5: 1.4})
+    near.observe(Round(0, 4, 1, 4, 0.2, 1.5, "draft"))
+    near.observe(Round(1, 2, 1, 2, 0.1, 1.25, "draft"))
+    assert near.verify_means[1] == pytest.approx(statistics.median([1.25 / 1.2, 1.5 / 1.4]))
+
+
+@pytest.mark.parametrize(
+    "own, want",
+    [
+        ({3: 2.4, 5: 2.8}, (2.0, 0.0)),  # twice the seed: a slower machine, no cost a row
+        ({3: 1.2 + 3.0, 5: 1.4 + 5.0}, (1.0, 1.0)),  # the seed plus 1.0 a row
+        ({3: 3.0, 5: 5.0}, (0.0, 1.0)),  # rows are all of it
+    ],
+)
+def test_seed_and_rows_separates_a_scaled_seed_from_a_cost_a_row(own, want) -> None:
+    assert seed_and_rows({1: 1.0, 3: 1.2, 5: 1.4}, own) == pytest.approx(want, abs=1e-9)
+    assert seed_and_rows({1: 1.0, 3: 1.2}, {3: 2.0}) is None  # one shared length
