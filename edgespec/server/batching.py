@@ -147,10 +147,10 @@ class Batch:
         t0, tokens0 = time.perf_counter(), self._tokens()
         # The requests whose rounds share this turn's forwards: one reading a prompt in pieces
         # runs no round, so a request beside it alone is left to its own policy
-        running = sum(run.carry is None for run in self.running)
+        resume: list[Running] = [run for run in self.running if run.carry is None]
+        running = len(resume)
         self.mode.begin(running)
         ran = list(self.running)
-        resume: list[Running] = [run for run in self.running if run.carry is None]
         held: list[tuple[Running, Park]] = []
         while resume or held:
             for run in resume:
