@@ -63,6 +63,12 @@ OFF_AFTER = COST_WINDOW // 2 + 1
 # instead of probe rounds: a review after REVIEW_EVERY plain steps, the gap doubling to
 # REVIEW_MOST while the draft stays off (a review is a draft forward over the gap's tokens).
 REVIEW_EVERY, REVIEW_MOST = 8, 32
+# A review is a draft forward over the gap's tokens; where that costs more than this share of
+# the plain steps it covers (a dear draft, or a machine whose forward grows fast with its rows:
+# research/replay/, an Apple M4 Pro with a draft at 0.6 of a step, where reviews alone cost
+# ~12% of an answer the draft never drafted), it waits until the gap makes it cheap enough, or
+# never runs: the draft then stays off for the answer.
+REVIEW_SHARE = 0.05
 # A price check: while drafting, a plain step is never timed, and its price is a guess from the
 # shortest verify (verify_curve), which is off by up to ~1.9x either way: on an Apple M1 / M2 a
 # 2-token verify costs ~1.7 steps (a plain step then looks 1.57x dearer than it is, and a draft
@@ -270,8 +276,23 @@ class AdaptiveK:
         while it stays off) were chosen since the last one."""
         if not self._reviews or self._on or self._idle < self._review_gap:
             return False
+        if not self._review_pays(self._idle):
+            return False
         self._idle, self._review_gap = 0, min(2 * self._review_gap, REVIEW_MOST)
         return True
+
+    def _review_pays(self, gap: int) -> bool:
+        """Whether a review over `gap` tokens costs at most REVIEW_SHARE of the gap's plain
+        steps: the draft's cost a token (c) times the target's growth with the rows,
+        v(gap) / v(1) (a draft forward of many rows grows as the target's does), against
+        gap * v(1). True while either cost is unknown. Example: c = 0.6, v(1) = 1, v(32) = 8.6
+        -> 5.2 against 1.6: no review."""
+        args = self._inputs(self.model or self._method)
+        if args is None:
+            return True
+        _, c, verify, _ = args
+        one = verify(1)
+        return c * verify(gap) / one <= REVIEW_SHARE * gap * one
 
     def lookup_review_due(self) -> bool:
         """Whether a hybrid's lookups are off (lookups_pay) and to be reviewed at plain steps."""

@@ -16,6 +16,7 @@ import pytest
 
 from edgespec.acceptance import Review, review_values
 from edgespec.config import SamplingConfig, SpecConfig
+from edgespec.drafting import adaptive
 from edgespec.drafting.adaptive import REVIEW_EVERY, REVIEW_MOST, AdaptiveK
 from edgespec.drafting.ngram import NgramIndex
 from edgespec.drafting.token import ModelDrafter
@@ -122,12 +123,34 @@ def test_with_reviews_a_losing_draft_goes_off_with_no_probe_and_reviews_bring_it
     assert ask(policy, _round(76, 0, 0, 0.0, 0.1)) > 0
 
 
+@pytest.mark.parametrize("step,reviews", [(0.002, True), (0.06, False)], ids=["cheap", "dear"])
+def test_a_review_runs_only_where_it_costs_a_small_share_of_the_steps_it_covers(step, reviews):
+    """A draft switched off after losing rounds (never accepted): at 0.02 of a plain step a
+    token, a review over 8 tokens (the target's growth with the rows, 0.1 + 0.02 a row) costs
+    ~0.005 s against 8 steps of 0.1 s, and reviews run; at 0.6 of a step (an Apple M4 Pro
+    beside a large draft, research/replay/) one costs ~0.14 s of 0.8 s, more than REVIEW_SHARE,
+    and none runs however long the draft stays off."""
+    policy = _reviewing()
+    k = ask(policy, None)
+    for i in range(30):
+        k = ask(policy, _round(i, k, 0, step * k, 0.1 if k == 0 else 0.1 + 0.02 * k))
+    assert k == 0
+    due = []
+    for i in range(30, 160):
+        assert ask(policy, _round(i, 0, 0, 0.0, 0.1)) == 0
+        due.append(policy.review_due())
+    assert any(due) is reviews
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(0.7, seed=4)], ids=["t0", "t07"])
 def test_the_loop_reviews_while_the_draft_is_off_and_stays_exact(engine, monkeypatch, sampling):
     """Rounds priced by a fixed cost model in which a draft step costs as much as a plain step
     (so the tiny pair's draft is switched off, whatever this machine's clock says): the loop
     reviews it in its plain runs (values in [0, 1]), greedy output equals plain decoding's, and
-    a second answer after the first does too (the draft's cache stays a prefix of the context)."""
+    a second answer after the first does too (the draft's cache stays a prefix of the context).
+    A draft that dear would not be reviewed (REVIEW_SHARE): the share is lifted here, the loop's
+    reviews being what is tested."""
+    monkeypatch.setattr(adaptive, "REVIEW_SHARE", 1.0)
     seen: list[Review] = []
     fold, observe = AdaptiveK.review, AdaptiveK.observe
 
