@@ -165,7 +165,7 @@ class RoundFactory:
         k_max = k_bound(spec, hybrid.model if hybrid else drafter)
         policy = make_k_policy(min(spec.k, k_max), spec.adaptive, k_max, model, spec.long_match)
         if hybrid is not None and isinstance(policy, AdaptiveK):
-            hybrid.lookup_k = policy.lookup_k
+            hybrid.lookup_k, hybrid.long_k = policy.lookup_k, policy.long_k
         if calibration is not None and isinstance(policy, AdaptiveK):
             policy.seed(*calibration.medians())
         return policy

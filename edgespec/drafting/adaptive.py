@@ -51,6 +51,7 @@ ALPHA_DECAY = 0.9  # per-round decay of the acceptance counts (~10 rounds of mem
 # 10% against K = 1 (math_reasoning, one prompt) while the closed form promised a gain.
 TIE_TOLERANCE = 0.05
 LOOKUP = "ngram"  # the method of a hybrid drafter's lookups (drafting/ngram.py HybridDrafter)
+LONG = f"{LOOKUP}-long"  # its lookups from a long match (AdaptiveK.long_match), counted apart
 # Methods whose drafting is one forward a round whatever K (a block draft,
 # architectures/block_model.py): their cost is that forward's, d(K), measured per K (a line
 # fitted between, as v(L); nearly flat on a GPU, but on a CPU the output head over the
@@ -225,6 +226,7 @@ class AdaptiveK:
         self._probes = Probes()
         self._observed = False  # a round was observed: the first round's K is k_init
         self._lookups_on = True  # a hybrid's lookups pay (or probe) this round: lookups_pay
+        self._long_on = True  # and its long matches' (long_k)
         self._lookup_probes = Probes()
         self._reviews, self._idle, self._review_gap = False, 0, REVIEW_EVERY  # review_due
         self._price_tries, self._pricing = PRICE_TRIES, 0  # price checks left, steps left
@@ -296,7 +298,8 @@ class AdaptiveK:
 
     def lookup_review_due(self) -> bool:
         """Whether a hybrid's lookups are off (lookups_pay) and to be reviewed at plain steps."""
-        return self._reviews and self.model is not None and not self._lookups_on
+        off = not (self._lookups_on and self._long_on)
+        return self._reviews and self.model is not None and off
 
     def review(self, r: Review) -> None:
         """Fold a review's values into its method's acceptance estimate (a long match's lookup:
@@ -355,7 +358,7 @@ class AdaptiveK:
         # plain steps are never timed (loop.plain_run), and with the draft model off from the
         # start no other lookup ran: unpriced, lookups_pay let them all run at full length,
         # 4-token verifies at long contexts where one costs several plain steps.
-        cost = 0.0 if est.draft_cost is None and method == LOOKUP else est.draft_cost
+        cost = 0.0 if est.draft_cost is None and method in (LOOKUP, LONG) else est.draft_cost
         if cost is None:
             return None
         verify = verify_curve(self.verify_means)
@@ -399,6 +402,7 @@ class AdaptiveK:
         self.chosen.append(k)
         if self.model is not None:
             self._lookups_on = self.lookups_pay(LOOKUP)
+            self._long_on = self.long_k(1) > 0
         return k
 
     def _price_check(self, method: str | None) -> bool:
@@ -465,6 +469,23 @@ class AdaptiveK:
             return 0
         args = self._inputs(method)
         return default if args is None else best_k(*args, k_min=1, tolerance=TIE_TOLERANCE)
+
+    def long_k(self, default: int) -> int:
+        """How many tokens a lookup from a long match should propose: `default` (the configured
+        long length, SpecConfig.ngram_long_k), or 0 where its own estimates (LONG) say that even
+        at the optimistic alpha a round of that length commits fewer tokens a second than plain
+        steps. Long matches are accepted far more often than short ones, but at a long context
+        each verify row costs a good part of a plain step: on the xeon profile at 32K
+        (research/replay/) a 6-row verify costs six plain steps, and a 5-token long lookup lost
+        even when all five were accepted. Never shorter than `default` otherwise: cut to the
+        best K of the geometric model it lost on this project's CPU at 8K (tau 3.3 -> 3.0; a
+        long match is accepted whole more often than that model says). No side effects."""
+        args = self._inputs(LONG)
+        if args is None or not self.allow_plain:
+            return default
+        _, c, verify, _ = args
+        tokens = expected_tokens_per_round(self.estimates[LONG].alpha_upper, default)
+        return default if tokens / (default * c + verify(default + 1)) >= 1 / verify(1) else 0
 
 
 def seed_and_rows(seeded: dict[int, float], own: dict[int, float]) -> tuple[float, float] | None:

@@ -114,10 +114,12 @@ class LooksBehind(Protocol):
 
 class SizedLookups(Protocol):
     """A lookup in front of a draft model whose lookups an adaptive K policy sizes: the policy
-    chooses K for `model` and sets `lookup_k` (AdaptiveK.lookup_k) for the lookups."""
+    chooses K for `model` and sets `lookup_k` (AdaptiveK.lookup_k) for the lookups and
+    `long_k` (AdaptiveK.long_k) for those from a long match."""
 
     model: Drafter
     lookup_k: Callable[[str, int], int] | None
+    long_k: Callable[[int], int] | None
 
     def guess(self, context: list[int]) -> tuple[int, int] | None:
         """The lookup's guess for the token after `context` and its match length, None without

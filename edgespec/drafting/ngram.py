@@ -95,25 +95,37 @@ class NgramDrafter(Drafter):
     def propose(self, context: list[int], k: int, key: mx.array | None = None) -> Proposal:
         return self.propose_min(context, k, None)
 
-    def propose_min(self, context: list[int], k: int, n_min: int | None) -> Proposal:
+    def propose_min(
+        self, context: list[int], k: int, n_min: int | None, long_k: int | None = None
+    ) -> Proposal:
         """propose(), accepting only suffix matches of length >= n_min."""
-        return self.lookup(context, k, n_min)
+        return self.lookup(context, k, n_min, long_k=long_k)
 
-    def lookup(self, context: list[int], k: int, n_min: int | None, skip: int = 0) -> Proposal:
+    def lookup(
+        self,
+        context: list[int],
+        k: int,
+        n_min: int | None,
+        skip: int = 0,
+        long_k: int | None = None,
+    ) -> Proposal:
         """Index `context`, find its longest suffix match n and propose up to k tokens of the
-        continuation (max(k, long_k) on a long match), past its first `skip` tokens."""
+        continuation (max(k, long_k) on a long match; `long_k` None: the drafter's own), past
+        its first `skip` tokens."""
         self.index.extend(context)
         pos, n = self.index.find(n_min)
         if not n:
             return point_mass([], self.method)
         if self.long_n and n >= self.long_n:
-            k = max(k, self.long_k)
+            k = max(k, self.long_k if long_k is None else long_k)
         return point_mass(self.index.tokens[pos + skip : pos + skip + k], self.method, n)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(behind=self)  # its lookup one token behind
 
-    def propose_behind(self, context: list[int], k: int, n_min: int | None = None) -> Proposal:
+    def propose_behind(
+        self, context: list[int], k: int, n_min: int | None = None, long_k: int | None = None
+    ) -> Proposal:
         """Up to k tokens for the positions after len(context), proposed while the token at
         len(context) is still being computed (pipelined plain steps, edgespec/loop.py): the
         continuation of the longest earlier match of context's suffix, past its first token,
@@ -123,7 +135,7 @@ class NgramDrafter(Drafter):
         propose_behind(k=2) = [8, 5], the guess for the two tokens after the coming 7."""
         if k <= 0:
             return point_mass([], self.method)
-        return self.lookup(context, k, n_min, skip=1)
+        return self.lookup(context, k, n_min, skip=1, long_k=long_k)
 
 
 # A one-token suffix match is a weak guess next to a trained draft: hybrid wants >= 2 tokens.
@@ -135,7 +147,8 @@ class HybridDrafter(Drafter):
 
     Each proposal names who made it (Proposal.method "ngram" or "draft"). A lookup proposes up to
     max(K, free_k) tokens (SpecConfig.ngram_k), or `lookup_k("ngram", free_k)` when an adaptive
-    policy sizes lookups (AdaptiveK.lookup_k). `propose_free` is the lookup alone: the loop uses
+    policy sizes lookups (AdaptiveK.lookup_k), and on a long match `long_k(ngram.long_k)`
+    (AdaptiveK.long_k). `propose_free` is the lookup alone: the loop uses
     it in rounds where an adaptive K policy switched drafting off (K = 0), because a lookup costs
     next to nothing and a match is often accepted.
     """
@@ -150,6 +163,7 @@ class HybridDrafter(Drafter):
     ):
         self.ngram, self.model, self.min_match, self.free_k = ngram, model, min_match, free_k
         self.lookup_k = lookup_k
+        self.long_k: Callable[[int], int] | None = None  # a long match's length, when sized
         self._features = model.capabilities().features  # a feature draft's, handed on
         # Its model's reviews (acceptance.py, reviews), handed on.
         self._reviews = Capabilities.of(model).reviews
@@ -176,8 +190,13 @@ class HybridDrafter(Drafter):
     def _lookup_len(self, k: int) -> int:
         return self.lookup_k("ngram", self.free_k) if self.lookup_k else max(k, self.free_k)
 
+    def _long_len(self) -> int | None:
+        return self.long_k(self.ngram.long_k) if self.long_k else None
+
     def propose_free(self, context: list[int], key: mx.array) -> Proposal:
-        return self.ngram.propose_min(context, self._lookup_len(0), self.min_match)
+        return self.ngram.propose_min(
+            context, self._lookup_len(0), self.min_match, self._long_len()
+        )
 
     def propose_behind(self, context: list[int], k: int) -> Proposal | None:
         """While drafting is off (K <= 0), the lookup one token behind
@@ -185,12 +204,16 @@ class HybridDrafter(Drafter):
         pipelined run ends so the model can draft from the full context."""
         if k > 0:
             return None
-        return self.ngram.propose_behind(context, self._lookup_len(0), self.min_match)
+        return self.ngram.propose_behind(
+            context, self._lookup_len(0), self.min_match, self._long_len()
+        )
 
     def propose(self, context: list[int], k: int, key: mx.array) -> Proposal:
         # A lookup may propose more than the model's k: it costs no draft steps (the loop cuts
         # any proposal to the room left in the context window).
-        prop = self.ngram.propose_min(context, self._lookup_len(k), self.min_match)
+        prop = self.ngram.propose_min(
+            context, self._lookup_len(k), self.min_match, self._long_len()
+        )
         return prop if prop.size > 0 else self.model.propose(context, k, key)
 
     def commit(self, context: list[int]) -> None:

@@ -82,6 +82,7 @@ class ChainReplay:
             policy.review_on()
         sized = isinstance(policy, AdaptiveK) and method == "hybrid"
         self.lookup_len = (lambda k: policy.lookup_k("ngram", FREE_K)) if sized else None
+        self.long_len = (lambda: policy.long_k(LONG_K)) if sized else (lambda: LONG_K)
 
     def run(self) -> Outcome:
         while self.i < self.trace.size:
@@ -126,7 +127,7 @@ class ChainReplay:
         if size <= 0:
             return None
         if n >= LONG_MATCH:
-            size = max(size, LONG_K)
+            size = max(size, self.long_len())
         vals = vals[:size]
         if not vals:
             return None

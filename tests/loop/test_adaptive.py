@@ -310,6 +310,22 @@ def test_adaptive_k_counts_long_match_lookups_apart():
     assert mixed.estimates["ngram"].alpha > 0.5 and mixed.lookup_k("ngram", 4) > 1
 
 
+@pytest.mark.parametrize("row", [0.01, 1.0], ids=["short-context", "32k-xeon"])
+def test_a_long_match_lookup_is_as_long_as_its_verify_rows_pay(row):
+    """Long-match lookups accepted 90% of the time, verified at 1 + `row` plain steps a row.
+    Where rows are cheap (a short context) they keep the configured length (5); where a row
+    costs a plain step (the xeon profile at 32K: research/replay/), a 5-token lookup, even all
+    accepted, costs as much as the six plain steps it saves, and long lookups go off."""
+    policy = AdaptiveK(4, 8, model="draft", long_match=8)
+    for i in range(0, 40, 2):
+        ask(policy, Round(i, 5, 4 + (i % 10 > 0), 5, 1e-5, 1 + 5 * row, "ngram", match=9))
+        ask(policy, Round(i + 1, 0, 0, 0, 0.0, 1.0, "draft"))
+        ask(policy, Round(i + 1, 1, 1, 1, 0.05, 1 + row, "draft"))
+    assert policy.estimates["ngram-long"].alpha > 0.85
+    assert policy.long_k(5) == (5 if row < 0.5 else 0)
+    assert AdaptiveK(4, 8, model="draft", long_match=8).long_k(5) == 5  # unmeasured: as set
+
+
 def test_adaptive_k_for_a_hybrid_gives_the_model_its_own_k_and_the_lookup_its_own():
     # Choosing from whoever drafted last handed a lookup's K (alpha ~0.9, no draft cost) to the
     # draft model as soon as the next lookup missed.

@@ -87,6 +87,26 @@ def test_long_matches_propose_long_and_short_ones_k():
     assert SpecConfig(ngram_long=0).long_match == 0
 
 
+def test_a_hybrid_sizes_its_long_matches_by_its_policy():
+    """A hybrid whose adaptive policy sizes lookups (strategy.RoundFactory.k_policy sets
+    lookup_k and long_k): a long match proposes long_k(the configured length) tokens, or the
+    short size where the policy cut long ones to nothing; short matches are untouched."""
+    copy = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6]
+    key = mx.random.key(0)
+    hybrid = HybridDrafter(NgramDrafter(1, 8, long_n=6, long_k=4), NeverDrafter(), 2, 1)
+    hybrid.lookup_k = lambda method, default: 1
+    assert toks(hybrid.propose(copy, 1, key)) == [7, 8, 9, 0]  # no long_k: the configured 4
+    hybrid.long_k = lambda default: min(default, 2)
+    assert toks(hybrid.propose(copy, 1, key)) == [7, 8]
+    assert toks(hybrid.propose_free(copy, key)) == [7, 8]
+    behind = hybrid.propose_behind(copy, 0)  # one behind, as a pipelined plain run asks
+    assert behind is not None and toks(behind) == [8, 9]
+    hybrid.long_k = lambda default: 0
+    assert toks(hybrid.propose(copy, 1, key)) == [7]  # the short size
+    short = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 4, 5, 6]
+    assert toks(hybrid.propose(short, 1, key)) == [7]
+
+
 def test_lookups_one_token_behind_skip_the_guess_for_the_token_being_computed():
     ngram = NgramDrafter(2, 4)
     context = [5, 6, 7, 8, 5, 6]  # (5, 6) was followed by 7 8 5 6: 7 is the coming token's guess
