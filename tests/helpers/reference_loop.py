@@ -174,6 +174,7 @@ class _Run:
     spec: SpecConfig
     policy: Any
     lookup_k: Callable[[str, int], int] | None
+    long_k: Callable[[int], int] | None
     ctx: list[int]
     max_tokens: int
     eos: set[int]
@@ -190,13 +191,15 @@ class _Run:
         return self.policy.decide()
 
     def lookup(self, k: int, skip: int = 0) -> _Proposal:
-        """The hybrid's lookup (HybridDrafter: up to max(K, free_k) tokens, or lookup_k's)."""
+        """The hybrid's lookup (HybridDrafter: up to max(K, free_k) tokens, or lookup_k's; on a
+        long match ngram_long_k, or long_k's)."""
         spec = self.spec
         free_k = max(spec.k, spec.ngram_k)
         length = self.lookup_k("ngram", free_k) if self.lookup_k else max(k, free_k)
+        long = self.long_k(spec.ngram_long_k) if self.long_k else spec.ngram_long_k
         n_min = max(spec.ngram_min, min(HYBRID_MIN_MATCH, spec.ngram_max))
         found, n = ngram_lookup(
-            self.ctx, length, n_min, spec.ngram_max, skip, spec.long_match, spec.ngram_long_k
+            self.ctx, length, n_min, spec.ngram_max, skip, spec.long_match, long
         )
         return _Proposal(found, None, "ngram", n)
 
@@ -281,12 +284,15 @@ def reference_rounds(
     max_tokens: int,
     eos=(),
     lookup_k: Callable[[str, int], int] | None = None,
+    long_k: Callable[[int], int] | None = None,
 ) -> tuple[list[int], list[tuple[int, int, str]]]:
     """The generated token ids (EOS excluded) and every round's (drafted, accepted, method) of
     spec.method "draft" or "hybrid" under `policy` (a rounds.Policy, shown the reference's own
-    rounds in the loop's order); `lookup_k`: the hybrid's lookup length (AdaptiveK.lookup_k when
-    adaptive). The context window is taken to be far away."""
-    run = _Run(target, draft, cfg, spec, policy, lookup_k, list(prompt), max_tokens, set(eos))
+    rounds in the loop's order); `lookup_k` / `long_k`: the hybrid's lookup length and a long
+    match's (AdaptiveK.lookup_k / long_k when adaptive). The context window is taken to be far away."""
+    run = _Run(
+        target, draft, cfg, spec, policy, lookup_k, long_k, list(prompt), max_tokens, set(eos)
+    )
     run.key = make_key(cfg.seed)
     ahead: int | None = None
     while len(run.rounds) < max_tokens and not run.done:

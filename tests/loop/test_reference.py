@@ -123,9 +123,11 @@ def test_hybrid_and_adaptive_k_match_the_reference(
     events = gen(engine, ids, spec, N_ROUNDS, sampling)
     model = "draft" if method == "hybrid" else None
     policy = make_k_policy(spec.k, spec.adaptive, spec.k_max, model, spec.long_match)
-    lookup_k = policy.lookup_k if isinstance(policy, AdaptiveK) and model else None
+    sized = policy if isinstance(policy, AdaptiveK) and model else None
+    lookup_k = sized.lookup_k if sized else None
+    long_k = sized.long_k if sized else None
     want, rounds = reference_rounds(
-        target.model, draft.model, ids, sampling, spec, policy, N_ROUNDS, eos, lookup_k
+        target.model, draft.model, ids, sampling, spec, policy, N_ROUNDS, eos, lookup_k, long_k
     )
     assert token_ids(events) == want
     assert [(r.drafted, r.accepted, r.method) for r in rounds_of(events)] == rounds

@@ -79,8 +79,8 @@ def test_grounded_lookups_accept_copies_and_keep_greedy_output(engine, spec, mon
     behind: list[int] = []  # the size of every lookup made one token behind
     real = NgramDrafter.propose_behind
 
-    def spy(self, context, k, n_min=None):
-        prop = real(self, context, k, n_min)
+    def spy(self, context, k, n_min=None, long_k=None):
+        prop = real(self, context, k, n_min, long_k)
         behind.append(prop.size)
         return prop
 
