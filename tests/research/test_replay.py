@@ -56,8 +56,8 @@ HOLDS = [
 ]
 # The worst profiles today: drafts that never pay (plain is the best fixed choice), where the
 # policies lose 2-10% to what learning that costs within a 128-token answer. A floor, so that
-# a change that makes them worse fails: 0.88-0.90 before reviews were priced (REVIEW_SHARE),
-# 0.90-0.91 since.
+# a change that makes them worse fails: 0.88-0.90 before reviews and long-match lookups were
+# priced (drafting/adaptive.py: REVIEW_SHARE, AdaptiveK.long_k), 0.907-0.919 since.
 WORST = [("m1m2", 0.6, 1024), ("m4pro", 0.6, 1024), ("xeon", 0.6, 32768)]
 FLOOR = 0.9
 
