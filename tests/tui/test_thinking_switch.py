@@ -14,15 +14,33 @@ from edgespec.config import GenerationConfig, SpecConfig
 from tests.helpers.tui import FakeLoader, ask, run, wait_for
 
 
+class Recording(ChatApp):
+    """The chat app keeping every notification it made: Textual drops one from its own list
+    once its timeout (5 s) has passed, and under the full suite on 2 cores that passed once
+    between the engine's ready message and the check that read it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.said: list[str] = []
+
+    def notify(self, message, *args, **kwargs) -> None:
+        self.said.append(str(message))
+        super().notify(message, *args, **kwargs)
+
+    def clear_notifications(self) -> None:
+        self.said.clear()
+        super().clear_notifications()
+
+
 def app_with(tmp_path: Path, thinking: bool | None, think: bool | None = None):
     loader = FakeLoader(FakeScript(thinking=thinking))
     config = GenerationConfig(spec=SpecConfig(k=2, method="draft", adaptive=False))
-    app = ChatApp(loader, config, ChatStore(tmp_path / "chats"), what="fake", think=think)
+    app = Recording(loader, config, ChatStore(tmp_path / "chats"), what="fake", think=think)
     return app, loader
 
 
-def notes(app: ChatApp) -> list[str]:
-    return [n.message for n in app._notifications]
+def notes(app: Recording) -> list[str]:
+    return list(app.said)
 
 
 def test_the_header_shows_the_mode_and_f10_switches_it_for_the_next_answer(tmp_path):
