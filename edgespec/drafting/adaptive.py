@@ -29,6 +29,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from edgespec.acceptance import Review
 from edgespec.drafting.costs import (
@@ -68,7 +69,8 @@ REVIEW_EVERY, REVIEW_MOST = 8, 32
 # the plain steps it covers (a dear draft, or a machine whose forward grows fast with its rows:
 # research/replay/, an Apple M4 Pro with a draft at 0.6 of a step, where reviews alone cost
 # ~12% of an answer the draft never drafted), it waits until the gap makes it cheap enough, or
-# never runs: the draft then stays off for the answer.
+# never runs: the draft then stays off for the answer. A probe round (no reviews: a block draft,
+# lookups alone) is priced the same way (AdaptiveK._probe_pays).
 REVIEW_SHARE = 0.05
 # A price check: while drafting, a plain step is never timed, and its price is a guess from the
 # shortest verify (verify_curve), which is off by up to ~1.9x either way: on an Apple M1 / M2 a
@@ -391,9 +393,27 @@ class AdaptiveK:
                 self._idle, self._review_gap = 0, REVIEW_EVERY
             self._idle += 1
             return 0
-        if not self._probes.probe():
-            return 0
-        return best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)  # a probe
+        probe = best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)
+        return probe if self._probes.probe(partial(self._probe_pays, args, probe, tokens)) else 0
+
+    @staticmethod
+    def _probe_pays(
+        args: tuple[float, float, Callable[[int], float], int],
+        k: int,
+        expected: Callable[[int], float] | None,
+        rounds: int,
+    ) -> bool:
+        """Whether a probe drafting k, after `rounds` plain rounds, is predicted to lose at most
+        REVIEW_SHARE of their plain steps, as a review must: its time in plain steps less the
+        tokens it is expected to commit. A probe of a dear draft on a machine whose verify grows
+        fast with its rows (research/replay/: a block draft at 0.6 of a step on an Apple M1 / M2,
+        a probe losing ~1.5 steps every 8-16) waits for a longer gap (Probes.probe: at most its
+        longest). Example: c = 0.2, v(1) = 0.1, v(2) = 0.105, alpha 0: 2.05 steps lost, a probe
+        after 41 plain rounds."""
+        alpha, c, verify, _ = args
+        made = expected(k) if expected else expected_tokens_per_round(alpha, k)
+        loss = (k * c + verify(k + 1)) / verify(1) - made
+        return loss <= REVIEW_SHARE * rounds
 
     def decide(self) -> int:
         """The next round's K (recorded in `chosen`)."""

@@ -167,10 +167,14 @@ class Probes:
         """The probed choice won (drafting, for the chain): the gap back to `every`."""
         self.run, self.gap = 0, self.every
 
-    def probe(self) -> bool:
-        """The winner won this round: whether it should be a probe instead."""
+    def probe(self, pays: Callable[[int], bool] | None = None) -> bool:
+        """The winner won this round: whether it should be a probe instead. `pays(rounds)`, when
+        given, is asked once the gap has passed, with the rounds since the last probe: a probe
+        priced too dear for them waits (the count goes on), but never past `most` rounds, since
+        the price is an estimate and probes are what corrects one (a stall's)."""
         self.run += 1
-        if self.run <= self.gap:
+        dear = pays is not None and self.run <= self.most and not pays(self.run)
+        if self.run <= self.gap or dear:
             return False
         self.run, self.gap = 0, min(2 * self.gap, self.most)
         return True

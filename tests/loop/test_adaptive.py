@@ -17,7 +17,7 @@ from edgespec.drafting.adaptive import (
     DrafterEstimate,
     seed_and_rows,
 )
-from edgespec.drafting.costs import best_k, fit_verify_line, verify_curve
+from edgespec.drafting.costs import PROBE_MAX, Probes, best_k, fit_verify_line, verify_curve
 from edgespec.events import Round, expected_tokens_per_round
 from tests.helpers import PROMPT, ask, gen, rounds_of
 
@@ -133,6 +133,31 @@ def test_adaptive_k_switches_a_useless_draft_off_and_probes_with_doubling_gaps()
     gaps = np.diff(drafted[2:]).tolist()  # between drafting rounds: 8, 16, 32, 64, 64 plain rounds
     assert gaps[:5] == [9, 17, 33, 65, 65], gaps
     assert all(chosen[i] == 1 for i in drafted[1:])  # probes draft the best K >= 1
+
+
+def test_a_probe_that_costs_more_than_a_small_share_of_its_gap_waits_for_a_longer_one():
+    """A useless draft at 2 steps a token: a probe loses 2.05 plain steps (0.2 + 0.105 s against
+    0.1 s a step, one token; a little less while alpha's estimate is not yet 0), over 5%
+    (REVIEW_SHARE) of the 8-32 plain rounds of the schedule, so each waits for ~40 rounds (then
+    the schedule's 64). Without the price they came after 8, 16, 32 (the test above): ~7% of the
+    answer lost to probes instead of ~5%."""
+    policy = AdaptiveK(4, 8)
+    chosen = [ask(policy, None)]
+    for i in range(300):
+        k = chosen[-1]
+        chosen.append(ask(policy, _round(i, k, 0, k, 0.2 * k, 0.1 + 0.005 * k)))
+    drafted = [i for i, k in enumerate(chosen) if k > 0]
+    gaps = np.diff(drafted[2:]).tolist()
+    assert all(37 <= g <= 42 for g in gaps[:3]) and gaps[3:5] == [65, 65], gaps
+
+
+def test_a_priced_probe_never_waits_past_the_longest_gap():
+    """The price is an estimate (a stall's, below, keeps a draft off): a probe priced dear
+    forever still comes after PROBE_MAX rounds."""
+    probes = Probes()
+    runs = [probes.probe(lambda rounds: False) for _ in range(3 * PROBE_MAX)]
+    when = [i + 1 for i, p in enumerate(runs) if p]
+    assert when == [PROBE_MAX + 1, 2 * PROBE_MAX + 2], when
 
 
 def _switched_off(chosen: list[int]) -> int:
