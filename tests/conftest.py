@@ -11,16 +11,43 @@ tiny_ministral   -> a tiny ministral3 target on tiny_pair's tokenizer (tests/hel
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from edgespec.loading import paths
 from edgespec.runtime import Engine
 from tests.helpers.tiny import make_tiny_pair
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+TESTS_HOME_MARK = ".edgespec-tests-home"
+
+
+def _tests_home() -> None:
+    """Point EDGESPEC_HOME at a home of the tests' own for the session, whose model folders are
+    the real cache's (symlinks: what the tests load, pull or convert is kept as before), so that
+    what else a run writes there stays out of the real cache: warm-ups save a calibration per
+    pair named after its paths, and the tiny pairs live in pytest's temp folders, so every run
+    left a few more files in ~/.cache/edgespec/calibration. Set once, by the first process (the
+    xdist workers and the CLI subprocesses inherit it), and removed when that process ends."""
+    real = paths.home()
+    if (real / TESTS_HOME_MARK).exists():
+        return
+    mine = Path(tempfile.mkdtemp(prefix="edgespec-tests-home-"))
+    (mine / TESTS_HOME_MARK).touch()
+    for sub in ("models", "gguf", "converted", "locks"):
+        (real / sub).mkdir(parents=True, exist_ok=True)
+        (mine / sub).symlink_to(real / sub, target_is_directory=True)
+    os.environ[paths.HOME_ENV] = str(mine)
+    atexit.register(shutil.rmtree, mine, True)
+
+
+_tests_home()
 
 # Fixtures defined beside their helpers, shared with every test module without an import.
 pytest_plugins = ["tests.helpers.hub", "tests.helpers.ministral"]
