@@ -14,6 +14,7 @@ one for the third. As a Tree its parents are (-1, -1, -1, 0, 0, 3) and its depth
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -189,15 +190,28 @@ def greedy_nodes(
     and elder sibling came before it (depth <= max_depth, ranks < max_rank). Its first n form
     the shape of n nodes with the largest expected accepted length: a node's probability never
     exceeds its parent's or its elder sibling's, so the best n nodes are a valid shape."""
+
+    def rate(depth: int, rank: int) -> float:  # path_probability's accept[d - 1][r]
+        row = accept[min(depth, len(accept)) - 1]
+        return row[rank] if rank < len(row) else 0.0
+
+    # A heap of (-probability, depth, path, reach): the likeliest first, ties to the shallower,
+    # then to the lower ranks (the order of the sort this replaces). `reach` is the chance the
+    # walk tries the node (its parent accepted, its elders rejected), so a child's and a younger
+    # sibling's probabilities are one or two products away, multiplied in path_probability's
+    # order (the same floats): a decision of the tree policies ran this every round (~0.3 ms).
     chosen: list[tuple[RankPath, float]] = []
-    frontier: dict[RankPath, float] = {(0,): path_probability((0,), accept)}
+    frontier: list[tuple[float, int, RankPath, float]] = [(-rate(1, 0), 1, (0,), 1.0)]
     while frontier and len(chosen) < nodes:
-        best = max(frontier, key=lambda p: (frontier[p], -len(p), [-r for r in p]))
-        chosen.append((best, frontier.pop(best)))
-        grown = [best + (0,)] if len(best) < max_depth else []
-        grown += [best[:-1] + (best[-1] + 1,)] if best[-1] + 1 < max_rank else []
-        for p in grown:
-            frontier[p] = path_probability(p, accept)
+        minus, depth, best, reach = heapq.heappop(frontier)
+        chosen.append((best, -minus))
+        if depth < max_depth:
+            heapq.heappush(frontier, (minus * rate(depth + 1, 0), depth + 1, best + (0,), -minus))
+        rank = best[-1]
+        if rank + 1 < max_rank:
+            tried = reach * (1.0 - rate(depth, rank))
+            younger = best[:-1] + (rank + 1,)
+            heapq.heappush(frontier, (-(tried * rate(depth, rank + 1)), depth, younger, tried))
     return chosen
 
 

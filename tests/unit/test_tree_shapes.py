@@ -130,6 +130,43 @@ def test_greedy_nodes_prefixes_are_optimal_by_brute_force():
         assert expected_accepted(got, accept) == pytest.approx(value)
 
 
+def _greedy_by_sorting(accept, nodes: int, max_depth: int, max_rank: int):
+    """greedy_nodes as it was first written: each step the likeliest node of the frontier by a
+    full scan, every path's probability from scratch (path_probability)."""
+    chosen, frontier = [], {(0,): path_probability((0,), accept)}
+    while frontier and len(chosen) < nodes:
+        best = max(frontier, key=lambda p: (frontier[p], -len(p), [-r for r in p]))
+        chosen.append((best, frontier.pop(best)))
+        grown = [best + (0,)] if len(best) < max_depth else []
+        grown += [best[:-1] + (best[-1] + 1,)] if best[-1] + 1 < max_rank else []
+        for p in grown:
+            frontier[p] = path_probability(p, accept)
+    return chosen
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_nodes_is_the_scan_it_replaced_node_for_node(seed: int) -> None:
+    """The heap and the products grown from the parent give the same nodes, in the same order,
+    with the same floats as the scan over path probabilities made from scratch: ties included
+    (rates of 0.5, 0 and 1 make equal probabilities; ties go to the shallower node, then to the
+    lower ranks), rows shorter than the ranks, and fewer rows than depths."""
+    rng = np.random.default_rng(seed)
+    depths, ranks = int(rng.integers(1, 9)), int(rng.integers(1, 5))
+    rows = int(rng.integers(1, depths + 1))
+    pool = [0.0, 0.5, 1.0, 0.25] if seed % 2 else None
+    accept = [
+        [
+            float(rng.choice(pool)) if pool else float(rng.random())
+            for _ in range(int(rng.integers(1, ranks + 2)))
+        ]
+        for _ in range(rows)
+    ]
+    nodes = int(rng.integers(1, 40))
+    assert greedy_nodes(accept, nodes, depths, ranks) == _greedy_by_sorting(
+        accept, nodes, depths, ranks
+    )
+
+
 def _round(nodes: int, depth: int, t_draft: float, t_verify: float) -> Round:
     return Round(0, nodes, 0, depth, t_draft, t_verify, "tree", True, 0, nodes, 0)
 
