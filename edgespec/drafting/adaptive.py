@@ -393,8 +393,11 @@ class AdaptiveK:
                 self._idle, self._review_gap = 0, REVIEW_EVERY
             self._idle += 1
             return 0
-        probe = best_k(*args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)
-        return probe if self._probes.probe(partial(self._probe_pays, args, probe, tokens)) else 0
+        # the probe's K, worked out only once a probe is due (not at every plain round)
+        probe = partial(best_k, *args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)
+        if not self._probes.probe(lambda rounds: self._probe_pays(args, probe(), tokens, rounds)):
+            return 0
+        return probe()
 
     @staticmethod
     def _probe_pays(

@@ -173,8 +173,9 @@ class Probes:
         priced too dear for them waits (the count goes on), but never past `most` rounds, since
         the price is an estimate and probes are what corrects one (a stall's)."""
         self.run += 1
-        dear = pays is not None and self.run <= self.most and not pays(self.run)
-        if self.run <= self.gap or dear:
+        if self.run <= self.gap:
+            return False
+        if pays is not None and self.run <= self.most and not pays(self.run):
             return False
         self.run, self.gap = 0, min(2 * self.gap, self.most)
         return True
