@@ -6,7 +6,10 @@ to the last token), and each request's time to first token and latency (median a
 Servers, one after another on the same prompts: EdgeSpec batched (`--max-batch` at its
 default), EdgeSpec one request at a time (`--max-batch 1`), and mlx_lm.server without a draft on
 the same target as EdgeSpec runs it on the CPU (dequantized to float32: `float32_copy`), all
-under the same BLAS (they inherit this process's environment).
+under the same BLAS (they inherit this process's environment). Solo, for the batch: each level
+of the batched server against the one-at-a-time server's on the same questions, each of those
+requests timed from its turn (`served_alone`), since the levels ask different questions (none
+the server has cached).
 """
 
 from __future__ import annotations
@@ -237,6 +240,18 @@ def run_sweep(
     return levels
 
 
+def served_alone(lv: Level) -> tuple[Stream, ...]:
+    """A one-request-at-a-time server's level, each request timed from its turn (the end of
+    the one served before it, in order of their ends): what each question costs alone, on the
+    questions the batched server answered together. Example: ends 1.0 and 2.5 s, first
+    tokens at 0.2 and 1.4 s -> TTFTs alone 0.2 and 0.4 s, latencies 1.0 and 1.5 s."""
+    out, start = [], 0.0
+    for s in sorted(lv.streams, key=lambda s: s.seconds):
+        out.append(Stream(s.ttft - start, s.seconds - start, s.tokens, s.text))
+        start = s.seconds
+    return tuple(out)
+
+
 def report(levels: Sequence[Level]) -> None:
     """A row per server and level, then the ratios side by side."""
     head = f"{'server':<26} {'N':>2} {'tok/s':>7} {'TTFT p50':>9} {'TTFT max':>9}"
@@ -256,4 +271,18 @@ def report(levels: Sequence[Level]) -> None:
         print(f"N={n}: tok/s vs {servers[0]}: {', '.join(ratios)}; TTFT p50 {' / '.join(p50)}")
         pairs = zip(rows[0].streams, rows[1].streams, strict=True)
         same, total = same + sum(a.text == b.text for a, b in pairs), total + n
+        if n > 1:
+            _against_alone(rows[0], rows[1])
     print(f"answers identical, {servers[0]} vs {servers[1]}: {same} of {total}")
+
+
+def _against_alone(together: Level, in_turn: Level) -> None:
+    """The first server's level against the same questions served alone (`served_alone`)."""
+    alone = served_alone(in_turn)
+    ttft, ttft_alone = (statistics.median(s.ttft for s in lv) for lv in (together.streams, alone))
+    rate = together.tokens_per_s / in_turn.tokens_per_s
+    print(
+        f"N={together.n}: {together.server} against the same questions served alone "
+        f"({in_turn.server}, each timed from its turn): tok/s {rate:.2f}x, TTFT p50 "
+        f"{ttft / ttft_alone:.2f}x ({ttft:.2f} s / {ttft_alone:.2f} s)"
+    )

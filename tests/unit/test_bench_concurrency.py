@@ -9,7 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgespec.bench.concurrency import WARM_UP, Level, Stream, level, report, sweep
+from edgespec.bench.concurrency import (
+    WARM_UP,
+    Level,
+    Stream,
+    level,
+    report,
+    served_alone,
+    sweep,
+)
 
 
 class FakeClient:
@@ -56,6 +64,22 @@ def test_the_report_puts_the_servers_side_by_side(capsys):
     out = capsys.readouterr().out
     assert "N=1: tok/s vs one: two 0.50x" in out and "N=2: tok/s vs one: two 0.25x" in out
     assert "answers identical, one vs two: 1 of 3" in out
+
+
+def test_a_level_served_in_turn_is_timed_from_each_requests_turn(capsys):
+    """Solo on the same questions: a one-at-a-time server's requests, each from the end of the
+    one before it (TTFT N = 4 against N = 1 compared different questions)."""
+    in_turn = Level("in turn", (Stream(1.4, 2.5, 10, "b"), Stream(0.2, 1.0, 10, "a")))
+    alone = served_alone(in_turn)
+    assert [(s.text, s.ttft, s.seconds) for s in alone] == [
+        ("a", 0.2, 1.0), ("b", pytest.approx(0.4), 1.5),
+    ]  # fmt: skip
+    together = Level("together", (Stream(0.5, 2.0, 10, "a"), Stream(0.7, 2.0, 10, "b")))
+    report([Level("together", (Stream(0.3, 1.0, 10, "q"),)), together,
+            Level("in turn", (Stream(0.3, 1.0, 10, "q"),)), in_turn])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "N=2: together against the same questions served alone" in out
+    assert "tok/s 1.25x, TTFT p50 2.00x (0.60 s / 0.30 s)" in out
 
 
 def test_a_sweep_never_asks_a_question_twice_so_every_prompt_is_prefilled():
