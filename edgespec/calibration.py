@@ -75,6 +75,11 @@ class KCycle:
     def __init__(self, k_max: int, repeats: int = 2) -> None:
         self.ks, self.used = k_cycle(k_max, repeats), 0
 
+    @property
+    def tokens(self) -> int:
+        """The most the cycle can commit: its drafts, plus one a round."""
+        return sum(self.ks) + len(self.ks)
+
     def observe(self, r: Round) -> None:
         pass
 
@@ -87,10 +92,16 @@ class KCycle:
         return self.used >= len(self.ks)
 
 
+def tree_round(r: Round) -> bool:
+    """Whether `r` verified a tree (more nodes than depths: masked forwards, priced apart from
+    chains, edgespec/trees/policy.py cost_key) rather than a chain or a plain step."""
+    return r.drafted > r.k
+
+
 def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, float]]:
     """Seconds per drafted token per method and seconds per verify of L tokens, each the median of
-    the timed rounds, leaving out each shape's first round (its compile) and the draft time of a
-    round after a plain one (its catch-up).
+    the timed chain rounds, leaving out each shape's first round (its compile), the draft time of
+    a round after a plain one (its catch-up) and tree rounds (`tree_costs`').
 
     >>> times = [(9.0, 5.0), (0.02, 0.1), (0.04, 0.3)]  # the first: a compile
     >>> rounds = [Round(index=i, drafted=2, accepted=1, k=2, t_draft=d, t_verify=v)
@@ -103,6 +114,9 @@ def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, fl
     seen: set[tuple[str, int]] = set()
     after_plain = False
     for r in rounds:
+        if tree_round(r):
+            after_plain = False
+            continue
         shape = (r.method, r.drafted)
         first, after_plain, was_plain = shape not in seen, r.drafted == 0, after_plain
         seen.add(shape)
@@ -115,44 +129,97 @@ def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, fl
     return {m: med(v) for m, v in draft.items()}, {L: med(v) for L, v in verify.items()}
 
 
+def tree_costs(rounds: Iterable[Round]) -> tuple[dict[int, float], dict[int, float]]:
+    """The tree rounds' costs: seconds per draft forward by nodes per depth (rounded up), and
+    seconds per verify of L tokens (a tree's nodes + 1), each the median of the timed rounds,
+    leaving out each (L, depth)'s first round (its compile) and a draft after a plain step.
+
+    >>> rounds = [Round(index=i, drafted=6, accepted=2, k=3, t_draft=d, t_verify=v, nodes=6)
+    ...           for i, (d, v) in enumerate([(9.0, 5.0), (0.3, 0.4), (0.6, 0.6)])]
+    >>> tree_costs(rounds)
+    ({2: 0.15}, {7: 0.5})
+    """
+    draft: dict[int, list[float]] = {}
+    verify: dict[int, list[float]] = {}
+    seen: set[tuple[int, int]] = set()
+    after_plain = False
+    for r in rounds:
+        was_plain, after_plain = after_plain, r.drafted == 0
+        if not tree_round(r):
+            continue
+        shape = (r.drafted + 1, r.k)
+        first = shape not in seen
+        seen.add(shape)
+        if first or not r.timed:
+            continue
+        verify.setdefault(r.drafted + 1, []).append(r.t_verify)
+        if not was_plain:
+            draft.setdefault(-(-r.drafted // r.k), []).append(r.t_draft / r.k)
+    med = statistics.median
+    return {w: med(v) for w, v in draft.items()}, {L: med(v) for L, v in verify.items()}
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Saved cost timings for one key: per drafting method and per verify length, the latest
-    SAVED seconds (oldest first)."""
+    SAVED seconds (oldest first); trees' apart (`tree_costs`): per draft width and per verify
+    length."""
 
     key: dict[str, str]
     draft: dict[str, list[float]] = field(default_factory=dict)
     verify: dict[int, list[float]] = field(default_factory=dict)
+    tree_draft: dict[int, list[float]] = field(default_factory=dict)
+    tree_verify: dict[int, list[float]] = field(default_factory=dict)
 
-    def add(self, draft: dict[str, float], verify: dict[int, float]) -> Calibration:
-        """A calibration with one more timing per cost (the oldest beyond SAVED dropped)."""
-        d = {m: [*self.draft.get(m, []), t][-SAVED:] for m, t in draft.items()}
-        v = {L: [*self.verify.get(L, []), t][-SAVED:] for L, t in verify.items()}
-        return Calibration(self.key, self.draft | d, self.verify | v)
+    def add(
+        self,
+        draft: dict[str, float],
+        verify: dict[int, float],
+        tree: tuple[dict[int, float], dict[int, float]] = ({}, {}),
+    ) -> Calibration:
+        """A calibration with one more timing per cost (the oldest beyond SAVED dropped); `tree`:
+        tree_costs' (draft, verify)."""
+        return Calibration(
+            self.key,
+            _added(self.draft, draft),
+            _added(self.verify, verify),
+            _added(self.tree_draft, tree[0]),
+            _added(self.tree_verify, tree[1]),
+        )
 
     def medians(self) -> tuple[dict[str, float], dict[int, float]]:
         """(seconds per drafted token per method, seconds per verify of L): AdaptiveK.seed's."""
-        med = statistics.median
-        draft = {m: med(ts) for m, ts in self.draft.items() if ts}
-        return draft, {L: med(ts) for L, ts in self.verify.items() if ts}
+        return _medians(self.draft), _medians(self.verify)
+
+    def tree_medians(self) -> tuple[dict[int, float], dict[int, float]]:
+        """(seconds per tree draft forward per width, seconds per tree verify of L)."""
+        return _medians(self.tree_draft), _medians(self.tree_verify)
 
     def to_json(self) -> dict[str, Any]:
-        verify = {str(L): ts for L, ts in self.verify.items()}
-        return {"key": self.key, "draft": self.draft, "verify": verify}
+        def keyed(d: dict[int, list[float]]) -> dict[str, list[float]]:
+            return {str(n): ts for n, ts in d.items()}
+
+        trees = {"tree_draft": keyed(self.tree_draft), "tree_verify": keyed(self.tree_verify)}
+        return {"key": self.key, "draft": self.draft, "verify": keyed(self.verify)} | trees
 
     @classmethod
     def load(cls, path: Path, key: dict[str, str]) -> Calibration | None:
         """The calibration saved at `path` if it was measured for `key`, else None (no file, an
-        unreadable one, or another machine, backend, pair or version)."""
+        unreadable one, or another machine, backend, pair or version). A file from before trees
+        were kept apart has none."""
+
+        def keyed(d: dict[str, Any]) -> dict[int, list[float]]:
+            return {int(n): [float(t) for t in ts] for n, ts in d.items()}
+
         try:
             data = json.loads(path.read_text())
             if data["key"] != key:
                 return None
-            verify = {int(L): [float(t) for t in ts] for L, ts in data["verify"].items()}
             draft = {str(m): [float(t) for t in ts] for m, ts in data["draft"].items()}
+            trees = keyed(data.get("tree_draft", {})), keyed(data.get("tree_verify", {}))
+            return cls(key, draft, keyed(data["verify"]), *trees)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        return cls(key, draft, verify)
 
     def save(self, path: Path) -> None:
         """Write the file (atomically: a reader sees the old one or the new one)."""
@@ -160,3 +227,12 @@ class Calibration:
 
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps(self.to_json(), indent=1).encode())
+
+
+def _added(saved: dict[Any, list[float]], new: dict[Any, float]) -> dict[Any, list[float]]:
+    """`saved` with one more timing per key of `new`, the latest SAVED kept."""
+    return saved | {n: [*saved.get(n, []), t][-SAVED:] for n, t in new.items()}
+
+
+def _medians(saved: dict[Any, list[float]]) -> dict[Any, float]:
+    return {n: statistics.median(ts) for n, ts in saved.items() if ts}

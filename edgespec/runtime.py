@@ -304,19 +304,23 @@ class Engine:
         yield Finished(reason, stats, detok.text)  # type: ignore[arg-type]
 
     def warm_up(self, config: GenerationConfig, folder: Path | None = None) -> Calibration:
-        """Compile the shapes `config`'s loop will use and calibrate adaptive K (edgespec.calibration):
-        short generations whose K cycles over 1..k_max twice (calibration.KCycle; a tree: one
-        generation, its own shapes), their post-compile costs added to the calibration saved in `folder` (default
+        """Compile the shapes `config`'s loop will use and calibrate adaptive K and the tree
+        policies (edgespec.calibration): short generations whose K cycles over 1..k_max twice
+        (calibration.KCycle; a tree: the chains, then its trees, trees/build.py warm_shapes),
+        their post-compile costs added to the calibration saved in `folder` (default
         <home>/calibration) for this machine, backend and pair; then forget both caches. Later
         adaptive requests start from the calibration's medians."""
         import edgespec.calibration as calib
+        from edgespec.trees.build import ShapeCycle, warm_shapes
 
         key, path = self._calibration_file(folder)
         saved = calib.Calibration.load(path, key) or calib.Calibration(key)
         prompt = self.encode_chat([{"role": "user", "content": calib.WARM_PROMPT}])
-        cycle = calib.KCycle(config.spec.k_max)
-        policy = None if config.spec.tree or not config.spec.enabled else cycle
-        budget = dataclasses.replace(config, max_tokens=sum(cycle.ks) + len(cycle.ks))
+        cycle: calib.KCycle | ShapeCycle = calib.KCycle(config.spec.k_max)
+        if config.spec.tree:
+            cycle = ShapeCycle(warm_shapes(config.spec))
+        policy = cycle if config.spec.enabled else None
+        budget = dataclasses.replace(config, max_tokens=cycle.tokens)
         events: list[Event] = []
         for _ in range(calib.WARM_TRIES if policy else 1):  # an answer may stop early (EOS)
             # The caches are kept between tries: a try's first round then reads one prompt token,
@@ -325,7 +329,8 @@ class Engine:
             if cycle.done:
                 break
         self.reset()
-        self.calibration = saved.add(*calib.round_costs(e for e in events if isinstance(e, Round)))
+        rounds = [e for e in events if isinstance(e, Round)]
+        self.calibration = saved.add(*calib.round_costs(rounds), calib.tree_costs(rounds))
         self.calibration.save(path)
         return self.calibration
 

@@ -121,7 +121,8 @@ class RoundFactory:
     ) -> Strategy:
         """The Strategy for `spec` over these states. `drafter` / `k_policy` replace the ones the
         spec asks for (with a tree, k_policy is a trees.loop.ShapePolicy); `calibration` seeds
-        adaptive K. Raises ConfigError / CacheNotTrimmableError / TreeUnsupportedError."""
+        adaptive K and the adaptive tree policies. Raises ConfigError / CacheNotTrimmableError /
+        TreeUnsupportedError."""
         family = self.family
         if not spec.enabled:
             return Strategy(target, draft, family)
@@ -131,7 +132,7 @@ class RoundFactory:
         if draft is not None:
             family.prepare(draft, spec)
         if spec.tree:  # draft trees (edgespec/trees/loop.py)
-            return self._trees(spec, sampling, target, draft, k_policy, own)
+            return self._trees(spec, sampling, target, draft, k_policy, own, calibration)
         if drafter is None:
             drafter = chain_drafter(
                 spec, sampling, family, draft, self.vocab, self.name, self.draft_steps
@@ -141,16 +142,19 @@ class RoundFactory:
         rounds = Chains(target, drafter, sampling)
         return Strategy(target, draft, family, drafter, policy, rounds, own or reads)
 
-    def _trees(self, spec, sampling, target, draft, k_policy, own) -> Strategy:
+    def _trees(self, spec, sampling, target, draft, k_policy, own, calibration) -> Strategy:
         from edgespec.trees.build import make_shape_policy
         from edgespec.trees.forward import PLAIN
         from edgespec.trees.loop import ShapePolicy, Trees
+        from edgespec.trees.policy import AdaptiveTree
 
         kernels = self.kernels() if self.kernels is not None else PLAIN
         tree = tree_drafter(
             spec, sampling, self.family, draft, self.vocab, self.name, kernels, self.draft_steps
         )
         shapes: ShapePolicy = k_policy or make_shape_policy(spec)  # type: ignore[assignment]
+        if calibration is not None and k_policy is None and isinstance(shapes, AdaptiveTree):
+            shapes.seed(*calibration.medians(), *calibration.tree_medians())
         rounds: Rounds = Trees(target, tree, sampling, shapes, kernels)
         return Strategy(target, draft, self.family, tree, shapes, rounds, own)
 

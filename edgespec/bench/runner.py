@@ -126,17 +126,20 @@ def warm_up(engine: Any, prompt_ids: list[int], plan: BenchPlan) -> None:
 
 
 def calibrate(engine: Any, plan: BenchPlan) -> None:
-    """Calibrate adaptive K on each engine an adaptive method of `plan` runs on, as the chat and
-    the server do at load (Engine.warm_up, edgespec.calibration): the bench then times the
-    policy users run, which starts from measured costs (a plain step's among them) instead of
-    learning them inside each answer."""
-    done: set[int] = set()
+    """Calibrate adaptive K and the adaptive tree policies on each engine an adaptive method of
+    `plan` runs on, as the chat and the server do at load (Engine.warm_up,
+    edgespec.calibration): the bench then times the policy users run, which starts from
+    measured costs (a plain step's, a tree verify's) instead of learning them inside each
+    answer. Once per engine for chains and once for trees (a tree's warm-up times its trees)."""
+    done: set[tuple[int, bool]] = set()
     for method, _ in plan.variants():
         fields = SPEC_METHODS[method][3] if method in SPEC_METHODS else {}
         runs_on = engine_for(engine, method)
-        if not fields.get("adaptive") or id(runs_on) in done or not runs_on.has_draft:
+        adaptive = fields.get("adaptive") or fields.get("tree") == "auto"
+        kind = (id(runs_on), bool(fields.get("tree")))
+        if not adaptive or kind in done or not runs_on.has_draft:
             continue
-        done.add(id(runs_on))
+        done.add(kind)
         runs_on.warm_up(GenerationConfig(spec=SpecConfig(**fields)))
 
 

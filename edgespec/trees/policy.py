@@ -15,7 +15,9 @@ Costs are measured per kind (tree loop: chain rounds run the chain drafter and t
 forward, tree rounds masked forwards, and they cost differently): c(chain) per chain draft step,
 c(tree, w) per tree draft forward at w = ceil(N / D) nodes per depth, v_chain(L) and v_tree(L) the
 verify curves (edgespec/drafting/adaptive.py verify_curve) over each kind's rounds. An unmeasured
-tree is priced from the chain's costs, tried, and then priced from its own.
+tree is priced from the chain's costs, scaled by what a tree cost against a chain in the warm-up's
+calibration (`seed`: a masked 25-row verify here costs well above the chain's line at 25 rows),
+tried, and then priced from its own.
 
 For each node budget n the best shape is found greedily (the prefixes of shapes.greedy_nodes); the policy takes the
 best rate over all budgets and chains (near-ties to the smaller tree), so where a wide verify costs
@@ -28,6 +30,10 @@ view of the coming tokens, so exactness holds whatever it picks.
 """
 
 from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from edgespec.drafting.adaptive import (
     ALPHA_DECAY,
@@ -93,6 +99,27 @@ class AcceptanceTable:
         ]
 
 
+@dataclass(frozen=True)
+class Seeds:
+    """A calibration's costs (AdaptiveTree.seed): seconds per chain draft step, per chain
+    verify of L, per tree draft forward of width w, per tree verify of L."""
+
+    draft: float | None = None
+    verify: dict[int, float] = field(default_factory=dict)
+    tree_draft: dict[int, float] = field(default_factory=dict)
+    tree_verify: dict[int, float] = field(default_factory=dict)
+
+    def tree_draft_ratio(self, width: int) -> float | None:
+        """A tree draft forward `width` wide over a chain step (at least 1), from the width's
+        seed, else the nearest narrower one's, else the nearest wider; None without seeds.
+        Example: draft 0.01, tree_draft {2: 0.015, 4: 0.03}: width 3 -> 1.5, width 1 -> 1.5."""
+        if not self.draft or not self.tree_draft:
+            return None
+        below = [w for w in self.tree_draft if w <= width]
+        w = max(below) if below else min(self.tree_draft)
+        return max(1.0, self.tree_draft[w] / self.draft)
+
+
 def cost_key(nodes: int, depth: int) -> tuple[str, int]:
     """Which costs a round of `nodes` nodes `depth` deep is priced by: ("chain", 1) for a chain
     (and a plain step), else ("tree", its nodes per depth rounded up). Chains and trees run
@@ -118,6 +145,24 @@ class AdaptiveTree:
         self._lengths_seen: set[tuple[int, int]] = set()  # (verify length, depth) of tree rounds
         self._probes = Probes()
         self._price_tries, self._pricing = PRICE_TRIES, 0  # price checks left, steps left
+        self._seeds = Seeds()
+
+    def seed(
+        self,
+        draft: dict[str, float],
+        verify: dict[int, float],
+        tree_draft: dict[int, float],
+        tree_verify: dict[int, float],
+    ) -> None:
+        """Start from a calibration's costs (edgespec/calibration.py: medians per chain draft
+        method (the tree loop's "tree", else "draft") and verify length, per tree draft width and verify length): the chain's draft cost
+        as one timing, soon outvoted; its verify lengths priced from the seeds scaled to this
+        run's own where it has timed some (`_chain_means`), and an untimed tree by the seeds'
+        tree-to-chain ratios (`_untimed_tree`, `_draft_cost`)."""
+        chain = draft.get("tree", draft.get("draft"))
+        if chain is not None:
+            self.draft_costs.add(("chain", 1), chain)
+        self._seeds = Seeds(chain, dict(verify), dict(tree_draft), dict(tree_verify))
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         self.accept.observe(tree, path)
@@ -139,6 +184,25 @@ class AdaptiveTree:
         if r.timed and not first:
             self.verify_costs[kind].add(r.drafted + 1, r.t_verify)
 
+    def _chain_means(self) -> dict[int, float]:
+        """The chain's verify seconds per L: this run's medians, and at lengths it has not timed
+        the calibration's, scaled by the median ratio of this run's to them where both are.
+        Example: seeds {1: 1.0, 5: 2.0}, own {5: 3.0} -> {1: 1.5, 5: 3.0}."""
+        own, seeds = self._verify_means("chain"), self._seeds.verify
+        shared = [own[L] / seeds[L] for L in own if seeds.get(L)]
+        scale = statistics.median(shared) if shared else 1.0
+        return {L: t * scale for L, t in seeds.items()} | own
+
+    def _untimed_tree(self, chain: Callable[[int], float]) -> Callable[[int], float]:
+        """A tree verify's price before one was timed: the chain's at the same length, times
+        what a tree cost over a chain at that length in the calibration (never less than the
+        chain's); the chain's alone without one."""
+        seeds = self._seeds
+        if not (seeds.tree_verify and seeds.verify):
+            return chain
+        tree, flat = verify_curve(seeds.tree_verify), verify_curve(seeds.verify)
+        return lambda L: chain(L) * max(1.0, tree(L) / flat(L))
+
     def _verify_means(self, kind: str) -> dict[int, float]:
         """Verified tokens L -> the median of its recent verify seconds (kind "chain", whose
         plain steps count too, or "tree")."""
@@ -147,7 +211,9 @@ class AdaptiveTree:
     def _draft_cost(self, kind: str, width: int) -> float | None:
         """Seconds per draft forward of a round of `kind` whose depths run `width` nodes on
         average: measured, else the dearest measured narrower one (more nodes never cost less),
-        else the chain's (a tree is tried once and then priced from what it cost). A chain step
+        else the chain's, times the calibration's ratio of a tree forward at that width (or the
+        nearest below, else above) to a chain step, never below 1 (a tree is tried once and then
+        priced from what it cost). A chain step
         costs at most the cheapest measured forward: once trees win, chains are no longer timed,
         and one slow chain sample (a busy core) kept them priced out for good."""
         measured = self.draft_costs.medians()
@@ -158,7 +224,9 @@ class AdaptiveTree:
         narrower = [t for (k, w), t in measured.items() if k == kind and w < width]
         if narrower:
             return max(narrower)
-        return measured.get(("chain", 1))
+        chain = measured.get(("chain", 1))
+        ratio = self._seeds.tree_draft_ratio(width)
+        return chain if chain is None or ratio is None else chain * ratio
 
     def candidates(self) -> list[tuple[float, Shape]]:
         """(expected accepted drafts, shape) of the chains 1..k_max deep and the best tree of
@@ -186,12 +254,12 @@ class AdaptiveTree:
         curve (the chain's until a tree verify was measured). A chain's verify costs at most a
         tree's of the same length (the same forward without the mask): the bound keeps one slow
         chain sample from pricing chains out while only trees are timed."""
-        chain_means = self._verify_means("chain")
+        chain_means = self._chain_means()
         if self._draft_cost("chain", 1) is None or not chain_means:
             return None
         tree_means = self._verify_means("tree")
         chain_curve = verify_curve(chain_means)
-        tree_curve = verify_curve(tree_means) if tree_means else chain_curve
+        tree_curve = verify_curve(tree_means) if tree_means else self._untimed_tree(chain_curve)
         curves = {"tree": tree_curve, "chain": lambda L: min(chain_curve(L), tree_curve(L))}
         out: list[tuple[float, Shape]] = []
         for e, shape in self.candidates():
@@ -212,7 +280,7 @@ class AdaptiveTree:
             return True
         chain = self.verify_costs["chain"]
         timed = sum(len(m.samples) for m in chain.values())
-        if not self._price_tries or 1 in self._verify_means("chain") or timed < OFF_AFTER:
+        if not self._price_tries or 1 in self._chain_means() or timed < OFF_AFTER:
             return False
         rated = self.rates()
         if rated is None:

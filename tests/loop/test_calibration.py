@@ -4,11 +4,12 @@ costs saved per key and reused, a changed key starts over, and adaptive K starts
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from edgespec.calibration import Calibration, calibration_key, round_costs
+from edgespec.calibration import Calibration, calibration_key, round_costs, tree_costs
 from edgespec.config import GenerationConfig, SpecConfig
 from edgespec.drafting.adaptive import AdaptiveK
 from edgespec.events import Round, Token
@@ -33,6 +34,33 @@ def test_round_costs_leave_out_compiles_and_catch_ups() -> None:
         Round(5, 1, 1, 1, 0.01, 0.2, timed=False),
     ]
     assert round_costs(rounds) == ({"draft": 0.01}, {3: 0.2, 1: 0.05})
+
+
+def test_tree_rounds_are_kept_apart_from_the_chains() -> None:
+    """A tree's masked verify of L rows is not a chain's of L: the warm-up of a tree timed both,
+    and the chain's seeds must not take the tree's (nor a tree's draft forward a chain step's)."""
+    rounds = [
+        Round(0, 2, 2, 2, 5.0, 5.0),  # chain: compiles
+        Round(1, 2, 2, 2, 0.02, 0.1),
+        Round(2, 6, 2, 3, 9.0, 9.0, nodes=6),  # first tree at (7, 3): compiles
+        Round(3, 6, 2, 3, 0.375, 0.4, nodes=6),
+        Round(4, 2, 2, 2, 0.04, 0.3),  # a chain after a tree: its draft counts
+    ]
+    assert round_costs(rounds) == ({"draft": 0.015}, {3: 0.2})
+    assert tree_costs(rounds) == ({2: 0.125}, {7: 0.4})
+
+
+def test_a_calibration_keeps_tree_costs_and_reads_files_from_before_them(tmp_path: Path) -> None:
+    key = calibration_key("T + D", "cpu", {"mlx": "1"})
+    cal = Calibration(key).add({"draft": 1.0}, {2: 1.0}, ({2: 0.5}, {9: 2.0}))
+    cal.save(tmp_path / "c.json")
+    again = Calibration.load(tmp_path / "c.json", key)
+    assert again == cal and again.tree_medians() == ({2: 0.5}, {9: 2.0})
+    old_file = {"key": key, "draft": {"draft": [1.0]}, "verify": {"2": [1.0]}}
+    (tmp_path / "old.json").write_text(json.dumps(old_file))
+    old = Calibration.load(tmp_path / "old.json", key)
+    assert old is not None and old.medians() == ({"draft": 1.0}, {2: 1.0})
+    assert old.tree_medians() == ({}, {})
 
 
 def test_a_calibration_is_kept_per_key_and_keeps_the_latest_timings(tmp_path: Path) -> None:
@@ -82,6 +110,27 @@ def test_adaptive_requests_start_from_the_calibration(engine, monkeypatch) -> No
     assert seeds == [({"draft": 0.2}, {3: 0.5})]
 
 
+def test_a_tree_warm_up_times_the_chains_and_its_trees_and_seeds_the_tree_policy(
+    engine, tiny_models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--tree` warms up its chains, a plain step and its tree (trees/build.py warm_shapes), so
+    a request prices the tree before its first tree round (AdaptiveTree.seed), and answers as
+    an engine that did not warm up."""
+    from edgespec.runtime import Engine
+    from edgespec.trees.policy import AdaptiveTree
+
+    config = GenerationConfig(
+        spec=SpecConfig(k=2, k_max=3, adaptive=True, method="draft", tree="2,2"), max_tokens=24
+    )
+    cal = engine.warm_up(config, tmp_path)
+    assert {1, 2, 3, 4} <= set(cal.verify) and set(cal.draft) == {"tree"}  # the tree loop's
+    assert set(cal.tree_verify) == {5} and set(cal.tree_draft) == {2}  # 4 nodes, 2 deep
+    seeds: list[tuple] = []
+    monkeypatch.setattr(AdaptiveTree, "seed", lambda self, *costs: seeds.append(costs))
+    assert _tokens(engine, config) == _tokens(Engine(*tiny_models), config)
+    assert seeds == [(*cal.medians(), *cal.tree_medians())]
+
+
 def test_warm_up_generates_again_when_an_answer_stops_before_the_cycle_ends(
     engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,9 +166,9 @@ def test_a_saved_calibration_seeds_an_engine_that_did_not_warm_up(
 def test_the_bench_calibrates_the_engines_its_adaptive_methods_run_on(
     engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The bench times what the chat and the server run: adaptive K from a calibration. Fixed
-    K and plain decoding need none."""
-    from edgespec.bench.plan import BenchPlan
+    """The bench times what the chat and the server run: adaptive K and the tree policies from a
+    calibration (a tree's warm-up times its trees). Fixed K and plain decoding need none."""
+    from edgespec.bench.plan import BENCH_TREE, BenchPlan
     from edgespec.bench.runner import calibrate
 
     calls: list[SpecConfig] = []
@@ -128,3 +177,6 @@ def test_the_bench_calibrates_the_engines_its_adaptive_methods_run_on(
     assert calls == []
     calibrate(engine, BenchPlan(methods=("plain", "adaptive-hybrid", "adaptive")))
     assert [(s.method, s.adaptive) for s in calls] == [("hybrid", True)]  # once per engine
+    calls.clear()
+    calibrate(engine, BenchPlan(methods=("adaptive", "tree", "adaptive-tree", "adaptive-hybrid")))
+    assert [(s.method, s.tree) for s in calls] == [("draft", ""), ("draft", BENCH_TREE)]

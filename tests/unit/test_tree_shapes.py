@@ -296,6 +296,45 @@ def test_fallback_prices_a_dynamic_tree_from_its_own_rounds():
     assert got is not shape and got.size == got.depth
 
 
+def test_an_untimed_tree_is_priced_by_the_calibrations_tree_to_chain_ratio():
+    """Before a request times its first tree verify, the tree is priced from the chain's line,
+    times what a tree cost over a chain at that length in the warm-up (the calibration). Where
+    the chain's verifies are flat, a 25-row dynamic tree is tried unseeded; seeded with a tree
+    verify 3x the chain's, the first round is a chain."""
+    shape = DynamicShape(depth=4)
+    policies = []
+    for _ in range(2):
+        trained = _trained(0.0, 0.5, lengths=(1, 2, 5))  # chains only: no tree timed
+        policy = FallbackTree(shape, k_init=2, k_max=4)
+        policy.accept, policy.draft_costs, policy.verify_costs = (
+            trained.accept, trained.draft_costs, trained.verify_costs,
+        )  # fmt: skip
+        policies.append(policy)
+    unseeded, seeded = policies
+    assert unseeded.decide() is shape
+    seeded.seed({"draft": 0.05}, {1: 1.0, 2: 1.0, 5: 1.0}, {7: 0.06}, {25: 3.0})
+    assert seeded._untimed_tree(lambda L: 1.0)(25) == pytest.approx(3.0)
+    got = seeded.decide()
+    assert got is not shape and got.size == got.depth
+    # once the request timed its own tree verifies, those price it (cheap here: the tree again)
+    for _ in range(3):
+        seeded.observe(Round(0, 24, 2, 4, 0.2, 1.0, "draft", True, 0, 24, 0))
+    assert seeded._verify_means("tree") == {25: 1.0}
+
+
+def test_seeded_chain_costs_are_scaled_to_the_requests_own():
+    """The calibration's chain verifies price the lengths a request has not timed, scaled by
+    its own against them where both are (a longer context, a busier machine); a tree's draft
+    forward by the calibration's ratio to a chain step."""
+    policy = AdaptiveTree(k_init=2, k_max=4)
+    policy.seed({"tree": 0.01}, {1: 1.0, 5: 2.0}, {2: 0.015, 4: 0.03}, {9: 3.0})
+    assert policy._chain_means() == {1: 1.0, 5: 2.0}
+    assert policy.rates() is not None  # priced from the first round
+    policy.observe(_round(4, 4, 0.08, 3.0))  # a chain of 4: 5 tokens, 1.5x the seed
+    assert policy._chain_means() == {1: pytest.approx(1.5), 5: pytest.approx(3.0)}
+    assert policy._draft_cost("tree", 3) == pytest.approx(policy._draft_cost("chain", 1) * 1.5)
+
+
 def test_tree_flag_falls_back_unless_adaptive_is_off():
     assert isinstance(make_shape_policy(SpecConfig(k=3, tree="3,2,1")), FallbackTree)
     assert isinstance(make_shape_policy(SpecConfig(k=3, tree="dynamic")), FallbackTree)
