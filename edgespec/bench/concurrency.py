@@ -213,9 +213,12 @@ def run_sweep(
     max_tokens: int,
     client: Callable[[str], Any],
     batched: Sequence[str] = (),
+    runs: int = 1,
 ) -> list[Level]:
     """The three servers' sweeps. `edgespec(*extra)` starts an EdgeSpec server process;
-    `batched`: the batched one's extra arguments (e.g. --max-batch 8)."""
+    `batched`: the batched one's extra arguments (e.g. --max-batch 8); `runs`: each level that
+    many times, each on questions not asked before (the report pools them)."""
+    ns = list(ns) * runs
     levels: list[Level] = []
     for name, extra in (
         ("edgespec batched", batched),
@@ -252,37 +255,58 @@ def served_alone(lv: Level) -> tuple[Stream, ...]:
     return tuple(out)
 
 
+def pooled_rate(levels: Sequence[Level]) -> float:
+    """Tokens per second over several runs of a level: all their tokens over the sum of their
+    times (each from its release to its last token); one run's is its own tokens_per_s."""
+    tokens = sum(s.tokens for lv in levels for s in lv.streams)
+    return tokens / sum(max(s.seconds for s in lv.streams) for lv in levels)
+
+
 def report(levels: Sequence[Level]) -> None:
-    """A row per server and level, then the ratios side by side."""
+    """A row per server and level (the runs of a level pooled), then the ratios side by side."""
+    by: dict[tuple[str, int], list[Level]] = {}
+    for lv in levels:
+        by.setdefault((lv.server, lv.n), []).append(lv)
+    runs = max(len(lvs) for lvs in by.values())
+    if runs > 1:
+        print(f"each level ran {runs} times, on questions not asked before; the rows pool them")
     head = f"{'server':<26} {'N':>2} {'tok/s':>7} {'TTFT p50':>9} {'TTFT max':>9}"
     print(f"{head} {'latency p50':>12} {'latency max':>12}")
-    for lv in levels:
-        ttft, lat = [s.ttft for s in lv.streams], [s.seconds for s in lv.streams]
-        row = f"{lv.server:<26} {lv.n:>2} {lv.tokens_per_s:>7.2f}"
+    for (server, n), lvs in by.items():
+        streams = [s for lv in lvs for s in lv.streams]
+        ttft, lat = [s.ttft for s in streams], [s.seconds for s in streams]
+        row = f"{server:<26} {n:>2} {pooled_rate(lvs):>7.2f}"
         row += f" {statistics.median(ttft):>9.2f} {max(ttft):>9.2f}"
         print(f"{row} {statistics.median(lat):>12.2f} {max(lat):>12.2f}")
-    by = {(lv.server, lv.n): lv for lv in levels}
-    servers = list(dict.fromkeys(lv.server for lv in levels))
+    servers = list(dict.fromkeys(server for server, _ in by))
     same = total = 0
-    for n in sorted({lv.n for lv in levels}):
+    for n in sorted({n for _, n in by}):
         rows = [by[(s, n)] for s in servers]
-        ratios = [f"{lv.server} {lv.tokens_per_s / rows[0].tokens_per_s:.2f}x" for lv in rows[1:]]
-        p50 = [f"{statistics.median(x.ttft for x in lv.streams):.2f} s" for lv in rows]
+        first = pooled_rate(rows[0])
+        pairs = list(zip(servers, rows, strict=True))
+        ratios = [f"{s} {pooled_rate(lvs) / first:.2f}x" for s, lvs in pairs[1:]]
+        p50 = [f"{_median_ttft(lvs):.2f} s" for lvs in rows]
         print(f"N={n}: tok/s vs {servers[0]}: {', '.join(ratios)}; TTFT p50 {' / '.join(p50)}")
-        pairs = zip(rows[0].streams, rows[1].streams, strict=True)
-        same, total = same + sum(a.text == b.text for a, b in pairs), total + n
+        for a, b in zip(rows[0], rows[1], strict=True):
+            same += sum(x.text == y.text for x, y in zip(a.streams, b.streams, strict=True))
+            total += n
         if n > 1:
             _against_alone(rows[0], rows[1])
     print(f"answers identical, {servers[0]} vs {servers[1]}: {same} of {total}")
 
 
-def _against_alone(together: Level, in_turn: Level) -> None:
+def _median_ttft(levels: Sequence[Level]) -> float:
+    return statistics.median(s.ttft for lv in levels for s in lv.streams)
+
+
+def _against_alone(together: Sequence[Level], in_turn: Sequence[Level]) -> None:
     """The first server's level against the same questions served alone (`served_alone`)."""
-    alone = served_alone(in_turn)
-    ttft, ttft_alone = (statistics.median(s.ttft for s in lv) for lv in (together.streams, alone))
-    rate = together.tokens_per_s / in_turn.tokens_per_s
+    alone = [s for lv in in_turn for s in served_alone(lv)]
+    mine = [s for lv in together for s in lv.streams]
+    ttft, ttft_alone = (statistics.median(s.ttft for s in ss) for ss in (mine, alone))
+    rate = pooled_rate(together) / pooled_rate(in_turn)
     print(
-        f"N={together.n}: {together.server} against the same questions served alone "
-        f"({in_turn.server}, each timed from its turn): tok/s {rate:.2f}x, TTFT p50 "
+        f"N={together[0].n}: {together[0].server} against the same questions served alone "
+        f"({in_turn[0].server}, each timed from its turn): tok/s {rate:.2f}x, TTFT p50 "
         f"{ttft / ttft_alone:.2f}x ({ttft:.2f} s / {ttft_alone:.2f} s)"
     )

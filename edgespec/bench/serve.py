@@ -14,7 +14,8 @@
    on a server with the prefix cache (the default pool), against turn two on the server without.
 3. With --sweep 1,2,4,8 (instead of 1 and 2): N clients at once, for EdgeSpec batched (serve's
    default --max-batch, or --max-batch M), EdgeSpec one request at a time and mlx_lm.server
-   without a draft (edgespec/bench/concurrency.py).
+   without a draft (edgespec/bench/concurrency.py); --sweep-runs R runs each level R times on
+   questions not asked before, and pools them.
 
 Prompts: the project's own set (edgespec/data/bench_prompts.jsonl) unless --prompts names one.
 Only `main` prints; the measuring functions return records.
@@ -171,6 +172,12 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="the sweep's batched server's --max-batch (default: serve's own default)",
     )
+    parser.add_argument(
+        "--sweep-runs",
+        type=int,
+        default=1,
+        help="the sweep's levels that many times each, on questions not asked before (pooled)",
+    )
     return parser.parse_args(argv)
 
 
@@ -245,6 +252,12 @@ def _sweep(args: argparse.Namespace) -> None:
             f"--sweep takes client counts like 1,2,4,8, got {args.sweep!r}"
         ) from None
     questions = [p.text for p in load_prompts(args.prompts, limit=args.per_category)]
+    asked = sum(ns) * args.sweep_runs
+    if args.sweep_runs < 1 or asked > len(questions):
+        raise EdgeSpecError(
+            f"--sweep {args.sweep} --sweep-runs {args.sweep_runs} asks {asked} questions; the "
+            f"prompt set has {len(questions)} (a question asked twice is answered from the cache)"
+        )
     target = concurrency.target_folder(args.target, args.pair)
     print(
         f"{target.name}: {len(questions)} prompts, {args.max_tokens} tokens, T=0, BLAS "
@@ -259,6 +272,7 @@ def _sweep(args: argparse.Namespace) -> None:
         args.max_tokens,
         _client,
         () if args.max_batch is None else ("--max-batch", str(args.max_batch)),
+        args.sweep_runs,
     )
     concurrency.report(levels)
 

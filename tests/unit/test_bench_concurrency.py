@@ -14,6 +14,7 @@ from edgespec.bench.concurrency import (
     Level,
     Stream,
     level,
+    pooled_rate,
     report,
     served_alone,
     sweep,
@@ -80,6 +81,27 @@ def test_a_level_served_in_turn_is_timed_from_each_requests_turn(capsys):
     out = capsys.readouterr().out
     assert "N=2: together against the same questions served alone" in out
     assert "tok/s 1.25x, TTFT p50 2.00x (0.60 s / 0.30 s)" in out
+
+
+def test_runs_of_a_level_are_pooled(capsys):
+    """--sweep-runs: each level's runs pool into one row, tokens over the runs' summed times."""
+    one = [Level("a", (Stream(0.1, 1.0, 10, "p"),)), Level("a", (Stream(0.3, 3.0, 30, "q"),))]
+    two = [Level("b", (Stream(0.2, 2.0, 10, "p"),)), Level("b", (Stream(0.4, 2.0, 30, "x"),))]
+    assert pooled_rate(one) == pytest.approx(10.0) and pooled_rate(two) == pytest.approx(10.0)
+    report([one[0], two[0], one[1], two[1]])  # as run_sweep lists them: server by server
+    out = capsys.readouterr().out
+    assert "each level ran 2 times" in out
+    assert "N=1: tok/s vs a: b 1.00x; TTFT p50 0.20 s / 0.30 s" in out
+    assert "answers identical, a vs b: 1 of 2" in out
+
+
+def test_the_sweep_refuses_more_questions_than_the_set_has():
+    from edgespec.bench.serve import _arguments, _sweep
+    from edgespec.errors import EdgeSpecError
+
+    args = _arguments(["--sweep", "1,4", "--sweep-runs", "2", "--per-category", "1"])
+    with pytest.raises(EdgeSpecError, match="asks 10 questions; the prompt set has 5"):
+        _sweep(args)  # before any server starts
 
 
 def test_a_sweep_never_asks_a_question_twice_so_every_prompt_is_prefilled():
