@@ -24,10 +24,12 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from edgespec.events import Round
+from edgespec.trees.policy import cost_key
 
+T = TypeVar("T")
 SAVED = 5  # timings kept per cost in the file
 # Not a list or a count: the hybrid's n-gram lookups would draft most rounds instead of the draft.
 WARM_PROMPT = "Write a short story about a lighthouse keeper and a storm."
@@ -63,9 +65,27 @@ def k_cycle(k_max: int, repeats: int = 2) -> list[int]:
     return [*range(1, k_max + 1), 0] * repeats
 
 
-class KCycle:
-    """A warm-up's K policy: the K of k_cycle(k_max) in turn, then plain steps; `done` once every
-    one was used (a generation that stopped early leaves the rest to the next).
+class Cycle(Generic[T]):
+    """A warm-up's policy: `items` in turn, then `rest` every round; `done` once every one was
+    used (a generation that stopped early leaves the rest to the next)."""
+
+    def __init__(self, items: list[T], rest: T) -> None:
+        self.items, self.rest, self.used = items, rest, 0
+
+    def observe(self, r: Round) -> None:
+        pass
+
+    def decide(self) -> T:
+        self.used += 1
+        return self.items[self.used - 1] if self.used <= len(self.items) else self.rest
+
+    @property
+    def done(self) -> bool:
+        return self.used >= len(self.items)
+
+
+class KCycle(Cycle[int]):
+    """A warm-up's K policy: the K of k_cycle(k_max) in turn, then plain steps.
 
     >>> policy = KCycle(2, repeats=1)
     >>> [policy.decide() for _ in range(4)], policy.done
@@ -73,29 +93,12 @@ class KCycle:
     """
 
     def __init__(self, k_max: int, repeats: int = 2) -> None:
-        self.ks, self.used = k_cycle(k_max, repeats), 0
+        super().__init__(k_cycle(k_max, repeats), 0)
 
     @property
     def tokens(self) -> int:
         """The most the cycle can commit: its drafts, plus one a round."""
-        return sum(self.ks) + len(self.ks)
-
-    def observe(self, r: Round) -> None:
-        pass
-
-    def decide(self) -> int:
-        self.used += 1
-        return self.ks[self.used - 1] if self.used <= len(self.ks) else 0
-
-    @property
-    def done(self) -> bool:
-        return self.used >= len(self.ks)
-
-
-def tree_round(r: Round) -> bool:
-    """Whether `r` verified a tree (more nodes than depths: masked forwards, priced apart from
-    chains, edgespec/trees/policy.py cost_key) rather than a chain or a plain step."""
-    return r.drafted > r.k
+        return sum(self.items) + len(self.items)
 
 
 def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, float]]:
@@ -114,7 +117,7 @@ def round_costs(rounds: Iterable[Round]) -> tuple[dict[str, float], dict[int, fl
     seen: set[tuple[str, int]] = set()
     after_plain = False
     for r in rounds:
-        if tree_round(r):
+        if cost_key(r.drafted, r.k)[0] == "tree":
             after_plain = False
             continue
         shape = (r.method, r.drafted)
@@ -145,7 +148,8 @@ def tree_costs(rounds: Iterable[Round]) -> tuple[dict[int, float], dict[int, flo
     after_plain = False
     for r in rounds:
         was_plain, after_plain = after_plain, r.drafted == 0
-        if not tree_round(r):
+        kind, width = cost_key(r.drafted, r.k)  # the tree policies' keys
+        if kind != "tree":
             continue
         shape = (r.drafted + 1, r.k)
         first = shape not in seen
@@ -154,7 +158,7 @@ def tree_costs(rounds: Iterable[Round]) -> tuple[dict[int, float], dict[int, flo
             continue
         verify.setdefault(r.drafted + 1, []).append(r.t_verify)
         if not was_plain:
-            draft.setdefault(-(-r.drafted // r.k), []).append(r.t_draft / r.k)
+            draft.setdefault(width, []).append(r.t_draft / r.k)
     med = statistics.median
     return {w: med(v) for w, v in draft.items()}, {L: med(v) for L, v in verify.items()}
 

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from edgespec.calibration import Cycle
 from edgespec.config import SpecConfig, spec_widths
-from edgespec.events import Round
 from edgespec.trees.loop import FixedPolicy, ShapePolicy
 from edgespec.trees.policy import AdaptiveTree, FallbackTree
 from edgespec.trees.shapes import (
@@ -65,10 +65,10 @@ def warm_shapes(spec: SpecConfig) -> list[Shape]:
     return [*chains, FixedShape(()), *(t for t in trees for _ in range(WARM_TREE_ROUNDS))]
 
 
-class ShapeCycle:
+class ShapeCycle(Cycle[Shape]):
     """A warm-up's shape policy: `shapes` in turn, `repeats` times (the first pass compiles, the
-    second is timed), then plain steps; `done` once every one was used, and `tokens` the most a
-    pass can commit (its depths, plus one a round).
+    second is timed), then plain steps; `tokens` the most a pass can commit (its depths, plus
+    one a round).
 
     >>> cycle = ShapeCycle([FixedShape(chain_shape(2)), FixedShape(())], repeats=1)
     >>> [cycle.decide().size for _ in range(3)], cycle.done, cycle.tokens
@@ -76,22 +76,11 @@ class ShapeCycle:
     """
 
     def __init__(self, shapes: list[Shape], repeats: int = 2) -> None:
-        self.shapes, self.used = shapes * repeats, 0
+        super().__init__(shapes * repeats, FixedShape(()))
 
     @property
     def tokens(self) -> int:
-        return sum(s.depth + 1 for s in self.shapes)
-
-    def observe(self, r: Round) -> None:
-        pass
+        return sum(s.depth + 1 for s in self.items)
 
     def observe_path(self, tree: Tree, path: list[int]) -> None:
         pass
-
-    def decide(self) -> Shape:
-        self.used += 1
-        return self.shapes[self.used - 1] if self.used <= len(self.shapes) else FixedShape(())
-
-    @property
-    def done(self) -> bool:
-        return self.used >= len(self.shapes)
