@@ -34,6 +34,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from edgespec.drafting.adaptive import (
     ALPHA_DECAY,
@@ -119,6 +120,14 @@ class Seeds:
         w = max(below) if below else min(self.tree_draft)
         return max(1.0, self.tree_draft[w] / self.draft)
 
+    @cached_property
+    def verify_curves(self) -> tuple[Callable[[int], float], Callable[[int], float]] | None:
+        """(tree, chain) verify curves of the seeds, fitted once (`_untimed_tree` prices with
+        them every round); None without both."""
+        if not (self.tree_verify and self.verify):
+            return None
+        return verify_curve(self.tree_verify), verify_curve(self.verify)
+
 
 def cost_key(nodes: int, depth: int) -> tuple[str, int]:
     """Which costs a round of `nodes` nodes `depth` deep is priced by: ("chain", 1) for a chain
@@ -155,10 +164,11 @@ class AdaptiveTree:
         tree_verify: dict[int, float],
     ) -> None:
         """Start from a calibration's costs (edgespec/calibration.py: medians per chain draft
-        method (the tree loop's "tree", else "draft") and verify length, per tree draft width and verify length): the chain's draft cost
-        as one timing, soon outvoted; its verify lengths priced from the seeds scaled to this
-        run's own where it has timed some (`_chain_means`), and an untimed tree by the seeds'
-        tree-to-chain ratios (`_untimed_tree`, `_draft_cost`)."""
+        method (the tree loop's "tree", else "draft") and verify length, per tree draft width
+        and verify length): the chain's draft cost as one timing, soon outvoted; its verify
+        lengths priced from the seeds scaled to this run's own where it has timed some
+        (`_chain_means`), and an untimed tree by the seeds' tree-to-chain ratios
+        (`_untimed_tree`, `_draft_cost`)."""
         chain = draft.get("tree", draft.get("draft"))
         if chain is not None:
             self.draft_costs.add(("chain", 1), chain)
@@ -197,10 +207,10 @@ class AdaptiveTree:
         """A tree verify's price before one was timed: the chain's at the same length, times
         what a tree cost over a chain at that length in the calibration (never less than the
         chain's); the chain's alone without one."""
-        seeds = self._seeds
-        if not (seeds.tree_verify and seeds.verify):
+        curves = self._seeds.verify_curves
+        if curves is None:
             return chain
-        tree, flat = verify_curve(seeds.tree_verify), verify_curve(seeds.verify)
+        tree, flat = curves
         return lambda L: chain(L) * max(1.0, tree(L) / flat(L))
 
     def _verify_means(self, kind: str) -> dict[int, float]:
@@ -213,9 +223,9 @@ class AdaptiveTree:
         average: measured, else the dearest measured narrower one (more nodes never cost less),
         else the chain's, times the calibration's ratio of a tree forward at that width (or the
         nearest below, else above) to a chain step, never below 1 (a tree is tried once and then
-        priced from what it cost). A chain step
-        costs at most the cheapest measured forward: once trees win, chains are no longer timed,
-        and one slow chain sample (a busy core) kept them priced out for good."""
+        priced from what it cost). A chain step costs at most the cheapest measured forward:
+        once trees win, chains are no longer timed, and one slow chain sample (a busy core)
+        kept them priced out for good."""
         measured = self.draft_costs.medians()
         if kind == "chain" and measured:
             return min(measured.values())
