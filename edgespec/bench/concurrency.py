@@ -301,9 +301,8 @@ def _median_ttft(levels: Sequence[Level]) -> float:
 
 def _against_alone(together: Sequence[Level], in_turn: Sequence[Level]) -> None:
     """The first server's level against the same questions served alone (`served_alone`)."""
-    alone = [s for lv in in_turn for s in served_alone(lv)]
-    mine = [s for lv in together for s in lv.streams]
-    ttft, ttft_alone = (statistics.median(s.ttft for s in ss) for ss in (mine, alone))
+    ttft = _median_ttft(together)
+    ttft_alone = statistics.median(s.ttft for lv in in_turn for s in served_alone(lv))
     rate = pooled_rate(together) / pooled_rate(in_turn)
     print(
         f"N={together[0].n}: {together[0].server} against the same questions served alone "
