@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from edgespec.drafting.costs import cost_key
 from edgespec.events import Round
-from edgespec.trees.policy import cost_key
 
 T = TypeVar("T")
 SAVED = 5  # timings kept per cost in the file

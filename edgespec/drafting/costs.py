@@ -89,6 +89,16 @@ def fit_verify_line(means: dict[int, float], prior_slope: float = PRIOR_VERIFY_S
     return a, b
 
 
+def cost_key(nodes: int, depth: int) -> tuple[str, int]:
+    """Which costs a round of `nodes` nodes `depth` deep is priced by: ("chain", 1) for a chain
+    (and a plain step), else ("tree", its nodes per depth rounded up). Chains and trees run
+    different code (the chain drafter and the causal forward against masked forwards) and cost
+    differently. Example: 7 nodes 4 deep -> ("tree", 2)."""
+    if nodes <= depth:
+        return "chain", 1
+    return "tree", -(-nodes // max(depth, 1))
+
+
 def verify_curve(means: dict[int, float]) -> Callable[[int], float]:
     """v(L) from the measured verify seconds per L: the measurement where there is one; elsewhere
     the fitted line (fit_verify_line), raised to the dearest measured shorter forward of 2+

@@ -44,7 +44,7 @@ from edgespec.drafting.adaptive import (
     PRICE_TRIES,
     TIE_TOLERANCE,
 )
-from edgespec.drafting.costs import Probes, Timings, verify_curve
+from edgespec.drafting.costs import Probes, Timings, cost_key, verify_curve
 from edgespec.events import Round
 from edgespec.trees.shapes import (
     FixedShape,
@@ -127,16 +127,6 @@ class Seeds:
         if not (self.tree_verify and self.verify):
             return None
         return verify_curve(self.tree_verify), verify_curve(self.verify)
-
-
-def cost_key(nodes: int, depth: int) -> tuple[str, int]:
-    """Which costs a round of `nodes` nodes `depth` deep is priced by: ("chain", 1) for a chain
-    (and a plain step), else ("tree", its nodes per depth rounded up). Chains and trees run
-    different code (the chain drafter and the causal forward against masked forwards) and cost
-    differently. Example: 7 nodes 4 deep -> ("tree", 2)."""
-    if nodes <= depth:
-        return "chain", 1
-    return "tree", -(-nodes // max(depth, 1))
 
 
 class AdaptiveTree:
