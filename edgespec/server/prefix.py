@@ -159,6 +159,7 @@ class ConversationPool:
         engine.swap_states(self.active.target, self.active.draft)
         self.slots = [self.active]
         self.held: list[Slot] = []  # sets held by running requests
+        self._per_token = 0.0  # bytes_per_token's last measure
 
     def acquire(self, prompt: list[int]) -> Slot:
         """Install the best free cache set for `prompt` (see the module docstring), hold it and
@@ -192,6 +193,7 @@ class ConversationPool:
         slot = self.active if slot is None else slot
         slot.used = self._clock
         self.held = [s for s in self.held if s is not slot]
+        self.bytes_per_token()  # measured while the set holds the request's positions
         self._evict()
 
     def activate(self, slot: Slot) -> None:
@@ -203,10 +205,15 @@ class ConversationPool:
 
     def bytes_per_token(self) -> float:
         """Allocated cache bytes per held position, measured on the largest set so far (0.0
-        before any set has grown): what one more token of a request costs."""
+        before any set has grown): what one more token of a request costs. Kept once measured:
+        a set emptied for the next request (no reuse, `max_slots` 0) holds no position, and
+        until a running one grew again a burst's jobs after the first waited a whole turn (its
+        prompt's reading) to start."""
         sizes = [(cache_size(s.target)[0], s.nbytes()) for s in self.slots]
         held, nbytes = max(sizes, key=lambda pair: pair[0])
-        return nbytes / held if held else 0.0
+        if held:
+            self._per_token = nbytes / held
+        return self._per_token
 
     def _is_held(self, slot: Slot) -> bool:
         return any(s is slot for s in self.held)

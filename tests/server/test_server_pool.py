@@ -128,6 +128,20 @@ def test_zero_slots_prefills_every_prompt_whole(tiny_models):
     assert fin.stats.prefilled_tokens == fin.stats.prompt_tokens and ids == cold(tiny_models, a2)
 
 
+def test_what_a_token_costs_is_kept_when_no_set_holds_one(tiny_models):
+    """With no reuse the next request gets an emptied set, yet the cost of a token measured on
+    the last one stays known: a batch admits a burst's jobs beside its first (Batch.fits)
+    instead of waiting for the first one's cache to grow again."""
+    engine = Engine(*tiny_models)
+    pool = ConversationPool(engine, budget_bytes=1 << 30, max_slots=0)
+    assert pool.bytes_per_token() == 0.0  # nothing measured yet
+    ask(engine, pool, [user("why is the river light")])
+    measured = pool.bytes_per_token()
+    assert measured > 0
+    pool.acquire(engine.encode_chat([user("and the moon")]))  # an emptied set: no position held
+    assert pool.bytes_per_token() == measured
+
+
 def test_copy_prefix_gives_the_same_logits_and_leaves_the_source_alone(tiny_models):
     engine = Engine(*tiny_models)
     ids = engine.encode_chat([SYSTEM, user("why is the river light")])
