@@ -59,6 +59,12 @@ class Slot:
         return cache_size(self.target)[1] + cache_bytes(caches) + more
 
 
+def per_token(slot: Slot) -> float:
+    """A set's allocated bytes per position it holds (0.0 where it holds none)."""
+    held = cache_size(slot.target)[0]
+    return slot.nbytes() / held if held else 0.0
+
+
 def cache_bytes(cache: list[Any]) -> int:
     """Allocated bytes of an mlx-lm prompt cache (a list of per-layer caches)."""
     total = 0
@@ -209,10 +215,8 @@ class ConversationPool:
         a set emptied for the next request (no reuse, `max_slots` 0) holds no position, and
         until a running one grew again a burst's jobs after the first waited a whole turn (its
         prompt's reading) to start."""
-        sizes = [(cache_size(s.target)[0], s.nbytes()) for s in self.slots]
-        held, nbytes = max(sizes, key=lambda pair: pair[0])
-        if held:
-            self._per_token = nbytes / held
+        largest = max(self.slots, key=lambda s: cache_size(s.target)[0])
+        self._per_token = per_token(largest) or self._per_token
         return self._per_token
 
     def _is_held(self, slot: Slot) -> bool:
