@@ -189,10 +189,15 @@ class Batch:
         return [(run.job, with_peak(msg, run.peak)) for run, msg in ended]
 
     def _long(self, park: Park) -> bool:
-        """Whether a parked forward is read in pieces: longer than LONG_ROWS, on plain KV
-        layers (no recurrent or window layer, no bank)."""
+        """Whether a parked forward is read in pieces: longer than LONG_ROWS, and dearer than
+        WHOLE_S at its model's measured cost a row (PieceSize.reads_whole), on plain KV layers
+        (no recurrent or window layer, no bank)."""
         state = park.state
-        if int(park.inputs.shape[0]) <= LONG_ROWS or state.layers.recurrent:
+        rows = int(park.inputs.shape[0])
+        if rows <= LONG_ROWS or state.layers.recurrent:
+            return False
+        size = self.pieces.get(id(state.model))
+        if size is not None and size.reads_whole(rows):
             return False
         return in_bank(state) is None and all(type(c) is KVCache for c in state.cache)
 
@@ -214,6 +219,15 @@ class Batch:
             waits = others_s > 0 and not self.closing.is_set()
             if waits and all(size.waits(run.held, run.reads) for run in runs):
                 continue  # within their allowance: the others run at their full pace
+            # what is left of a prompt that reads whole (its rows' cost measured only once a
+            # piece was read): all of it now, not a few rows a turn
+            whole = [run for run in runs if size.reads_whole(left_of_prompt(run))]
+            if whole:
+                cut = [(run, self._cut(run, carried_rows(run))) for run in whole]
+                self._run_pieces(cut, size, beside=others_s > 0)
+                runs = [run for run in runs if run.carry is not None]
+                if not runs:
+                    continue
             rows = size.rows(others_s / len(by_model))
             if rows == 0 and not self.closing.is_set():
                 continue  # beside others, the pieces' time share is spent for now
@@ -282,6 +296,20 @@ class Batch:
         if self.packer is not None:  # a set back in the pool holds its own caches
             self.packer.release([run.slot.target, run.slot.draft])
         self.pool.release(run.slot)
+
+
+def carried_rows(run: Running) -> int:
+    """Rows left of the request's carried forward."""
+    return 0 if run.carry is None else int(run.carry.inputs.shape[0])
+
+
+def left_of_prompt(run: Running) -> int:
+    """Rows of the request's prompt not read yet: its carried forward's and the chunks after it
+    (a prompt is read PREFILL_CHUNK rows a forward)."""
+    carry = run.carry
+    if carry is None:
+        return 0
+    return max(carried_rows(run), len(run.job.prompt) - carry.state.cache[0].offset)
 
 
 def advance(rounds: Rounds) -> WorkerEvent | None:

@@ -9,8 +9,10 @@ import pytest
 
 from edgespec.server import packing
 from edgespec.server.bank import Bank
-from edgespec.server.worker import Done, Failed
-from tests.helpers.worker import answer_together, greedy, run, tiny_worker
+from edgespec.server.batching import Batch
+from edgespec.server.pieces import MIN_ROWS, PieceSize
+from edgespec.server.worker import Done, Failed, Job
+from tests.helpers.worker import Collect, answer_together, greedy, run, tiny_worker
 
 
 def test_a_batch_runs_its_target_and_draft_forwards_packed(tiny_pair):
@@ -96,3 +98,40 @@ def test_requests_drafting_different_k_still_verify_together(tiny_pair, monkeypa
     rounds = [sum(1 for e in out.events if not isinstance(e, Done)) for out in outs]
     target_packs = sum(1 for is_draft, n in sizes if not is_draft and n == 2)
     assert target_packs >= min(rounds)
+
+
+def test_what_is_left_of_a_short_long_prompt_is_read_whole(tiny_pair, monkeypatch):
+    """A prompt just over pieces.LONG_ROWS beside a running request: once a piece has priced its
+    rows, the rest is read in one piece (PieceSize.reads_whole), not a few rows a turn (here
+    every share is MIN_ROWS, as beside dear rounds); both answers are their solo answers."""
+    monkeypatch.setattr(PieceSize, "rows", lambda self, others_s: MIN_ROWS if others_s else 64)
+    runs: list[list[int]] = []
+    run_pieces = Batch._run_pieces
+
+    def recording(self, parked, size, beside):
+        runs.append([int(p.inputs.shape[0]) for _, p in parked])
+        return run_pieces(self, parked, size, beside)
+
+    monkeypatch.setattr(Batch, "_run_pieces", recording)
+    long_prompt = [3 + (i * 7) % 50 for i in range(150)]
+    short_prompt = list(range(3, 12))
+    solo = tiny_worker(tiny_pair)
+    solo.start()
+    try:
+        want = [run(solo, p, greedy("draft")).text for p in (short_prompt, long_prompt)]
+    finally:
+        solo.shutdown()
+    runs.clear()
+    w = tiny_worker(tiny_pair)
+    outs = [Collect(), Collect()]
+    for prompt, out in zip((short_prompt, long_prompt), outs, strict=True):
+        w.submit(Job(prompt, greedy("draft"), (), out))
+    w.start()
+    try:
+        assert all(isinstance(out.wait(), Done) for out in outs)
+    finally:
+        w.shutdown()
+    assert [out.text for out in outs] == want
+    target = [r for r in runs if sum(r) > MIN_ROWS]
+    assert sum(map(sum, target)) >= len(long_prompt) - 1 - 32  # the prompt went through pieces
+    assert len(runs) <= 4  # a first piece and the rest whole (target and draft), not 8 rows a turn

@@ -47,3 +47,12 @@ def test_a_long_prompt_waits_within_its_allowance_then_takes_its_share():
     assert size.waits(held_s=7.4, prompt_rows=3000)  # held up less than LAG of that
     assert not size.waits(held_s=LAG * 30 + 0.1, prompt_rows=3000)
     assert not size.waits(held_s=1.0, prompt_rows=64)  # a short prompt's allowance is small
+
+
+def test_a_forward_that_costs_little_is_read_whole():
+    size = PieceSize()
+    assert not size.reads_whole(100)  # no piece timed: its cost is unknown
+    size.observe(64, 64 * 0.0038, beside=False)  # 3.8 ms a row
+    assert size.reads_whole(107)  # 0.41 s: read whole, beside the others' rounds
+    assert not size.reads_whole(512)  # a prompt's chunk (1.9 s): in pieces
+    assert size.reads_whole(512, whole_s=2.0)
