@@ -15,7 +15,8 @@ A long prompt does not hold the others up (chunked prefill, edgespec/server/piec
 forward longer than pieces.LONG_ROWS (a prompt's chunk) is parked aside and read in pieces, one
 piece per turn after the turn's other rounds, each about as long as those rounds took (alone,
 about pieces.JOIN_S); its request resumes, with the whole forward's logits, the turn after its
-last piece. Only where the cache is plain KV layers (a recurrent or window layer reads a
+last piece. What costs less than pieces.WHOLE_S at the measured cost a row (a chat question of
+a hundred tokens; the rest of a prompt once a piece has priced its rows) is read whole. Only where the cache is plain KV layers (a recurrent or window layer reads a
 forward as a whole) and several may run (a packer).
 
 Peak memory: after each turn the batch reads MLX's peak and measures anew, and a request's
