@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -188,6 +189,26 @@ class Batch:
         for run in ran:
             run.peak = max(run.peak, peak)
         return [(run.job, with_peak(msg, run.peak)) for run, msg in ended]
+
+    def fail_all(self, exc: Exception) -> list[tuple[Job, WorkerEvent]]:
+        """End every running request with a 500 for `exc`, raised by the batch itself (a turn's
+        bookkeeping, not a request's round: those fail their own request). Before, it ended the
+        MLX thread and the server hung with its clients waiting. Each request's rounds are
+        closed, its cache set emptied (a forward may have stopped half way) and given back, the
+        packer's banks dropped; a failure while cleaning up is not raised again."""
+        ended: list[tuple[Job, WorkerEvent]] = []
+        for run in list(self.running):
+            self.running.remove(run)
+            for step in (partial(Task.close, run.task), partial(self.pool.empty, run.slot)):
+                try:
+                    step()
+                except Exception:  # noqa: BLE001, S110 - cleaning up after a failure already raised
+                    pass
+            self.pool.release(run.slot)
+            ended.append((run.job, failure(exc)))
+        if self.packer is not None:
+            self.packer.drop_banks()
+        return ended
 
     def _long(self, park: Park) -> bool:
         """Whether a parked forward is read in pieces: longer than LONG_ROWS, and dearer than

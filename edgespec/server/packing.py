@@ -81,6 +81,12 @@ class Task:
                 return outcome
             self._green.parent.switch(ROUND)
 
+    def close(self) -> None:
+        """End the request's rounds where they stand (GreenletExit at its park point: its
+        generator's cleanup runs, on this thread)."""
+        if self._green and not self._green.dead:
+            self._green.throw(greenlet.GreenletExit)
+
     def resume(self) -> Any:
         """Run the request until it parks a forward (a Park), ends its round (ROUND) or ends
         (its outcome)."""
@@ -118,6 +124,13 @@ class Packer:
             bank = in_bank(state)
             if bank is not None:
                 bank.flush()
+
+    def drop_banks(self) -> None:
+        """Forget every bank (after a failed turn: what they held may be half written)."""
+        for bank in self._banks.values():
+            bank.drop()
+        self._banks.clear()
+        self._last = ()
 
     def run(self, parked: list[Park], bank: bool = False) -> list[mx.array]:
         """The parked forwards' logits (lazy), in order: the ones packed_forward supports in one

@@ -173,9 +173,7 @@ class ConversationPool:
         self._clock += 1
         if self.max_slots == 0:  # no reuse: any free set, emptied
             slot = next((s for s in self.slots if not self._is_held(s)), None) or self._empty()
-            slot.target.reset()
-            if slot.draft is not None:
-                slot.draft.reset()
+            self.empty(slot)
         else:
             slot = self._choose(prompt)
         self.held.append(slot)
@@ -192,6 +190,13 @@ class ConversationPool:
             if forkable(best):
                 return self._fork(best, prompt, match)
         return self._empty() if taken else best
+
+    @staticmethod
+    def empty(slot: Slot) -> None:
+        """Forget what a set holds (its next request prefills from scratch)."""
+        slot.target.reset()
+        if slot.draft is not None:
+            slot.draft.reset()
 
     def release(self, slot: Slot | None = None) -> None:
         """After a request (`slot`: its set, default the active one): the set grew; it is free

@@ -155,7 +155,11 @@ class Worker:
             self._admit_jobs(batch)
             if not batch:
                 break  # only after the shutdown sentinel: an empty batch waits for a job
-            for job, outcome in batch.turn():
+            try:
+                ended = batch.turn()
+            except Exception as exc:  # noqa: BLE001 - the batch's own code, not a request's
+                ended = batch.fail_all(exc)  # their caches emptied; the server goes on
+            for job, outcome in ended:
                 self._count(outcome)
                 self._end(job, outcome)
             self.cache_info = {"conversations": len(pool.slots), "bytes": pool.nbytes()}

@@ -135,3 +135,40 @@ def test_what_is_left_of_a_short_long_prompt_is_read_whole(tiny_pair, monkeypatc
     target = [r for r in runs if sum(r) > MIN_ROWS]
     assert sum(map(sum, target)) >= len(long_prompt) - 1 - 32  # the prompt went through pieces
     assert len(runs) <= 4  # a first piece and the rest whole (target and draft), not 8 rows a turn
+
+
+def test_a_turn_that_raises_fails_its_requests_and_the_server_goes_on(tiny_pair, monkeypatch):
+    """An exception from the batch's own bookkeeping (here its pieces' step, on the third turn),
+    not from a request's round: the running requests fail with a one-line 500, their cache sets
+    are emptied, and the next request gets its solo answer (before, the MLX thread ended and
+    every client waited for ever)."""
+    solo = tiny_worker(tiny_pair)
+    solo.start()
+    try:
+        want = run(solo, [3, 4, 5, 6], greedy("draft")).text
+    finally:
+        solo.shutdown()
+    turns = [0]
+    pieces = Batch._pieces
+
+    def breaking(self, others_s):
+        turns[0] += 1
+        if turns[0] == 3:
+            raise RuntimeError("a bookkeeping bug\nsecond line")
+        return pieces(self, others_s)
+
+    monkeypatch.setattr(Batch, "_pieces", breaking)
+    w = tiny_worker(tiny_pair)
+    try:
+        outs = answer_together(w, [greedy("draft"), greedy("hybrid")])
+        for out in outs:
+            end = out.events[-1]
+            assert isinstance(end, Failed) and end.status == 500
+            assert "a bookkeeping bug" in end.message and "\n" not in end.message
+        assert w.running == 0 and not w._batch.pool.held
+        assert all(not s.target.tokens for s in w._batch.pool.slots)  # emptied, not half written
+        after = run(w, [3, 4, 5, 6], greedy("draft"))
+        assert isinstance(after.wait(), Done) and after.text == want
+        assert w.counts["failed"] == 2 and w.counts["completed"] == 1
+    finally:
+        w.shutdown()
