@@ -41,8 +41,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from functools import partial
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -191,19 +191,17 @@ class Batch:
         return [(run.job, with_peak(msg, run.peak)) for run, msg in ended]
 
     def fail_all(self, exc: Exception) -> list[tuple[Job, WorkerEvent]]:
-        """End every running request with a 500 for `exc`, raised by the batch itself (a turn's
-        bookkeeping, not a request's round: those fail their own request). Before, it ended the
-        MLX thread and the server hung with its clients waiting. Each request's rounds are
-        closed, its cache set emptied (a forward may have stopped half way) and given back, the
-        packer's banks dropped; a failure while cleaning up is not raised again."""
+        """End every running request with a 500 for `exc`, raised by the batch itself (not by a
+        request's round: those fail their own request); before, the MLX thread ended and the
+        server hung. Each request's rounds are closed, its cache set emptied (a forward may have
+        stopped half way) and given back, the packer's banks dropped."""
         ended: list[tuple[Job, WorkerEvent]] = []
         for run in list(self.running):
             self.running.remove(run)
-            for step in (partial(Task.close, run.task), partial(self.pool.empty, run.slot)):
-                try:
-                    step()
-                except Exception:  # noqa: BLE001, S110 - cleaning up after a failure already raised
-                    pass
+            with suppress(Exception):  # cleaning up after a failure already raised
+                run.task.close()
+            with suppress(Exception):
+                self.pool.empty(run.slot)
             self.pool.release(run.slot)
             ended.append((run.job, failure(exc)))
         if self.packer is not None:
@@ -245,7 +243,7 @@ class Batch:
             # piece was read): all of it now, not a few rows a turn
             whole = [run for run in runs if size.reads_whole(left_of_prompt(run))]
             if whole:
-                cut = [(run, self._cut(run, carried_rows(run))) for run in whole]
+                cut = [(run, self._cut(run, left_of_prompt(run))) for run in whole]  # all of it
                 self._run_pieces(cut, size, beside=others_s > 0)
                 runs = [run for run in runs if run.carry is not None]
                 if not runs:
@@ -320,18 +318,13 @@ class Batch:
         self.pool.release(run.slot)
 
 
-def carried_rows(run: Running) -> int:
-    """Rows left of the request's carried forward."""
-    return 0 if run.carry is None else int(run.carry.inputs.shape[0])
-
-
 def left_of_prompt(run: Running) -> int:
     """Rows of the request's prompt not read yet: its carried forward's and the chunks after it
     (a prompt is read PREFILL_CHUNK rows a forward)."""
     carry = run.carry
     if carry is None:
         return 0
-    return max(carried_rows(run), len(run.job.prompt) - carry.state.cache[0].offset)
+    return max(int(carry.inputs.shape[0]), len(run.job.prompt) - carry.state.cache[0].offset)
 
 
 def advance(rounds: Rounds) -> WorkerEvent | None:
