@@ -16,8 +16,9 @@ forward longer than pieces.LONG_ROWS (a prompt's chunk) is parked aside and read
 piece per turn after the turn's other rounds, each about as long as those rounds took (alone,
 about pieces.JOIN_S); its request resumes, with the whole forward's logits, the turn after its
 last piece. What costs less than pieces.WHOLE_S at the measured cost a row (a chat question of
-a hundred tokens; the rest of a prompt once a piece has priced its rows) is read whole. Only where the cache is plain KV layers (a recurrent or window layer reads a
-forward as a whole) and several may run (a packer).
+a hundred tokens; the rest of a prompt once a piece has priced its rows) is read whole. Only
+where the cache is plain KV layers (a recurrent or window layer reads a forward as a whole) and
+several may run (a packer).
 
 Peak memory: after each turn the batch reads MLX's peak and measures anew, and a request's
 usage reports the highest of its turns' (from the end of the turn before it joined, or its
@@ -193,19 +194,19 @@ class Batch:
     def fail_all(self, exc: Exception) -> list[tuple[Job, WorkerEvent]]:
         """End every running request with a 500 for `exc`, raised by the batch itself (not by a
         request's round: those fail their own request); before, the MLX thread ended and the
-        server hung. Each request's rounds are closed, its cache set emptied (a forward may have
-        stopped half way) and given back, the packer's banks dropped."""
+        server hung. The packer's banks are dropped first (what they hold may be half written),
+        then each request's rounds are closed and its cache set emptied (a forward may have
+        stopped half way) before it ends as any request does (`_end`)."""
+        if self.packer is not None:
+            self.packer.drop_banks()
         ended: list[tuple[Job, WorkerEvent]] = []
         for run in list(self.running):
-            self.running.remove(run)
             with suppress(Exception):  # cleaning up after a failure already raised
                 run.task.close()
             with suppress(Exception):
                 self.pool.empty(run.slot)
-            self.pool.release(run.slot)
+            self._end(run)
             ended.append((run.job, failure(exc)))
-        if self.packer is not None:
-            self.packer.drop_banks()
         return ended
 
     def _long(self, park: Park) -> bool:
