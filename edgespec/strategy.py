@@ -167,7 +167,9 @@ class RoundFactory:
         hybrid = Capabilities.of(drafter).lookups
         model = hybrid.model.method if hybrid else None  # "draft", or "block"
         k_max = k_bound(spec, hybrid.model if hybrid else drafter)
-        policy = make_k_policy(min(spec.k, k_max), spec.adaptive, k_max, model, spec.long_match)
+        policy = make_k_policy(
+            min(spec.k, k_max), spec.adaptive, k_max, model, spec.long_match, drafter.method
+        )
         if hybrid is not None and isinstance(policy, AdaptiveK):
             hybrid.lookup_k, hybrid.long_k = policy.lookup_k, policy.long_k
         if calibration is not None and isinstance(policy, AdaptiveK):

@@ -208,11 +208,15 @@ class AdaptiveK:
         allow_plain: bool = True,
         model: str | None = None,
         long_match: int = 0,
+        drafter: str | None = None,
     ):
         if not 1 <= k_init <= k_max:
             raise ValueError(f"need 1 <= k_init <= k_max, got {k_init}, {k_max}")
         self.k_init, self.k_max, self.allow_plain = k_init, k_max, allow_plain
         self.model = model
+        # The method of the drafter's rounds (Drafter.method), for its estimates before a round
+        # drafted: a seeded first round (`_first`) and the reviews' price while it is off.
+        self.drafter = drafter
         # Rounds proposed by n-gram matches at least this long (Round.match; 0: none) propose a
         # fixed long continuation (NgramDrafter.long_k) and are accepted far more often than
         # the rest: they are counted apart ("<method>-long"), so that they do not talk the
@@ -291,7 +295,7 @@ class AdaptiveK:
         v(gap) / v(1) (a draft forward of many rows grows as the target's does), against
         gap * v(1). True while either cost is unknown. Example: c = 0.6, v(1) = 1, v(32) = 8.6
         -> 5.2 against 1.6: no review."""
-        args = self._inputs(self.model or self._method)
+        args = self._inputs(self._deciding)
         if args is None:
             return True
         _, c, verify, _ = args
@@ -418,15 +422,43 @@ class AdaptiveK:
         loss = (k * c + verify(k + 1)) / verify(1) - made
         return loss <= REVIEW_SHARE * rounds
 
+    @property
+    def _deciding(self) -> str | None:
+        """Whose estimates choose K: the hybrid's draft model, else the latest drafting round's
+        method, else the drafter's (`drafter`) before one drafted."""
+        return self.model or self._method or self.drafter
+
     def decide(self) -> int:
         """The next round's K (recorded in `chosen`)."""
-        method = self.model or self._method
-        k = 0 if self._price_check(method) else self.choose(method if self._observed else None)
+        method = self._deciding
+        if not self._observed:
+            k = self._first(method) if self._seeded and method is not None else self.k_init
+        else:
+            k = 0 if self._price_check(method) else self.choose(method)
         self.chosen.append(k)
         if self.model is not None:
             self._lookups_on = self.lookups_pay(LOOKUP)
             self._long_on = self.long_k(1) > 0
         return k
+
+    def _first(self, method: str) -> int:
+        """A seeded policy's first round: k_init, unless the calibration's costs say plain steps
+        win even at the optimistic acceptance (alpha_upper of the prior, ~0.85): then K = 0, the
+        draft off from the start, its acceptance read by reviews or priced probes. On an Apple
+        M1 / M2 (a 2-token verify ~1.7 steps) a draft at 0.6 of a step lost its first round of
+        every answer (research/replay/). Never fewer than k_init otherwise: a first long round
+        shows a good draft's acceptance sooner, and a first round from the seed's choice at the
+        prior's acceptance lost up to 2% where drafting pays (the h100 profile at 8K)."""
+        args = self._inputs(method)
+        if args is None or not self.allow_plain:
+            return self.k_init
+        alpha = self.estimates[method].alpha_upper
+        if best_k(alpha, *args[1:], k_min=0, tolerance=TIE_TOLERANCE) > 0:
+            return self.k_init
+        self._on = False
+        if self._reviews:
+            self._idle, self._review_gap = 1, REVIEW_EVERY
+        return 0
 
     def _price_check(self, method: str | None) -> bool:
         """Whether this round is a step of a price check (PRICE_STEPS): no plain step timed in
@@ -554,11 +586,16 @@ class FixedK:
 
 
 def make_k_policy(
-    k: int, adaptive: bool, k_max: int, model: str | None = None, long_match: int = 0
+    k: int,
+    adaptive: bool,
+    k_max: int,
+    model: str | None = None,
+    long_match: int = 0,
+    drafter: str | None = None,
 ) -> AdaptiveK | FixedK:
     """The K policy a SpecConfig asks for: AdaptiveK(k, k_max, model=model,
-    long_match=long_match) if adaptive, else FixedK(k). model="draft" for a hybrid drafter (see
-    AdaptiveK); long_match: SpecConfig.long_match."""
+    long_match=long_match, drafter=drafter) if adaptive, else FixedK(k). model="draft" for a
+    hybrid drafter (see AdaptiveK); long_match: SpecConfig.long_match; drafter: Drafter.method."""
     if adaptive:
-        return AdaptiveK(k, k_max, model=model, long_match=long_match)
+        return AdaptiveK(k, k_max, model=model, long_match=long_match, drafter=drafter)
     return FixedK(k)

@@ -542,6 +542,30 @@ def test_seeded_costs_are_used_from_the_first_round() -> None:
     assert AdaptiveK(4, 8).choose("draft") == 4  # unseeded: k_init until both were timed
 
 
+M2 = {1: 1.0, 2: 1.725, 3: 1.725, 4: 1.725, 5: 1.725, 6: 1.825, 7: 1.925, 8: 2.025, 9: 2.125}
+
+
+def test_a_calibration_where_drafting_cannot_pay_starts_with_the_draft_off() -> None:
+    """An Apple M1 / M2's verify cliff with a draft at 0.6 of a step: even at the optimistic
+    acceptance a round loses to a plain step, so a seeded policy's first round is a plain step
+    (it was k_init's 4-token round, every answer: research/replay/, m1m2 c = 0.6), and a probe
+    still comes within the longest gap. Where drafting may pay, or the drafter's method is not
+    known, the first round is k_init's as before."""
+    dear = AdaptiveK(4, 8, drafter="draft")
+    dear.seed({"draft": 0.6}, M2)
+    chosen = [dear.decide()]
+    for i in range(80):
+        dear.observe(Round(i, 0, 0, 0, 0.0, 1.0, "draft", timed=i > 0))
+        chosen.append(dear.decide())
+    assert chosen[:8] == [0] * 8 and any(chosen), chosen
+    hybrid = AdaptiveK(4, 8, model="draft")
+    hybrid.seed({"draft": 0.6}, M2)
+    assert hybrid.decide() == 0
+    for policy in (AdaptiveK(4, 8, drafter="draft"), AdaptiveK(4, 8)):
+        policy.seed({"draft": 0.6 if policy.drafter is None else 0.05}, M2)
+        assert policy.decide() == 4
+
+
 def test_a_calibration_left_behind_by_a_long_context_adds_a_cost_a_row() -> None:
     """At a long context the costs grow with the rows far more than a short prompt's
     calibration says: once two lengths are shared and this run's costs are past SEED_TRUST
