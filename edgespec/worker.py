@@ -122,10 +122,10 @@ class EngineWorker(Generic[T]):
         """Queue work behind the rest (any thread)."""
         self._inbox.put_nowait(item)
 
-    def take(self, block: bool = True) -> T | None:
+    def take(self, block: bool = True, timeout: float | None = None) -> T | None:
         """The next item (on the thread); None once closed. Raises queue.Empty when not
-        `block`ing and nothing waits."""
-        return self._inbox.get(block=block)
+        `block`ing and nothing waits, or nothing came within `timeout` seconds."""
+        return self._inbox.get(block=block, timeout=timeout)
 
     def drain(self) -> list[T]:
         """Take every item still waiting, the close mark left out (any thread)."""

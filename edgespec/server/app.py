@@ -192,15 +192,16 @@ async def _complete(request: Request, kind: str) -> Response:
             status=415,
             code="unsupported_media_type",
         )
-    body = parse_body(await read_body(request, s.limits))
-    parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
-    ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
-    channel = Channel(asyncio.get_running_loop())
-    engine = s.worker.engine
-    assert engine is not None  # create_app takes a started worker
-    config = clamp_max_tokens(parsed.config, len(ids), engine.context_window)
-    job = Job(ids, config, parsed.stop, channel.emit)
-    s.worker.submit(job)
+    with s.worker.arriving() as submit:  # a burst's first job waits (server/worker.py)
+        body = parse_body(await read_body(request, s.limits))
+        parsed = (parse_chat if kind == "chat" else parse_completion)(body, s.defaults)
+        ids = await anyio.to_thread.run_sync(_tokenize_locked, s, parsed)
+        channel = Channel(asyncio.get_running_loop())
+        engine = s.worker.engine
+        assert engine is not None  # create_app takes a started worker
+        config = clamp_max_tokens(parsed.config, len(ids), engine.context_window)
+        job = Job(ids, config, parsed.stop, channel.emit)
+        submit(job)
     rid, created = R.new_id(kind), R.now()
     if parsed.stream:
         events = sse_events(parsed, job, channel, rid, created)

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from edgespec.errors import EdgeSpecError
 from edgespec.server.batching import Batch
@@ -44,6 +46,15 @@ __all__ = [
     "Worker",
     "WorkerEvent",
 ]
+
+# A burst's companions: a job that finds the worker idle waits for requests still being read and
+# tokenized (Worker.arriving: the HTTP side's), in slices of BURST_S and at most BURST_MOST after
+# it, so that requests sent together (clients released at once, an agent's parallel calls) read
+# their prompts in one packed forward and start streaming together. Without it the first started
+# alone and the rest, arriving 1-4 ms later, waited for its prompt's forward before reading
+# theirs (docs/measurements/2026-12-07-policy-and-checks.md, section 16). A request alone waits
+# for nothing. Only where several run at once.
+BURST_S, BURST_MOST = 0.002, 0.05
 
 
 class Worker:
@@ -67,6 +78,7 @@ class Worker:
         # Jobs submitted and not yet ended (the running ones included): the queue's own size would
         # count a job the thread has not taken yet as waiting, so a burst got one place fewer.
         self._max_queue, self._admitted, self._admit = max_queue, 0, threading.Lock()
+        self._arriving = 0  # requests being read and tokenized (`arriving`), under _admit
         self._closing = threading.Event()
         self._batch: Batch | None = None
         self._next: Job | None = None  # the first waiting job, taken off the queue, not started
@@ -85,6 +97,33 @@ class Worker:
     def engine(self) -> ServedEngine | None:
         """The loaded engine (None until then, or when loading failed)."""
         return self.mlx.engine
+
+    @contextmanager
+    def arriving(self) -> Iterator[Callable[[Job], None]]:
+        """While a request is read and tokenized: a burst started from idle waits for it
+        (BURST_S). Yields its `submit`, which ends the arrival before the job is queued (so a
+        request alone never waits for itself); leaving without it (a bad request) ends it too.
+
+            with worker.arriving() as submit:
+                ...                          # read, parse, tokenize
+                submit(job)"""
+        with self._admit:
+            self._arriving += 1
+        arrived = False
+
+        def submit(job: Job) -> None:
+            nonlocal arrived
+            with self._admit:
+                self._arriving -= 1
+                arrived = True
+            self.submit(job)
+
+        try:
+            yield submit
+        finally:
+            if not arrived:
+                with self._admit:
+                    self._arriving -= 1
 
     def submit(self, job: Job) -> None:
         """Queue a job behind the others. Raises QueueFullError when `max_queue` jobs wait
@@ -172,11 +211,16 @@ class Worker:
         """Start waiting jobs, first in first out, while they fit beside the running ones;
         waits for one when none runs (returns with none only once stopping). The first waiting
         job stays in `_next` until it leaves the queue, so `queued` always counts it."""
+        burst: float | None = None  # when a burst's first job left the queue (BURST_S)
+        idle = not batch
         while not self._stopped:
             if self._next is None:
+                wait = self._wait(burst) if batch else None  # none running: wait for one
                 try:
-                    self._next = self.mlx.take(block=not batch)
+                    self._next = self.mlx.take(block=not batch or wait is not None, timeout=wait)
                 except queue.Empty:
+                    if wait is not None:
+                        continue  # a slice of a burst's wait (`_wait` says when it ends)
                     return
                 if self._next is None:
                     self._stopped = True
@@ -187,6 +231,17 @@ class Worker:
                 return
             self._dispatch(batch, job)
             self._next = None
+            if idle and burst is None and self.max_batch > 1:
+                burst = time.perf_counter()
+
+    def _wait(self, burst: float | None) -> float | None:
+        """How long a take waits for the next job beside running ones: BURST_S while requests
+        are arriving and a burst started from idle is within BURST_MOST of its first job, else
+        not at all (None)."""
+        if burst is None or not self._arriving:
+            return None
+        left = burst + BURST_MOST - time.perf_counter()
+        return min(BURST_S, left) if left > 0 else None
 
     def _dispatch(self, batch: Batch, job: Job) -> None:
         """A job leaving the queue: failed (closing), skipped (its client left) or started."""

@@ -153,6 +153,45 @@ def once(fn):
     return call
 
 
+@pytest.mark.parametrize("announced", [True, False])
+def test_requests_sent_together_to_an_idle_worker_start_in_one_turn(
+    tiny_pair, monkeypatch, announced
+):
+    """A job finding the worker idle waits for requests still arriving (Worker.arriving: read
+    and tokenized by the HTTP side; worker.BURST_MOST at most), so their prompts are read in one
+    packed forward and their first pieces come in the same turn: here the second is submitted
+    0.3 s after the first. One not announced (nothing arriving) is not waited for: the first
+    streams alone first (the old behaviour for all)."""
+    import time
+
+    import edgespec.server.worker as served
+
+    monkeypatch.setattr(served, "BURST_MOST", 5.0)  # well past the 0.3 s, on a loaded machine
+    w = Worker(lambda: Engine.load(*(str(p) for p in tiny_pair)), max_batch=4, budget_bytes=1 << 30)
+    timeline = Timeline()
+    outs = [timeline.collect(i) for i in range(2)]
+    try:
+        w.start()
+        prompts = [ids(w, p) for p in PROMPTS[:2]]
+        with w.arriving() as submit:
+            if announced:
+                w.submit(Job(prompts[0], config(40), (), outs[0]))
+                time.sleep(0.3)
+                submit(Job(prompts[1], config(40), (), outs[1]))
+        if not announced:
+            w.submit(Job(prompts[0], config(40), (), outs[0]))
+            time.sleep(0.3)
+            w.submit(Job(prompts[1], config(40), (), outs[1]))
+        assert all(isinstance(out.wait(), Done) for out in outs)
+        with pytest.raises(ValueError), w.arriving():
+            raise ValueError("a bad request leaves before its submit")
+        assert w._arriving == 0
+    finally:
+        w.shutdown()
+    together = timeline.log.index((1, "piece")) <= 2  # in the first turn (it may emit two)
+    assert together == announced, timeline.log[:8]
+
+
 def test_a_burst_gets_max_queue_places_besides_max_batch_running(tiny_pair):
     w = unstarted(tiny_pair, max_batch=3, budget_bytes=1 << 30, max_queue=2)
     try:
