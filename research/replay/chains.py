@@ -53,8 +53,8 @@ def adaptive(method: str, seed: Profile | None = None) -> AdaptiveK:
     # A block drafts at most block_size - 1 tokens: K is bounded there (as the block's K bound
     # does in the product), else K = 8 drafts 7 and v(9), never measured, is never corrected.
     k_max = BLOCK_MAX if method == "block" else K_MAX
-    drafter = {"hybrid": "draft"}.get(method, method)  # the drafter's Drafter.method
-    policy = AdaptiveK(K_INIT, k_max, model=model, long_match=LONG_MATCH, drafter=drafter)
+    # drafter: the product's Drafter.method ("hybrid" for the hybrid, whose `model` decides)
+    policy = AdaptiveK(K_INIT, k_max, model=model, long_match=LONG_MATCH, drafter=method)
     if seed is not None:
         draft = {
             "draft": seed.draft(1),
