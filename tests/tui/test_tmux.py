@@ -138,8 +138,8 @@ def test_chat_in_a_real_terminal(tmp_path: Path, tmux: Tmux) -> None:
         f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} EDGESPEC_DATA_DIR={chats} "
         f"EDGESPEC_HOME={tmp_path / 'home'} COLORTERM=truecolor "
         f"{sys.executable} -m edgespec chat --target {target} --draft {draft} "
-        f"--max-tokens 40 -k 3 --seed 0; sleep 60"
-    )
+        f"--max-tokens 40 -k 3 --no-adaptive --seed 0; sleep 60"
+    )  # K fixed: the self-draft costs a target step, so adaptive K (rightly) starts it off
     tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), cmd)
     try:
         screen = lambda: tmux("capture-pane", "-t", session, "-p")  # noqa: E731
