@@ -393,9 +393,7 @@ class AdaptiveK:
             self._probes.won()
             return k
         if self._reviews:  # reviews, not probe rounds, keep alpha's estimate fresh while off
-            if was_on:
-                self._idle, self._review_gap = 0, REVIEW_EVERY
-            self._idle += 1
+            self._reviewed_off(was_on)
             return 0
         # the probe's K, worked out only once a probe is due (not at every plain round)
         probe = partial(best_k, *args, k_min=1, tolerance=TIE_TOLERANCE, expected=tokens)
@@ -457,8 +455,15 @@ class AdaptiveK:
             return self.k_init
         self._on = False
         if self._reviews:
-            self._idle, self._review_gap = 1, REVIEW_EVERY
+            self._reviewed_off(was_on=True)
         return 0
+
+    def _reviewed_off(self, was_on: bool) -> None:
+        """One plain round of a draft that is off and read by reviews (review_due): the gap
+        restarts at REVIEW_EVERY where it just went off."""
+        if was_on:
+            self._idle, self._review_gap = 0, REVIEW_EVERY
+        self._idle += 1
 
     def _price_check(self, method: str | None) -> bool:
         """Whether this round is a step of a price check (PRICE_STEPS): no plain step timed in
