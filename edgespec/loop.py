@@ -130,6 +130,10 @@ class Chains:
         self.target, self.drafter, self.cfg, self.watch = target, drafter, cfg, watch
         self.caps = Capabilities.of(drafter)
 
+    def watched(self, watch: Watch) -> Chains:
+        """These rounds with `watch` shown their plain steps (the reviews the policy reads)."""
+        return Chains(self.target, self.drafter, self.cfg, watch)
+
     def size(self, plan: int) -> int:
         return plan
 

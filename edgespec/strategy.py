@@ -69,8 +69,8 @@ class Strategy:
         cancel: threading.Event | None,
     ) -> Iterator[Step]:
         """The generation's Steps (after `prefill`). Plain decoding: rounds of K = 0, pipelined
-        (edgespec/loop.py), reported without Round records. Chain rounds show their plain steps
-        to the reviews the policy reads (drafting/review.py), if any."""
+        (edgespec/loop.py), reported without Round records. Chain and tree rounds show their
+        plain steps to the reviews the policy reads (drafting/review.py), if any."""
         if self.rounds is None or self.drafter is None or self.policy is None:
             drafter = Drafter()
             plain = Chains(self.target, drafter, sampling)
@@ -81,9 +81,9 @@ class Strategy:
         later = self.family.later(self.target, self.draft, self.draft_prefill)
         prepare = later.prefill if later is not None else None
         rounds = self.rounds
-        if isinstance(rounds, Chains):  # the policy is known only now (Engine.generate's gate)
-            watch = Reviewer.of(self.policy, self.drafter)
-            rounds = Chains(self.target, self.drafter, sampling, watch)
+        watched = getattr(rounds, "watched", None)  # chain and tree rounds (loop.Chains, Trees)
+        if watched is not None:  # the policy is known only now (Engine.generate's gate)
+            rounds = watched(Reviewer.of(self.policy, self.drafter))
         return speculate(
             self.target,
             rounds,

@@ -22,6 +22,7 @@ import numpy as np
 from edgespec.architectures.token_draft import reduced_head
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
+from edgespec.drafting.base import Capabilities
 from edgespec.drafting.token import ModelDrafter, fit_vocab
 from edgespec.sampling import sampler, warp
 from edgespec.trees.dynamic import propose_dynamic
@@ -60,6 +61,12 @@ class ModelTreeDrafter(TreeDrafter):
         self.head_ids = reduced_head(state.model)
         self.chains = chains if chains is not None and chains.state is state else None
         self._prefix = 0  # cache positions every node sees (set by root_logits)
+
+    def capabilities(self) -> Capabilities:
+        """Reviews from the chain drafter, where there is one: while an adaptive policy has the
+        draft off (trees/policy.py FallbackTree: adaptive K's chain rounds), its acceptance is
+        read at plain steps as in the chain loop."""
+        return Capabilities(reviews=self.chains)
 
     # --------------------------------------------------------------------- drafting
 

@@ -22,6 +22,7 @@ import mlx.core as mx
 from edgespec.cache import KVState
 from edgespec.config import SamplingConfig
 from edgespec.drafting.base import Capabilities, Proposal, no_proposal
+from edgespec.drafting.review import NO_REVIEWS, Watch
 from edgespec.events import Round
 from edgespec.loop import Chains
 from edgespec.rounds import Progress, Queued, Step, fed_one, run_round
@@ -119,7 +120,7 @@ def _fit(shape: Shape, room: int) -> Shape:
 class Trees:
     """Tree rounds for loop.speculate: a tree of the policy's shape from `drafter`, verified in one
     forward with a tree mask (`kernels`: the backend's pieces of it; the Engine passes the CPU's).
-    Raises TreeUnsupportedError for a target the tree forward cannot run."""
+    `watch` sees each plain step, as the chain rounds' (loop.Chains). Raises TreeUnsupportedError for a target the tree forward cannot run."""
 
     def __init__(
         self,
@@ -128,13 +129,19 @@ class Trees:
         cfg: SamplingConfig,
         policy: ShapePolicy,
         kernels: Kernels = PLAIN,
+        watch: Watch = NO_REVIEWS,
     ):
         tree_layers(target.model)
         check_tree_cache(target.cache, target.name)
         self.target, self.drafter, self.cfg, self.policy = target, drafter, cfg, policy
         self.verify = partial(verify_tree_round, kernels=kernels)
         self.caps = Capabilities.of(drafter)
-        self.plain = Chains(target, drafter, cfg)  # plain steps: chain rounds of d = 0
+        self.kernels = kernels
+        self.plain = Chains(target, drafter, cfg, watch)  # plain steps: chain rounds of d = 0
+
+    def watched(self, watch: Watch) -> Trees:
+        """These rounds with `watch` shown their plain steps (the reviews the policy reads)."""
+        return Trees(self.target, self.drafter, self.cfg, self.policy, self.kernels, watch)
 
     def size(self, plan: Shape) -> int:
         return plan.size

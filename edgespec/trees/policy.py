@@ -31,11 +31,13 @@ view of the coming tokens, so exactness holds whatever it picks.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from edgespec.acceptance import Review
 from edgespec.drafting.adaptive import (
     ALPHA_DECAY,
     OFF_AFTER,
@@ -43,9 +45,11 @@ from edgespec.drafting.adaptive import (
     PRICE_STEPS,
     PRICE_TRIES,
     TIE_TOLERANCE,
+    AdaptiveK,
 )
 from edgespec.drafting.costs import Probes, Timings, cost_key, verify_curve
 from edgespec.events import Round
+from edgespec.trees.proposal import TreeDrafter
 from edgespec.trees.shapes import (
     FixedShape,
     Shape,
@@ -320,12 +324,15 @@ class AdaptiveTree:
 
 
 class FallbackTree(AdaptiveTree):
-    """`--tree SHAPE` under an adaptive policy (the default): SHAPE every round while it is
-    predicted to beat the best chain (1..k_max deep) and a plain step, else that chain or the
-    plain step. AdaptiveTree's pricing with its candidates cut to the chains and SHAPE, so where
-    a tree's extra verify rows cost more than they bring (a CPU, where a row costs a good part
-    of a step) the rounds fall back to chains, or to plain steps, and a tree never runs much
-    below the chain of the same run.
+    """`--tree SHAPE` under an adaptive policy (the default): SHAPE in a round where it is
+    predicted to beat every chain (1..k_max deep) and a plain step by TIE_TOLERANCE; in every
+    other round the chain or plain step that adaptive K chooses (`chain`, drafting/adaptive.py:
+    its K, its switch-off, price checks, probes, and reviews where the drafter offers them), so
+    that where a tree's extra verify rows cost more than they bring (a CPU, where a row costs a
+    good part of a step) `--tree` runs the chain loop's own policy and never below it. The tree
+    is priced by AdaptiveTree's model with its candidates cut to the chains and SHAPE; adaptive
+    K sees the chain rounds and plain steps only (a tree round's cost and acceptance are not a
+    chain's).
 
     SHAPE's expected accepted drafts: a fixed shape's closed form from the acceptance table; a
     dynamic shape (built per round from the draft's confidence, trees/shapes.py DynamicShape)
@@ -336,8 +343,22 @@ class FallbackTree(AdaptiveTree):
     def __init__(self, shape: Shape, k_init: int = 4, k_max: int = 8, ranks: int = 4):
         super().__init__(k_init, k_max, max_nodes=1, ranks=ranks)
         self.shape = shape
+        # The chains and plain steps: adaptive K over the tree loop's rounds (TreeDrafter.method)
+        self.chain = AdaptiveK(k_init, k_max, drafter=TreeDrafter.method)
         self._rounds = 0.0  # decayed count of SHAPE's rounds, and their accepted and nodes sums
         self._accepted = self._nodes = 0.0
+
+    def seed(
+        self,
+        draft: dict[str, float],
+        verify: dict[int, float],
+        tree_draft: dict[int, float],
+        tree_verify: dict[int, float],
+    ) -> None:
+        """AdaptiveTree's seed, and adaptive K's from the same chain costs."""
+        super().seed(draft, verify, tree_draft, tree_verify)
+        chain = self._seeds.draft
+        self.chain.seed({} if chain is None else {TreeDrafter.method: chain}, verify)
 
     def observe(self, r: Round) -> None:
         super().observe(r)
@@ -345,6 +366,22 @@ class FallbackTree(AdaptiveTree):
             self._rounds = ALPHA_DECAY * self._rounds + 1.0
             self._accepted = ALPHA_DECAY * self._accepted + r.accepted
             self._nodes = ALPHA_DECAY * self._nodes + r.drafted
+        else:
+            self.chain.observe(r)
+
+    # Reviews (drafting/review.py Reviewer) are adaptive K's: a review's values are the draft's
+    # acceptance of the chain rounds, which the tree loop's rounds carry as TreeDrafter.method.
+    def review_on(self) -> None:
+        self.chain.review_on()
+
+    def review(self, r: Review) -> None:
+        self.chain.review(dataclasses.replace(r, method=TreeDrafter.method))
+
+    def review_due(self) -> bool:
+        return self.chain.review_due()
+
+    def lookup_review_due(self) -> bool:
+        return self.chain.lookup_review_due()
 
     def nodes(self, shape: Shape) -> int:
         if shape is not self.shape or isinstance(shape, FixedShape):
@@ -365,3 +402,20 @@ class FallbackTree(AdaptiveTree):
             n = self.nodes(self.shape)
             expected = sum(p for _, p in greedy_nodes(table, n, self.shape.depth, self.ranks))
         return [*chains, (expected, self.shape)]
+
+    def tree_pays(self) -> bool:
+        """Whether SHAPE's predicted rate beats every chain's and a plain step's by
+        TIE_TOLERANCE (False before the costs are known)."""
+        rated = self.rates()
+        if rated is None:
+            return False
+        tree = next(rate for rate, shape in rated if shape is self.shape)
+        others = max(rate for rate, shape in rated if shape is not self.shape)
+        return tree * (1 - TIE_TOLERANCE) > others
+
+    def decide(self) -> Shape:
+        """SHAPE where it pays, else adaptive K's chain (a plain step for K = 0)."""
+        k = self.chain.decide()
+        shape = self.shape if self.tree_pays() else FixedShape(chain_shape(k))
+        self.chosen.append(shape)
+        return shape

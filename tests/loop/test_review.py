@@ -21,6 +21,7 @@ from edgespec.drafting.adaptive import REVIEW_EVERY, REVIEW_MOST, AdaptiveK
 from edgespec.drafting.ngram import NgramIndex
 from edgespec.drafting.token import ModelDrafter
 from edgespec.events import Round
+from edgespec.trees.policy import FallbackTree
 from tests.helpers import PROMPT, ask, engine_state, gen, plain_ids, rounds_of, token_ids
 
 T1 = SamplingConfig(temperature=1.0)
@@ -225,3 +226,36 @@ def test_the_loop_reviews_switched_off_lookups_by_their_guesses(engine, monkeypa
         context.append(token)
     assert [r.values for r in lookups] == want[: len(lookups)]
     assert len(lookups) >= len(want) - 2  # the last steps' reviews may be read after the end
+
+
+def test_the_tree_loop_reviews_while_its_chain_policy_has_the_draft_off(engine, monkeypatch):
+    """`--tree` where the tree never pays (FallbackTree.tree_pays held False): every round is
+    adaptive K's, which switches the dear draft off (the cost model of the chain loop's test
+    above) and reads reviews at the tree loop's plain steps, under the tree loop's method;
+    greedy output equals plain decoding's, and a second answer after it too."""
+    monkeypatch.setattr(adaptive, "REVIEW_SHARE", 1.0)
+    monkeypatch.setattr(FallbackTree, "tree_pays", lambda self: False)
+    seen: list[Review] = []
+    fold, observe = AdaptiveK.review, AdaptiveK.observe
+
+    def priced(self: AdaptiveK, r: Round) -> None:
+        cost = {"t_draft": 0.05 * r.drafted, "t_verify": 0.05 + 0.01 * r.drafted}
+        observe(self, dataclasses.replace(r, timed=True, **cost))
+
+    monkeypatch.setattr(AdaptiveK, "observe", priced)
+    monkeypatch.setattr(AdaptiveK, "review", lambda self, r: (seen.append(r), fold(self, r)))
+    ids = engine.encode_raw(PROMPT)
+    spec = SpecConfig(k=4, method="draft", tree="dynamic")
+    events = gen(engine, ids, spec, 96)
+    rounds = rounds_of(events)
+    assert any(r.drafted == 0 for r in rounds)
+    assert all(r.drafted == r.k for r in rounds)  # chains and plain steps, never a tree
+    assert seen and {r.method for r in seen} == {"tree"}
+    assert all(0.0 <= v <= 1.0 for r in seen for v in r.values)
+    engine.reset()
+    plain = plain_ids(engine, ids, 96)
+    assert token_ids(events) == plain
+    more = ids + plain + engine.encode_raw(" and then")
+    engine.reset()
+    gen(engine, ids, spec, 96)
+    assert token_ids(gen(engine, more, spec, 48)) == plain_ids(engine, more, 48)

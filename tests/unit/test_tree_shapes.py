@@ -7,8 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
+from edgespec.acceptance import Review
 from edgespec.config import SpecConfig, parse_tree_spec
-from edgespec.drafting.adaptive import PRICE_STEPS
+from edgespec.drafting.adaptive import PRICE_STEPS, PRIOR_ALPHA, AdaptiveK
 from edgespec.errors import ConfigError
 from edgespec.events import Round, expected_tokens_per_round
 from edgespec.trees.build import make_shape_policy
@@ -409,3 +410,34 @@ def test_lookup_branch_merges_then_hangs_below_and_depth_cut():
     cut = merged.cut(2)
     assert merged.cut(5) is merged and cut.method == "tree" and cut.match == 3
     assert cut.tree.parents == (-1, -1, 0, 0) and cut.tokens.tolist() == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("alpha", [0.15, 0.6, 0.9])
+def test_fallback_runs_adaptive_ks_own_choices_where_its_tree_does_not_pay(alpha):
+    """Where a verify row costs 0.3 of a step (no tree pays), `--tree`'s rounds are exactly the
+    rounds adaptive K chooses over the same outcomes and costs: its K, its switch-off and its
+    price checks and probes (a draft seldom accepted goes off, one often accepted drafts)."""
+    rng = np.random.default_rng(7)
+    policy = FallbackTree(DynamicShape(depth=4), k_init=2, k_max=4)
+    chain = AdaptiveK(2, 4, drafter="tree")
+    drafting = 0
+    for i in range(200):
+        shape, k = policy.decide(), chain.decide()
+        assert shape.paths == chain_shape(k)
+        drafting += k > 0
+        accepted = next((j for j in range(k) if rng.random() > alpha), k)
+        r = Round(i, k, accepted, k, 0.2 * k, 1 + 0.3 * k, "tree", True, context=100 + i)
+        policy.observe_path(shape_tree(shape.paths), list(range(accepted)))
+        policy.observe(r)
+        chain.observe(r)
+    assert (drafting < 50) if alpha < 0.5 else (drafting > 150)
+
+
+def test_fallback_reads_reviews_as_its_chain_rounds():
+    """A review of the draft model (method "draft") is folded into adaptive K's estimate of the
+    tree loop's rounds (method "tree")."""
+    policy = FallbackTree(DynamicShape(depth=4), k_init=2, k_max=4)
+    policy.review_on()
+    policy.review(Review("draft", (1.0, 1.0, 1.0)))
+    assert policy.chain.estimates["tree"].alpha > PRIOR_ALPHA
+    assert "draft" not in policy.chain.estimates
