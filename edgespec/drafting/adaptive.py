@@ -209,6 +209,7 @@ class AdaptiveK:
         model: str | None = None,
         long_match: int = 0,
         drafter: str | None = None,
+        per_round: tuple[str, ...] = ROUND_COST,
     ):
         if not 1 <= k_init <= k_max:
             raise ValueError(f"need 1 <= k_init <= k_max, got {k_init}, {k_max}")
@@ -217,6 +218,7 @@ class AdaptiveK:
         # The method of the drafter's rounds (Drafter.method), for its estimates before a round
         # drafted: a seeded first round (`_first`) and the reviews' price while it is off.
         self.drafter = drafter
+        self.per_round = per_round  # methods that draft in one forward a round (ROUND_COST)
         # Rounds proposed by n-gram matches at least this long (Round.match; 0: none) propose a
         # fixed long continuation (NgramDrafter.long_k) and are accepted far more often than
         # the rest: they are counted apart ("<method>-long"), so that they do not talk the
@@ -248,7 +250,7 @@ class AdaptiveK:
         long verifies as if the context were short."""
         for method, cost in draft_costs.items():
             self.estimates.setdefault(
-                method, DrafterEstimate(per_round=method in ROUND_COST)
+                method, DrafterEstimate(per_round=method in self.per_round)
             ).step_costs.add(cost)
         self._seeded.update(verify_costs)
 
@@ -316,7 +318,7 @@ class AdaptiveK:
         """The estimates of `method`'s rounds (a lookup from a long match: the long matches')."""
         long = self.long_match > 0 and match >= self.long_match
         name = f"{method}-long" if long else method
-        return self.estimates.setdefault(name, DrafterEstimate(per_round=method in ROUND_COST))
+        return self.estimates.setdefault(name, DrafterEstimate(per_round=method in self.per_round))
 
     @property
     def verify_means(self) -> dict[int, float]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from edgespec.calibration import Cycle
-from edgespec.config import SpecConfig, spec_widths
+from edgespec.config import BLOCK_METHODS, SpecConfig, spec_widths
 from edgespec.trees.loop import FixedPolicy, ShapePolicy
 from edgespec.trees.policy import AdaptiveTree, FallbackTree
 from edgespec.trees.shapes import (
@@ -36,7 +36,8 @@ def make_shape_policy(spec: SpecConfig) -> ShapePolicy:
     if spec.tree == "auto":
         return AdaptiveTree(spec.k, spec.k_max)
     if spec.adaptive and spec.tree != "chain":
-        return FallbackTree(tree_shape(spec), spec.k, spec.k_max)
+        blocks = spec.method in BLOCK_METHODS  # one draft forward a chain round
+        return FallbackTree(tree_shape(spec), spec.k, spec.k_max, per_round=blocks)
     return FixedPolicy(tree_shape(spec))
 
 

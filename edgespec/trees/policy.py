@@ -340,11 +340,23 @@ class FallbackTree(AdaptiveTree):
     the best fixed tree of as many nodes (optimistic: it is tried, then priced from itself).
     Its verified nodes likewise: its rounds' decayed mean, before them `nodes` (T = 0's)."""
 
-    def __init__(self, shape: Shape, k_init: int = 4, k_max: int = 8, ranks: int = 4):
+    def __init__(
+        self,
+        shape: Shape,
+        k_init: int = 4,
+        k_max: int = 8,
+        ranks: int = 4,
+        per_round: bool = False,
+    ):
         super().__init__(k_init, k_max, max_nodes=1, ranks=ranks)
         self.shape = shape
-        # The chains and plain steps: adaptive K over the tree loop's rounds (TreeDrafter.method)
-        self.chain = AdaptiveK(k_init, k_max, drafter=TreeDrafter.method)
+        # The chains and plain steps: adaptive K over the tree loop's rounds (TreeDrafter.method);
+        # `per_round`: a block draft's, one forward a chain whatever its K, priced as adaptive K
+        # prices the block chain loop's rounds (drafting/adaptive.py ROUND_COST)
+        method = TreeDrafter.method
+        self.chain = AdaptiveK(
+            k_init, k_max, drafter=method, per_round=(method,) if per_round else ()
+        )
         self._rounds = 0.0  # decayed count of SHAPE's rounds, and their accepted and nodes sums
         self._accepted = self._nodes = 0.0
 

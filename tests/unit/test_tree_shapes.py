@@ -441,3 +441,16 @@ def test_fallback_reads_reviews_as_its_chain_rounds():
     policy.review(Review("draft", (1.0, 1.0, 1.0)))
     assert policy.chain.estimates["tree"].alpha > PRIOR_ALPHA
     assert "draft" not in policy.chain.estimates
+
+
+def test_a_block_tree_prices_its_chains_per_round():
+    """`--method block-tree`: a chain round is one block forward whatever its K, so adaptive K
+    prices it per round (as the block chain loop's rounds); a token draft's per drafted token."""
+    block = make_shape_policy(SpecConfig(k=3, method="block-tree", tree="dynamic"))
+    token = make_shape_policy(SpecConfig(k=3, method="draft", tree="dynamic"))
+    assert isinstance(block, FallbackTree) and isinstance(token, FallbackTree)
+    r = Round(0, 3, 1, 3, 0.03, 0.1, "tree", True)
+    block.observe(r)
+    token.observe(r)
+    assert block.chain.estimates["tree"].draft_cost == pytest.approx(0.03)
+    assert token.chain.estimates["tree"].draft_cost == pytest.approx(0.01)
