@@ -36,6 +36,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from edgespec.acceptance import Review
 from edgespec.drafting.adaptive import (
@@ -360,16 +361,10 @@ class FallbackTree(AdaptiveTree):
         self._rounds = 0.0  # decayed count of SHAPE's rounds, and their accepted and nodes sums
         self._accepted = self._nodes = 0.0
 
-    def seed(
-        self,
-        draft: dict[str, float],
-        verify: dict[int, float],
-        tree_draft: dict[int, float],
-        tree_verify: dict[int, float],
-    ) -> None:
-        """AdaptiveTree's seed, and adaptive K's from the same chain costs."""
-        super().seed(draft, verify, tree_draft, tree_verify)
-        chain = self._seeds.draft
+    def seed(self, *costs: Any) -> None:
+        """AdaptiveTree's seed (the same costs), and adaptive K's from its chain costs."""
+        super().seed(*costs)
+        chain, verify = self._seeds.draft, self._seeds.verify
         self.chain.seed({} if chain is None else {TreeDrafter.method: chain}, verify)
 
     def observe(self, r: Round) -> None:
