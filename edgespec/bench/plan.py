@@ -19,7 +19,7 @@ BENCH_TREE = "dynamic"
 
 # EdgeSpec's methods: name -> (description, needs a draft, takes a K list, SpecConfig fields).
 # A method that takes a K list gets SpecConfig(k=K, adaptive=False, ...) per K (`tree` and
-# `block-tree` keep their fallback: adaptive=True, K the depth, trees/policy.py FallbackTree, as
+# `block-tree` keep their fallback: adaptive=True, K the depth, trees/fallback.py FallbackTree, as
 # `--tree` and `--method block-tree` run); adaptive ones take
 # no K list (K is chosen per round, starting from SpecConfig's default and capped by its k_max).
 SPEC_METHODS: dict[str, tuple[str, bool, bool, dict[str, Any]]] = {

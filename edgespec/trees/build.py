@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from edgespec.calibration import Cycle
 from edgespec.config import BLOCK_METHODS, SpecConfig, spec_widths
+from edgespec.trees.fallback import FallbackTree
 from edgespec.trees.loop import FixedPolicy, ShapePolicy
-from edgespec.trees.policy import AdaptiveTree, FallbackTree
+from edgespec.trees.policy import AdaptiveTree
 from edgespec.trees.shapes import (
     DynamicShape,
     FixedShape,

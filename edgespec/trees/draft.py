@@ -64,7 +64,7 @@ class ModelTreeDrafter(TreeDrafter):
 
     def capabilities(self) -> Capabilities:
         """Reviews from the chain drafter, where there is one: while an adaptive policy has the
-        draft off (trees/policy.py FallbackTree: adaptive K's chain rounds), its acceptance is
+        draft off (trees/fallback.py FallbackTree: adaptive K's chain rounds), its acceptance is
         read at plain steps as in the chain loop."""
         return Capabilities(reviews=self.chains)
 

@@ -21,7 +21,7 @@ from edgespec.drafting.adaptive import REVIEW_EVERY, REVIEW_MOST, AdaptiveK
 from edgespec.drafting.ngram import NgramIndex
 from edgespec.drafting.token import ModelDrafter
 from edgespec.events import Round
-from edgespec.trees.policy import FallbackTree
+from edgespec.trees.fallback import FallbackTree
 from tests.helpers import PROMPT, ask, engine_state, gen, plain_ids, rounds_of, token_ids
 
 T1 = SamplingConfig(temperature=1.0)

@@ -13,8 +13,9 @@ from edgespec.drafting.adaptive import PRICE_STEPS, PRIOR_ALPHA, AdaptiveK
 from edgespec.errors import ConfigError
 from edgespec.events import Round, expected_tokens_per_round
 from edgespec.trees.build import make_shape_policy
+from edgespec.trees.fallback import FallbackTree
 from edgespec.trees.loop import FixedPolicy
-from edgespec.trees.policy import AcceptanceTable, AdaptiveTree, FallbackTree, cost_key
+from edgespec.trees.policy import AcceptanceTable, AdaptiveTree, cost_key
 from edgespec.trees.shapes import (
     DynamicShape,
     FixedShape,
