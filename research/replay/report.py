@@ -76,7 +76,8 @@ def cells(
     traces: list[Trace], profile: Profile, methods: Iterable[str], seeded: bool = False
 ) -> list[Cell]:
     """Every method at every recorded temperature (trees, the batch: T = 0 only); `seeded`:
-    the chain policies calibrated first (chains.adaptive), as the chat app and server run."""
+    the chain and tree policies calibrated first (chains.adaptive, trees.seeded), as the chat
+    app, the server and the bench run them."""
     out = []
     for temp in sorted({t.temp for t in traces}):
         group = [t for t in traces if t.temp == temp]
@@ -84,7 +85,8 @@ def cells(
             if m in ("tree", "tree-fallback"):
                 if temp != 0:
                     continue
-                make = trees.adaptive if m == "tree" else trees.fallback
+                seed = profile if seeded else None
+                make = partial(trees.adaptive if m == "tree" else trees.fallback, seed)
                 fixed: dict[str, Callable[[], object]] = {
                     shape_name(s): partial(trees.Fixed, s) for s in trees.shapes()
                 }
@@ -160,7 +162,7 @@ def main() -> None:
     parser.add_argument("--hardware", default=",".join(HARDWARE))
     parser.add_argument("--costs", default=",".join(map(str, DRAFT_COSTS)))
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
-    parser.add_argument("--seeded", action="store_true", help="calibrated chain policies")
+    parser.add_argument("--seeded", action="store_true", help="calibrated chain and tree policies")
     parser.add_argument("--records", default=str(RECORDS))
     parser.add_argument("--methods", default="draft,hybrid,ngram,block,tree,tree-fallback,batch")
     args = parser.parse_args()

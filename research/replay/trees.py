@@ -13,12 +13,17 @@ cannot rebuild: the replay runs fixed shapes and the policies that choose among 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, TypeVar
 
+from edgespec.config import SpecConfig
+from edgespec.drafting.costs import cost_key
 from edgespec.events import Round
-from edgespec.trees.policy import AdaptiveTree, FallbackTree
+from edgespec.trees.build import warm_shapes
+from edgespec.trees.fallback import FallbackTree
+from edgespec.trees.policy import AdaptiveTree
+from edgespec.trees.proposal import TreeDrafter
 from edgespec.trees.shapes import FixedShape, Tree, chain_shape, widths_shape
-from research.replay.chains import K_INIT, K_MAX, Outcome
+from research.replay.chains import K_INIT, K_MAX, WARM_CONTEXT, Outcome
 from research.replay.profiles import Profile
 from research.replay.traces import Trace
 
@@ -62,18 +67,47 @@ class Fixed:
         return self.shape
 
 
-def adaptive() -> AdaptiveTree:
-    """The shape policy of `--tree auto` (trees.build.make_shape_policy)."""
-    return AdaptiveTree(K_INIT, K_MAX)
-
-
+# What the tree loop's rounds carry ("tree"), its chains' and plain steps' too
+METHOD = TreeDrafter.method
 FALLBACK_WIDTHS = (3, 2, 1, 1)  # the shape `--tree 3,2,1,1` asks for (docs/drafting.md's example)
 
 
-def fallback() -> FallbackTree:
+def adaptive(seed: Profile | None = None) -> AdaptiveTree:
+    """The shape policy of `--tree auto` (trees.build.make_shape_policy); with `seed`, seeded as
+    after `Engine.warm_up` (`seeded`)."""
+    return seeded(AdaptiveTree(K_INIT, K_MAX), "auto", seed)
+
+
+def fallback(seed: Profile | None = None) -> FallbackTree:
     """The shape policy of `--tree 3,2,1,1` (adaptive, the default): that tree, or a chain or a
-    plain step where it does not pay."""
-    return FallbackTree(FixedShape(widths_shape(FALLBACK_WIDTHS)), K_INIT, K_MAX)
+    plain step where it does not pay; with `seed`, seeded (`seeded`)."""
+    policy = FallbackTree(FixedShape(widths_shape(FALLBACK_WIDTHS)), K_INIT, K_MAX)
+    return seeded(policy, ",".join(map(str, FALLBACK_WIDTHS)), seed)
+
+
+P = TypeVar("P", bound=AdaptiveTree)
+
+
+def seeded(policy: P, tree: str, seed: Profile | None) -> P:
+    """`policy` seeded with what a tree warm-up (trees.build.warm_shapes for `--tree TREE`) times
+    under `seed`'s costs at a warm-up's context, as calibration.tree_costs keeps them: a chain
+    step, every chain verify length and the plain step, and per warm-up tree its draft forwards'
+    mean by nodes per depth and its verify; unchanged without a seed."""
+    if seed is None:
+        return policy
+    verify = {L: seed.hw.v(L, WARM_CONTEXT) + seed.hw.overhead for L in range(1, K_MAX + 2)}
+    tree_draft: dict[int, float] = {}
+    tree_verify: dict[int, float] = {}
+    for shape in warm_shapes(SpecConfig(k=K_INIT, k_max=K_MAX, tree=tree)):
+        kind, width = cost_key(shape.size, shape.depth)
+        if kind != "tree":
+            continue
+        depths = Counter(shape.tree.depths)
+        forwards = seed.draft(1) + sum(seed.draft(depths[d]) for d in range(1, shape.depth))
+        tree_draft[width] = forwards / shape.depth
+        tree_verify[shape.size + 1] = seed.hw.v(shape.size + 1, WARM_CONTEXT) + seed.hw.overhead
+    policy.seed({METHOD: seed.draft(1)}, verify, tree_draft, tree_verify)
+    return policy
 
 
 def replay(trace: Trace, profile: Profile, policy: Any) -> Outcome:
@@ -90,7 +124,7 @@ def replay(trace: Trace, profile: Profile, policy: Any) -> Outcome:
         ctx = trace.context + i
         if shape.size == 0:
             t = profile.verify(1)
-            fresh.append(Round(i, 0, 0, 0, 0.0, t, "draft", True, context=ctx))
+            fresh.append(Round(i, 0, 0, 0, 0.0, t, METHOD, True, context=ctx))
             n = 0
         else:
             tree = shape.tree
@@ -102,7 +136,7 @@ def replay(trace: Trace, profile: Profile, policy: Any) -> Outcome:
             n = len(path)
             policy.observe_path(tree, path)
             branch = next((tree.ranks[j] for j in path if tree.ranks[j]), 0)
-            fresh.append(Round(i, tree.size, n, tree.depth, t_draft, t - t_draft, "draft", True,
+            fresh.append(Round(i, tree.size, n, tree.depth, t_draft, t - t_draft, METHOD, True,
                                nodes=tree.size, branch=branch, context=ctx))  # fmt: skip
             seen = i + min(n, tree.depth - 1)
         step = min(n + 1, trace.size - i)

@@ -93,3 +93,17 @@ def test_adaptive_policies_are_not_below_plain(traces, hw, c, n):
 def test_the_worst_profiles_stay_above_their_floor(traces, hw, c, n):
     ratios = _ratios(traces, Profile(HARDWARE[hw], c, n))
     assert min(ratios.values()) >= FLOOR, {k: round(v, 3) for k, v in ratios.items()}
+
+
+def test_seeded_tree_policies_start_from_a_tree_warm_ups_costs():
+    """Seeded as after a tree warm-up (trees.seeded): the fallback's tree verify and draft
+    forward are priced before its first tree round, and where a draft at 0.6 of a step cannot
+    pay on an M1 / M2 (a 2-row verify at 1.7 steps) its first round is a plain step (adaptive
+    K's seeded first round); unseeded, a chain of k_init."""
+    profile = Profile(HARDWARE["m1m2"], 0.6, 1024)
+    policy = trees.fallback(profile)
+    size = sum(trees.FALLBACK_WIDTHS)  # 3 + 2 + 1 + 1 nodes
+    assert set(policy._seeds.tree_verify) == {size + 1} and policy._seeds.tree_draft
+    assert policy.decide().size == 0
+    assert trees.fallback().decide().size == chains.K_INIT
+    assert trees.adaptive(profile)._seeds.tree_verify  # `--tree auto`'s warm-up trees too
