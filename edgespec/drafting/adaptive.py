@@ -337,22 +337,10 @@ class AdaptiveK:
         pay drafted for half an answer). A line through this run's own costs alone priced the
         long verifies too dear on this project's CPU at 4K (K came out short, the default lost
         ~13% at T = 0.7; docs/measurements/2026-12-07-policy-and-checks.md)."""
-        own = self.verify_costs.medians()
-        if not self._seeded:
-            return own
-        scale = self._seed_scale(own)
-        if scale > SEED_TRUST:
-            fit = seed_and_rows(self._seeded, own)
-            if fit is not None:
-                s, r = fit
-                return {**{L: s * t + r * L for L, t in self._seeded.items()}, **own}
-        return {**{L: t * scale for L, t in self._seeded.items()}, **own}
+        return seeded_means(self._seeded, self.verify_costs.medians())
 
     def _seed_scale(self, own: dict[int, float]) -> float:
-        """The median ratio of this run's verify costs to the seed's over the lengths both
-        have, 1.0 before any."""
-        ratios = [t / self._seeded[L] for L, t in own.items() if L in self._seeded]
-        return statistics.median(ratios) if ratios else 1.0
+        return seed_scale(self._seeded, own)
 
     def _inputs(
         self, method: str | None
@@ -548,6 +536,28 @@ class AdaptiveK:
         _, c, verify, _ = args
         tokens = expected_tokens_per_round(self.estimates[LONG].alpha_upper, default)
         return default if tokens / (default * c + verify(default + 1)) >= 1 / verify(1) else 0
+
+
+def seed_scale(seeded: dict[int, float], own: dict[int, float]) -> float:
+    """The median ratio of a run's verify costs to a calibration's (`seeded`) over the lengths
+    both have, 1.0 before any."""
+    ratios = [t / seeded[L] for L, t in own.items() if L in seeded]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def seeded_means(seeded: dict[int, float], own: dict[int, float]) -> dict[int, float]:
+    """Verified tokens L -> seconds: the run's own medians (`own`), and at a length only the
+    calibration has, its cost scaled by `seed_scale`, or past SEED_TRUST (a longer context) read
+    by `seed_and_rows` where two lengths or more are shared (AdaptiveK.verify_means says why)."""
+    if not seeded:
+        return own
+    scale = seed_scale(seeded, own)
+    if scale > SEED_TRUST:
+        fit = seed_and_rows(seeded, own)
+        if fit is not None:
+            s, r = fit
+            return {**{L: s * t + r * L for L, t in seeded.items()}, **own}
+    return {**{L: t * scale for L, t in seeded.items()}, **own}
 
 
 def seed_and_rows(seeded: dict[int, float], own: dict[int, float]) -> tuple[float, float] | None:

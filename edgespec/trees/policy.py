@@ -31,7 +31,6 @@ view of the coming tokens, so exactness holds whatever it picks.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -43,6 +42,7 @@ from edgespec.drafting.adaptive import (
     PRICE_STEPS,
     PRICE_TRIES,
     TIE_TOLERANCE,
+    seeded_means,
 )
 from edgespec.drafting.costs import Probes, Timings, cost_key, verify_curve
 from edgespec.events import Round
@@ -185,12 +185,11 @@ class AdaptiveTree:
 
     def _chain_means(self) -> dict[int, float]:
         """The chain's verify seconds per L: this run's medians, and at lengths it has not timed
-        the calibration's, scaled by the median ratio of this run's to them where both are.
-        Example: seeds {1: 1.0, 5: 2.0}, own {5: 3.0} -> {1: 1.5, 5: 3.0}."""
-        own, seeds = self._verify_means("chain"), self._seeds.verify
-        shared = [own[L] / seeds[L] for L in own if seeds.get(L)]
-        scale = statistics.median(shared) if shared else 1.0
-        return {L: t * scale for L, t in seeds.items()} | own
+        the calibration's, as adaptive K reads them (drafting/adaptive.py seeded_means): scaled
+        by the median ratio of this run's to them where both are, or, where this run's cost
+        well over the calibration's (a long context), the calibration's scaled plus a cost a
+        row. Example: seeds {1: 1.0, 5: 2.0}, own {5: 1.2} -> {1: 0.6, 5: 1.2}."""
+        return seeded_means(self._seeds.verify, self._verify_means("chain"))
 
     def _untimed_tree(self, chain: Callable[[int], float]) -> Callable[[int], float]:
         """A tree verify's price before one was timed: the chain's at the same length, times

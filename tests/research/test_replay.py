@@ -107,3 +107,16 @@ def test_seeded_tree_policies_start_from_a_tree_warm_ups_costs():
     assert policy.decide().size == 0
     assert trees.fallback().decide().size == chains.K_INIT
     assert trees.adaptive(profile)._seeds.tree_verify  # `--tree auto`'s warm-up trees too
+
+
+def test_seeded_tree_policies_stay_above_the_floor_at_a_long_context(traces):
+    """Seeded from a short warm-up and run at 32K on the xeon profile (each verify row reads
+    every key, so a request's costs leave the calibration's): `--tree auto` ran at 0.73x plain
+    while it priced a plain step as the calibration's scaled by one ratio (trees/policy.py
+    `_chain_means`, now adaptive K's seeded_means)."""
+    profile = Profile(HARDWARE["xeon"], 0.05, 32768)
+    group = [t for t in traces if t.temp == 0]
+    plain = report.pooled(chains.plain(t, profile) for t in group)
+    for make in (trees.adaptive, trees.fallback):
+        rate = report.pooled(trees.replay(t, profile, make(profile)) for t in group)
+        assert rate / plain >= FLOOR, (make.__name__, round(rate / plain, 3))

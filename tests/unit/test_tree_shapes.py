@@ -455,3 +455,18 @@ def test_a_block_tree_prices_its_chains_per_round():
     token.observe(r)
     assert block.chain.estimates["tree"].draft_cost == pytest.approx(0.03)
     assert token.chain.estimates["tree"].draft_cost == pytest.approx(0.01)
+
+
+def test_a_seeded_tree_policy_prices_a_long_contexts_plain_step_as_adaptive_k_does():
+    """Seeded from a short warm-up, at a long context on a CPU (each row reads every key): this
+    run's chain verifies cost far more than the calibration's, and more so the more rows. The
+    calibration's plain step is priced as the seed scaled plus a cost a row (adaptive K's
+    seeded_means), 5.4 here, not the seed times the median ratio (17.0), which made plain steps
+    look three times their cost and kept `--tree auto` drafting (research/replay/, the xeon
+    profile at 32K: 0.73x plain)."""
+    policy = AdaptiveTree(k_init=2, k_max=4)
+    policy.seed({"tree": 0.05}, {1: 1.0, 3: 1.2, 5: 1.4}, {}, {})
+    for _ in range(3):
+        policy.observe(_round(2, 2, 0.1, 14.6))
+        policy.observe(_round(4, 4, 0.2, 23.8))
+    assert policy._chain_means()[1] == pytest.approx(5.4, abs=0.05)
