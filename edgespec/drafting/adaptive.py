@@ -339,9 +339,6 @@ class AdaptiveK:
         ~13% at T = 0.7; docs/measurements/2026-12-07-policy-and-checks.md)."""
         return seeded_means(self._seeded, self.verify_costs.medians())
 
-    def _seed_scale(self, own: dict[int, float]) -> float:
-        return seed_scale(self._seeded, own)
-
     def _inputs(
         self, method: str | None
     ) -> tuple[float, float, Callable[[int], float], int] | None:
@@ -473,7 +470,7 @@ class AdaptiveK:
         # scaled with them is a guess again (on a CPU at 32K a row's attention costs more than
         # the step's weights), and the check runs.
         own = self.verify_costs.medians()
-        seeded = 1 in self._seeded and self._seed_scale(own) <= SEED_TRUST
+        seeded = 1 in self._seeded and seed_scale(self._seeded, own) <= SEED_TRUST
         if 1 in own or seeded:
             return False
         args = self._inputs(method)

@@ -120,7 +120,8 @@ def _fit(shape: Shape, room: int) -> Shape:
 class Trees:
     """Tree rounds for loop.speculate: a tree of the policy's shape from `drafter`, verified in one
     forward with a tree mask (`kernels`: the backend's pieces of it; the Engine passes the CPU's).
-    `watch` sees each plain step, as the chain rounds' (loop.Chains). Raises TreeUnsupportedError for a target the tree forward cannot run."""
+    `watch` sees each plain step, as the chain rounds' (loop.Chains). Raises
+    TreeUnsupportedError for a target the tree forward cannot run."""
 
     def __init__(
         self,

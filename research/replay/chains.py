@@ -45,6 +45,12 @@ class Outcome:
 WARM_CONTEXT = 64  # tokens of context of a warm-up's calibration (calibration.WARM_PROMPT)
 
 
+def warm_verify(seed: Profile, length: int) -> float:
+    """What a warm-up times for a verify of `length` rows under `seed`'s costs: at its short
+    context (WARM_CONTEXT), the loop's overhead included."""
+    return seed.hw.v(length, WARM_CONTEXT) + seed.hw.overhead
+
+
 def adaptive(method: str, seed: Profile | None = None) -> AdaptiveK:
     """The policy the product builds for `method` (strategy.RoundFactory.k_policy); with `seed`,
     seeded as after `Engine.warm_up` (the chat app and the server): that profile's costs at a
@@ -61,7 +67,7 @@ def adaptive(method: str, seed: Profile | None = None) -> AdaptiveK:
             "ngram": seed.hw.lookup,
             "block": seed.block(K_INIT) / K_INIT,
         }
-        verify = {L: seed.hw.v(L, WARM_CONTEXT) + seed.hw.overhead for L in range(1, K_MAX + 2)}
+        verify = {L: warm_verify(seed, L) for L in range(1, K_MAX + 2)}
         policy.seed({m: t for m, t in draft.items() if m != "block" or method == "block"}, verify)
     return policy
 

@@ -23,7 +23,7 @@ from edgespec.trees.fallback import FallbackTree
 from edgespec.trees.policy import AdaptiveTree
 from edgespec.trees.proposal import TreeDrafter
 from edgespec.trees.shapes import FixedShape, Tree, chain_shape, widths_shape
-from research.replay.chains import K_INIT, K_MAX, WARM_CONTEXT, Outcome
+from research.replay.chains import K_INIT, K_MAX, Outcome, warm_verify
 from research.replay.profiles import Profile
 from research.replay.traces import Trace
 
@@ -95,19 +95,24 @@ def seeded(policy: P, tree: str, seed: Profile | None) -> P:
     mean by nodes per depth and its verify; unchanged without a seed."""
     if seed is None:
         return policy
-    verify = {L: seed.hw.v(L, WARM_CONTEXT) + seed.hw.overhead for L in range(1, K_MAX + 2)}
+    verify = {L: warm_verify(seed, L) for L in range(1, K_MAX + 2)}
     tree_draft: dict[int, float] = {}
     tree_verify: dict[int, float] = {}
     for shape in warm_shapes(SpecConfig(k=K_INIT, k_max=K_MAX, tree=tree)):
         kind, width = cost_key(shape.size, shape.depth)
         if kind != "tree":
             continue
-        depths = Counter(shape.tree.depths)
-        forwards = seed.draft(1) + sum(seed.draft(depths[d]) for d in range(1, shape.depth))
-        tree_draft[width] = forwards / shape.depth
-        tree_verify[shape.size + 1] = seed.hw.v(shape.size + 1, WARM_CONTEXT) + seed.hw.overhead
+        tree_draft[width] = draft_time(seed, shape.tree, 1) / shape.depth
+        tree_verify[shape.size + 1] = warm_verify(seed, shape.size + 1)
     policy.seed({METHOD: seed.draft(1)}, verify, tree_draft, tree_verify)
     return policy
+
+
+def draft_time(profile: Profile, tree: Tree, gap: int) -> float:
+    """A tree's draft forwards: the first over the `gap` tokens the draft has not seen, then one
+    over each depth's nodes that get children (a forward of that many rows)."""
+    widths = Counter(tree.depths)
+    return profile.draft(gap) + sum(profile.draft(widths[d]) for d in range(1, tree.depth))
 
 
 def replay(trace: Trace, profile: Profile, policy: Any) -> Outcome:
@@ -129,9 +134,7 @@ def replay(trace: Trace, profile: Profile, policy: Any) -> Outcome:
         else:
             tree = shape.tree
             path = accepted_path(trace, i, tree)
-            widths = Counter(tree.depths)
-            t_draft = profile.draft(max(i - seen, 1))
-            t_draft += sum(profile.draft(widths[d]) for d in range(1, tree.depth))
+            t_draft = draft_time(profile, tree, max(i - seen, 1))
             t = t_draft + profile.verify(tree.size + 1)
             n = len(path)
             policy.observe_path(tree, path)
